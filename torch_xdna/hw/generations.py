@@ -1,0 +1,198 @@
+"""XDNA NPU generations as frozen data.
+
+Every number here is one named constant with its source (see ../shared/docs/xdna2-facts.md).
+Nothing outside hw/ may hard-code a hardware figure: kernels, the planner, the cost model and
+`xdna doctor` all read them from a :class:`Generation`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+from torch_xdna.hw.sources import Sourced
+
+KiB = 1024
+MiB = 1024 * 1024
+
+# --- sources, named once -------------------------------------------------------------------
+SRC_TARGET_MODEL = "mlir-aie AIETargetModel.h (NPU2 model)"
+SRC_AM027 = "AMD AM027 AIE-ML architecture manual / aie-rt"
+SRC_ENGINE_SPEC = "xdna-engine designs/decode_fused/llm_decode_spec.py (L1_RESERVE)"
+SRC_NPU4_REGS = "amd/xdna-driver npu4_regs.c (DPM table)"
+SRC_HWCTX = "amd/xdna-driver hwctx_limit; mlir-aie host runtime"
+SRC_MAXCMDS = "amd/xdna-driver HWCTX_MAX_CMDS"
+SRC_TDR = "amd/xdna-driver tdr_timeout_ms"
+SRC_TOPS = "amd/xdna-driver NPU4_DPM_TOPS; AMD marketing (50 TOPS)"
+SRC_MM_CC = "mlir-aie aie_kernels/aie2p/mm.cc"
+SRC_BFP = "mlir-aie python/utils/bfp.py"
+SRC_GEMM_PAPER = "arXiv 2512.13282 (measured whole-array GEMM)"
+SRC_BFP_PAPER = "arXiv 2511.16041 (bfp16 x bf16 GEMM)"
+SRC_ROOFLINE = "xdna-engine roofline doc"
+SRC_ISSUE321 = "amd/xdna-driver issue #321 (xrt-smi validate, Linux Strix)"
+SRC_PR8935 = "XRT PR #8935"
+SRC_WHERE_TIME = "xdna-engine where-time-goes.md"
+SRC_GEN_DECODE = "xdna-engine gen_llm_decode.py"
+SRC_FLUSH = "pytorch-XDNA2 research notes (NPU not cache coherent)"
+SRC_SHIMQ = "pytorch-XDNA2 research notes (shim task queue depth)"
+SRC_DMA = "xdna-engine case study; xdna-emu DMA model"
+SRC_PCI = "amd/xdna-driver PCI id table"
+SRC_FASTFLOW = "FastFlowLM docs (NPU-reachable memory)"
+
+
+@dataclass(frozen=True)
+class Generation:
+    """One NPU generation: geometry, capacities, clocks and the calibrated cost constants."""
+
+    name: str                      # "npu4", ...
+    arch: str                      # "aie2p" | "aie2"
+    marketing: str
+    pci_ids: tuple[tuple[str, int], ...]  # (device id, revision)
+    columns: Sourced[int]
+    core_rows: Sourced[int]
+    l1_bytes: Sourced[int]
+    l1_stack_reserve: Sourced[int]
+    program_memory_bytes: Sourced[int]
+    memtile_bytes: Sourced[int]
+    core_bds: Sourced[int]
+    memtile_bds: Sourced[int]
+    core_locks: Sourced[int]
+    memtile_locks: Sourced[int]
+    core_dma_channels: Sourced[tuple[int, int]]      # (in, out) per core tile
+    memtile_dma_channels: Sourced[tuple[int, int]]   # (in, out) per mem tile
+    shim_dma_channels: Sourced[tuple[int, int]]      # (in, out) per column
+    shim_task_queue_depth: Sourced[int]
+    max_dma_stride: Sourced[int]
+    max_dma_dims: Sourced[int]
+    npu_clock_hz: Sourced[float]
+    core_clock_hz: Sourced[float]
+    hw_contexts: Sourced[int]
+    cmds_in_flight: Sourced[int]
+    job_timeout_ms: Sourced[int]
+    # compute: MACs per core per cycle and native mmul tile (m, k, n) per dtype
+    macs_per_core_cycle: Sourced[dict] = field(default_factory=dict)
+    mmul_shape: Sourced[dict] = field(default_factory=dict)
+    vector_bits: Sourced[int] = Sourced(512, SRC_AM027)   # vector unit width per core
+    # calibration points (published measurements the cost model must reproduce)
+    measured_gemm_ops: Sourced[dict] = field(default_factory=dict)  # dtype -> ops/s, whole array
+    # memory and data movement
+    dram_theoretical_bps: Sourced[float] = Sourced(0.0, "")
+    npu_read_bps: Sourced[float] = Sourced(0.0, "")
+    shim_dma_bps: Sourced[float] = Sourced(0.0, "")
+    onchip_bps: Sourced[float] = Sourced(0.0, "")
+    flush_us_per_mb: Sourced[float] = Sourced(0.0, "")
+    reachable_memory_fraction: Sourced[float] = Sourced(0.5, "")
+    # fixed costs (microseconds)
+    dispatch_us: Sourced[float] = Sourced(0.0, "")
+    chained_dispatch_us: Sourced[float] = Sourced(0.0, "")
+    reconfig_us: Sourced[float] = Sourced(0.0, "")
+    ctx_switch_us: Sourced[float] = Sourced(0.0, "")
+    configure_point_us: Sourced[float] = Sourced(0.0, "")
+    sync_point_us: Sourced[float] = Sourced(0.0, "")
+
+    # --- derived, never stored twice ------------------------------------------------------
+    @property
+    def cores(self) -> int:
+        return self.columns.value * self.core_rows.value
+
+    @property
+    def l1_usable(self) -> int:
+        return self.l1_bytes.value - self.l1_stack_reserve.value
+
+    def peak_ops(self, dtype: str) -> float:
+        """Peak ops/s (2 per MAC) of the whole array for an operand dtype."""
+        macs = self.macs_per_core_cycle.value[dtype]
+        return 2.0 * macs * self.cores * self.core_clock_hz.value
+
+    def facts(self) -> dict[str, object]:
+        """Every sourced fact of this generation, for docs and `xdna info`."""
+        out: dict[str, object] = {}
+        for name, value in self.__dict__.items():
+            if isinstance(value, Sourced):
+                out[name] = {"value": value.value, "source": value.source}
+        return out
+
+
+def S(value, source):  # short constructor for the tables below
+    return Sourced(value, source)
+
+
+AIE2P = Generation(
+    name="npu4",
+    arch="aie2p",
+    marketing="XDNA2 (Ryzen AI 300 'Strix Point')",
+    pci_ids=(("17f0", 0x10),),
+    columns=S(8, SRC_TARGET_MODEL),
+    core_rows=S(4, SRC_TARGET_MODEL),
+    l1_bytes=S(64 * KiB, SRC_TARGET_MODEL),
+    l1_stack_reserve=S(8 * KiB, SRC_ENGINE_SPEC),
+    program_memory_bytes=S(16 * KiB, SRC_AM027),
+    memtile_bytes=S(512 * KiB, SRC_TARGET_MODEL + " getMemTileSize()=0x80000"),
+    core_bds=S(16, SRC_TARGET_MODEL),
+    memtile_bds=S(48, SRC_TARGET_MODEL),
+    core_locks=S(16, SRC_TARGET_MODEL),
+    memtile_locks=S(64, SRC_TARGET_MODEL),
+    core_dma_channels=S((2, 2), SRC_AM027),
+    memtile_dma_channels=S((6, 6), SRC_AM027),
+    shim_dma_channels=S((2, 2), SRC_AM027),
+    shim_task_queue_depth=S(4, SRC_SHIMQ),
+    max_dma_stride=S(1 << 20, SRC_DMA),
+    max_dma_dims=S(4, SRC_DMA),
+    npu_clock_hz=S(1.267e9, SRC_NPU4_REGS + " npuclk"),
+    core_clock_hz=S(1.8e9, SRC_NPU4_REGS + " hclk; " + SRC_TOPS),
+    hw_contexts=S(16, SRC_HWCTX),
+    cmds_in_flight=S(4, SRC_MAXCMDS),
+    job_timeout_ms=S(2000, SRC_TDR),
+    macs_per_core_cycle=S({"int8": 512, "bf16": 256, "bfp16": 512, "int4": 512}, SRC_TOPS + "; " + SRC_MM_CC),
+    mmul_shape=S({"bf16": (4, 8, 8), "int8": (8, 8, 8), "bfp16": (8, 8, 8), "int4": (8, 8, 8)}, SRC_MM_CC),
+    measured_gemm_ops=S({"int8": 38.05e12, "bf16": 14.71e12, "bfp16": 24.6e12},
+                        SRC_GEMM_PAPER + "; " + SRC_BFP_PAPER),
+    dram_theoretical_bps=S(136.5e9, SRC_ROOFLINE),
+    npu_read_bps=S(52.7e9, SRC_ROOFLINE + " (pure read, 8 columns)"),
+    shim_dma_bps=S(37.7e9, SRC_ISSUE321 + " df-bw"),
+    onchip_bps=S(800e9, SRC_ROOFLINE),
+    flush_us_per_mb=S(15.0, SRC_FLUSH + " (10-20 us/MB)"),
+    reachable_memory_fraction=S(0.5, SRC_FASTFLOW),
+    dispatch_us=S(61.8, SRC_ISSUE321 + " latency"),
+    chained_dispatch_us=S(9.0, SRC_ISSUE321 + " chained"),
+    reconfig_us=S(3900.0, SRC_PR8935 + " (4.9 ms for a GEMM design, " + SRC_GEMM_PAPER + ")"),
+    ctx_switch_us=S(2550.0, SRC_WHERE_TIME + " (2.4-2.7 ms)"),
+    configure_point_us=S(56.0, SRC_GEN_DECODE + " (51-62 us)"),
+    sync_point_us=S(14.7, SRC_GEN_DECODE + " (13.5-15.9 us)"),
+)
+
+NPU4 = AIE2P
+NPU5 = replace(AIE2P, name="npu5", marketing="XDNA2 (Ryzen AI Max 'Strix Halo')", pci_ids=(("17f0", 0x11),))
+NPU6 = replace(AIE2P, name="npu6", marketing="XDNA2 (Ryzen AI 300 'Krackan Point')", pci_ids=(("17f0", 0x20),))
+
+AIE2 = replace(
+    AIE2P,
+    name="npu1",
+    arch="aie2",
+    marketing="XDNA (Ryzen 7040/8040 'Phoenix/Hawk Point')",
+    pci_ids=(("1502", 0x00),),
+    columns=S(4, SRC_TARGET_MODEL + " (NPU1)"),
+    hw_contexts=S(6, SRC_HWCTX),
+    macs_per_core_cycle=S({"int8": 256, "bf16": 128, "int4": 256}, SRC_TOPS + " (AIE2, contrast only)"),
+    mmul_shape=S({"bf16": (4, 8, 4), "int8": (4, 8, 8), "int4": (4, 16, 8)}, SRC_MM_CC + " (aie2)"),
+    measured_gemm_ops=S({}, "no calibration point for npu1"),
+)
+NPU1 = AIE2
+
+GENERATIONS: dict[str, Generation] = {g.name: g for g in (NPU1, NPU4, NPU5, NPU6)}
+
+
+def get_generation(name: str) -> Generation:
+    """Look a generation up by name ("npu1", "npu4", "npu5", "npu6")."""
+    try:
+        return GENERATIONS[name.lower()]
+    except KeyError:
+        raise ValueError(
+            f"unknown NPU generation {name!r}; known: {', '.join(sorted(GENERATIONS))}"
+        ) from None
+
+
+def generation_for_pci(device_id: str, revision: int) -> Generation | None:
+    """Map a PCI device id and revision (from sysfs) to a generation, or None if unknown."""
+    for gen in GENERATIONS.values():
+        if (device_id.lower().removeprefix("0x"), revision) in gen.pci_ids:
+            return gen
+    return None

@@ -1,0 +1,53 @@
+"""The NPU's numerics, as one documented policy.
+
+Operand policy (applies to every float kernel): floating operands enter the array as bf16,
+rounded to nearest-even (what AIE2P kernels set; the hardware default truncates toward -inf);
+products and sums accumulate in fp32; the result is stored in the requested output dtype.
+So an fp32 tensor is computed as bf16 operands with fp32 accumulation. Pure additions/subtractions
+run on the fp32 accumulator path and are exact in fp32. int8 x int8 accumulates in int32.
+"""
+from __future__ import annotations
+
+import torch
+
+FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+INT_DTYPES = (torch.int8, torch.uint8, torch.int16, torch.int32, torch.int64, torch.bool)
+
+ROUND_NEAREST_EVEN = "rne"
+ROUND_TOWARD_NEG_INF = "floor"
+
+
+def bf16_round(x: torch.Tensor, mode: str = ROUND_NEAREST_EVEN) -> torch.Tensor:
+    """Round a float tensor to bf16-representable values, returned as fp32."""
+    x = x.float()
+    if mode == ROUND_NEAREST_EVEN:
+        return x.to(torch.bfloat16).float()
+    if mode == ROUND_TOWARD_NEG_INF:
+        bits = x.contiguous().view(torch.int32)
+        trunc = (bits & ~0xFFFF).view(torch.float32)   # toward zero
+        # negative values with discarded bits move one ulp further down
+        neg_inexact = (x < 0) & ((bits & 0xFFFF) != 0) & torch.isfinite(x)
+        down = ((bits & ~0xFFFF) + 0x10000).view(torch.float32)
+        return torch.where(neg_inexact, down, trunc)
+    raise ValueError(f"unknown bf16 rounding mode {mode!r}; use 'rne' or 'floor'")
+
+
+def operand(x: torch.Tensor) -> torch.Tensor:
+    """An operand as the array sees it: floats as bf16 (RNE) held in fp32, integers unchanged."""
+    if x.dtype in FLOAT_DTYPES:
+        return x.to(torch.bfloat16).float() if x.dtype != torch.bfloat16 else x.float()
+    return x
+
+
+def store(result: torch.Tensor, out: torch.Tensor) -> None:
+    """Write an fp32/int32 accumulator result into the output view in its dtype."""
+    out.copy_(result.to(out.dtype) if result.dtype != out.dtype else result)
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """The numerics class a torch dtype maps to on the array."""
+    if dtype in FLOAT_DTYPES:
+        return "bf16"
+    if dtype in (torch.int8, torch.uint8):
+        return "int8"
+    return "int32"

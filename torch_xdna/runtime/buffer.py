@@ -1,0 +1,79 @@
+"""Buffer objects (BOs): device-visible memory.
+
+On XDNA the NPU reads system DRAM, so a buffer is host memory plus coherence state. Both backends
+expose a host view (a flat uint8 torch tensor); `Device.sync` is where coherence is paid for.
+"""
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from enum import Enum
+
+import torch
+
+ALIGN = 64  # bytes; keeps every dtype view of a buffer aligned
+_ids = itertools.count(1)
+
+
+class Coherence(Enum):
+    CLEAN = "clean"
+    HOST_DIRTY = "host-dirty"      # host wrote, device has not seen it (needs sync to device)
+    DEVICE_DIRTY = "device-dirty"  # device wrote, host cache is stale (needs sync from device)
+
+
+def aligned(nbytes: int) -> int:
+    return max(ALIGN, (nbytes + ALIGN - 1) // ALIGN * ALIGN)
+
+
+@dataclass(eq=False)
+class Buffer:
+    """One BO. `host` is its bytes as seen from the CPU; `handle` is backend-private."""
+
+    nbytes: int
+    host: torch.Tensor
+    handle: object = None
+    state: Coherence = Coherence.CLEAN
+    id: int = field(default_factory=lambda: next(_ids))
+    freed: bool = False
+
+    def view(self, dtype: torch.dtype, shape: tuple[int, ...], strides: tuple[int, ...],
+             offset: int = 0) -> torch.Tensor:
+        """A typed strided view of the host bytes (offset in elements of `dtype`)."""
+        flat = self.host.view(dtype)
+        return flat.as_strided(shape, strides, offset)
+
+    def __repr__(self) -> str:
+        return f"Buffer(id={self.id}, nbytes={self.nbytes}, state={self.state.value})"
+
+
+@dataclass(frozen=True, eq=False)
+class TensorArg:
+    """A launch argument: a strided typed region of a buffer."""
+
+    buffer: Buffer
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+    strides: tuple[int, ...]
+    offset: int = 0
+
+    def host_view(self) -> torch.Tensor:
+        return self.buffer.view(self.dtype, self.shape, self.strides, self.offset)
+
+    @property
+    def numel(self) -> int:
+        n = 1
+        for s in self.shape:
+            n *= s
+        return n
+
+    @property
+    def nbytes(self) -> int:
+        return self.numel * self.dtype.itemsize
+
+    def is_contiguous(self) -> bool:
+        expected = 1
+        for size, stride in zip(reversed(self.shape), reversed(self.strides)):
+            if size != 1 and stride != expected:
+                return False
+            expected *= size
+        return True
