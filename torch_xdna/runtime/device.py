@@ -13,7 +13,7 @@ from typing import Iterable
 import torch
 
 from torch_xdna.hw import Generation
-from torch_xdna.runtime.buffer import Buffer, Coherence
+from torch_xdna.runtime.buffer import Buffer, Coherence, TensorArg
 from torch_xdna.runtime.errors import DeviceOutOfMemory
 from torch_xdna.runtime.launch import Launch, Program
 
@@ -104,6 +104,30 @@ class Device(ABC):
         if buf.state is Coherence.DEVICE_DIRTY:
             self.sync_from_device(buf)
         return buf.host
+
+    # --- tensor-shaped conveniences (engine and compiler use these; no torch device involved) --
+    def empty(self, shape: tuple[int, ...], dtype: torch.dtype) -> TensorArg:
+        """A fresh contiguous device tensor region (uninitialized)."""
+        shape = tuple(int(s) for s in shape)
+        strides, acc = [], 1
+        for s in reversed(shape):
+            strides.append(acc)
+            acc *= max(s, 1)
+        n = 1
+        for s in shape:
+            n *= s
+        return TensorArg(self.alloc(n * dtype.itemsize), dtype, shape, tuple(reversed(strides)))
+
+    def upload(self, tensor: torch.Tensor) -> TensorArg:
+        """Copy a CPU tensor into a new buffer (resident until freed)."""
+        arg = self.empty(tuple(tensor.shape), tensor.dtype)
+        self.write(arg.buffer, tensor.detach().cpu())
+        return arg
+
+    def download(self, arg: TensorArg) -> torch.Tensor:
+        """A CPU copy of a device tensor region."""
+        self.read(arg.buffer)
+        return arg.host_view().clone()
 
     def sync_to_device(self, buf: Buffer) -> None:
         if buf.state is Coherence.HOST_DIRTY:

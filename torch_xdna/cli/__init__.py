@@ -1,0 +1,1 @@
+"""The `xdna` command."""

@@ -1,0 +1,1 @@
+"""Model specs as data and Hugging Face loaders."""
