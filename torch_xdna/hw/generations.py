@@ -36,6 +36,8 @@ SRC_SHIMQ = "pytorch-XDNA2 research notes (shim task queue depth)"
 SRC_DMA = "xdna-engine case study; xdna-emu DMA model"
 SRC_PCI = "amd/xdna-driver PCI id table"
 SRC_FASTFLOW = "FastFlowLM docs (NPU-reachable memory)"
+SRC_MODEL = "torch-xdna simulator assumption (see docs/simulator.md); replace when measured"
+SRC_AM020 = "AMD AM020 AIE-ML architecture manual (floating point: denormals flushed to zero)"
 
 
 @dataclass(frozen=True)
@@ -87,6 +89,12 @@ class Generation:
     ctx_switch_us: Sourced[float] = Sourced(0.0, "")
     configure_point_us: Sourced[float] = Sourced(0.0, "")
     sync_point_us: Sourced[float] = Sourced(0.0, "")
+    # --- added for the simulator's plans and cost model (all with sources) -------------------
+    npu_mixed_bps: Sourced[float] = Sourced(0.0, "")        # DRAM read+write mix, all columns
+    l1_banks: Sourced[int] = Sourced(4, SRC_TARGET_MODEL)
+    kernel_call_cycles: Sourced[int] = Sourced(0, "")       # per core-kernel invocation
+    vector_flops_per_lane: Sourced[int] = Sourced(1, "")    # fp32 vector op results per lane/cycle
+    subnormals_flushed: Sourced[bool] = Sourced(True, SRC_AM020)
 
     # --- derived, never stored twice ------------------------------------------------------
     @property
@@ -157,6 +165,10 @@ AIE2P = Generation(
     ctx_switch_us=S(2550.0, SRC_WHERE_TIME + " (2.4-2.7 ms)"),
     configure_point_us=S(56.0, SRC_GEN_DECODE + " (51-62 us)"),
     sync_point_us=S(14.7, SRC_GEN_DECODE + " (13.5-15.9 us)"),
+    npu_mixed_bps=S(67.6e9, SRC_ROOFLINE + " (mixed read/write traffic)"),
+    kernel_call_cycles=S(128, SRC_MODEL + ": lock acquire/release + loop prologue/epilogue of one "
+                         "kernel call (mlir-aie mm.cc / vector kernels), order of 100 cycles"),
+    vector_flops_per_lane=S(1, SRC_AM027 + " (one fp32 vector result per lane per cycle)"),
 )
 
 NPU4 = AIE2P

@@ -93,6 +93,19 @@ class Device(ABC):
             self.counters.allocated_bytes -= buf.nbytes
             self._free(buf)
 
+    def release(self, buf_id: int, nbytes: int, handle: object = None) -> None:
+        """Free by identity (called by finalizers once nothing references the buffer)."""
+        with self.lock:
+            if buf_id not in self._live:
+                return
+            self._live.discard(buf_id)
+            self.counters.allocated_bytes -= nbytes
+            if handle is not None:
+                self._release_handle(handle)
+
+    def _release_handle(self, handle: object) -> None:
+        """Backend hook: drop a BO handle (xrt); the sim has none."""
+
     def write(self, buf: Buffer, src: torch.Tensor, offset: int = 0) -> None:
         """Copy host bytes into a buffer (marks it host-dirty; synced before the next launch)."""
         data = src.contiguous().view(-1).view(torch.uint8)

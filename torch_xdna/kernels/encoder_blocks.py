@@ -1,0 +1,258 @@
+"""Fused encoder (BERT-family) blocks: one launch each for embeddings, attention, FFN and pooling.
+
+A fused design is a sequence of component designs run back to back on the array. Its reference
+calls the components' references (so the numerics are exactly theirs: bf16 operands, fp32
+accumulation); its plan is the components' plans combined: DRAM bytes and compute add up (the
+intermediates between components are counted as spilled to DRAM, a conservative choice), and the
+capacity checks are the components' own, so an oversized shape raises their PlanError.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Any, Sequence
+
+import torch
+
+from torch_xdna.hw import Generation
+from torch_xdna.kernels import numerics
+from torch_xdna.kernels.attention import attention_reference
+from torch_xdna.kernels.base import Design
+from torch_xdna.kernels.gemm import GemmDesign
+from torch_xdna.kernels.vector import EmbeddingDesign, VectorDesign
+from torch_xdna.runtime.plan import Plan, PlanError
+
+
+def combine_plans(design: str, plans: Sequence[Plan]) -> Plan:
+    """One plan for components run in sequence: resources are the max, traffic and time the sum."""
+    return Plan(
+        design=design, dtype=plans[0].dtype,
+        columns=max(p.columns for p in plans), cores=max(p.cores for p in plans),
+        tile=plans[0].tile, l1_bytes=max(p.l1_bytes for p in plans),
+        memtile_bytes=max(p.memtile_bytes for p in plans),
+        core_bds=max(p.core_bds for p in plans), memtile_bds=max(p.memtile_bds for p in plans),
+        core_locks=max(p.core_locks for p in plans), shim_tasks=max(p.shim_tasks for p in plans),
+        double_buffered=all(p.double_buffered for p in plans),
+        dram_read_bytes=sum(p.dram_read_bytes for p in plans),
+        dram_write_bytes=sum(p.dram_write_bytes for p in plans),
+        macs=sum(p.macs for p in plans), padded_macs=sum(p.padded_macs for p in plans),
+        vector_elems=sum(p.vector_elems for p in plans),
+        compute_cycles=sum(p.compute_cycles for p in plans),
+        dma_shapes=tuple(s for p in plans for s in p.dma_shapes),
+        notes={"components": tuple(p.summary() for p in plans)})
+
+
+def layer_norm_design(rows: int, dim: int, eps: float) -> VectorDesign:
+    f32 = torch.float32
+    return VectorDesign("layer_norm", ((rows, dim), (dim,), (dim,)), (f32, torch.bfloat16, torch.bfloat16),
+                        (rows, dim), f32, (("eps", eps), ("has_bias", True), ("has_weight", True),
+                                           ("norm_dims", 1)))
+
+
+class _Fused(Design):
+    """Shared plan logic: subclasses list their component designs."""
+
+    def components(self) -> list[Design]:
+        raise NotImplementedError
+
+    def plan(self, gen: Generation) -> Plan:
+        return combine_plans(self.kind, [c.plan(gen) for c in self.components()])
+
+
+@dataclass(frozen=True)
+class EncoderEmbeddingDesign(_Fused):
+    """x = LayerNorm(word[ids] + pos[0..S) + type[0]) for a [batch, seq] id tensor.
+
+    inputs: word [V,H], pos [P,H], type [T,H], ln_w [H], ln_b [H], ids int32 [B*S]; output [B*S,H].
+    """
+
+    vocab: int
+    max_position: int
+    hidden: int
+    batch: int
+    seq: int
+    eps: float
+    table_dtype: torch.dtype = torch.bfloat16
+    kind = "encoder_embedding"
+
+    def plan(self, gen: Generation) -> Plan:
+        if self.seq > self.max_position:
+            raise PlanError(f"{self.kind} seq={self.seq}", "position table length", self.seq,
+                            self.max_position, "truncate inputs to max_position_embeddings")
+        return super().plan(gen)
+
+    @cached_property
+    def _word(self) -> EmbeddingDesign:
+        return EmbeddingDesign(self.vocab, self.hidden, self.batch * self.seq, self.table_dtype)
+
+    @cached_property
+    def _ln(self) -> VectorDesign:
+        return layer_norm_design(self.batch * self.seq, self.hidden, self.eps)
+
+    def components(self) -> list[Design]:
+        rows, h, f32 = self.batch * self.seq, self.hidden, torch.float32
+        pos = EmbeddingDesign(self.max_position, h, rows, self.table_dtype)
+        add = VectorDesign("add", ((rows, h), (rows, h)), (f32, f32), (rows, h), f32)
+        return [self._word, pos, add, self._ln]
+
+    def reference(self, inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor],
+                  **scalars: Any) -> None:
+        word, pos, typ, ln_w, ln_b, ids = inputs
+        rows, h = self.batch * self.seq, self.hidden
+        x = torch.empty(rows, h)
+        self._word.reference([word, ids], [x])
+        # pure additions run on the fp32 accumulator path (exact)
+        x.view(self.batch, self.seq, h).add_(pos[:self.seq].float()).add_(typ[0].float())
+        self._ln.reference([x, ln_w, ln_b], outputs)
+
+
+@dataclass(frozen=True)
+class EncoderAttentionDesign(_Fused):
+    """out = LayerNorm(x + (softmax(QK^T/sqrt(D) + mask) V) Wo + bo), QKV = x Wqkv + bqkv.
+
+    inputs: x [B*S,H], w_qkv [H,3H], b_qkv [3H], mask [B,S] (additive: 0 or -inf), w_o [H,H],
+    b_o [H], ln_w [H], ln_b [H]; output [B*S,H] fp32.
+    """
+
+    batch: int
+    seq: int
+    hidden: int
+    heads: int
+    eps: float
+    dtype: str = "bf16"
+    kind = "encoder_attention"
+
+    def __post_init__(self):
+        if self.hidden % self.heads:
+            raise ValueError(f"{self.kind}: hidden {self.hidden} not divisible by heads {self.heads}")
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden // self.heads
+
+    @cached_property
+    def _qkv(self) -> GemmDesign:
+        return GemmDesign(self.batch * self.seq, self.hidden, 3 * self.hidden, dtype=self.dtype,
+                          bias=True)
+
+    @cached_property
+    def _out(self) -> GemmDesign:
+        return GemmDesign(self.batch * self.seq, self.hidden, self.hidden, dtype=self.dtype,
+                          bias=True, residual=True)
+
+    @cached_property
+    def _ln(self) -> VectorDesign:
+        return layer_norm_design(self.batch * self.seq, self.hidden, self.eps)
+
+    def components(self) -> list[Design]:
+        bh, s, d, f32 = self.batch * self.heads, self.seq, self.head_dim, torch.float32
+        scores = GemmDesign(s, d, s, batch=bh, dtype=self.dtype)
+        softmax = VectorDesign("softmax", ((bh * s, s),), (f32,), (bh * s, s), f32, (("dim", -1),))
+        pv = GemmDesign(s, s, d, batch=bh, dtype=self.dtype)
+        return [self._qkv, scores, softmax, pv, self._out, self._ln]
+
+    def reference(self, inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor],
+                  **scalars: Any) -> None:
+        x, w_qkv, b_qkv, mask, w_o, b_o, ln_w, ln_b = inputs
+        b, s, h, nh, d = self.batch, self.seq, self.hidden, self.heads, self.head_dim
+        qkv = torch.empty(b * s, 3 * h)
+        self._qkv.reference([x, w_qkv, b_qkv], [qkv])
+        q, k, v = qkv.view(b, s, 3, nh, d).permute(2, 0, 3, 1, 4)
+        ctx = attention_reference(q, k, v, scale=1.0 / math.sqrt(d), mask=mask.view(b, 1, 1, s))
+        ctx = ctx.permute(0, 2, 1, 3).reshape(b * s, h)
+        y = torch.empty(b * s, h)
+        self._out.reference([ctx, w_o, b_o, x], [y])
+        self._ln.reference([y, ln_w, ln_b], outputs)
+
+
+@dataclass(frozen=True)
+class EncoderFFNDesign(_Fused):
+    """out = LayerNorm(x + act(x W1 + b1) W2 + b2).
+
+    inputs: x [R,H], w1 [H,I], b1 [I], w2 [I,H], b2 [H], ln_w [H], ln_b [H]; output [R,H] fp32.
+    """
+
+    rows: int
+    hidden: int
+    intermediate: int
+    eps: float
+    act: str = "gelu"
+    dtype: str = "bf16"
+    kind = "encoder_ffn"
+
+    @cached_property
+    def _up(self) -> GemmDesign:
+        return GemmDesign(self.rows, self.hidden, self.intermediate, dtype=self.dtype, bias=True,
+                          epilogue=self.act)
+
+    @cached_property
+    def _down(self) -> GemmDesign:
+        return GemmDesign(self.rows, self.intermediate, self.hidden, dtype=self.dtype, bias=True,
+                          residual=True)
+
+    @cached_property
+    def _ln(self) -> VectorDesign:
+        return layer_norm_design(self.rows, self.hidden, self.eps)
+
+    def components(self) -> list[Design]:
+        return [self._up, self._down, self._ln]
+
+    def reference(self, inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor],
+                  **scalars: Any) -> None:
+        x, w1, b1, w2, b2, ln_w, ln_b = inputs
+        inter = torch.empty(self.rows, self.intermediate)
+        self._up.reference([x, w1, b1], [inter])
+        y = torch.empty(self.rows, self.hidden)
+        self._down.reference([inter, w2, b2, x], [y])
+        self._ln.reference([y, ln_w, ln_b], outputs)
+
+
+@dataclass(frozen=True)
+class EncoderPoolDesign(_Fused):
+    """Sentence vector: mean over unmasked tokens (or the first token), then L2-normalized.
+
+    inputs: x [B*S,H], mask [B,S] (additive: 0 keeps a token); output [B,H] fp32. Rows with no
+    tokens (batch padding) give zeros.
+    """
+
+    batch: int
+    seq: int
+    hidden: int
+    mode: str = "mean"           # "mean" | "cls"
+    normalize: bool = True
+    kind = "encoder_pool"
+
+    def __post_init__(self):
+        if self.mode not in ("mean", "cls"):
+            raise ValueError(f"{self.kind}: pooling {self.mode!r} not supported (mean, cls)")
+
+    def components(self) -> list[Design]:
+        b, s, h, f32 = self.batch, self.seq, self.hidden, torch.float32
+        parts: list[Design] = []
+        if self.mode == "mean":
+            parts.append(VectorDesign("sum", ((b, s, h),), (f32,), (b, h), f32,
+                                      (("dims", (1,)), ("keepdim", False))))
+        else:
+            parts.append(VectorDesign("copy", ((b, h),), (f32,), (b, h), f32))
+        if self.normalize:
+            parts.append(VectorDesign("rms_norm", ((b, h),), (f32,), (b, h), f32,
+                                      (("eps", 0.0), ("has_weight", False))))
+        return parts
+
+    def reference(self, inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor],
+                  **scalars: Any) -> None:
+        x, mask = inputs
+        b, s, h = self.batch, self.seq, self.hidden
+        x = x.view(b, s, h).float()
+        keep = (mask.view(b, s) == 0).float()
+        if self.mode == "mean":
+            # masked sum and count are additions: fp32 accumulator path
+            pooled = (x * keep.unsqueeze(-1)).sum(1) / keep.sum(1, keepdim=True).clamp(min=1.0)
+        else:
+            pooled = x[:, 0] * keep[:, :1]
+        if self.normalize:
+            p = numerics.operand(pooled)
+            norm = (p * p).sum(-1, keepdim=True).sqrt().clamp(min=1e-12)
+            pooled = p / norm
+        numerics.store(pooled, outputs[0])

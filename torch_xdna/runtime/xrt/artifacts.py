@@ -1,0 +1,254 @@
+"""Hardware artifacts: one directory per design, described by a manifest, validated fail-closed.
+
+Layout: ``$TORCH_XDNA_ARTIFACT_DIR/<design.artifact_key()>/manifest.json`` plus the files it lists.
+Nothing reaches XRT until the manifest and every file in it pass: a regular file (no symlink),
+owned by this user or root, not group/other-writable, exact size and SHA-256, built for this
+generation. Instruction streams are read from the same descriptor that was hashed.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import stat
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from torch_xdna.runtime.errors import XdnaError
+
+MANIFEST = "manifest.json"
+SCHEMA = 1
+ENV_DIR = "TORCH_XDNA_ARTIFACT_DIR"
+FLOWS = {"xclbin": ("xclbin", "insts"), "elf": ("elf",)}   # flow -> file roles it needs
+ROLES = ("input", "output", "scalar")
+_CHUNK = 1 << 20
+
+
+class ArtifactError(XdnaError):
+    """An artifact is missing or failed validation; nothing was loaded onto the NPU."""
+
+
+def default_artifact_dir() -> Path:
+    env = os.environ.get(ENV_DIR)
+    if env:
+        return Path(env).expanduser()
+    data = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    return Path(data) / "torch-xdna" / "artifacts"
+
+
+@dataclass(frozen=True)
+class ArgSpec:
+    """One kernel argument in launch order: an input/output tensor region or a scalar."""
+
+    role: str
+    index: int = 0              # position in launch.inputs / launch.outputs
+    name: str = ""              # scalar name in launch.scalars
+    dtype: str = ""             # torch dtype name without "torch." (tensors)
+    shape: tuple[int, ...] = ()
+
+    @property
+    def is_buffer(self) -> bool:
+        return self.role != "scalar"
+
+    def to_json(self) -> dict:
+        d = {"role": self.role, "index": self.index, "dtype": self.dtype, "shape": list(self.shape)}
+        if self.role == "scalar":
+            d = {"role": "scalar", "name": self.name, "dtype": self.dtype}
+        return d
+
+
+@dataclass(frozen=True)
+class Artifact:
+    """A validated artifact, ready to load."""
+
+    key: str
+    directory: Path
+    generation: str
+    flow: str                       # "xclbin" (xclbin + instruction stream) | "elf" (full ELF)
+    kernel: str                     # xclbin kernel name, or "<device>:<sequence>" in an ELF
+    files: dict[str, Path]
+    abi: tuple[ArgSpec, ...]
+    xclbin_uuid: str = ""
+    num_bo_args: int = 0            # declared BO arguments (ELF flow; xclbin flow reads the xclbin)
+    insts: bytes = b""              # the validated instruction stream (xclbin flow)
+    toolchain: dict = field(default_factory=dict)
+    sha256: dict = field(default_factory=dict)
+
+    @property
+    def buffer_args(self) -> list[ArgSpec]:
+        return [a for a in self.abi if a.is_buffer]
+
+
+def _fail(key: str, what: str, problem: str, fix: str) -> ArtifactError:
+    return ArtifactError(f"xdna artifact {key}: {what}: {problem}. Fix: {fix}. "
+                         f"(Or run on the simulator: TORCH_XDNA_BACKEND=sim)")
+
+
+def _check_stat(key: str, path: Path, st: os.stat_result, owners: set[int], kind: str) -> None:
+    if stat.S_ISLNK(st.st_mode):
+        raise _fail(key, str(path), "is a symlink; artifacts must be the files themselves",
+                    f"replace it with the real file (cp --remove-destination \"$(readlink -f {path})\" {path})")
+    want = stat.S_ISDIR if kind == "dir" else stat.S_ISREG
+    if not want(st.st_mode):
+        raise _fail(key, str(path), f"is not a {'directory' if kind == 'dir' else 'regular file'}",
+                    "reinstall the artifact")
+    if st.st_uid not in owners:
+        raise _fail(key, str(path), f"is owned by uid {st.st_uid}, not by you or root",
+                    f"chown {os.geteuid()} {path} (only you or root may own artifacts you load)")
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        raise _fail(key, str(path), f"is group/other-writable (mode {stat.S_IMODE(st.st_mode):04o})",
+                    f"chmod go-w {path}")
+
+
+def _open_checked(key: str, path: Path, owners: set[int]) -> int:
+    """An fd for a regular, safely-owned file; refuses symlinks in the last component."""
+    try:
+        lst = os.lstat(path)
+    except FileNotFoundError:
+        raise _fail(key, str(path), "is missing", "reinstall the artifact (rebuild it, or copy every "
+                    "file manifest.json lists into its directory)") from None
+    _check_stat(key, path, lst, owners, "file")
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
+    try:
+        st = os.fstat(fd)
+        if (st.st_ino, st.st_dev) != (lst.st_ino, lst.st_dev):
+            raise _fail(key, str(path), "changed while it was being opened", "reinstall the artifact")
+        _check_stat(key, path, st, owners, "file")
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _read_fd(fd: int) -> bytes:
+    chunks = []
+    while chunk := os.read(fd, _CHUNK):
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+class ArtifactStore:
+    """Looks artifacts up by key and validates them (once per process per key)."""
+
+    def __init__(self, directory: Path | None = None, owners: set[int] | None = None):
+        self.directory = Path(directory) if directory is not None else default_artifact_dir()
+        self.owners = owners if owners is not None else {os.geteuid(), 0}
+        self._valid: dict[tuple[str, str], Artifact] = {}
+
+    def has_any(self) -> bool:
+        try:
+            return any((d / MANIFEST).exists() for d in self.directory.iterdir())
+        except OSError:
+            return False
+
+    def lookup(self, key: str, generation: str, design: str = "") -> Artifact:
+        hit = self._valid.get((key, generation))
+        if hit is None:
+            hit = self.validate(key, generation, design)
+            self._valid[(key, generation)] = hit
+        return hit
+
+    def forget(self, key: str | None = None) -> None:
+        """Drop cached validations (re-checked on next lookup)."""
+        self._valid = {k: v for k, v in self._valid.items() if key is not None and k[0] != key}
+
+    def validate(self, key: str, generation: str, design: str = "") -> Artifact:
+        root = self.directory
+        d = root / key
+        label = f"{design} ({key})" if design else key
+        if not d.exists() and not d.is_symlink():
+            raise ArtifactError(
+                f"xdna: no hardware artifact for {label} in {root} (set by {ENV_DIR}). The xrt backend "
+                f"never runs a design on the host: build the design's artifact for {generation} and "
+                f"install it as {d}/{MANIFEST} plus its files, or use TORCH_XDNA_BACKEND=sim.")
+        _check_stat(key, d, os.lstat(d), self.owners, "dir")
+        fd = _open_checked(key, d / MANIFEST, self.owners)
+        try:
+            raw = _read_fd(fd)
+        finally:
+            os.close(fd)
+        try:
+            m = json.loads(raw)
+        except ValueError as e:
+            raise _fail(key, str(d / MANIFEST), f"is not valid JSON ({e})", "reinstall the artifact") from None
+        return self._from_manifest(key, generation, d, m)
+
+    def _from_manifest(self, key: str, generation: str, d: Path, m: dict) -> Artifact:
+        mpath = str(d / MANIFEST)
+
+        def need(name: str, typ: type):
+            v = m.get(name)
+            if not isinstance(v, typ):
+                raise _fail(key, mpath, f"field {name!r} is missing or not a {typ.__name__}",
+                            "regenerate the manifest with torch_xdna.kernels.artifacts.write_manifest")
+            return v
+
+        if m.get("schema") != SCHEMA:
+            raise _fail(key, mpath, f"schema {m.get('schema')!r} is not {SCHEMA}", "rebuild the artifact")
+        if need("artifact_key", str) != key:
+            raise _fail(key, mpath, f"describes artifact {m['artifact_key']!r}, not this design's {key!r}",
+                        "install the artifact under the directory named by its own key")
+        gen = need("generation", str)
+        if gen != generation:
+            raise _fail(key, mpath, f"was built for {gen}; this NPU is {generation}",
+                        f"build the design for {generation}")
+        flow = need("flow", str)
+        if flow not in FLOWS:
+            raise _fail(key, mpath, f"flow {flow!r} is not one of {', '.join(FLOWS)}", "rebuild the artifact")
+        kernel = need("kernel", str)
+        files = need("files", dict)
+        paths, hashes, insts = {}, {}, b""
+        for role in FLOWS[flow]:
+            entry = files.get(role)
+            if not isinstance(entry, dict):
+                raise _fail(key, mpath, f"lists no {role!r} file (the {flow} flow needs "
+                            f"{', '.join(FLOWS[flow])})", "regenerate the manifest from the build outputs")
+            path, data = self._check_file(key, d, role, entry, keep=(role == "insts"))
+            paths[role], hashes[role] = path, entry["sha256"]
+            if role == "insts":
+                insts = data
+        uuid = ""
+        if flow == "xclbin":
+            uuid = need("xclbin_uuid", str).lower()
+        nbo = m.get("num_bo_args", 0)
+        abi = tuple(self._arg(key, mpath, a) for a in need("abi", list))
+        if flow == "elf" and (not isinstance(nbo, int) or nbo < len([a for a in abi if a.is_buffer])):
+            raise _fail(key, mpath, "num_bo_args must be an int >= the number of buffer arguments "
+                        "in abi", "regenerate the manifest")
+        return Artifact(key=key, directory=d, generation=gen, flow=flow, kernel=kernel, files=paths,
+                        abi=abi, xclbin_uuid=uuid, num_bo_args=int(nbo or 0), insts=insts,
+                        toolchain=dict(m.get("toolchain") or {}), sha256=hashes)
+
+    def _check_file(self, key: str, d: Path, role: str, entry: dict, keep: bool) -> tuple[Path, bytes]:
+        name, size, digest = entry.get("path"), entry.get("size"), entry.get("sha256")
+        if (not isinstance(name, str) or not name or "/" in name or name in (".", "..")
+                or not isinstance(size, int) or not isinstance(digest, str)):
+            raise _fail(key, str(d / MANIFEST), f"files[{role!r}] needs a plain file name, an int "
+                        "size and a sha256", "regenerate the manifest")
+        path = d / name
+        fd = _open_checked(key, path, self.owners)
+        try:
+            st = os.fstat(fd)
+            if st.st_size != size:
+                raise _fail(key, str(path), f"is {st.st_size} bytes, the manifest says {size}",
+                            "the file is truncated or replaced: reinstall it from a trusted build")
+            h, kept = hashlib.sha256(), []
+            while chunk := os.read(fd, _CHUNK):
+                h.update(chunk)
+                if keep:
+                    kept.append(chunk)
+        finally:
+            os.close(fd)
+        if h.hexdigest() != digest.lower():
+            raise _fail(key, str(path), f"SHA-256 {h.hexdigest()[:16]}... does not match the manifest's "
+                        f"{digest[:16]}...", "the file was modified: reinstall it from a trusted build")
+        return path, b"".join(kept)
+
+    @staticmethod
+    def _arg(key: str, mpath: str, a) -> ArgSpec:
+        if not isinstance(a, dict) or a.get("role") not in ROLES:
+            raise _fail(key, mpath, f"abi entry {a!r} needs a role in {ROLES}", "regenerate the manifest")
+        if a["role"] == "scalar":
+            return ArgSpec("scalar", name=str(a.get("name", "")), dtype=str(a.get("dtype", "")))
+        return ArgSpec(a["role"], int(a.get("index", 0)), dtype=str(a.get("dtype", "")),
+                       shape=tuple(int(s) for s in a.get("shape", ())))

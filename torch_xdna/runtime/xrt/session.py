@@ -1,0 +1,153 @@
+"""pyxrt objects with process lifetime: the device (opened once), hardware contexts (LRU, at most
+the generation's `hw_contexts`), kernel handles and instruction BOs (cached with their context).
+
+Rebuilding device/context/BOs per launch costs ~95-147 ms (xdna2-facts.md), so nothing here is
+created twice while it is cached.
+"""
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+from torch_xdna.hw import host
+from torch_xdna.runtime.errors import BackendUnavailable
+from torch_xdna.runtime.xrt.artifacts import Artifact, ArtifactError
+
+_devices: dict[tuple[int, int], object] = {}
+_devices_lock = threading.Lock()
+
+
+def acquire_device(xrt, index: int = 0):
+    """The process's pyxrt device `index`, opened on first use only."""
+    k = (id(xrt), index)
+    with _devices_lock:
+        dev = _devices.get(k)
+        if dev is None:
+            try:
+                dev = xrt.device(index)
+            except Exception as e:
+                raise BackendUnavailable(
+                    f"xrt: opening NPU device {index} failed: {e}. Run `xdna doctor` for the exact fix, "
+                    f"or set TORCH_XDNA_BACKEND=sim to use the simulator.") from e
+            _devices[k] = dev
+        return dev
+
+
+def release_devices() -> None:
+    """Forget opened devices (tests and interpreter shutdown)."""
+    with _devices_lock:
+        _devices.clear()
+
+
+def sync_direction(xrt, to_device: bool):
+    d = xrt.xclBOSyncDirection
+    return d.XCL_BO_SYNC_BO_TO_DEVICE if to_device else d.XCL_BO_SYNC_BO_FROM_DEVICE
+
+
+@dataclass(eq=False)
+class LoadedKernel:
+    """A kernel ready to launch: its context, handle and (xclbin flow) instruction BO."""
+
+    artifact: Artifact
+    context_key: str
+    kernel: object
+    instr_bo: object = None
+    instr_len: int = 0
+    declared_bos: int = 0
+    _groups: dict = field(default_factory=dict)
+
+    def group_id(self, arg: int) -> int:
+        g = self._groups.get(arg)
+        if g is None:
+            g = self._groups[arg] = int(self.kernel.group_id(arg))
+        return g
+
+
+class KernelCache:
+    """Hardware contexts keyed by xclbin UUID (or ELF hash), LRU-bounded; kernels keyed by artifact."""
+
+    def __init__(self, xrt, device, capacity: int):
+        self.xrt, self.device, self.capacity = xrt, device, capacity
+        self._contexts: OrderedDict[str, tuple[object, object]] = OrderedDict()   # key -> (ctx, xclbin)
+        self._kernels: dict[str, LoadedKernel] = {}
+        self._registered: set[str] = set()
+        self.opened = 0          # contexts created (a context switch on the NPU each time it is new)
+        self.evicted = 0
+
+    def __len__(self) -> int:
+        return len(self._contexts)
+
+    def get(self, art: Artifact) -> LoadedKernel:
+        lk = self._kernels.get(art.key)
+        if lk is not None:
+            self._contexts.move_to_end(lk.context_key)
+            return lk
+        ctx_key = art.xclbin_uuid if art.flow == "xclbin" else "elf:" + art.sha256["elf"]
+        if ctx_key in self._contexts:
+            self._contexts.move_to_end(ctx_key)
+        else:
+            while len(self._contexts) >= self.capacity:
+                self._evict_lru()
+            self._contexts[ctx_key] = self._open_context(art)
+            self.opened += 1
+        ctx, xclbin = self._contexts[ctx_key]
+        lk = self._load_kernel(art, ctx_key, ctx, xclbin)
+        self._kernels[art.key] = lk
+        return lk
+
+    def _open_context(self, art: Artifact):
+        x = self.xrt
+        if art.flow == "elf":
+            elf = x.elf(str(art.files["elf"]))
+            return x.hw_context(self.device, elf), None
+        xclbin = x.xclbin(str(art.files["xclbin"]))
+        uuid = xclbin.get_uuid()
+        got = str(uuid.to_string() if hasattr(uuid, "to_string") else uuid).lower()
+        if got != art.xclbin_uuid:
+            raise ArtifactError(
+                f"xdna artifact {art.key}: {art.files['xclbin']} has UUID {got}, the manifest says "
+                f"{art.xclbin_uuid}. Fix: reinstall the artifact from one build (xclbin and manifest "
+                f"together).")
+        if got not in self._registered:
+            self.device.register_xclbin(xclbin)
+            self._registered.add(got)
+        return x.hw_context(self.device, uuid), xclbin
+
+    def _load_kernel(self, art: Artifact, ctx_key: str, ctx, xclbin) -> LoadedKernel:
+        x = self.xrt
+        if art.flow == "elf":
+            return LoadedKernel(art, ctx_key, x.ext.kernel(ctx, art.kernel), declared_bos=art.num_bo_args)
+        declared = None
+        for k in xclbin.get_kernels():
+            if k.get_name() == art.kernel:
+                declared = k.get_num_args() - host.FIXED_KERNEL_ARGS.value
+        if declared is None:
+            names = [k.get_name() for k in xclbin.get_kernels()]
+            raise ArtifactError(f"xdna artifact {art.key}: kernel {art.kernel!r} is not in "
+                                f"{art.files['xclbin']} (it has {names}). Fix: correct 'kernel' in the "
+                                f"manifest or rebuild the artifact.")
+        kernel = x.kernel(ctx, art.kernel)
+        lk = LoadedKernel(art, ctx_key, kernel, declared_bos=declared)
+        n = len(art.insts)
+        unit = host.INSTR_LEN_UNIT_BYTES.value
+        if n == 0 or n % unit:
+            raise ArtifactError(f"xdna artifact {art.key}: instruction stream is {n} bytes, not a "
+                                f"positive multiple of {unit}. Fix: rebuild the artifact.")
+        bo = x.bo(self.device, n, x.bo.cacheable, lk.group_id(host.INSTR_GROUP_ARG.value))
+        memoryview(bo.map()).cast("B")[:n] = art.insts
+        bo.sync(sync_direction(x, True))
+        lk.instr_bo, lk.instr_len = bo, n // unit
+        return lk
+
+    def _evict_lru(self) -> None:
+        ctx_key, _ = self._contexts.popitem(last=False)
+        # kernels and instruction BOs depend on the context: drop them first
+        for key in [k for k, lk in self._kernels.items() if lk.context_key == ctx_key]:
+            lk = self._kernels.pop(key)
+            lk.instr_bo = lk.kernel = None
+        self.evicted += 1
+
+    def close(self) -> None:
+        while self._contexts:
+            self._evict_lru()
