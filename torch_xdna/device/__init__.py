@@ -38,7 +38,7 @@ def register() -> None:
         _registered = True
 
 
-def _boxed_fallback(op, keyset, *args, **kwargs):
+def _boxed_fallback(op, *args, **kwargs):
     from torch_xdna.device import fallback
     name = op._schema.name.replace("::", ".")
     if op._overloadname != "default":

@@ -54,6 +54,19 @@ def _untyped_cpu(self):
     return _orig_cpu(self)
 
 
+_orig_reduce = torch.Tensor._reduce_ex_internal
+
+
+def _reduce_ex_internal(self, proto):
+    """Pickle an xdna tensor as a CPU copy plus its device (views are saved as copies)."""
+    if self.device.type == "xdna":
+        return (torch._utils._rebuild_device_tensor_from_cpu_tensor,
+                (self.detach().cpu(), self.dtype, str(self.device), self.requires_grad))
+    return _orig_reduce(self, proto)
+
+
 def install() -> None:
-    ser.register_package(30, _tag, _restore)
+    # priority 15: ahead of PyTorch's generic privateuse1 handler (23), which would crash
+    ser.register_package(15, _tag, _restore)
     torch.UntypedStorage.cpu = _untyped_cpu
+    torch.Tensor._reduce_ex_internal = _reduce_ex_internal

@@ -2,9 +2,13 @@
 
 Operand policy (applies to every float kernel): floating operands enter the array as bf16,
 rounded to nearest-even (what AIE2P kernels set; the hardware default truncates toward -inf);
-products and sums accumulate in fp32; the result is stored in the requested output dtype.
-So an fp32 tensor is computed as bf16 operands with fp32 accumulation. Pure additions/subtractions
-run on the fp32 accumulator path and are exact in fp32. int8 x int8 accumulates in int32.
+subnormals are flushed to zero (the AIE-ML float path has no denormals); products and sums
+accumulate in fp32; the result is stored in the requested output dtype. So an fp32 tensor is
+computed as bf16 operands with fp32 accumulation. Pure additions/subtractions run on the fp32
+accumulator path and are exact in fp32. int8 x int8 accumulates in int32.
+
+Block floating point (bfp16) and int8/int4 weight quantization live in kernels/quant.py; which
+numerics a model site uses is chosen by a PrecisionPlan (kernels/precision.py).
 """
 from __future__ import annotations
 
@@ -15,6 +19,16 @@ INT_DTYPES = (torch.int8, torch.uint8, torch.int16, torch.int32, torch.int64, to
 
 ROUND_NEAREST_EVEN = "rne"
 ROUND_TOWARD_NEG_INF = "floor"
+ROUNDING_MODES = (ROUND_NEAREST_EVEN, ROUND_TOWARD_NEG_INF)
+FP32_MIN_NORMAL = 2.0 ** -126          # bf16 shares fp32's exponent range
+
+
+def flush_subnormals(x: torch.Tensor) -> torch.Tensor:
+    """Subnormal values become (signed) zero, as the array's float units do."""
+    if not x.dtype.is_floating_point:
+        return x
+    tiny = (x.abs() < FP32_MIN_NORMAL) & (x != 0)
+    return torch.where(tiny, x * 0.0, x) if bool(tiny.any()) else x
 
 
 def bf16_round(x: torch.Tensor, mode: str = ROUND_NEAREST_EVEN) -> torch.Tensor:
@@ -29,14 +43,21 @@ def bf16_round(x: torch.Tensor, mode: str = ROUND_NEAREST_EVEN) -> torch.Tensor:
         neg_inexact = (x < 0) & ((bits & 0xFFFF) != 0) & torch.isfinite(x)
         down = ((bits & ~0xFFFF) + 0x10000).view(torch.float32)
         return torch.where(neg_inexact, down, trunc)
-    raise ValueError(f"unknown bf16 rounding mode {mode!r}; use 'rne' or 'floor'")
+    raise ValueError(f"unknown bf16 rounding mode {mode!r}; use one of {ROUNDING_MODES}")
 
 
-def operand(x: torch.Tensor) -> torch.Tensor:
-    """An operand as the array sees it: floats as bf16 (RNE) held in fp32, integers unchanged."""
-    if x.dtype in FLOAT_DTYPES:
-        return x.to(torch.bfloat16).float() if x.dtype != torch.bfloat16 else x.float()
-    return x
+def operand(x: torch.Tensor, rounding: str = ROUND_NEAREST_EVEN, ftz: bool = True) -> torch.Tensor:
+    """An operand as the array sees it: floats as bf16 (rounded by `rounding`, subnormals flushed)
+    held in fp32; integers unchanged."""
+    if x.dtype not in FLOAT_DTYPES:
+        return x
+    if x.dtype == torch.bfloat16:
+        y = x.float()
+    elif rounding == ROUND_NEAREST_EVEN:
+        y = x.to(torch.bfloat16).float()
+    else:
+        y = bf16_round(x, rounding)
+    return flush_subnormals(y) if ftz else y
 
 
 def store(result: torch.Tensor, out: torch.Tensor) -> None:

@@ -1,0 +1,125 @@
+"""DecoderSpec: one data type describing every supported decoder-only LLM family.
+
+The engine reads only this spec (never a family name), so a new family is a new spec builder and a
+weight-name map in models/families.py, not new engine code. Differences between families are
+fields: QK-norm, the (1+w) RMSNorm convention, embedding scale, per-layer sliding windows and RoPE
+tables, sandwich norms, activation, soft-capping.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+
+
+class UnsupportedModelError(ValueError):
+    """A config asks for a feature the engine does not implement (named in the message)."""
+
+
+@dataclass(frozen=True)
+class RopeSpec:
+    """Rotary embedding parameters of one table (types: default, linear, llama3)."""
+
+    theta: float
+    type: str = "default"
+    factor: float = 1.0
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    original_max_positions: int = 8192
+
+    def inv_freq(self, head_dim: int) -> torch.Tensor:
+        """Per-pair inverse frequencies [head_dim/2] in fp64 (rounded to fp32 by the caller)."""
+        inv = 1.0 / (self.theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))
+        if self.type == "default":
+            return inv
+        if self.type == "linear":
+            return inv / self.factor
+        if self.type == "llama3":
+            # wavelengths longer than the original context are stretched by `factor`, short ones
+            # kept, and the band between them interpolated smoothly (Llama 3.1 long-context recipe)
+            low_wavelen = self.original_max_positions / self.low_freq_factor
+            high_wavelen = self.original_max_positions / self.high_freq_factor
+            wavelen = 2 * math.pi / inv
+            scaled = torch.where(wavelen > low_wavelen, inv / self.factor, inv)
+            smooth = ((self.original_max_positions / wavelen - self.low_freq_factor)
+                      / (self.high_freq_factor - self.low_freq_factor))
+            blended = (1 - smooth) * scaled / self.factor + smooth * scaled
+            medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
+            return torch.where(medium, blended, scaled)
+        raise UnsupportedModelError(f"rope type {self.type!r} is not implemented")
+
+    def tables(self, head_dim: int, positions: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin tables [positions, head_dim] (halves duplicated, rotate-half convention)."""
+        inv = self.inv_freq(head_dim).float()
+        freqs = torch.outer(torch.arange(positions, dtype=torch.float32), inv)
+        emb = torch.cat([freqs, freqs], dim=-1)
+        return emb.cos(), emb.sin()
+
+
+@dataclass(frozen=True)
+class WeightNames:
+    """HF tensor names per canonical site; layer names contain '{i}'. Empty = absent."""
+
+    embed: str
+    final_norm: str
+    lm_head: str
+    attn_norm: str
+    q: str
+    k: str
+    v: str
+    o: str
+    mlp_norm: str
+    gate: str
+    up: str
+    down: str
+    q_norm: str = ""
+    k_norm: str = ""
+    attn_post_norm: str = ""      # Gemma: post_attention_layernorm (before the residual add)
+    mlp_post_norm: str = ""       # Gemma: post_feedforward_layernorm
+
+
+@dataclass(frozen=True)
+class DecoderSpec:
+    """Shapes and conventions of a decoder-only transformer, as the engine consumes them."""
+
+    family: str
+    hidden: int
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    intermediate: int
+    vocab: int
+    max_positions: int
+    rms_eps: float
+    act: str                               # "silu" | "gelu_tanh"
+    tie_embeddings: bool
+    attn_scale: float                      # multiplies q k^T
+    names: WeightNames
+    ropes: dict = field(default_factory=dict)            # table name -> RopeSpec
+    layer_rope: tuple[str, ...] = ()                      # per layer: which table
+    layer_window: tuple[int | None, ...] = ()             # per layer: sliding window or None
+    qk_norm: bool = False
+    norm_offset: float = 0.0               # Gemma RMSNorm multiplies by (1 + w)
+    embed_scale: float = 1.0               # Gemma multiplies embeddings by sqrt(hidden)
+    sandwich_norms: bool = False           # Gemma: post-attention and post-feedforward norms
+    final_softcap: float | None = None
+    attn_softcap: float | None = None
+    bos_token_id: int | None = None
+    eos_token_ids: tuple[int, ...] = ()
+
+    @property
+    def q_dim(self) -> int:
+        return self.heads * self.head_dim
+
+    @property
+    def kv_dim(self) -> int:
+        return self.kv_heads * self.head_dim
+
+    def params(self) -> int:
+        """Parameter count (embeddings counted once when tied)."""
+        per_layer = (self.hidden * (self.q_dim + 2 * self.kv_dim) + self.q_dim * self.hidden
+                     + 3 * self.hidden * self.intermediate)
+        head = 0 if self.tie_embeddings else self.vocab * self.hidden
+        return self.layers * per_layer + self.vocab * self.hidden + head
