@@ -1,9 +1,26 @@
-"""GEMM / GEMV designs (bf16, int8, bfp16, int4 weights) and their tiling planner.
+"""GEMM / GEMV designs (bf16, int8, bfp16, int8/int4 weights) and their two-level tiling planner.
 
-The array runs a GEMM as a grid: each of up to `core_rows` rows owns an M block, each of up to
-`columns` columns owns an N block; A tiles are broadcast along a row, B tiles along a column; the
-mem tile of each column stages the B panel and the A row blocks. Per-core tiles are multiples of
-the native mmul shape and must fit L1 (double-buffered A and B, an fp32/int32 accumulator).
+Mapping. The array runs a GEMM as a grid of gm x gn cores: array rows own M slices, columns own
+N slices (when M is small, the idle rows take more N slices: GEMV). A tiles are broadcast along
+a row, B tiles down a column. Two levels of tiling:
+  L1 (core): an output-stationary tm x tn tile, K streamed in tk steps; double-buffered A and B
+     tiles, an fp32/int32 accumulator, a double-buffered output tile. tm/tk/tn are multiples of
+     the native mmul shape.
+  L2 (mem tiles): the array sweeps an M2 x N2 output block (p x q core tiles per core) while the
+     mem tiles hold, double-buffered, a K-chunk (kc) of the A panel (M2 x kc, spread over the
+     columns and broadcast) and of the B panel (kc x N2); when the block is larger than one core
+     tile per core, partial sums live in the mem tiles and cycle through L1 once per K-chunk
+     (on-chip traffic, ~13x DRAM bandwidth). DRAM reads each A panel once per N block and each
+     B panel once per M block, so a bigger L2 block means less DRAM traffic.
+The planner enumerates legal (L1 tile, grid, L2 block) choices and keeps the fastest modeled one.
+
+Operand conventions of `reference` (inputs in order, then bias [N], then residual [.., M, N]):
+  bf16 / bfp16 / int4 with w_group == 0: A [.., M, K], B [.., K, N] (floats);
+  int8 with w_group == 0: A, B int8 -> int32 accumulation;
+  int8 / int4 with w_group > 0 (weight-only quantization, A float): W [N, K] int8 or packed
+     int4 [N, K // 2] uint8 (kernels/quant.py), scales [N, K // w_group]; W is shared by all
+     batches, dequantized on the core to bf16 (q * scale, RNE) for a bf16 mmul.
+  bfp16: A and B are quantized to bfp16 blocks of 8 along K (mantissas truncate toward -inf).
 """
 from __future__ import annotations
 
@@ -13,19 +30,28 @@ from typing import Any, Sequence
 import torch
 
 from torch_xdna.hw import Generation
-from torch_xdna.kernels.base import Design, ceil_div, round_up
-from torch_xdna.kernels import numerics
+from torch_xdna.kernels import numerics, quant
 from torch_xdna.kernels.activations import apply_epilogue
+from torch_xdna.kernels.base import Design, ceil_div, round_up
+from torch_xdna.kernels.capacity import ACC_BYTES, DmaTransfer, check_dma, check_plan, need, \
+    require_dtype
 from torch_xdna.runtime.plan import Plan, PlanError
+from torch_xdna.runtime.sim.cost import compute_efficiency, dram_time_s
 
 TILE_CANDIDATES = (4, 8, 16, 32, 48, 64, 96, 128, 192, 256)
+L1_MN_CANDIDATES = (4, 8, 16, 32, 64, 128)
+L1_K_CANDIDATES = (256, 128, 64, 32, 16, 8)
+L2_FACTORS = (1, 2, 3, 4, 6, 8)
+KC_STEPS = (16, 8, 4, 2, 1)
 ELEM_BYTES = {"bf16": 2, "int8": 1, "bfp16": 9 / 8, "int4": 0.5}
-ACC_BYTES = 4
+DTYPES = tuple(ELEM_BYTES)
+DEQUANT_PASSES = 2            # vector ops per weight element to dequantize (unpack/convert, scale)
+_PLAN_CACHE: dict[tuple, Plan] = {}
 
 
 @dataclass(frozen=True)
 class GemmDesign(Design):
-    """out[b] = epilogue(A[b] @ B[b] (+ bias) (+ residual)); A is [B?,M,K], B is [B?,K,N]."""
+    """out[b] = epilogue(alpha * A[b] @ B[b] (+ beta * bias)) (+ residual)."""
 
     m: int
     k: int
@@ -38,30 +64,69 @@ class GemmDesign(Design):
     residual: bool = False
     alpha: float = 1.0
     beta: float = 1.0
+    rounding: str = "rne"          # bf16 operand rounding: rne | floor
+    w_group: int = 0               # >0: weight-only int8/int4, W [N, K] with scales per group
     kind = "gemm"
+
+    def __post_init__(self):
+        if self.dtype not in DTYPES:
+            raise ValueError(f"GemmDesign dtype {self.dtype!r} unknown; use one of {DTYPES}")
+        if self.w_group:
+            if self.dtype not in ("int8", "int4"):
+                raise ValueError(f"GemmDesign w_group={self.w_group} needs dtype int8 or int4, "
+                                 f"not {self.dtype}")
+            if self.w_group < 0 or self.k % self.w_group:
+                raise ValueError(f"GemmDesign w_group={self.w_group} must divide k={self.k}")
+            if self.dtype == "int4" and self.k % 2:
+                raise ValueError(f"GemmDesign int4 weights need an even k, got {self.k}")
+
+    @property
+    def weight_only(self) -> bool:
+        return self.w_group > 0
+
+    @property
+    def compute_dtype(self) -> str:
+        """The mmul the cores run: int8 x int8, bfp16 blocks, or bf16 (incl. dequantized weights)."""
+        if self.dtype == "int8" and not self.weight_only:
+            return "int8"
+        return "bfp16" if self.dtype == "bfp16" else "bf16"
 
     @property
     def name(self) -> str:
         base = "gemv" if self.m == 1 else "gemm"
+        dt = f"{self.dtype}:g{self.w_group}" if self.weight_only else self.dtype
         extra = "".join(f"+{x}" for x in (("bias",) if self.bias else ())
                         + ((self.epilogue,) if self.epilogue != "none" else ())
                         + (("residual",) if self.residual else ()))
-        return f"{base}[{self.dtype}]{extra}"
+        return f"{base}[{dt}]{extra}"
 
     # -- numerics ---------------------------------------------------------------------------
+    def _operands(self, a: torch.Tensor, b: torch.Tensor, rest: list) -> tuple:
+        """(A, B) as the mmul sees them, consuming the weight scales from `rest`."""
+        if self.weight_only:
+            scales = rest.pop(0)
+            q = quant.unpack_int4(b) if self.dtype == "int4" else b
+            w = numerics.bf16_round(quant.dequantize(q, scales, self.w_group))
+            return numerics.operand(a, self.rounding), w.transpose(-1, -2)
+        if self.compute_dtype == "int8":
+            return a.to(torch.int32), b.to(torch.int32)
+        a, b = numerics.operand(a, self.rounding), numerics.operand(b, self.rounding)
+        if self.dtype == "bfp16":
+            a, b = quant.quantize_bfp16(a, dim=-1), quant.quantize_bfp16(b, dim=-2)
+        return a, b
+
     def reference(self, inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor],
                   **scalars: Any) -> None:
         a, b, *rest = inputs
         out = outputs[0]
-        if self.dtype == "int8":
-            acc = torch.matmul(a.to(torch.int32), b.to(torch.int32))
-        else:
-            acc = torch.matmul(numerics.operand(a), numerics.operand(b))
+        a, b = self._operands(a, b, rest)
+        acc = torch.matmul(a, b)
         if self.alpha != 1.0:
             acc = acc * self.alpha
         i = 0
         if self.bias:
-            bias = numerics.operand(rest[i]) if self.dtype != "int8" else rest[i].to(torch.int32)
+            bias = (rest[i].to(torch.int32) if self.compute_dtype == "int8"
+                    else numerics.operand(rest[i], self.rounding))
             acc = acc + (bias * self.beta if self.beta != 1.0 else bias)
             i += 1
         acc = apply_epilogue(self.epilogue, acc)
@@ -70,85 +135,176 @@ class GemmDesign(Design):
         numerics.store(acc, out)
 
     # -- planning ---------------------------------------------------------------------------
+    def _bytes(self) -> tuple[float, float, float]:
+        """DRAM bytes per element of A, of B, and of weight scales per B element."""
+        if self.compute_dtype == "int8":
+            return 1, 1, 0.0
+        if self.weight_only:
+            return 2, ELEM_BYTES[self.dtype], 2 / self.w_group
+        return 2, ELEM_BYTES[self.dtype], 0.0
+
     def plan(self, gen: Generation) -> Plan:
-        name = f"{self.name} {self.batch}x{self.m}x{self.k}x{self.n}"
-        dt = self.dtype
-        if dt not in gen.mmul_shape.value:
-            raise PlanError(name, f"{dt} matmul support on {gen.name}", 1, 0,
-                            f"{gen.name} supports: {', '.join(gen.mmul_shape.value)}")
-        for dim, stride in (("K (row stride of A)", self.k), ("N (row stride of B)", self.n)):
-            if stride > gen.max_dma_stride.value:
-                raise PlanError(name, f"DMA stride limit ({dim})", stride, gen.max_dma_stride.value,
-                                "split the dimension")
-        r, s, t = gen.mmul_shape.value[dt]
-        ea, eb, eo = ELEM_BYTES["bf16" if dt in ("bfp16", "int4") else dt], ELEM_BYTES[dt], 4
-        if dt in ("bfp16",):
-            ea = ELEM_BYTES["bfp16"]
-        rows_max, cols_max = gen.core_rows.value, gen.columns.value
+        key = (self.key, gen.name, gen.arch, gen.columns.value)
+        plan = _PLAN_CACHE.get(key)
+        if plan is None:
+            plan = _PLAN_CACHE[key] = self._plan(gen)
+        return plan
+
+    def _plan(self, gen: Generation) -> Plan:
+        label = f"{self.name} {self.batch}x{self.m}x{self.k}x{self.n}"
+        cdt = self.compute_dtype
+        r, s, t = require_dtype(gen, label, cdt)
+        if self.dtype not in gen.macs_per_core_cycle.value and not self.weight_only:
+            raise PlanError(label, f"{self.dtype} support on {gen.name}", 1, 0)
+        # row strides the DMA walks: A rows (K), B rows (N, or K for [N, K] weights), C rows (N)
+        check_dma(gen, label, (
+            DmaTransfer("A rows: stride K", (self.m, self.k), (self.k, 1)),
+            DmaTransfer("B rows: stride " + ("K" if self.weight_only else "N"),
+                        (self.k, self.n), ((self.k if self.weight_only else self.n), 1)),
+            DmaTransfer("C rows: stride N", (self.m, self.n), (self.n, 1))))
         best = None
-        for tm in TILE_CANDIDATES:
-            if tm % r or (self.m < tm and tm > r and round_up(self.m, r) < tm):
-                continue
-            for tn in TILE_CANDIDATES:
-                if tn % t or (self.n < tn and round_up(self.n, t) < tn):
+        for tm in _cands(L1_MN_CANDIDATES, r, self.m):
+            for tn in _cands(L1_MN_CANDIDATES, t, self.n):
+                tk = self._l1_k(gen, tm, tn, s)
+                if tk is None:
                     continue
-                for tk in TILE_CANDIDATES:
-                    if tk % s or (self.k < tk and round_up(self.k, s) < tk):
-                        continue
-                    l1 = int(2 * tm * tk * ea + 2 * tk * tn * eb + tm * tn * ACC_BYTES + 2 * tm * tn * eo)
-                    if l1 > gen.l1_usable:
-                        continue
-                    cand = self._score(gen, tm, tk, tn, l1)
-                    if cand is not None and (best is None or cand[0] < best[0]):
+                for cand in self._grid_plans(gen, tm, tk, tn):
+                    if best is None or cand[0] < best[0]:
                         best = cand
         if best is None:
-            tm, tk, tn = r, s, t
-            l1 = int(2 * tm * tk * ea + 2 * tk * tn * eb + tm * tn * ACC_BYTES + 2 * tm * tn * eo)
-            raise PlanError(name, "L1 data memory", l1, gen.l1_usable,
-                            "no tile of the native mmul shape fits")
-        return best[2]
+            raise PlanError(label, "L1 data memory per core", self._l1(r, s, t), gen.l1_usable,
+                            "no tile of the native mmul shape fits; use a smaller dtype or shape")
+        return check_plan(gen, label, best[2])
 
-    def _score(self, gen: Generation, tm: int, tk: int, tn: int, l1: int):
-        from torch_xdna.runtime.sim.cost import compute_efficiency, dram_bandwidth
-        dt = self.dtype
-        r, s, t = gen.mmul_shape.value[dt]
-        mt, nt = ceil_div(self.m, tm), ceil_div(self.n, tn)
-        rows = min(gen.core_rows.value, mt)
-        cols = min(gen.columns.value, nt)
-        if self.m <= tm and nt < gen.columns.value * gen.core_rows.value:
-            # GEMV-like: spread N over the whole array instead of idling rows
-            cols = min(gen.columns.value, nt)
-            rows = min(gen.core_rows.value, ceil_div(nt, cols))
-        cores = rows * cols
+    def _l1(self, tm: int, tk: int, tn: int) -> int:
+        ea, eb, _ = self._bytes()
+        out_b = self.out_dtype.itemsize
+        l1 = 2 * tm * tk * ea + 2 * tk * tn * eb + tm * tn * ACC_BYTES + 2 * tm * tn * out_b
+        if self.weight_only:                       # dequantized bf16 tile + scales
+            l1 += tk * tn * 2 + 2 * ceil_div(tk, self.w_group) * tn * 2
+        return int(l1)
+
+    def _l1_k(self, gen: Generation, tm: int, tn: int, s: int) -> int | None:
+        """Largest K step that fits L1 with this output tile (fewer kernel calls per tile)."""
+        kmax = max(s, round_up(self.k, s))
+        for tk in L1_K_CANDIDATES:
+            if tk % s or tk > kmax and tk > s:
+                continue
+            if self._l1(tm, tk, tn) <= gen.l1_usable:
+                return tk
+        return None
+
+    def _grid_plans(self, gen: Generation, tm: int, tk: int, tn: int):
+        rows_max, cols_max = gen.core_rows.value, gen.columns.value
+        shared_w = self.weight_only                       # batches fold into M
+        m_total = self.batch * self.m if shared_w else self.m
+        nb_batch = 1 if shared_w else self.batch
+        mt, nt = ceil_div(m_total, tm), ceil_div(self.n, tn)
+        for gm in (1, 2, 4):
+            if gm > rows_max or (gm > 1 and gm > mt):
+                continue
+            per_col = rows_max // gm                       # core rows of a column that split N
+            cols = min(cols_max, max(1, ceil_div(nt, per_col)))
+            gn = min(nt, cols * per_col)
+            for p in L2_FACTORS:
+                if p > 1 and gm * p > mt:
+                    break
+                for q in L2_FACTORS:
+                    if q > 1 and gn * q > nt:
+                        break
+                    cand = self._evaluate(gen, tm, tk, tn, gm, gn, cols, p, q, m_total, nb_batch)
+                    if cand is not None:
+                        yield cand
+
+    def _evaluate(self, gen, tm, tk, tn, gm, gn, cols, p, q, m_total, nb_batch):
+        ea, eb, es = self._bytes()
+        out_b = self.out_dtype.itemsize
+        m2, n2 = gm * tm * p, gn * tn * q
+        partial = p * q > 1
         kp = round_up(self.k, tk)
-        padded = self.batch * round_up(self.m, tm) * kp * round_up(self.n, tn)
-        macs = self.batch * self.m * self.k * self.n
-        ea = 2 if dt in ("bf16", "bfp16", "int4") else 1
-        eb = ELEM_BYTES[dt]
-        # memtile: stage an A row block per row and the B panel for this column, double-buffered
-        memtile = int(2 * (rows * tm * tk * ea + tk * tn * eb) + rows * tm * tn * 4)
-        if memtile > gen.memtile_bytes.value:
+        # mem tile (per column): K-chunk of the A panel (spread over columns) and of the B panel,
+        # double-buffered; partial sums when the block exceeds one tile per core; output joins
+        kc = None
+        for steps in KC_STEPS:
+            c = tk * steps
+            if c > kp and steps > 1:
+                continue
+            mem = 2 * (m2 * c * ea / cols + c * (n2 / cols) * (eb + es))
+            mem += m2 * (n2 / cols) * ACC_BYTES if partial else 2 * gm * tm * tn * out_b
+            if mem <= gen.memtile_bytes.value:
+                kc, memtile = c, int(mem)
+                break
+        if kc is None:
             return None
-        a_passes = ceil_div(nt, cols * (rows if self.m <= tm else 1))
-        b_passes = ceil_div(mt, rows) if self.m > tm else 1
-        a_bytes = self.batch * self.m * self.k * ea * a_passes
-        b_bytes = int(self.batch * self.k * self.n * eb * b_passes)
-        c_bytes = self.batch * self.m * self.n * (1 if self.out_dtype == torch.int8 else
-                                                  self.out_dtype.itemsize)
-        extra = self.batch * self.m * self.n * 4 if self.residual else 0
-        bias_bytes = self.n * 4 if self.bias else 0
-        macs_rate = gen.macs_per_core_cycle.value[dt] * compute_efficiency(gen, dt)
-        cycles = padded / (cores * macs_rate)
-        read = a_bytes + b_bytes + bias_bytes + extra
-        dma_s = (read + c_bytes) / dram_bandwidth(gen, cols)
-        comp_s = cycles / gen.core_clock_hz.value
-        score = max(dma_s, comp_s) + 1e-12 * (l1 + memtile) * 0  # fastest legal plan
+        mb, nb = ceil_div(m_total, m2), ceil_div(self.n, n2)
+        a_read = nb_batch * m_total * self.k * ea * nb
+        b_read = nb_batch * self.k * self.n * (eb + es) * mb
+        extra = (self.n * out_b * mb if self.bias else 0) + \
+            (nb_batch * m_total * self.n * out_b if self.residual else 0)
+        c_write = nb_batch * m_total * self.n * out_b
+        read = a_read + b_read + extra
+        # on-chip: tiles delivered to cores (broadcasts count once) + partial-sum round trips
+        k_chunks = ceil_div(kp, kc)
+        onchip = nb_batch * mb * nb * (m2 * kp * ea * q + kp * n2 * eb * p)
+        if partial:
+            onchip += nb_batch * mb * nb * 2 * m2 * n2 * ACC_BYTES * (k_chunks - 1)
+        # compute: tiles per core, each a K loop at the calibrated sustained MAC rate
+        cores = gm * gn
+        tiles_per_core = nb_batch * ceil_div(ceil_div(m_total, tm), gm) * ceil_div(ceil_div(self.n, tn), gn)
+        cdt = self.compute_dtype
+        rate = gen.macs_per_core_cycle.value[cdt] * compute_efficiency(gen, cdt)
+        tile_cycles = tm * tn * kp / rate + gen.kernel_call_cycles.value
+        if partial:
+            tile_cycles += (k_chunks - 1) * gen.kernel_call_cycles.value
+        if self.weight_only:
+            tile_cycles += DEQUANT_PASSES * kp * tn / (gen.vector_bits.value // 16)
+        cycles = tiles_per_core * tile_cycles
+        clock = gen.core_clock_hz.value
+        t_dram = dram_time_s(gen, cols, read, c_write)
+        t_chip = onchip / gen.onchip_bps.value
+        t_comp = cycles / clock
+        # pipeline fill: the first tiles of every column arrive before compute starts, and the
+        # last K step of the last tile drains after the transfers end
+        fill = dram_time_s(gen, cols, (tm * tk * ea + tk * tn * eb) * cols, 0) \
+            + tile_cycles / clock / ceil_div(kp, tk)
+        # one shim task per M block and operand channel, its 4-D descriptor walking the N blocks;
+        # when that outer stride would exceed the DMA limit, one task per L2 block instead
+        fold = (n2 * self.k if self.weight_only else n2) <= gen.max_dma_stride.value
+        tasks = nb_batch * mb * (1 if fold else nb)
+        depth = gen.shim_task_queue_depth.value
+        syncs = max(0, ceil_div(tasks, depth) - 1)
+        t_sync = syncs * gen.sync_point_us.value * 1e-6      # waits overlap the queued transfers
+        score = max(t_dram, t_sync, t_chip, t_comp) + fill
+        macs = self.batch * self.m * self.k * self.n
+        padded = nb_batch * round_up(m_total, tm) * kp * round_up(self.n, tn)
+        quant_bufs = 2 if self.weight_only else 0
         plan = Plan(
-            design="gemm", dtype=dt, columns=cols, cores=cores, tile=(tm, tk, tn), l1_bytes=l1,
-            memtile_bytes=memtile, core_bds=6, memtile_bds=4 + 2 * rows, core_locks=6,
-            shim_tasks=min(gen.shim_task_queue_depth.value, 2), double_buffered=True,
-            dram_read_bytes=int(read), dram_write_bytes=int(c_bytes), macs=macs,
+            design="gemm", dtype=self.dtype, columns=cols, cores=cores, tile=(tm, tk, tn),
+            l1_bytes=self._l1(tm, tk, tn), memtile_bytes=memtile,
+            core_bds=2 * (3 + (1 if partial else 0)) + quant_bufs,
+            memtile_bds=2 * (4 + gm + 1) + (4 if partial else 0) + 2 * quant_bufs,
+            core_locks=2 * (3 + (1 if partial else 0)) + quant_bufs,
+            shim_tasks=min(depth, tasks), double_buffered=True,
+            dram_read_bytes=int(read), dram_write_bytes=int(c_write), macs=macs,
             padded_macs=padded, compute_cycles=cycles,
-            dma_shapes=((self.m, self.k), (self.k, self.n), (self.m, self.n)),
+            dma_shapes=(
+                DmaTransfer("A panel", (nb, k_chunks, m2, kc), (0, kc, self.k, 1)),
+                DmaTransfer("B panel", (nb if fold else 1, n2, self.k),
+                            (n2 * self.k if fold else 0, self.k, 1)) if self.weight_only
+                else DmaTransfer("B panel", (nb, self.k, n2), (n2, self.n, 1)),
+                DmaTransfer("C block", (m2, n2), (self.n, 1))),
+            notes={"l2_block": (m2, kc, n2), "grid": (gm, gn), "l2_factors": (p, q),
+                   "partial_sums_in_memtile": partial, "onchip_bytes": int(onchip),
+                   "fill_s": fill, "shim_task_batches": ceil_div(tasks, depth),
+                   "memtile_locks": 2 * (4 + gm + 1) + (4 if partial else 0),
+                   "core_dma": (2, 1), "memtile_dma": (2 + gm, 3), "shim_dma": (2, 1),
+                   "steady_state_s": max(t_dram, t_sync, t_chip, t_comp)},
         )
-        return (score, -cores, plan)
+        return (score, cores, plan)
+
+
+def _cands(options: Sequence[int], native: int, dim: int) -> list[int]:
+    """Tile sizes that are multiples of the native size and not beyond the padded dimension."""
+    cap = max(native, round_up(dim, native))
+    out = [x for x in options if x % native == 0 and x <= cap]
+    return out or [native]

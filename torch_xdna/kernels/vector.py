@@ -15,7 +15,8 @@ from torch_xdna.hw import Generation
 from torch_xdna.kernels import numerics
 from torch_xdna.kernels.activations import apply_epilogue
 from torch_xdna.kernels.base import Design, ceil_div, numel
-from torch_xdna.runtime.plan import Plan, PlanError
+from torch_xdna.kernels.capacity import DmaTransfer, check_plan, lanes, need
+from torch_xdna.runtime.plan import Plan
 
 # op -> (reference on fp32/int values, vector passes per element)
 def _binary(fn: Callable) -> Callable:
@@ -89,6 +90,8 @@ OPS: dict[str, tuple[Callable, float]] = {
     "copy": (lambda xs, **kw: xs[0], 0.5),
     "where": (lambda xs, **kw: torch.where(xs[0].bool(), xs[1], xs[2]), 1),
 }
+ROW_OPS = ("softmax", "log_softmax", "layer_norm", "rms_norm")
+FLAT_CHUNK_MAX = 2048         # elements per core per call for elementwise ops (fits L1 x 4 operands)
 # ops whose arithmetic is only adds, so fp32 operands stay exact (accumulator path)
 EXACT_FP32 = {"add", "sub", "neg", "relu", "maximum", "minimum", "copy", "where", "sum", "mean", "amax"}
 
@@ -126,31 +129,86 @@ class VectorDesign(Design):
         numerics.store(fn(xs, **kw), outputs[0])
 
     def plan(self, gen: Generation) -> Plan:
+        """Stream the operands through up to every core in chunks (whole rows for row ops)."""
         _, passes = OPS[self.op]
+        label = f"{self.op} {self.in_shapes}->{self.out_shape}"
         n_out = numel(self.out_shape)
         n_in = max([numel(s) for s in self.in_shapes] + [n_out])
         read = sum(numel(s) * d.itemsize for s, d in zip(self.in_shapes, self.in_dtypes))
         write = n_out * self.out_dtype.itemsize
-        lanes = gen.vector_bits.value // 32          # fp32 lanes per cycle per core
-        # one tile of each operand, double-buffered, in L1 (chunk of 1024 elements)
-        chunk = 1024
-        row = dict(self.params).get("row", 0)
-        if self.op in ("softmax", "log_softmax", "layer_norm", "rms_norm"):
-            row = self.in_shapes[0][-1] if self.in_shapes[0] else 1
-            chunk = max(chunk, row)
-        l1 = 2 * chunk * 4 * (len(self.in_shapes) + 1)
-        if l1 > gen.l1_usable:
-            raise PlanError(f"{self.op} over rows of {row}", "L1 data memory", l1, gen.l1_usable,
-                            "a row must fit one core's L1; split the row")
-        tiles = max(1, ceil_div(n_in, chunk))
-        cores = min(gen.cores, tiles)
-        cols = min(gen.columns.value, cores)
-        cycles = passes * n_in / (lanes * cores) if n_in else 0.0
-        return Plan(design="vector", dtype="fp32-vec", columns=cols, cores=cores, tile=(chunk,),
-                    l1_bytes=l1, memtile_bytes=min(gen.memtile_bytes.value, 2 * chunk * 4 * 4),
-                    core_bds=2 * (len(self.in_shapes) + 1), core_locks=2 * (len(self.in_shapes) + 1),
-                    double_buffered=True, dram_read_bytes=read, dram_write_bytes=write,
-                    vector_elems=int(passes * n_in), compute_cycles=cycles)
+        main_b = self.in_dtypes[0].itemsize if self.in_dtypes else 4
+        out_b = self.out_dtype.itemsize
+        if self.op in ROW_OPS:
+            chunk, n_units, l1, double = self._row_tiling(gen, label, main_b, out_b, n_in)
+        else:
+            chunk, l1, double = self._flat_tiling(gen, n_in, out_b), 0, True
+            l1 = 2 * chunk * (sum(d.itemsize for d in self.in_dtypes) + out_b)
+            n_units = ceil_div(n_in, chunk) if n_in else 1
+        streams = max(1, len(self.in_shapes))
+        cores = max(1, min(gen.cores, n_units))
+        cols = min(gen.columns.value, ceil_div(cores, gen.core_rows.value))
+        per_core = ceil_div(n_units, cores)
+        work = chunk if self.op not in ROW_OPS else chunk   # elements per unit
+        cycles = per_core * (passes * work / lanes(gen, 32) + gen.kernel_call_cycles.value) \
+            if n_in else 0.0
+        rows_per_col = ceil_div(cores, cols)
+        bufs = 2 if double else 1
+        memtile = bufs * rows_per_col * work * (sum(d.itemsize for d in self.in_dtypes) + out_b)
+        tasks = streams + 1
+        plan = Plan(
+            design="vector", dtype="fp32-vec", columns=cols, cores=cores, tile=(work,),
+            l1_bytes=int(l1), memtile_bytes=int(min(memtile, gen.memtile_bytes.value)),
+            core_bds=bufs * (streams + 1), memtile_bds=bufs * 2 * (streams + 1),
+            core_locks=bufs * (streams + 1), shim_tasks=min(gen.shim_task_queue_depth.value, tasks),
+            double_buffered=double, dram_read_bytes=read, dram_write_bytes=write,
+            vector_elems=int(passes * n_in), compute_cycles=cycles,
+            dma_shapes=(DmaTransfer("operand chunks", (n_units, work), (work, 1)),),
+            notes={"memtile_locks": bufs * 2 * (streams + 1),
+                   # operands beyond the channel count share a channel's BD chain
+                   "core_dma": (min(streams, gen.core_dma_channels.value[0]), 1),
+                   "memtile_dma": (min(streams, 2) + rows_per_col, min(streams, 2) + 1),
+                   "shim_dma": (min(streams, gen.shim_dma_channels.value[0]), 1),
+                   "units": n_units, "rows_per_unit": chunk // max(1, self._row_len()),
+                   "fill_s": (cycles / max(1, per_core)) / gen.core_clock_hz.value})
+        return check_plan(gen, label, plan)
+
+    def _row_len(self) -> int:
+        if self.op not in ROW_OPS or not self.in_shapes or not self.in_shapes[0]:
+            return 1
+        nd = dict(self.params).get("norm_dims", 1) if self.op == "layer_norm" else 1
+        return numel(self.in_shapes[0][-nd:])
+
+    def _row_tiling(self, gen: Generation, label: str, in_b: int, out_b: int, n_in: int):
+        """(elements per unit, units, L1 bytes, double-buffered) for row ops: a row must sit in
+        one core's L1 (input, an fp32 working row unless the input is fp32, output, and the
+        resident per-row parameters such as norm weights)."""
+        row = self._row_len()
+        params = sum(numel(s) * d.itemsize for s, d in zip(self.in_shapes[1:], self.in_dtypes[1:]))
+        working = 0 if in_b == 4 else 4 * row
+        n_rows = max(1, n_in // max(1, row))
+        for double in (True, False):
+            bufs = 2 if double else 1
+            per_row = bufs * row * (in_b + out_b)
+            l1 = per_row + working + params
+            if l1 <= gen.l1_usable:
+                rows_per_unit = max(1, min(ceil_div(n_rows, gen.cores),
+                                           (gen.l1_usable - params - working) // per_row))
+                l1 = rows_per_unit * per_row + working + params
+                return rows_per_unit * row, ceil_div(n_rows, rows_per_unit), l1, double
+        need(label, f"L1 data memory per core (one {self.op} row of {row} elements)", l1,
+             gen.l1_usable, "a row must fit one core's L1: split the row (e.g. chunked "
+             "attention) or run this op on the host")
+        raise AssertionError("unreachable")
+
+    @staticmethod
+    def _flat_tiling(gen: Generation, n_in: int, out_b: int) -> int:
+        """Chunk length for elementwise ops: big enough to amortize a kernel call, spread over
+        every core, double-buffered operands well inside L1."""
+        per_core = ceil_div(max(1, n_in), gen.cores)
+        chunk = 256
+        while chunk < FLAT_CHUNK_MAX and chunk < per_core:
+            chunk *= 2
+        return chunk
 
 
 @dataclass(frozen=True)
@@ -168,8 +226,19 @@ class EmbeddingDesign(Design):
         outputs[0].copy_(weight[idx.long()].to(outputs[0].dtype))
 
     def plan(self, gen: Generation) -> Plan:
+        """One BD per gathered row, ping-ponged through one column's mem tile; a shim task
+        carries as many row BDs as the mem tile has left, tasks beyond the queue depth wait."""
+        label = f"embedding {self.vocab}x{self.dim} gather {self.n_idx}"
         row_bytes = self.dim * self.dtype.itemsize
-        return Plan(design="embedding", dtype="dma", columns=1, cores=0, tile=(self.dim,),
-                    memtile_bytes=min(gen.memtile_bytes.value, 2 * row_bytes), memtile_bds=2,
-                    double_buffered=True, dram_read_bytes=self.n_idx * (row_bytes + 8),
-                    dram_write_bytes=self.n_idx * row_bytes, compute_cycles=0.0)
+        rows_per_task = gen.memtile_bds.value // 2
+        tasks = max(1, ceil_div(self.n_idx, rows_per_task))
+        depth = gen.shim_task_queue_depth.value
+        plan = Plan(design="embedding", dtype="dma", columns=1, cores=0, tile=(self.dim,),
+                    memtile_bytes=2 * row_bytes, memtile_bds=min(self.n_idx, rows_per_task) * 2,
+                    shim_tasks=min(depth, tasks), double_buffered=True,
+                    dram_read_bytes=self.n_idx * (row_bytes + 8),
+                    dram_write_bytes=self.n_idx * row_bytes, compute_cycles=0.0,
+                    dma_shapes=(DmaTransfer("table row", (1, self.dim), (self.dim, 1)),),
+                    notes={"shim_task_batches": ceil_div(tasks, depth), "memtile_locks": 4,
+                           "memtile_dma": (1, 1), "shim_dma": (2, 1)})
+        return check_plan(gen, label, plan)

@@ -1,12 +1,22 @@
 """The calibrated cost model: from a Plan (and what ran before it) to modeled time.
 
-Each term is kept separately so a profile can say where time goes. Every constant comes from the
-Generation (hw/), never from a literal here.
+Terms (microseconds), each kept separately so a profile can say where time goes:
+  dispatch        fixed command round trip (a chained launch inside a program pays the chained cost)
+  reconfig        the design differs from the previous launch: array reconfiguration; inside a
+                  chained program a configure point of the same ELF instead
+  context_switch  more live hardware contexts than the firmware holds: the LRU one is swapped out
+  dma             DRAM <-> array bytes of the plan (with its tiling reuse) at the streaming rate
+  onchip          mem tile <-> core traffic (partial sums, re-broadcast tiles) at the on-chip rate
+  compute         core cycles at the calibrated sustained MAC / vector rate and the core clock
+  sync            waits in the runtime sequence when shim tasks exceed the task queue depth
+                  (overlapped with the transfers still queued)
+  overlap         negative: transfer/compute hidden by double buffering (all but pipeline fill)
+Every constant comes from the Generation (hw/), never from a literal here.
 """
 from __future__ import annotations
 
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 from torch_xdna.hw import Generation
 from torch_xdna.runtime.plan import Plan
@@ -18,25 +28,36 @@ class CostTerms:
     reconfig: float = 0.0
     context_switch: float = 0.0
     dma: float = 0.0
+    onchip: float = 0.0
     compute: float = 0.0
+    sync: float = 0.0
     overlap: float = 0.0      # negative: time hidden by double buffering
 
     @property
     def total(self) -> float:
-        return (self.dispatch + self.reconfig + self.context_switch + self.dma + self.compute
-                + self.overlap)
+        return sum(getattr(self, f.name) for f in fields(self))
 
     def as_dict(self) -> dict:
-        return {"dispatch": self.dispatch, "reconfig": self.reconfig,
-                "context_switch": self.context_switch, "dma": self.dma,
-                "compute": self.compute, "overlap": self.overlap}
+        return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
 def dram_bandwidth(gen: Generation, columns: int) -> float:
     """Bytes/s the NPU streams from DRAM with `columns` shim columns active: per-shim DMA rate,
     capped by the measured all-column read rate."""
-    per_shim = gen.shim_dma_bps.value
-    return min(columns * per_shim, gen.npu_read_bps.value)
+    return min(max(1, columns) * gen.shim_dma_bps.value, gen.npu_read_bps.value)
+
+
+def mixed_bandwidth(gen: Generation, columns: int) -> float:
+    """Bytes/s of mixed read+write traffic (higher than pure read on LPDDR5X)."""
+    mixed = gen.npu_mixed_bps.value or gen.npu_read_bps.value
+    return min(max(1, columns) * gen.shim_dma_bps.value, mixed)
+
+
+def dram_time_s(gen: Generation, columns: int, read: float, write: float) -> float:
+    """Seconds to move `read` + `write` DRAM bytes: reads at the read rate, all at the mixed rate."""
+    if read + write <= 0:
+        return 0.0
+    return max(read / dram_bandwidth(gen, columns), (read + write) / mixed_bandwidth(gen, columns))
 
 
 def compute_efficiency(gen: Generation, dtype: str) -> float:
@@ -44,17 +65,38 @@ def compute_efficiency(gen: Generation, dtype: str) -> float:
     reproduces the published whole-array measurement (hw measured_gemm_ops)."""
     measured = gen.measured_gemm_ops.value.get(dtype)
     if measured is None or dtype not in gen.macs_per_core_cycle.value:
+        # no calibration point (e.g. npu1): borrow the bf16 ratio of the calibrated generation
         return 0.5
     return measured / gen.peak_ops(dtype)
 
 
 def dma_time_us(gen: Generation, plan: Plan) -> float:
-    nbytes = plan.dram_read_bytes + plan.dram_write_bytes
-    return nbytes / dram_bandwidth(gen, max(1, plan.columns)) * 1e6
+    return dram_time_s(gen, plan.columns, plan.dram_read_bytes, plan.dram_write_bytes) * 1e6
 
 
 def compute_time_us(gen: Generation, plan: Plan) -> float:
     return plan.compute_cycles / gen.core_clock_hz.value * 1e6
+
+
+def onchip_time_us(gen: Generation, plan: Plan) -> float:
+    return plan.notes.get("onchip_bytes", 0) / gen.onchip_bps.value * 1e6
+
+
+def transfer_terms(gen: Generation, plan: Plan) -> CostTerms:
+    """The launch's own time (no dispatch/configuration): dma, onchip, compute, sync, overlap."""
+    t = CostTerms()
+    t.dma = dma_time_us(gen, plan)
+    t.onchip = onchip_time_us(gen, plan)
+    t.compute = compute_time_us(gen, plan)
+    batches = plan.notes.get("shim_task_batches", 1)
+    t.sync = max(0, batches - 1) * gen.sync_point_us.value
+    if plan.double_buffered:
+        # shim waits run on the controller while the other queued tasks keep the DMA busy
+        busy = t.dma + t.sync + t.onchip + t.compute
+        steady = max(t.dma, t.sync, t.onchip, t.compute)
+        fill = plan.notes.get("fill_s", 0.0) * 1e6
+        t.overlap = -max(0.0, busy - steady - fill)
+    return t
 
 
 class CostModel:
@@ -67,24 +109,20 @@ class CostModel:
 
     def charge(self, design_key: tuple, plan: Plan, chained: bool) -> CostTerms:
         g = self.gen
-        t = CostTerms()
+        t = transfer_terms(g, plan)
         t.dispatch = g.chained_dispatch_us.value if chained else g.dispatch_us.value
         if design_key != self.current:
-            if chained:
-                # inside one program the switch is a configure point of the same ELF
-                t.reconfig = g.configure_point_us.value
-            elif design_key in self.contexts:
-                t.context_switch = g.ctx_switch_us.value
-            else:
-                t.reconfig = g.reconfig_us.value
-                if len(self.contexts) >= g.hw_contexts.value:
-                    self.contexts.popitem(last=False)
-                    t.context_switch = g.ctx_switch_us.value
+            # inside one chained program a different design is a configure point of its ELF
+            t.reconfig = g.configure_point_us.value if chained else g.reconfig_us.value
             self.current = design_key
-        self.contexts[design_key] = None
+        if design_key not in self.contexts:
+            if len(self.contexts) >= g.hw_contexts.value:
+                self.contexts.popitem(last=False)
+                t.context_switch = g.ctx_switch_us.value
+            self.contexts[design_key] = None
         self.contexts.move_to_end(design_key)
-        t.dma = dma_time_us(g, plan)
-        t.compute = compute_time_us(g, plan)
-        if plan.double_buffered:
-            t.overlap = -min(t.dma, t.compute)
         return t
+
+    def reset(self) -> None:
+        self.current = None
+        self.contexts.clear()

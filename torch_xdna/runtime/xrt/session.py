@@ -14,13 +14,13 @@ from torch_xdna.hw import host
 from torch_xdna.runtime.errors import BackendUnavailable
 from torch_xdna.runtime.xrt.artifacts import Artifact, ArtifactError
 
-_devices: dict[tuple[int, int], object] = {}
+_devices: dict[tuple[object, int], object] = {}   # keyed by the module itself (no id reuse)
 _devices_lock = threading.Lock()
 
 
 def acquire_device(xrt, index: int = 0):
     """The process's pyxrt device `index`, opened on first use only."""
-    k = (id(xrt), index)
+    k = (xrt, index)
     with _devices_lock:
         dev = _devices.get(k)
         if dev is None:

@@ -1,0 +1,268 @@
+"""The fused decoder: resident weights, a device KV cache, and one Program per forward chunk.
+
+Per token the engine runs ONE Program (one dispatch): embed, then per layer an attention-block and
+an MLP-block launch (2 per layer), then the head. Weights are uploaded once; activations, ids,
+logits and the KV cache are preallocated; a Program is built once per (rows, KV bucket, head) and
+reused, the position and valid-row count travel as launch scalars (one shared dict), so the
+token loop neither re-plans nor allocates device memory.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Mapping
+
+import torch
+
+from torch_xdna.hw import Generation
+from torch_xdna.kernels.base import Design
+from torch_xdna.kernels.llm_blocks import (
+    PRECISIONS, AttentionBlockDesign, EmbedDesign, HeadDesign, MlpBlockDesign, default_group,
+    kv_bucket, rows_bucket,
+)
+from torch_xdna.models.spec import DecoderSpec
+from torch_xdna.runtime import Device, Launch, Program, TensorArg, get_device
+from torch_xdna.engine.kv_cache import KVCache
+
+SITE_KINDS = ("attention", "mlp", "head")
+DEFAULT_CHUNK = 128
+
+
+class ContextOverflow(ValueError):
+    """More tokens than the KV cache holds."""
+
+
+@dataclass(frozen=True)
+class PrecisionPolicy:
+    """Weight precision per site kind (attention q/k/v/o, MLP, embedding + lm_head)."""
+
+    attention: str = "bf16"
+    mlp: str = "bf16"
+    head: str = "bf16"
+    group: int = 0                      # 0: the precision's default group size
+
+    @classmethod
+    def parse(cls, precision: "str | Mapping[str, str] | PrecisionPolicy", group: int = 0
+              ) -> "PrecisionPolicy":
+        """'int4' for every site, or {'default': 'int4', 'head': 'int8', ...}."""
+        if isinstance(precision, PrecisionPolicy):
+            return precision
+        if isinstance(precision, str):
+            kinds = dict.fromkeys(SITE_KINDS, precision)
+        else:
+            unknown = set(precision) - set(SITE_KINDS) - {"default"}
+            if unknown:
+                raise ValueError(f"unknown precision site(s) {sorted(unknown)}; use "
+                                 f"{', '.join(SITE_KINDS)} or default")
+            base = precision.get("default", "bf16")
+            kinds = {k: precision.get(k, base) for k in SITE_KINDS}
+        for k, p in kinds.items():
+            if p not in PRECISIONS:
+                raise ValueError(f"unknown precision {p!r} for {k}; use one of {', '.join(PRECISIONS)}")
+        exact = {p == "fp32" for p in kinds.values()}
+        if len(exact) > 1:
+            raise ValueError("precision fp32 (verification mode) cannot be mixed with NPU precisions")
+        return cls(group=group, **kinds)
+
+    @property
+    def exact(self) -> bool:
+        return self.attention == "fp32"
+
+    def group_for(self, precision: str) -> int:
+        return self.group or default_group(precision)
+
+    def for_site(self, site: str) -> str | None:
+        """The precision of a matmul weight site, None for norms."""
+        part = site.rsplit(".", 1)[-1]
+        return {"qkv": self.attention, "o": self.attention, "gate_up": self.mlp, "down": self.mlp,
+                "embed": self.head, "lm_head": self.head}.get(part)
+
+    def ident(self) -> str:
+        kinds = {self.attention, self.mlp, self.head}
+        base = self.attention if len(kinds) == 1 else f"a{self.attention}-m{self.mlp}-h{self.head}"
+        return base + (f"-g{self.group}" if self.group else "")
+
+    def transform(self, site: str, w: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """Loader transform: matmul weights to their stored format, norms to bf16 (fp32)."""
+        from torch_xdna.engine.quantize import quantize
+        p = self.for_site(site)
+        if p is None:
+            return (w.to(torch.float32 if self.exact else torch.bfloat16).contiguous(),)
+        return quantize(w, p, self.group_for(p))
+
+
+def step_designs(spec: DecoderSpec, policy: PrecisionPolicy, rows: int, kv_len: int,
+                 with_head: bool) -> list[tuple[str, int, Design]]:
+    """The launches of one forward chunk, in order: (role, layer, design)."""
+    pa, pm, ph = policy.attention, policy.mlp, policy.head
+    common = dict(hidden=spec.hidden, rows=rows, eps=spec.rms_eps, norm_offset=spec.norm_offset)
+    out: list[tuple[str, int, Design]] = [
+        ("embed", -1, EmbedDesign(spec.vocab, spec.hidden, rows, ph, policy.group_for(ph),
+                                  spec.embed_scale))]
+    mlp = MlpBlockDesign(precision=pm, group=policy.group_for(pm), intermediate=spec.intermediate,
+                         act=spec.act, post_norm=spec.sandwich_norms, **common)
+    for i in range(spec.layers):
+        attn = AttentionBlockDesign(
+            precision=pa, group=policy.group_for(pa), heads=spec.heads, kv_heads=spec.kv_heads,
+            head_dim=spec.head_dim, kv_len=kv_len, qk_norm=spec.qk_norm,
+            post_norm=spec.sandwich_norms, window=spec.layer_window[i], scale=spec.attn_scale,
+            softcap=spec.attn_softcap, cache_bytes=4 if policy.exact else 2, **common)
+        out += [("attention", i, attn), ("mlp", i, mlp)]
+    if with_head:
+        out.append(("head", -1, HeadDesign(precision=ph, group=policy.group_for(ph),
+                                           vocab=spec.vocab, softcap=spec.final_softcap, **common)))
+    return out
+
+
+class Decoder:
+    """Resident model + KV cache on one device; `forward(ids)` appends tokens, returns logits."""
+
+    def __init__(self, spec: DecoderSpec, weights: dict[str, tuple[torch.Tensor, ...]],
+                 policy: PrecisionPolicy, *, max_context: int | None = None,
+                 prefill_chunk: int = DEFAULT_CHUNK, device: Device | None = None):
+        self.spec, self.policy = spec, policy
+        self.dev = device or get_device()
+        self.capacity = int(min(max_context or 4096, spec.max_positions))
+        self.chunk = int(prefill_chunk)
+        dev = self.dev
+        self._owned: list[TensorArg] = []
+        try:
+            self.w = {site: tuple(self._upload(t) for t in ts) for site, ts in weights.items()}
+            if spec.tie_embeddings:
+                self.w["lm_head"] = self.w["embed"]
+            self.rope = {}
+            for name, rope in spec.ropes.items():
+                cos, sin = rope.tables(spec.head_dim, self.capacity)
+                self.rope[name] = (self._upload(cos), self._upload(sin))
+            self.cache = KVCache.allocate(dev, spec.layers, spec.kv_heads, spec.head_dim,
+                                          self.capacity,
+                                          torch.float32 if policy.exact else torch.bfloat16)
+            self._owned += self.cache.k + self.cache.v
+            self.x = self._empty((self.chunk, spec.hidden), torch.float32)
+            self.ids = self._empty((self.chunk,), torch.int32)
+            self.logits = self._empty((1, spec.vocab), torch.float32)
+        except BaseException:
+            self.close()
+            raise
+        self._scalars: dict = {"pos": 0, "n": 1}
+        self._programs: dict[tuple, Program] = {}
+
+    # -- memory ----------------------------------------------------------------------------
+    def _upload(self, t: torch.Tensor) -> TensorArg:
+        a = self.dev.upload(t)
+        self._owned.append(a)
+        return a
+
+    def _empty(self, shape, dtype) -> TensorArg:
+        a = self.dev.empty(shape, dtype)
+        self._owned.append(a)
+        return a
+
+    def close(self) -> None:
+        """Free every device buffer this decoder owns."""
+        for a in getattr(self, "_owned", []):
+            self.dev.free(a.buffer)
+        self._owned = []
+        self._programs = {}
+
+    @property
+    def resident_bytes(self) -> int:
+        return sum(a.nbytes for a in self._owned)
+
+    # -- programs --------------------------------------------------------------------------
+    def _rows_view(self, arg: TensorArg, rows: int) -> TensorArg:
+        shape = (rows,) + arg.shape[1:]
+        return TensorArg(arg.buffer, arg.dtype, shape, arg.strides, arg.offset)
+
+    def program(self, rows: int, kv_len: int, with_head: bool) -> Program:
+        key = (rows, kv_len, with_head)
+        prog = self._programs.get(key)
+        if prog is not None:
+            return prog
+        spec, w, s = self.spec, self.w, self._scalars
+        x = self._rows_view(self.x, rows)
+        ids = self._rows_view(self.ids, rows)
+        launches = []
+        for role, i, design in step_designs(spec, self.policy, rows, kv_len, with_head):
+            p = f"layers.{i}."
+            if role == "embed":
+                launches.append(Launch(design, [*w["embed"], ids], [x], s, op="embed"))
+            elif role == "attention":
+                ins = [x, *w[p + "attn_norm"]]
+                if spec.qk_norm:
+                    ins += [*w[p + "q_norm"], *w[p + "k_norm"]]
+                ins += [*w[p + "qkv"], *w[p + "o"]]
+                if spec.sandwich_norms:
+                    ins += [*w[p + "attn_post_norm"]]
+                ins += list(self.rope[spec.layer_rope[i]])
+                outs = [x, self.cache.k[i], self.cache.v[i]]
+                launches.append(Launch(design, ins, outs, s, op=f"layer{i}.attention"))
+            elif role == "mlp":
+                ins = [x, *w[p + "mlp_norm"], *w[p + "gate_up"], *w[p + "down"]]
+                if spec.sandwich_norms:
+                    ins += [*w[p + "mlp_post_norm"]]
+                launches.append(Launch(design, ins, [x], s, op=f"layer{i}.mlp"))
+            else:
+                launches.append(Launch(design, [x, *w["final_norm"], *w["lm_head"]], [self.logits],
+                                       s, op="lm_head"))
+        prog = Program(launches, name=f"{spec.family}.{'decode' if rows == 1 else 'prefill'}")
+        self._programs[key] = prog
+        return prog
+
+    # -- execution -------------------------------------------------------------------------
+    def reset(self) -> None:
+        self.cache.reset()
+
+    @property
+    def position(self) -> int:
+        return self.cache.length
+
+    def forward(self, ids: list[int]) -> torch.Tensor:
+        """Append `ids` at the current position (chunked), return the last token's fp32 logits."""
+        if not ids:
+            raise ValueError("forward() needs at least one token")
+        pos = self.cache.length
+        if pos + len(ids) > self.capacity:
+            raise ContextOverflow(
+                f"{pos + len(ids)} tokens exceed the KV cache capacity of {self.capacity}; "
+                "pass a larger max_context or a shorter prompt")
+        bad = [t for t in ids if not 0 <= t < self.spec.vocab]
+        if bad:
+            raise ValueError(f"token id {bad[0]} is outside the vocabulary (size {self.spec.vocab})")
+        dev, s = self.dev, self._scalars
+        for start in range(0, len(ids), self.chunk):
+            part = ids[start:start + self.chunk]
+            n = len(part)
+            last = start + n == len(ids)
+            dev.write(self.ids.buffer, torch.tensor(part, dtype=torch.int32))
+            s["pos"], s["n"] = pos, n
+            dev.run_program(self.program(rows_bucket(n, self.chunk),
+                                         kv_bucket(pos + n, self.capacity), last))
+            pos += n
+            self.cache.length = pos
+        return dev.download(self.logits)[0]
+
+
+def default_cache_dir() -> Path:
+    env = os.environ.get("TORCH_XDNA_CACHE_DIR")
+    return Path(env) if env else Path.home() / ".cache" / "torch_xdna" / "decoder-weights"
+
+
+def estimate_step(spec: DecoderSpec, policy: PrecisionPolicy, gen: Generation, rows: int,
+                  kv_len: int, with_head: bool, previous: list | None = None) -> dict:
+    """Modeled cost of one Program from plans only (no weights): charges the launches in order
+    through the simulator's cost model, as one chained dispatch. `previous`: the designs of the
+    program that ran before (sets what is configured on the array)."""
+    from torch_xdna.runtime.sim.cost import CostModel
+    cm = CostModel(gen)
+    for d in previous or []:
+        cm.charge(d.key, d.plan(gen), chained=True)
+    us = dram = 0.0
+    designs = [d for _, _, d in step_designs(spec, policy, rows, kv_len, with_head)]
+    for j, d in enumerate(designs):
+        plan = d.plan(gen)
+        us += cm.charge(d.key, plan, chained=j > 0).total
+        dram += plan.dram_read_bytes + plan.dram_write_bytes
+    return {"modeled_us": us, "dram_bytes": dram, "launches": len(designs), "dispatches": 1,
+            "designs": designs}

@@ -1,0 +1,320 @@
+"""Text generation on the fused decoder: prompt or chat messages in, streamed text pieces out.
+
+API (used by the CLI and the server):
+    engine = load_decoder("path/to/hf-dir", precision="bf16")
+    for chunk in engine.generate("Hello", GenerationConfig(max_tokens=32)): print(chunk.text, end="")
+    result = engine.complete([{"role": "user", "content": "Hi"}], GenerationConfig(temperature=0.7))
+    result.text, result.finish_reason ("stop" | "length"), result.usage, result.stats
+
+One generation at a time per engine (the server serializes requests on one worker thread); a
+concurrent call raises EngineBusy instead of corrupting the KV cache.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Iterator, Mapping, Sequence
+
+import torch
+
+from torch_xdna.engine.decoder import (
+    ContextOverflow, Decoder, PrecisionPolicy, default_cache_dir,
+)
+from torch_xdna.engine.sampler import Sampler, SamplingParams
+from torch_xdna.models.loader import ModelFiles, load_weights, read_model
+from torch_xdna.models.tokenizer import Tokenizer
+from torch_xdna.runtime import Device
+
+Prompt = str | Sequence[int] | Sequence[Mapping[str, str]]
+
+
+class EngineBusy(RuntimeError):
+    """A generation is already running on this engine."""
+
+
+@dataclass(frozen=True)
+class GenerationConfig:
+    """What to generate. temperature 0 = greedy; stop strings are cut from the output exactly."""
+
+    max_tokens: int = 256
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    repetition_penalty: float = 1.0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] | None = None     # None: the model's eos tokens
+    chat_kwargs: tuple = ()                           # extra chat-template variables (k, v) pairs
+
+    def sampling(self) -> SamplingParams:
+        return SamplingParams(self.temperature, self.top_k, self.top_p, self.repetition_penalty,
+                              self.seed)
+
+
+@dataclass
+class GenerationStats:
+    """measured_*: wall clock on this host. modeled_*: the simulator's NPU cost model (or 0 on
+    hardware backends, which report no modeled time)."""
+
+    prompt_tokens: int = 0
+    generated_tokens: int = 0
+    measured_ttft_s: float = 0.0
+    measured_decode_tok_s: float = 0.0
+    measured_total_s: float = 0.0
+    modeled_prefill_us: float = 0.0
+    modeled_prefill_tok_s: float = 0.0
+    modeled_decode_ms_per_token: float = 0.0
+    modeled_decode_tok_s: float = 0.0
+    dispatches_per_token: float = 0.0
+    launches_per_token: float = 0.0
+    mb_per_token: float = 0.0
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class Chunk:
+    """One streamed piece: new text (possibly empty), the tokens it came from; the last chunk has
+    finish_reason and stats set."""
+
+    text: str
+    token_ids: list[int] = field(default_factory=list)
+    finish_reason: str | None = None
+    stats: GenerationStats | None = None
+
+
+@dataclass
+class Completion:
+    text: str
+    token_ids: list[int]
+    finish_reason: str
+    usage: dict
+    stats: GenerationStats
+
+
+class _Counters:
+    """Deltas of the device counters between two points."""
+
+    FIELDS = ("modeled_us", "dispatches", "launches", "dram_bytes")
+
+    def __init__(self, dev: Device):
+        self.dev = dev
+        self.start = self._now()
+
+    def _now(self) -> tuple:
+        c = self.dev.counters
+        return tuple(getattr(c, f) for f in self.FIELDS)
+
+    def take(self) -> dict:
+        now = self._now()
+        d = {f: b - a for f, a, b in zip(self.FIELDS, self.start, now)}
+        self.start = now
+        return d
+
+
+class StopMatcher:
+    """Cuts text at the first stop string, also when it spans tokens while streaming: text that
+    could still be the start of a stop string is held back until it is decided."""
+
+    def __init__(self, stops: Sequence[str]):
+        self.stops = [s for s in stops if s]
+        self.hold = max((len(s) for s in self.stops), default=1) - 1
+
+    def find(self, text: str) -> int:
+        """Index where the first stop string starts in `text`, or -1."""
+        hits = [i for i in (text.find(s) for s in self.stops) if i >= 0]
+        return min(hits) if hits else -1
+
+    def safe_len(self, text: str) -> int:
+        """How much of `text` can be emitted without risking a stop string split across tokens."""
+        n = len(text)
+        for k in range(min(self.hold, n), 0, -1):
+            tail = text[n - k:]
+            if any(s.startswith(tail) for s in self.stops):
+                return n - k
+        return n
+
+
+class Engine:
+    """A loaded decoder + tokenizer. See the module docstring for the API."""
+
+    def __init__(self, files: ModelFiles, decoder: Decoder, tokenizer: Tokenizer | None):
+        self.files, self.decoder, self.tokenizer = files, decoder, tokenizer
+        self.spec = files.spec
+        eos = list(files.eos_token_ids())
+        if tokenizer is not None:
+            t = tokenizer.token_id(tokenizer.eos_token)
+            if t is not None and t not in eos:
+                eos.append(t)
+        self.eos_token_ids = tuple(eos)
+        self._lock = threading.Lock()
+
+    @property
+    def model_name(self) -> str:
+        return self.files.path.name
+
+    def close(self) -> None:
+        """Free the device memory of this engine (weights, KV cache)."""
+        self.decoder.close()
+
+    # -- prompts ---------------------------------------------------------------------------
+    def encode_prompt(self, prompt: Prompt, chat_kwargs: Mapping | None = None) -> list[int]:
+        """Token ids of a text prompt, a list of ids, or chat messages (via the chat template)."""
+        if isinstance(prompt, str):
+            return self._tok().encode(prompt)
+        items = list(prompt)
+        if items and all(isinstance(t, int) for t in items):
+            return [int(t) for t in items]
+        if items and all(isinstance(m, Mapping) for m in items):
+            text = self._tok().apply_chat_template([dict(m) for m in items],
+                                                   add_generation_prompt=True, **dict(chat_kwargs or {}))
+            return self._tok().encode(text, add_special_tokens=False)
+        raise ValueError("prompt must be a string, a list of token ids or a list of "
+                         "{'role', 'content'} messages")
+
+    def _tok(self) -> Tokenizer:
+        if self.tokenizer is None:
+            raise ValueError(f"{self.files.path}: no tokenizer.json; pass token ids instead of text")
+        return self.tokenizer
+
+    # -- generation ------------------------------------------------------------------------
+    def generate(self, prompt: Prompt, config: GenerationConfig | None = None) -> Iterator[Chunk]:
+        """Stream the continuation of `prompt` as Chunks; the last one carries finish_reason and
+        stats. Close the iterator to stop early."""
+        config = config or GenerationConfig()
+        if config.max_tokens < 0:
+            raise ValueError(f"max_tokens must be >= 0, got {config.max_tokens}")
+        config.sampling().validate()
+        ids = self.encode_prompt(prompt, dict(config.chat_kwargs))
+        if not ids:
+            raise ValueError("the prompt encodes to zero tokens; pass some text")
+        if len(ids) >= self.decoder.capacity:
+            raise ContextOverflow(f"the prompt has {len(ids)} tokens; the KV cache holds "
+                                  f"{self.decoder.capacity} (raise max_context)")
+        if not self._lock.acquire(blocking=False):
+            raise EngineBusy("a generation is already running on this engine; finish or close "
+                             "its iterator first (the engine serves one request at a time)")
+        return self._run(ids, config)
+
+    def _run(self, ids: list[int], config: GenerationConfig) -> Iterator[Chunk]:
+        try:
+            yield from self._loop(ids, config)
+        finally:
+            self._lock.release()
+
+    def _loop(self, prompt: list[int], config: GenerationConfig) -> Iterator[Chunk]:
+        dec, tok = self.decoder, self.tokenizer
+        stops = StopMatcher(config.stop)
+        stop_ids = set(self.eos_token_ids if config.stop_token_ids is None else config.stop_token_ids)
+        sampler = Sampler(config.sampling())
+        stats = GenerationStats(prompt_tokens=len(prompt))
+        counters = _Counters(dec.dev)
+        t0 = time.perf_counter()
+        dec.reset()
+        context = torch.tensor(prompt, dtype=torch.long)
+        budget = min(config.max_tokens, dec.capacity - len(prompt))
+        generated: list[int] = []
+        emitted, pending = "", []          # text sent so far; tokens not yet reflected in it
+        finish = "length"
+        decode_c = {f: 0 for f in _Counters.FIELDS}
+        t_first = t_last = None
+        n_fwd = 0
+        logits = dec.forward(prompt) if budget > 0 else None
+        pre = counters.take()
+        stats.modeled_prefill_us = pre["modeled_us"]
+        for step in range(budget):
+            token = sampler(logits, context if config.repetition_penalty != 1.0 else None)
+            now = time.perf_counter()
+            if t_first is None:
+                t_first = now
+            if token in stop_ids:
+                finish = "stop"
+                break
+            generated.append(token)
+            pending.append(token)
+            context = torch.cat([context, torch.tensor([token])])
+            if tok is not None:
+                text = tok.decode(generated)
+                cut = stops.find(text)
+                if cut >= 0:
+                    if cut > len(emitted):
+                        yield Chunk(text[len(emitted):cut], pending)
+                    emitted, pending, finish = text[:cut], [], "stop"
+                    break
+                safe = stops.safe_len(text)
+                while safe > len(emitted) and text[safe - 1] == "\ufffd":
+                    safe -= 1                  # incomplete UTF-8 sequence: wait for more bytes
+                if safe > len(emitted):
+                    yield Chunk(text[len(emitted):safe], pending)
+                    emitted, pending = text[:safe], []
+            else:
+                yield Chunk("", [token])
+            if step + 1 < budget:
+                logits = dec.forward([token])
+                t_last = time.perf_counter()
+                n_fwd += 1
+                for f, v in counters.take().items():
+                    decode_c[f] += v
+        else:
+            finish = "length"
+        if tok is not None and finish == "length":
+            text = tok.decode(generated)
+            if len(text) > len(emitted):
+                yield Chunk(text[len(emitted):], pending)
+                pending = []
+        total = time.perf_counter() - t0
+        steps = n_fwd
+        stats.generated_tokens = len(generated)
+        stats.measured_total_s = total
+        stats.measured_ttft_s = (t_first or time.perf_counter()) - t0
+        if steps and t_last is not None and t_first is not None and t_last > t_first:
+            stats.measured_decode_tok_s = steps / (t_last - t_first)
+        if stats.modeled_prefill_us:
+            stats.modeled_prefill_tok_s = len(prompt) / (stats.modeled_prefill_us * 1e-6)
+        if steps:
+            stats.modeled_decode_ms_per_token = decode_c["modeled_us"] / steps / 1e3
+            if decode_c["modeled_us"]:
+                stats.modeled_decode_tok_s = 1e3 / stats.modeled_decode_ms_per_token
+            stats.dispatches_per_token = decode_c["dispatches"] / steps
+            stats.launches_per_token = decode_c["launches"] / steps
+            stats.mb_per_token = decode_c["dram_bytes"] / steps / 1e6
+        yield Chunk("", pending, finish_reason=finish, stats=stats)
+
+    def complete(self, prompt: Prompt, config: GenerationConfig | None = None) -> Completion:
+        """Run `generate` to the end: text, token ids, finish_reason, usage and stats."""
+        parts, ids, last = [], [], None
+        for chunk in self.generate(prompt, config):
+            parts.append(chunk.text)
+            ids += chunk.token_ids
+            last = chunk
+        stats = last.stats
+        usage = {"prompt_tokens": stats.prompt_tokens, "completion_tokens": stats.generated_tokens,
+                 "total_tokens": stats.prompt_tokens + stats.generated_tokens}
+        return Completion("".join(parts), ids, last.finish_reason, usage, stats)
+
+
+def load_decoder(model_dir: str | Path, precision: str | Mapping[str, str] = "bf16", *,
+                 group: int = 0, max_context: int | None = None, prefill_chunk: int = 128,
+                 device: Device | None = None, cache_dir: str | Path | None | bool = None,
+                 quiet: bool = False) -> Engine:
+    """Load a HF decoder directory (Qwen3, Llama, Gemma 3 text) onto the device.
+
+    precision: bf16 | int8 | int4 | bfp16 | fp32 (verification mode), or per site
+    {'attention': ..., 'mlp': ..., 'head': ..., 'default': ...}. Quantized weights are cached on
+    disk under cache_dir (default $TORCH_XDNA_CACHE_DIR or ~/.cache/torch_xdna; False disables).
+    max_context: KV cache capacity in tokens (default min(4096, the model's maximum)).
+    """
+    files = read_model(model_dir)
+    policy = PrecisionPolicy.parse(precision, group)
+    quantized = any(p in ("int8", "int4", "bfp16") for p in (policy.attention, policy.mlp, policy.head))
+    cdir = None
+    if quantized and cache_dir is not False:
+        cdir = Path(cache_dir) if cache_dir else default_cache_dir()
+    weights = load_weights(files, policy.transform, policy.ident(), cdir, quiet=quiet)
+    tok = Tokenizer(files.path) if (files.path / "tokenizer.json").is_file() else None
+    decoder = Decoder(files.spec, weights, policy, max_context=max_context,
+                      prefill_chunk=prefill_chunk, device=device)
+    return Engine(files, decoder, tok)

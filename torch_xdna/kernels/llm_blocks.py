@@ -1,0 +1,467 @@
+"""Fused decoder-LLM blocks: the few designs a token runs through (2 launches per layer).
+
+  EmbedDesign           ids -> rows of the (possibly quantized) embedding table, times a scale
+  AttentionBlockDesign  input norm + QKV + optional QK-norm + RoPE + KV-cache write + attention over
+                        the cache + o_proj (+ Gemma post-norm) + residual
+  MlpBlockDesign        norm + gate/up + act*mul + down (+ Gemma post-norm) + residual
+  HeadDesign            final norm + lm_head (+ logit soft-capping) for one row
+
+Numerics (reference): the NPU's policy of kernels/numerics.py, i.e. bf16 operands and fp32
+accumulation; quantized weights are dequantized on the core to bf16 (`dequantize`). Precision
+"fp32" is a verification mode only (operands not rounded): it is not what the NPU computes.
+
+Plans: built from the component GEMM/vector plans (compute cycles, tiles, capacity checks); DRAM
+traffic is what a fused block streams: every weight byte once per launch, the KV cache it reads
+and writes, its activations in and out (intermediates stay on chip). Per-token values (position,
+valid rows) are launch scalars, so one design (and its plan) serves every token; the attention
+design is keyed by the KV length rounded up to KV_TILE, the unit its kernel streams the cache in.
+"""
+from __future__ import annotations
+
+import os
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import torch
+
+from torch_xdna.hw import Generation
+from torch_xdna.kernels import numerics
+from torch_xdna.kernels.activations import apply_epilogue
+from torch_xdna.kernels.attention import attention_reference
+from torch_xdna.kernels.base import Design, ceil_div, round_up
+from torch_xdna.kernels.gemm import GemmDesign
+from torch_xdna.kernels.vector import VectorDesign
+from torch_xdna.runtime.plan import Plan, PlanError
+
+PRECISIONS = ("fp32", "bf16", "int8", "int4", "bfp16")
+BFP_BLOCK = 8
+KV_TILE = 128                  # keys per attention-kernel pass; the KV length is charged in these
+_GROUPS = {"int8": 64, "int4": 32}
+_F32 = torch.float32
+
+
+def default_group(precision: str) -> int:
+    """Group size (along K) of a precision's scales; 0 when it has none."""
+    return _GROUPS.get(precision, BFP_BLOCK if precision == "bfp16" else 0)
+
+
+def weight_tensors(precision: str) -> int:
+    """How many stored tensors one weight site has in `precision`."""
+    return 1 if precision in ("fp32", "bf16") else 2
+
+
+def weight_bytes(n: int, k: int, precision: str, group: int = 0) -> int:
+    """Bytes one [N, K] weight occupies (and streams) in `precision`."""
+    g = group or default_group(precision)
+    nk = n * k
+    return {"fp32": 4 * nk, "bf16": 2 * nk, "int8": nk + nk // max(g, 1) * 2,
+            "int4": nk // 2 + nk // max(g, 1) * 2, "bfp16": nk * 9 // 8}[precision]
+
+
+def dequantize(tensors: Sequence[torch.Tensor], precision: str, group: int = 0) -> torch.Tensor:
+    """A stored weight [N, K] as the core's matmul sees it (fp32 holding bf16 values; exact fp32
+    in the fp32 verification mode). Inverse of engine/quantize.quantize."""
+    w = tensors[0]
+    if precision == "fp32":
+        return w.float()
+    if precision == "bf16":
+        return w.float()
+    g = group or default_group(precision)
+    if precision == "bfp16":
+        n, k = w.shape
+        step = torch.pow(2.0, tensors[1].float() - 127.0 - 6.0)
+        return (w.float().view(n, k // BFP_BLOCK, BFP_BLOCK) * step.unsqueeze(-1)).view(n, k)
+    if precision == "int4":
+        lo = (w & 15).to(torch.int8) - 8
+        hi = (w >> 4).to(torch.int8) - 8
+        q = torch.stack([lo, hi], dim=-1).view(w.shape[0], -1)
+    elif precision == "int8":
+        q = w
+    else:
+        raise ValueError(f"unknown precision {precision!r}; use one of {', '.join(PRECISIONS)}")
+    n, k = q.shape
+    w = q.float().view(n, k // g, g) * tensors[1].float().unsqueeze(-1)
+    return numerics.operand(w.view(n, k))
+
+
+class _OperandCache:
+    """Simulator speed only: fp32 operand copies of resident weights, so the sim does not
+    re-convert every weight on every token. Keyed by storage address + version counter (a write
+    to the buffer bumps it); an entry keeps its storage alive so the address cannot be reused.
+    Bounded by TORCH_XDNA_SIM_WEIGHT_CACHE_MB (default 3072; 0 disables). No effect on counters."""
+
+    def __init__(self) -> None:
+        self.entries: OrderedDict[tuple, tuple] = OrderedDict()
+        self.bytes = 0
+
+    def budget(self) -> int:
+        return int(float(os.environ.get("TORCH_XDNA_SIM_WEIGHT_CACHE_MB", "3072")) * 2**20)
+
+    def get(self, tensors: Sequence[torch.Tensor], precision: str, group: int) -> torch.Tensor:
+        if precision == "fp32":
+            return tensors[0]
+        key = (precision, group) + tuple((t.data_ptr(), t._version, tuple(t.shape), t.stride())
+                                         for t in tensors)
+        hit = self.entries.get(key)
+        if hit is not None:
+            return hit[0]
+        w = dequantize(tensors, precision, group)
+        size = w.numel() * 4
+        if self.bytes + size <= self.budget():     # no eviction: cyclic access would thrash
+            self.entries[key] = (w, tuple(tensors))
+            self.bytes += size
+        return w
+
+    def clear(self) -> None:
+        self.entries.clear()
+        self.bytes = 0
+
+
+OPERANDS = _OperandCache()
+
+
+# -- shared numerics ---------------------------------------------------------------------------
+def _rnd(exact: bool):
+    return (lambda t: t.float()) if exact else numerics.operand
+
+
+def _rms(x: torch.Tensor, w: torch.Tensor, eps: float, offset: float, rnd) -> torch.Tensor:
+    x = rnd(x)
+    y = x * torch.rsqrt((x * x).mean(-1, keepdim=True) + eps)
+    return y * (rnd(w) + offset) if offset else y * rnd(w)
+
+
+def _linear(x: torch.Tensor, w: torch.Tensor, rnd) -> torch.Tensor:
+    return torch.nn.functional.linear(rnd(x), w)
+
+
+def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rnd) -> torch.Tensor:
+    """x [n, H, D] rotated by cos/sin [n, 1, D] (rotate-half convention)."""
+    x = rnd(x)
+    half = x.shape[-1] // 2
+    rot = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return x * rnd(cos) + rot * rnd(sin)
+
+
+def _attend_exact(q, k, v, *, scale, q_offset, window, softcap) -> torch.Tensor:
+    """attention_reference without operand rounding (fp32 verification mode only)."""
+    hq, hkv = q.shape[1], k.shape[1]
+    if hq != hkv:
+        k = k.repeat_interleave(hq // hkv, dim=1)
+        v = v.repeat_interleave(hq // hkv, dim=1)
+    s = torch.matmul(q, k.transpose(-1, -2).float()) * scale
+    if softcap is not None:
+        s = torch.tanh(s / softcap) * softcap
+    qpos = torch.arange(s.shape[-2]).unsqueeze(1) + q_offset
+    kpos = torch.arange(s.shape[-1]).unsqueeze(0)
+    allowed = kpos <= qpos
+    if window is not None:
+        allowed &= kpos > qpos - window
+    s = s.masked_fill(~allowed, float("-inf"))
+    return torch.matmul(torch.softmax(s, dim=-1), v.float())
+
+
+def _take(inputs: Sequence[torch.Tensor], i: int, n: int) -> tuple[tuple, int]:
+    return tuple(inputs[i:i + n]), i + n
+
+
+# -- planning helpers --------------------------------------------------------------------------
+def _mm_dtype(precision: str) -> str:
+    return "bf16" if precision == "fp32" else precision
+
+
+def _gemm(gen: Generation, m: int, k: int, n: int, precision: str, batch: int = 1) -> Plan:
+    return GemmDesign(m, k, n, batch=batch, dtype=_mm_dtype(precision)).plan(gen)
+
+
+def _vec(gen: Generation, op: str, rows: int, dim: int, n_in: int = 1) -> Plan:
+    shapes = ((rows, dim),) * n_in
+    return VectorDesign(op, shapes, (_F32,) * n_in, (rows, dim), _F32).plan(gen)
+
+
+def _fused_plan(name: str, kind: str, precision: str, gen: Generation, stages: Sequence[Plan],
+                read: int, write: int, act_rows: int, act_width: int, notes: dict) -> Plan:
+    """Combine stage plans run back to back; traffic is the fused block's own (read/write)."""
+    # the rows of activations a stage multiplies against each weight tile stay in the mem tiles
+    staged = act_rows * act_width * 2
+    cap = gen.memtile_bytes.value * gen.columns.value
+    if staged > cap:
+        raise PlanError(name, "mem tile memory (activation rows staged for weight reuse)", staged,
+                        cap, "use a smaller prefill chunk")
+    gemms = [p for p in stages if p.design == "gemm"]
+    return Plan(
+        design=kind, dtype=precision, columns=max(p.columns for p in stages),
+        cores=max(p.cores for p in stages), tile=gemms[0].tile if gemms else (),
+        l1_bytes=max(p.l1_bytes for p in stages), memtile_bytes=max(p.memtile_bytes for p in stages),
+        core_bds=max(p.core_bds for p in stages), memtile_bds=max(p.memtile_bds for p in stages),
+        core_locks=max(p.core_locks for p in stages), shim_tasks=max(p.shim_tasks for p in stages),
+        double_buffered=True, dram_read_bytes=int(read), dram_write_bytes=int(write),
+        macs=sum(p.macs for p in stages), padded_macs=sum(p.padded_macs for p in stages),
+        vector_elems=sum(p.vector_elems for p in stages),
+        compute_cycles=sum(p.compute_cycles for p in stages), notes=notes)
+
+
+def attention_kv_tile(gen: Generation, name: str, q_rows: int, head_dim: int) -> int:
+    """Largest KV tile (keys per pass) whose double-buffered K/V tiles, the q rows, the scores and
+    the fp32 output accumulator fit one core's L1; PlanError when none does."""
+    for t in (128, 64, 32, 16, 8):
+        l1 = 2 * 2 * t * head_dim * 2 + q_rows * head_dim * (2 + 4) + q_rows * t * 4
+        if l1 <= gen.l1_usable:
+            return t
+    l1 = 2 * 2 * 8 * head_dim * 2 + q_rows * head_dim * 6 + q_rows * 32
+    raise PlanError(name, "L1 data memory (attention q rows + K/V tiles)", l1, gen.l1_usable,
+                    "use a smaller prefill chunk or a model with a smaller head_dim")
+
+
+# -- designs -----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class EmbedDesign(Design):
+    """x[:n] = table[ids[:n]] * scale. inputs: *table (precision format), ids int32 [rows]."""
+
+    vocab: int
+    hidden: int
+    rows: int
+    precision: str
+    group: int
+    scale: float = 1.0
+    kind = "llm_embed"
+
+    @property
+    def name(self) -> str:
+        return f"llm.embed[{self.precision}]"
+
+    def reference(self, inputs, outputs, pos: int = 0, n: int | None = None, **_: Any) -> None:
+        n = self.rows if n is None else n
+        nt = weight_tensors(self.precision)
+        ids = inputs[nt][:n].long()
+        rows = dequantize([t[ids] for t in inputs[:nt]], self.precision, self.group)
+        if self.scale != 1.0:
+            rnd = _rnd(self.precision == "fp32")
+            rows = rnd(rows) * rnd(torch.tensor(self.scale))
+        outputs[0][:n].copy_(rows)
+
+    def plan(self, gen: Generation) -> Plan:
+        row = weight_bytes(1, self.hidden, self.precision, self.group)
+        read = self.rows * (row + 4)
+        write = self.rows * self.hidden * 4
+        return Plan(design=self.kind, dtype="dma", columns=1, cores=0, tile=(self.hidden,),
+                    memtile_bytes=min(gen.memtile_bytes.value, 2 * row), memtile_bds=2,
+                    double_buffered=True, dram_read_bytes=read, dram_write_bytes=write)
+
+
+@dataclass(frozen=True)
+class AttentionBlockDesign(Design):
+    """out[:n] = x + [post_norm](o_proj(attn(rope(qk_norm(qkv(norm(x))))))), writing K/V rows
+    pos..pos+n-1 into the cache first.
+
+    inputs: x [rows,H] fp32, attn_norm [H], (q_norm [D], k_norm [D])?, *w_qkv [(Hq+2Hkv)D, H],
+            *w_o [H, Hq*D], (post_norm [H])?, cos [P,D], sin [P,D]
+    outputs: out [rows,H] fp32 (may alias x), k_cache [Hkv,S,D], v_cache [Hkv,S,D]
+    scalars: pos (first position), n (valid rows, default rows)
+    """
+
+    hidden: int
+    rows: int
+    precision: str
+    group: int
+    eps: float
+    norm_offset: float
+    heads: int
+    kv_heads: int
+    head_dim: int
+    kv_len: int                 # KV length charged by the plan (rounded up to KV_TILE)
+    qk_norm: bool = False
+    post_norm: bool = False
+    window: int | None = None
+    scale: float = 1.0
+    softcap: float | None = None
+    cache_bytes: int = 2        # per cached element (bf16; 4 in the fp32 verification mode)
+    kind = "llm_attention"
+
+    @property
+    def name(self) -> str:
+        return f"llm.attention[{self.precision}]"
+
+    def reference(self, inputs, outputs, pos: int = 0, n: int | None = None, **_: Any) -> None:
+        n = self.rows if n is None else n
+        exact = self.precision == "fp32"
+        rnd = _rnd(exact)
+        nt = weight_tensors(self.precision)
+        x, ln = inputs[0], inputs[1]
+        i = 2
+        if self.qk_norm:
+            qn, kn = inputs[2], inputs[3]
+            i = 4
+        wqkv, i = _take(inputs, i, nt)
+        wo, i = _take(inputs, i, nt)
+        if self.post_norm:
+            pn = inputs[i]
+            i += 1
+        cos_t, sin_t = inputs[i], inputs[i + 1]
+        out, kc, vc = outputs
+        hq, hkv, d = self.heads, self.kv_heads, self.head_dim
+        xs = x[:n]
+        h = _rms(xs, ln, self.eps, self.norm_offset, rnd)
+        qkv = _linear(h, OPERANDS.get(wqkv, self.precision, self.group), rnd)
+        q = qkv[:, :hq * d].view(n, hq, d)
+        k = qkv[:, hq * d:(hq + hkv) * d].view(n, hkv, d)
+        v = qkv[:, (hq + hkv) * d:].view(n, hkv, d)
+        if self.qk_norm:
+            q = _rms(q, qn, self.eps, self.norm_offset, rnd)
+            k = _rms(k, kn, self.eps, self.norm_offset, rnd)
+        cos = cos_t[pos:pos + n].unsqueeze(1)
+        sin = sin_t[pos:pos + n].unsqueeze(1)
+        q = _rope(q, cos, sin, rnd)
+        k = _rope(k, cos, sin, rnd)
+        kc[:, pos:pos + n].copy_(k.transpose(0, 1))
+        vc[:, pos:pos + n].copy_(v.transpose(0, 1))
+        end = pos + n
+        start = max(0, end - n - self.window + 1) if self.window is not None else 0
+        kk, vv = kc[:, start:end].unsqueeze(0), vc[:, start:end].unsqueeze(0)
+        qq = q.transpose(0, 1).unsqueeze(0)
+        kw = dict(scale=self.scale, q_offset=pos - start, window=self.window, softcap=self.softcap)
+        if exact:
+            a = _attend_exact(qq, kk, vv, **kw)
+        else:
+            a = attention_reference(qq, kk, vv, causal=True, **kw)
+        a = a[0].transpose(0, 1).reshape(n, hq * d)
+        o = _linear(a, OPERANDS.get(wo, self.precision, self.group), rnd)
+        if self.post_norm:
+            o = _rms(o, pn, self.eps, self.norm_offset, rnd)
+        out[:n].copy_(xs.float() + o)
+
+    def plan(self, gen: Generation) -> Plan:
+        name = f"{self.name} rows={self.rows} kv={self.kv_len}"
+        m, h, d = self.rows, self.hidden, self.head_dim
+        qkv_n = (self.heads + 2 * self.kv_heads) * d
+        group = self.heads // self.kv_heads
+        keys = self.kv_len if self.window is None else min(self.kv_len, round_up(self.window + m, KV_TILE))
+        attention_kv_tile(gen, name, m * group, d)
+        stages = [_vec(gen, "rms_norm", m, h), _gemm(gen, m, h, qkv_n, self.precision),
+                  _vec(gen, "mul", m, qkv_n, 2),
+                  _gemm(gen, m * group, d, keys, "bf16", batch=self.kv_heads),
+                  _vec(gen, "softmax", m * self.heads, keys),
+                  _gemm(gen, m * group, keys, d, "bf16", batch=self.kv_heads),
+                  _gemm(gen, m, self.heads * d, h, self.precision)]
+        w = (weight_bytes(qkv_n, h, self.precision, self.group)
+             + weight_bytes(h, self.heads * d, self.precision, self.group))
+        small = (h + (2 * d if self.qk_norm else 0) + (h if self.post_norm else 0)) * 2 + 2 * m * d * 4
+        kv_read = 2 * self.kv_heads * keys * d * self.cache_bytes
+        kv_write = 2 * self.kv_heads * m * d * self.cache_bytes
+        read = w + small + kv_read + m * h * 4
+        write = kv_write + m * h * 4
+        return _fused_plan(name, self.kind, self.precision, gen, stages, read, write, m,
+                           max(h, self.heads * d),
+                           {"weight_bytes": w, "kv_read_bytes": kv_read, "kv_write_bytes": kv_write})
+
+
+@dataclass(frozen=True)
+class MlpBlockDesign(Design):
+    """out[:n] = x + [post_norm](down(act(gate(norm(x))) * up(norm(x)))).
+
+    inputs: x [rows,H] fp32, mlp_norm [H], *w_gate_up [2I, H], *w_down [H, I], (post_norm [H])?
+    outputs: out [rows,H] fp32 (may alias x)
+    """
+
+    hidden: int
+    rows: int
+    precision: str
+    group: int
+    eps: float
+    norm_offset: float
+    intermediate: int
+    act: str = "silu"
+    post_norm: bool = False
+    kind = "llm_mlp"
+
+    @property
+    def name(self) -> str:
+        return f"llm.mlp[{self.precision}]"
+
+    def reference(self, inputs, outputs, pos: int = 0, n: int | None = None, **_: Any) -> None:
+        n = self.rows if n is None else n
+        rnd = _rnd(self.precision == "fp32")
+        nt = weight_tensors(self.precision)
+        x, ln = inputs[0], inputs[1]
+        wgu, i = _take(inputs, 2, nt)
+        wd, i = _take(inputs, i, nt)
+        xs = x[:n]
+        h = _rms(xs, ln, self.eps, self.norm_offset, rnd)
+        gu = _linear(h, OPERANDS.get(wgu, self.precision, self.group), rnd)
+        g, u = gu[:, :self.intermediate], gu[:, self.intermediate:]
+        a = apply_epilogue(self.act, rnd(g)) * rnd(u)
+        y = _linear(a, OPERANDS.get(wd, self.precision, self.group), rnd)
+        if self.post_norm:
+            y = _rms(y, inputs[i], self.eps, self.norm_offset, rnd)
+        outputs[0][:n].copy_(xs.float() + y)
+
+    def plan(self, gen: Generation) -> Plan:
+        name = f"{self.name} rows={self.rows}"
+        m, h, f = self.rows, self.hidden, self.intermediate
+        stages = [_vec(gen, "rms_norm", m, h), _gemm(gen, m, h, 2 * f, self.precision),
+                  _vec(gen, self.act, m, f), _vec(gen, "mul", m, f, 2),
+                  _gemm(gen, m, f, h, self.precision)]
+        w = (weight_bytes(2 * f, h, self.precision, self.group)
+             + weight_bytes(h, f, self.precision, self.group))
+        read = w + h * 2 * (2 if self.post_norm else 1) + m * h * 4
+        return _fused_plan(name, self.kind, self.precision, gen, stages, read, m * h * 4, m,
+                           max(h, f), {"weight_bytes": w})
+
+
+@dataclass(frozen=True)
+class HeadDesign(Design):
+    """logits[0] = softcap(lm_head(norm(x[n-1]))) for the last valid row.
+
+    inputs: x [rows,H] fp32, final_norm [H], *w_lm [V, H]; outputs: logits [1, V] fp32
+    """
+
+    hidden: int
+    rows: int
+    precision: str
+    group: int
+    eps: float
+    norm_offset: float
+    vocab: int
+    softcap: float | None = None
+    kind = "llm_head"
+
+    @property
+    def name(self) -> str:
+        return f"llm.head[{self.precision}]"
+
+    def reference(self, inputs, outputs, pos: int = 0, n: int | None = None, **_: Any) -> None:
+        n = self.rows if n is None else n
+        rnd = _rnd(self.precision == "fp32")
+        x, ln = inputs[0], inputs[1]
+        w = OPERANDS.get(inputs[2:2 + weight_tensors(self.precision)], self.precision, self.group)
+        h = _rms(x[n - 1:n], ln, self.eps, self.norm_offset, rnd)
+        logits = _linear(h, w, rnd)
+        if self.softcap:
+            logits = torch.tanh(logits / self.softcap) * self.softcap
+        outputs[0].copy_(logits)
+
+    def plan(self, gen: Generation) -> Plan:
+        name = f"{self.name} vocab={self.vocab}"
+        stages = [_vec(gen, "rms_norm", 1, self.hidden),
+                  _gemm(gen, 1, self.hidden, self.vocab, self.precision)]
+        if self.softcap:
+            stages.append(_vec(gen, "tanh", 1, self.vocab))
+        w = weight_bytes(self.vocab, self.hidden, self.precision, self.group)
+        read = w + self.hidden * 2 + self.hidden * 4
+        return _fused_plan(name, self.kind, self.precision, gen, stages, read, self.vocab * 4, 1,
+                           self.hidden, {"weight_bytes": w})
+
+
+def kv_bucket(length: int, capacity: int) -> int:
+    """The KV length an attention design is planned for: `length` rounded up to KV_TILE."""
+    return min(round_up(max(length, 1), KV_TILE), round_up(capacity, KV_TILE))
+
+
+def rows_bucket(n: int, chunk: int) -> int:
+    """Rows a prefill launch is planned for: the next power of two (at most `chunk`), so a few
+    designs serve every prompt length."""
+    r = 1
+    while r < n:
+        r *= 2
+    return min(r, chunk) if n <= chunk else ceil_div(n, chunk) * chunk

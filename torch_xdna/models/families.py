@@ -1,0 +1,226 @@
+"""Supported decoder families as data: config.json -> DecoderSpec, and built-in shapes.
+
+Each family is one builder plus a weight-name map. Config features the engine does not implement
+are refused here, by name, before any weight is read.
+"""
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+from torch_xdna.models.spec import DecoderSpec, RopeSpec, UnsupportedModelError, WeightNames
+
+ROPE_TYPES = ("default", "linear", "llama3")
+ACTS = {"silu": "silu", "swish": "silu", "gelu_pytorch_tanh": "gelu_tanh", "gelu_tanh": "gelu_tanh"}
+
+_L = "model.layers.{i}."
+LLAMA_NAMES = WeightNames(
+    embed="model.embed_tokens.weight", final_norm="model.norm.weight", lm_head="lm_head.weight",
+    attn_norm=_L + "input_layernorm.weight", q=_L + "self_attn.q_proj.weight",
+    k=_L + "self_attn.k_proj.weight", v=_L + "self_attn.v_proj.weight",
+    o=_L + "self_attn.o_proj.weight", mlp_norm=_L + "post_attention_layernorm.weight",
+    gate=_L + "mlp.gate_proj.weight", up=_L + "mlp.up_proj.weight",
+    down=_L + "mlp.down_proj.weight")
+QWEN3_NAMES = WeightNames(**{**LLAMA_NAMES.__dict__, "q_norm": _L + "self_attn.q_norm.weight",
+                             "k_norm": _L + "self_attn.k_norm.weight"})
+GEMMA3_NAMES = WeightNames(**{**QWEN3_NAMES.__dict__,
+                              "attn_post_norm": _L + "post_attention_layernorm.weight",
+                              "mlp_norm": _L + "pre_feedforward_layernorm.weight",
+                              "mlp_post_norm": _L + "post_feedforward_layernorm.weight"})
+
+
+def _refuse(family: str, feature: str, hint: str = "") -> None:
+    raise UnsupportedModelError(
+        f"{family}: config feature {feature} is not supported by the xdna decode engine"
+        + (f"; {hint}" if hint else ""))
+
+
+def _common_checks(family: str, cfg: dict) -> None:
+    for key in ("num_experts", "num_local_experts", "n_routed_experts", "moe_intermediate_size"):
+        if cfg.get(key):
+            _refuse(family, f"{key}={cfg[key]} (mixture of experts)", "use a dense model")
+    if cfg.get("attention_bias"):
+        _refuse(family, "attention_bias=true", "q/k/v/o projection biases are not implemented")
+    if cfg.get("mlp_bias"):
+        _refuse(family, "mlp_bias=true", "MLP biases are not implemented")
+    if cfg.get("quantization_config"):
+        method = cfg["quantization_config"].get("quant_method", "?")
+        _refuse(family, f"quantization_config ({method})",
+                "load the original bf16/fp32 checkpoint and pass --precision int8|int4|bfp16")
+    if cfg.get("attention_dropout") not in (None, 0, 0.0):
+        pass                                  # dropout is inactive at inference
+
+
+def _act(family: str, cfg: dict) -> str:
+    name = cfg.get("hidden_activation") or cfg.get("hidden_act") or "silu"
+    if name not in ACTS:
+        _refuse(family, f"hidden_act={name!r}", f"supported: {', '.join(ACTS)}")
+    return ACTS[name]
+
+
+def _rope(family: str, params: dict | None, theta_default: float) -> RopeSpec:
+    """A RopeSpec from a transformers>=5 `rope_parameters` entry or a classic `rope_scaling`."""
+    params = dict(params or {})
+    rtype = params.get("rope_type") or params.get("type") or "default"
+    if rtype not in ROPE_TYPES:
+        _refuse(family, f"rope_scaling type {rtype!r}", f"implemented: {', '.join(ROPE_TYPES)}")
+    theta = float(params.get("rope_theta", theta_default))
+    if rtype == "default":
+        return RopeSpec(theta)
+    factor = float(params.get("factor", 1.0))
+    if rtype == "linear":
+        return RopeSpec(theta, "linear", factor)
+    return RopeSpec(theta, "llama3", factor, float(params.get("low_freq_factor", 1.0)),
+                    float(params.get("high_freq_factor", 4.0)),
+                    int(params.get("original_max_position_embeddings", 8192)))
+
+
+def _ids(v) -> tuple[int, ...]:
+    if v is None:
+        return ()
+    return tuple(v) if isinstance(v, (list, tuple)) else (int(v),)
+
+
+def _base(family: str, cfg: dict, names: WeightNames, **kw) -> DecoderSpec:
+    heads = int(cfg["num_attention_heads"])
+    hidden = int(cfg["hidden_size"])
+    head_dim = int(cfg.get("head_dim") or hidden // heads)
+    layers = int(cfg["num_hidden_layers"])
+    fields = dict(
+        family=family, hidden=hidden, layers=layers, heads=heads,
+        kv_heads=int(cfg.get("num_key_value_heads") or heads), head_dim=head_dim,
+        intermediate=int(cfg["intermediate_size"]), vocab=int(cfg["vocab_size"]),
+        max_positions=int(cfg.get("max_position_embeddings", 4096)),
+        rms_eps=float(cfg.get("rms_norm_eps", 1e-6)), act=_act(family, cfg),
+        tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+        attn_scale=head_dim ** -0.5, names=names,
+        bos_token_id=cfg.get("bos_token_id"), eos_token_ids=_ids(cfg.get("eos_token_id")))
+    fields.update(kw)
+    return DecoderSpec(**fields)
+
+
+def _layer_types(cfg: dict, layers: int) -> list[str]:
+    types = cfg.get("layer_types")
+    if types:
+        if len(types) != layers:
+            raise UnsupportedModelError(
+                f"config layer_types has {len(types)} entries for {layers} layers")
+        return list(types)
+    return ["full_attention"] * layers
+
+
+def _windows(family: str, cfg: dict, types: list[str]) -> tuple:
+    bad = sorted(set(types) - {"full_attention", "sliding_attention"})
+    if bad:
+        _refuse(family, f"layer_types {bad}", "only full_attention and sliding_attention exist here")
+    window = cfg.get("sliding_window")
+    if "sliding_attention" in types and not window:
+        raise UnsupportedModelError(f"{family}: sliding_attention layers without sliding_window")
+    return tuple(int(window) if t == "sliding_attention" else None for t in types)
+
+
+def _classic_rope(cfg: dict) -> dict:
+    """transformers<5 configs: rope_theta + rope_scaling -> one rope_parameters dict."""
+    if cfg.get("rope_parameters"):
+        return cfg["rope_parameters"]
+    return {**(cfg.get("rope_scaling") or {}), "rope_theta": cfg.get("rope_theta", 10000.0)}
+
+
+def llama(cfg: dict, family: str = "llama", names: WeightNames = LLAMA_NAMES, **kw) -> DecoderSpec:
+    _common_checks(family, cfg)
+    rope = _rope(family, _classic_rope(cfg), 10000.0)
+    layers = int(cfg["num_hidden_layers"])
+    types = _layer_types(cfg, layers)
+    if not cfg.get("use_sliding_window", False):
+        types = ["full_attention"] * layers           # Qwen lists sliding types but disables them
+    return _base(family, cfg, names, ropes={"global": rope}, layer_rope=("global",) * layers,
+                 layer_window=_windows(family, cfg, types), **kw)
+
+
+def qwen3(cfg: dict) -> DecoderSpec:
+    return llama(cfg, "qwen3", QWEN3_NAMES, qk_norm=True)
+
+
+def gemma3(cfg: dict) -> DecoderSpec:
+    family = "gemma3"
+    _common_checks(family, cfg)
+    layers = int(cfg["num_hidden_layers"])
+    types = cfg.get("layer_types")
+    if not types:
+        pattern = int(cfg.get("sliding_window_pattern") or cfg.get("_sliding_window_pattern") or 6)
+        types = ["full_attention" if (i + 1) % pattern == 0 else "sliding_attention"
+                 for i in range(layers)]
+    types = _layer_types({"layer_types": types}, layers)
+    rp = cfg.get("rope_parameters")
+    if rp and "full_attention" in rp:
+        ropes = {"global": _rope(family, rp["full_attention"], 1e6),
+                 "local": _rope(family, rp.get("sliding_attention"), 1e4)}
+    else:
+        ropes = {"global": _rope(family, _classic_rope(cfg), 1e6),
+                 "local": RopeSpec(float(cfg.get("rope_local_base_freq", 10000.0)))}
+    hidden = int(cfg["hidden_size"])
+    qpa = cfg.get("query_pre_attn_scalar")
+    spec = _base(
+        family, cfg, GEMMA3_NAMES,
+        ropes=ropes, layer_rope=tuple("local" if t == "sliding_attention" else "global" for t in types),
+        layer_window=_windows(family, cfg, types), qk_norm=True, norm_offset=1.0,
+        embed_scale=math.sqrt(hidden), sandwich_norms=True,
+        final_softcap=cfg.get("final_logit_softcapping"), attn_softcap=cfg.get("attn_logit_softcapping"),
+        tie_embeddings=bool(cfg.get("tie_word_embeddings", True)))
+    if qpa:
+        spec = _replace(spec, attn_scale=float(qpa) ** -0.5)
+    return spec
+
+
+def _replace(spec: DecoderSpec, **kw) -> DecoderSpec:
+    from dataclasses import replace
+    return replace(spec, **kw)
+
+
+FAMILIES: dict[str, Callable[[dict], DecoderSpec]] = {
+    "qwen3": qwen3, "llama": llama, "gemma3_text": gemma3,
+}
+HINTS = {
+    "gemma3": "this is the multimodal Gemma 3 config; only the text-only gemma3_text models "
+              "(e.g. gemma-3-1b) are supported",
+    "qwen3_moe": "mixture-of-experts models are not supported",
+}
+
+
+def spec_from_config(cfg: dict) -> DecoderSpec:
+    """The DecoderSpec of a HF config dict; UnsupportedModelError names what is not supported."""
+    mt = cfg.get("model_type")
+    if mt not in FAMILIES:
+        raise UnsupportedModelError(
+            f"model_type {mt!r} is not supported by the xdna decode engine "
+            f"(supported: {', '.join(FAMILIES)})" + (f"; {HINTS[mt]}" if mt in HINTS else ""))
+    return FAMILIES[mt](cfg)
+
+
+# Built-in configs (shapes only, no weights) for `xdna estimate` and the benchmark.
+BUILTIN_CONFIGS: dict[str, dict] = {
+    "qwen3-0.6b": dict(
+        model_type="qwen3", hidden_size=1024, num_hidden_layers=28, num_attention_heads=16,
+        num_key_value_heads=8, head_dim=128, intermediate_size=3072, vocab_size=151936,
+        max_position_embeddings=40960, rms_norm_eps=1e-6, rope_theta=1000000.0,
+        tie_word_embeddings=True, hidden_act="silu", bos_token_id=151643, eos_token_id=151645),
+    "qwen3-1.7b": dict(
+        model_type="qwen3", hidden_size=2048, num_hidden_layers=28, num_attention_heads=16,
+        num_key_value_heads=8, head_dim=128, intermediate_size=6144, vocab_size=151936,
+        max_position_embeddings=40960, rms_norm_eps=1e-6, rope_theta=1000000.0,
+        tie_word_embeddings=True, hidden_act="silu", eos_token_id=151645),
+    "llama-3.2-1b": dict(
+        model_type="llama", hidden_size=2048, num_hidden_layers=16, num_attention_heads=32,
+        num_key_value_heads=8, head_dim=64, intermediate_size=8192, vocab_size=128256,
+        max_position_embeddings=131072, rms_norm_eps=1e-5, rope_theta=500000.0,
+        rope_scaling={"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0,
+                      "high_freq_factor": 4.0, "original_max_position_embeddings": 8192},
+        tie_word_embeddings=True, hidden_act="silu", bos_token_id=128000, eos_token_id=128001),
+    "gemma-3-1b": dict(
+        model_type="gemma3_text", hidden_size=1152, num_hidden_layers=26, num_attention_heads=4,
+        num_key_value_heads=1, head_dim=256, intermediate_size=6912, vocab_size=262144,
+        max_position_embeddings=32768, rms_norm_eps=1e-6, rope_theta=1000000.0,
+        rope_local_base_freq=10000.0, sliding_window=512, sliding_window_pattern=6,
+        query_pre_attn_scalar=256, hidden_activation="gelu_pytorch_tanh",
+        tie_word_embeddings=True, bos_token_id=2, eos_token_id=[1, 106]),
+}

@@ -1,0 +1,184 @@
+"""Loading a HF decoder directory into canonical, engine-ready host tensors.
+
+`read_model` gives the spec (config.json, refusing unsupported features by name), the tokenizer
+and generation defaults. `load_weights` maps HF tensor names to canonical sites (fusing q/k/v and
+gate/up so each block streams one weight per matmul), applies a per-site transform (the engine's
+quantizer) under a tqdm bar, and caches the result on disk keyed by the weights' hash and the
+transform's identity; a corrupt cache file is detected (digest) and rebuilt.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from torch_xdna.models.families import spec_from_config
+from torch_xdna.models.hf import ModelDirError, read_config, safetensors_files
+from torch_xdna.models.spec import DecoderSpec
+
+CACHE_FORMAT = "xdna-decoder-weights-v1"
+Transform = Callable[[str, torch.Tensor], tuple[torch.Tensor, ...]]
+
+
+@dataclass
+class ModelFiles:
+    """What a model directory says, before any weight is read."""
+
+    path: Path
+    config: dict
+    spec: DecoderSpec
+    generation: dict = field(default_factory=dict)        # generation_config.json
+
+    def eos_token_ids(self) -> tuple[int, ...]:
+        ids = list(self.spec.eos_token_ids)
+        g = self.generation.get("eos_token_id")
+        for x in (g if isinstance(g, list) else [g] if g is not None else []):
+            if x not in ids:
+                ids.append(int(x))
+        return tuple(ids)
+
+
+def read_model(model_dir: str | Path) -> ModelFiles:
+    d = Path(model_dir)
+    if not d.is_dir():
+        raise ModelDirError(f"{model_dir}: not a directory; pass a Hugging Face model directory")
+    cfg = read_config(d)
+    gen_path = d / "generation_config.json"
+    gen = json.loads(gen_path.read_text()) if gen_path.is_file() else {}
+    return ModelFiles(d, cfg, spec_from_config(cfg), gen)
+
+
+def site_names(spec: DecoderSpec) -> list[str]:
+    """Canonical weight sites in load order."""
+    out = ["embed"]
+    for i in range(spec.layers):
+        p = f"layers.{i}."
+        out += [p + "attn_norm", p + "qkv", p + "o", p + "mlp_norm", p + "gate_up", p + "down"]
+        if spec.qk_norm:
+            out += [p + "q_norm", p + "k_norm"]
+        if spec.sandwich_norms:
+            out += [p + "attn_post_norm", p + "mlp_post_norm"]
+    out.append("final_norm")
+    if not spec.tie_embeddings:
+        out.append("lm_head")
+    return out
+
+
+def weights_hash(model_dir: str | Path) -> str:
+    h = hashlib.sha256()
+    for f in safetensors_files(model_dir):
+        h.update(f.name.encode())
+        with open(f, "rb") as fh:
+            for block in iter(lambda: fh.read(1 << 24), b""):
+                h.update(block)
+    return h.hexdigest()
+
+
+def _digest(tensors: dict[str, torch.Tensor]) -> str:
+    h = hashlib.sha256()
+    for name in sorted(tensors):
+        t = tensors[name].contiguous()
+        h.update(name.encode())
+        h.update(t.view(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
+def _read_cache(path: Path, key: str) -> dict[str, torch.Tensor] | None:
+    from safetensors import safe_open
+    try:
+        with safe_open(str(path), framework="pt") as fh:
+            meta = fh.metadata() or {}
+            if meta.get("format") != CACHE_FORMAT or meta.get("key") != key:
+                return None
+            tensors = {n: fh.get_tensor(n) for n in fh.keys()}
+        if _digest(tensors) != meta.get("digest"):
+            return None
+        return tensors
+    except Exception:                   # truncated / garbage file: rebuild it
+        return None
+
+
+def _write_cache(path: Path, key: str, tensors: dict[str, torch.Tensor]) -> None:
+    from safetensors.torch import save_file
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    flat = {n: t.contiguous() for n, t in tensors.items()}
+    save_file(flat, str(tmp), metadata={"format": CACHE_FORMAT, "key": key, "digest": _digest(flat)})
+    tmp.replace(path)
+
+
+def _hf_tensors(mf: ModelFiles) -> dict[str, torch.Tensor]:
+    from torch_xdna.models.hf import iter_tensors
+    sd = {}
+    for name, t in iter_tensors(mf.path):
+        # multimodal wrappers put the text model under a prefix; accept the plain text names
+        sd[name.removeprefix("language_model.")] = t
+    return sd
+
+
+def _site_tensor(spec: DecoderSpec, sd: dict[str, torch.Tensor], site: str, path: Path) -> torch.Tensor:
+    n = spec.names
+
+    def get(template: str, i: int | None = None) -> torch.Tensor:
+        name = template.format(i=i)
+        if name not in sd:
+            raise ModelDirError(f"{path}: weight {name!r} is missing (needed for {site})")
+        return sd.pop(name)
+
+    if site == "embed":
+        return get(n.embed)
+    if site == "final_norm":
+        return get(n.final_norm)
+    if site == "lm_head":
+        return get(n.lm_head)
+    i = int(site.split(".")[1])
+    part = site.split(".")[2]
+    if part == "qkv":
+        return torch.cat([get(n.q, i), get(n.k, i), get(n.v, i)], dim=0)
+    if part == "gate_up":
+        return torch.cat([get(n.gate, i), get(n.up, i)], dim=0)
+    return get(getattr(n, part), i)
+
+
+def load_weights(mf: ModelFiles, transform: Transform, transform_id: str,
+                 cache_dir: str | Path | None = None, quiet: bool = False
+                 ) -> dict[str, tuple[torch.Tensor, ...]]:
+    """Canonical site -> transformed tensors, from the cache when a valid one exists."""
+    spec = mf.spec
+    sites = site_names(spec)
+    cache_path = key = None
+    if cache_dir:
+        key = hashlib.sha256(f"{CACHE_FORMAT}|{weights_hash(mf.path)}|{transform_id}".encode()).hexdigest()
+        cache_path = Path(cache_dir) / f"{key[:32]}.safetensors"
+        if cache_path.is_file():
+            flat = _read_cache(cache_path, key)
+            if flat is not None:
+                return _unflatten(flat)
+    sd = _hf_tensors(mf)
+    if spec.tie_embeddings:
+        sd.pop(spec.names.lm_head, None)
+    elif spec.names.lm_head not in sd:
+        raise ModelDirError(f"{mf.path}: tie_word_embeddings is false but {spec.names.lm_head!r} is "
+                            "missing")
+    from tqdm import tqdm
+    out: dict[str, tuple[torch.Tensor, ...]] = {}
+    bar = tqdm(sites, desc=f"loading weights ({transform_id})", unit="site", leave=False,
+               disable=quiet or not sys.stderr.isatty())
+    for site in bar:
+        out[site] = tuple(transform(site, _site_tensor(spec, sd, site, mf.path)))
+    if cache_path is not None:
+        _write_cache(cache_path, key, {f"{s}#{j}": t for s, ts in out.items() for j, t in enumerate(ts)})
+    return out
+
+
+def _unflatten(flat: dict[str, torch.Tensor]) -> dict[str, tuple[torch.Tensor, ...]]:
+    parts: dict[str, dict[int, torch.Tensor]] = {}
+    for name, t in flat.items():
+        site, j = name.rsplit("#", 1)
+        parts.setdefault(site, {})[int(j)] = t
+    return {s: tuple(d[j] for j in sorted(d)) for s, d in parts.items()}

@@ -1,0 +1,611 @@
+"""The OpenAI-compatible HTTP API: create_app(config) -> FastAPI app.
+
+Request path: ASGI guard (auth, body limit, metrics) -> parse + validate (400 in OpenAI's error
+shape) -> tokenize on a thread pool -> ONE device worker queue (429 when full) -> engine -> JSON or
+SSE. Everything that can be rejected is rejected before the request takes a place on the NPU.
+"""
+from __future__ import annotations
+
+import asyncio
+import base64
+import hmac
+import json
+import logging
+import threading
+import time
+import uuid
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator, Callable
+
+import torch
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from pydantic import BaseModel, ValidationError
+from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from torch_xdna.runtime import DeviceOutOfMemory, get_device
+from torch_xdna.server.chat import GenerationParams, run_generation
+from torch_xdna.server.metrics import Metrics
+from torch_xdna.server.registry import ModelEntry, ModelRegistry
+from torch_xdna.server.schemas import (APIError, ChatCompletionRequest, CompletionRequest,
+                                       EmbeddingRequest, error_body)
+from torch_xdna.server.worker import DeviceWorker, Job, QueueFull, WorkerStopped
+
+log = logging.getLogger("torch_xdna.server")
+ROUTES = ("/health", "/metrics", "/v1/models", "/v1/embeddings", "/v1/chat/completions",
+          "/v1/completions")
+
+
+@dataclass
+class ServerConfig:
+    """Everything `xdna serve` can set. `models`: directories ("DIR" or "NAME=DIR")."""
+
+    host: str = "127.0.0.1"
+    port: int = 8000
+    api_key: str | None = None
+    models: list[str] = field(default_factory=list)
+    default_model: bool = True            # offer the bundled all-MiniLM-L6-v2
+    max_queue: int = 64                   # waiting requests before 429
+    max_models: int = 2                   # resident models (LRU)
+    max_body_bytes: int = 4 << 20
+    max_inputs: int = 2048                # inputs per embeddings request (OpenAI's limit)
+    max_request_tokens: int = 65536       # tokens per embeddings request
+    truncate: bool = False                # over-long embedding inputs: truncate instead of 400
+    max_new_tokens: int = 2048            # completion tokens per request
+    request_timeout_s: float = 300.0
+    preload: bool = True                  # make the first models resident at startup
+
+    def url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"
+
+
+def backend_description(dev) -> str:
+    if dev.backend == "sim":
+        return f"simulated NPU ({dev.gen.name}; timings are modeled, not measured)"
+    return f"{dev.backend} NPU ({dev.gen.name})"
+
+
+# --- ASGI guard: auth, body size, metrics ---------------------------------------------------------
+class Guard:
+    """Wraps the app: checks the API key, caps the body, times every request."""
+
+    def __init__(self, app, config: ServerConfig, metrics: Metrics):
+        self.app, self.config, self.metrics = app, config, metrics
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        t0 = time.perf_counter()
+        path = scope.get("path", "")
+        route = path if path in ROUTES else ("/v1/models/{id}" if path.startswith("/v1/models/")
+                                             else "other")
+        status = {"code": 500}
+
+        async def send_wrapped(message):
+            if message["type"] == "http.response.start":
+                status["code"] = message["status"]
+            await send(message)
+
+        try:
+            error = self._check_auth(scope, path)
+            body = None
+            if error is None and scope.get("method") in ("POST", "PUT", "PATCH"):
+                body, error = await self._read_body(scope, receive)
+            if error is not None:
+                await _send_json(send_wrapped, error)
+                return
+            if body is not None:
+                replayed = {"done": False}
+
+                async def receive_replay():
+                    if not replayed["done"]:
+                        replayed["done"] = True
+                        return {"type": "http.request", "body": body, "more_body": False}
+                    return await receive()
+                await self.app(scope, receive_replay, send_wrapped)
+            else:
+                await self.app(scope, receive, send_wrapped)
+        finally:
+            self.metrics.observe_request(scope.get("method", ""), route, status["code"],
+                                         time.perf_counter() - t0)
+
+    def _check_auth(self, scope, path: str) -> APIError | None:
+        key = self.config.api_key
+        if not key or path == "/health":
+            return None
+        headers = dict(scope.get("headers") or [])
+        auth = headers.get(b"authorization", b"").decode("latin-1")
+        given = auth[7:].strip() if auth[:7].lower() == "bearer " else ""
+        if not given:
+            self.metrics.reject("auth")
+            return APIError(401, "You didn't provide an API key. Send it as 'Authorization: "
+                                 "Bearer KEY' (the --api-key given to xdna serve).",
+                            type="invalid_request_error", code="invalid_api_key")
+        if not hmac.compare_digest(given.encode(), key.encode()):
+            self.metrics.reject("auth")
+            return APIError(401, "Incorrect API key provided. Use the --api-key given to "
+                                 "xdna serve.", type="invalid_request_error", code="invalid_api_key")
+        return None
+
+    async def _read_body(self, scope, receive) -> tuple[bytes | None, APIError | None]:
+        limit = self.config.max_body_bytes
+        too_big = APIError(413, f"Request body exceeds the server limit of {limit} bytes; "
+                                f"send fewer or shorter inputs per request.",
+                           code="request_too_large")
+        headers = dict(scope.get("headers") or [])
+        try:
+            declared = int(headers.get(b"content-length", b"0") or 0)
+        except ValueError:
+            declared = 0
+        if declared > limit:
+            self.metrics.reject("body_too_large")
+            return None, too_big
+        chunks, size = [], 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return None, APIError(400, "client disconnected")
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > limit:
+                self.metrics.reject("body_too_large")
+                return None, too_big
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                return b"".join(chunks), None
+
+
+async def _send_json(send, err: APIError) -> None:
+    body = json.dumps(err.body()).encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    if err.status == 401:
+        headers.append((b"www-authenticate", b"Bearer"))
+    await send({"type": "http.response.start", "status": err.status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+# --- request parsing ------------------------------------------------------------------------------
+FRIENDLY = {
+    "input": "'input' must be a non-empty string, an array of strings, an array of token ids, "
+             "or an array of token-id arrays",
+    "messages": "'messages' must be a non-empty array of {role, content} objects "
+                "(roles: system, developer, user, assistant; text content only)",
+    "prompt": "'prompt' must be a string (or an array holding one string)",
+}
+
+
+async def parse(request: Request, model: type[BaseModel]) -> Any:
+    body = await request.body()
+    try:
+        data = json.loads(body)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise APIError(400, f"We could not parse the JSON body of your request ({e}). Send a "
+                            f"JSON object with Content-Type: application/json.") from None
+    if not isinstance(data, dict):
+        raise APIError(400, "The request body must be a JSON object.")
+    try:
+        return model.model_validate(data)
+    except ValidationError as e:
+        raise validation_error(e) from None
+
+
+def validation_error(e: ValidationError) -> APIError:
+    errs = e.errors()
+    extra = [x for x in errs if x["type"] == "extra_forbidden"]
+    if extra:
+        name = ".".join(str(p) for p in extra[0]["loc"])
+        return APIError(400, f"Unrecognized request argument supplied: {name}", param=name,
+                        code="unknown_parameter")
+    missing = [x for x in errs if x["type"] == "missing"]
+    if missing:
+        name = str(missing[0]["loc"][0])
+        return APIError(400, f"Missing required parameter: '{name}'.", param=name,
+                        code="missing_required_parameter")
+    first = errs[0]
+    name = str(first["loc"][0]) if first["loc"] else None
+    msg = FRIENDLY.get(name or "") or f"Invalid value for '{name}': {first['msg']}"
+    if first["type"] == "value_error" and first["loc"] == ():
+        msg = first["msg"].removeprefix("Value error, ")
+    return APIError(400, msg, param=name, code="invalid_value")
+
+
+# --- the app --------------------------------------------------------------------------------------
+class Server:
+    """State shared by the routes: device, registry, worker, metrics."""
+
+    def __init__(self, config: ServerConfig, registry: ModelRegistry | None = None):
+        self.config = config
+        self.metrics = Metrics()
+        self.dev = get_device()
+        self.registry = registry or ModelRegistry(config.max_models)
+        if registry is None:
+            if config.default_model:
+                self.registry.add_default_embedding()
+            for spec in config.models:
+                name, _, path = spec.rpartition("=") if "=" in spec else (None, "", spec)
+                self.registry.add_dir(path, name or None)
+        if not self.registry.entries:
+            raise ValueError("no models to serve: give --model DIR or keep the default model")
+        self.worker = DeviceWorker(config.max_queue)
+        m = self.metrics
+        m.gauge("xdna_queue_depth", "requests waiting for the device", lambda: self.worker.depth)
+        m.gauge("xdna_models_resident", "models resident on the device",
+                lambda: len(self.registry.loaded))
+        m.gauge("xdna_device_allocated_bytes", "device memory allocated",
+                lambda: self.dev.counters.allocated_bytes)
+
+    # -- worker plumbing --
+    def submit(self, job: Job) -> asyncio.Future:
+        try:
+            fut = self.worker.submit(job)
+        except QueueFull as e:
+            self.metrics.reject("queue_full")
+            raise APIError(429, f"{e}; retry shortly or raise --max-queue.",
+                           type="rate_limit_error", code="queue_full",
+                           headers={"Retry-After": "1"}) from None
+        except WorkerStopped as e:
+            raise APIError(503, str(e), type="server_error", code="shutting_down") from None
+        return fut
+
+    async def wait(self, fut) -> Any:
+        try:
+            return await asyncio.wait_for(asyncio.wrap_future(fut), self.config.request_timeout_s)
+        except asyncio.TimeoutError:
+            fut.cancel()
+            self.metrics.reject("timeout")
+            raise APIError(503, f"The request did not finish within {self.config.request_timeout_s}"
+                                f" s on the device; retry later.", type="server_error",
+                           code="timeout") from None
+        except WorkerStopped as e:
+            raise APIError(503, str(e), type="server_error", code="shutting_down") from None
+
+    def npu_job(self, fn: Callable[[], Any]) -> Callable[[], Any]:
+        """Wrap device work so its dispatches and modeled time land in the metrics."""
+        def run():
+            c = self.dev.counters
+            d0, us0 = c.dispatches, c.modeled_us
+            try:
+                return fn()
+            finally:
+                c = self.dev.counters
+                self.metrics.add_npu(c.dispatches - d0, c.modeled_us - us0)
+        return run
+
+    def preload(self) -> None:
+        for entry in list(self.registry.entries.values())[:self.config.max_models]:
+            self.registry.get(entry)
+
+
+def create_app(config: ServerConfig | None = None, registry: ModelRegistry | None = None) -> FastAPI:
+    config = config or ServerConfig()
+    srv = Server(config, registry)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        srv.worker.start()
+        if config.preload:
+            await asyncio.wrap_future(srv.worker.call(srv.npu_job(srv.preload)))
+        entries = ", ".join(f"{e.id} ({e.kind})" for e in srv.registry.entries.values())
+        log.info("torch-xdna server ready on %s  backend: %s  models: %s", config.url(),
+                 backend_description(srv.dev), entries)
+        try:
+            yield
+        finally:
+            await run_in_threadpool(srv.worker.stop)
+            await run_in_threadpool(srv.registry.close_all)
+
+    app = FastAPI(title="torch-xdna", version="0.1.0", lifespan=lifespan)
+    app.state.server = srv
+
+    @app.exception_handler(APIError)
+    async def _api_error(request: Request, e: APIError):
+        return JSONResponse(e.body(), status_code=e.status, headers=e.headers)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, e: StarletteHTTPException):
+        msg = (f"Unknown request URL: {request.method} {request.url.path}. See /v1/models, "
+               f"/v1/embeddings, /v1/chat/completions, /v1/completions." if e.status_code == 404
+               else str(e.detail))
+        return JSONResponse(error_body(msg, code="not_found" if e.status_code == 404 else None),
+                            status_code=e.status_code)
+
+    @app.exception_handler(Exception)
+    async def _internal(request: Request, e: Exception):
+        log.exception("internal error on %s", request.url.path)
+        if isinstance(e, DeviceOutOfMemory):
+            return JSONResponse(error_body(str(e), "server_error", code="device_out_of_memory"),
+                                status_code=503)
+        return JSONResponse(error_body(f"internal server error: {type(e).__name__}: {e}",
+                                       "server_error"), status_code=500)
+
+    @app.get("/health")
+    async def health():
+        return {"status": "ok", "backend": srv.dev.backend,
+                "backend_description": backend_description(srv.dev),
+                "generation": srv.dev.gen.name,
+                "models": list(srv.registry.entries), "resident": srv.registry.loaded_ids(),
+                "queue_depth": srv.worker.depth, "max_queue": config.max_queue}
+
+    @app.get("/metrics")
+    async def metrics():
+        return PlainTextResponse(srv.metrics.render(), media_type="text/plain; version=0.0.4")
+
+    def model_card(e: ModelEntry) -> dict:
+        card = {"id": e.id, "object": "model", "created": e.created, "owned_by": "torch-xdna",
+                "kind": e.kind}
+        if e.spec is not None:
+            card.update(dimensions=e.spec.dim, max_input_tokens=e.spec.max_seq_length)
+        return card
+
+    @app.get("/v1/models")
+    async def list_models():
+        return {"object": "list", "data": [model_card(e) for e in srv.registry.entries.values()]}
+
+    @app.get("/v1/models/{model_id:path}")
+    async def get_model(model_id: str):
+        e = srv.registry.entries.get(model_id)
+        if e is None:
+            raise APIError(404, f"The model '{model_id}' does not exist.", param="model",
+                           code="model_not_found")
+        return model_card(e)
+
+    @app.post("/v1/embeddings")
+    async def embeddings(request: Request):
+        req: EmbeddingRequest = await parse(request, EmbeddingRequest)
+        entry = srv.registry.resolve(req.model, "embedding")
+        if req.dimensions is not None and req.dimensions > entry.spec.dim:
+            raise APIError(400, f"'dimensions' is {req.dimensions}, but {entry.id} produces "
+                                f"{entry.spec.dim}-dimensional vectors.", param="dimensions",
+                           code="invalid_value")
+        seqs = await run_in_threadpool(tokenize_inputs, entry, req.input, config)
+        n_tokens = sum(len(s) for s in seqs)
+
+        def run_batch(payloads: list[list[list[int]]]) -> list[tuple[torch.Tensor, dict]]:
+            from torch_xdna.engine.embedder import EmbedStats
+            model = srv.registry.get(entry)
+            stats = EmbedStats()
+            flat = [s for p in payloads for s in p]
+            vecs = model.embed_ids(flat, stats)
+            out, i = [], 0
+            for p in payloads:
+                out.append((vecs[i:i + len(p)], {"modeled_us": stats.modeled_us,
+                                                 "merged": len(payloads)}))
+                i += len(p)
+            return out
+
+        job = Job(batch_key=("embed", entry.id), batch_fn=srv.npu_job(run_batch), payload=seqs,
+                  size=len(seqs))
+        vecs, info = await srv.wait(srv.submit(job))
+        if req.dimensions is not None and req.dimensions < vecs.shape[1]:
+            vecs = torch.nn.functional.normalize(vecs[:, :req.dimensions], dim=-1)
+        srv.metrics.add_tokens(entry.id, "prompt", n_tokens)
+        srv.metrics.add_embeddings(entry.id, len(seqs))
+        data = [{"object": "embedding", "index": i, "embedding": encode_vector(v, req.encoding_format)}
+                for i, v in enumerate(vecs)]
+        headers = {"x-xdna-backend": srv.dev.backend,
+                   "x-xdna-modeled-npu-ms": f"{info['modeled_us'] / 1e3:.3f}"}
+        return JSONResponse({"object": "list", "data": data, "model": entry.id,
+                             "usage": {"prompt_tokens": n_tokens, "total_tokens": n_tokens}},
+                            headers=headers)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request):
+        req: ChatCompletionRequest = await parse(request, ChatCompletionRequest)
+        entry = srv.registry.resolve(req.model, "chat")
+        messages = [{"role": m.role, "content": m.text()} for m in req.messages]
+        return await generate(srv, entry, req, lambda model: model.chat_prompt(messages),
+                              req.token_limit(), chat=True)
+
+    @app.post("/v1/completions")
+    async def completions(request: Request):
+        req: CompletionRequest = await parse(request, CompletionRequest)
+        entry = srv.registry.resolve(req.model, "chat")
+        return await generate(srv, entry, req, lambda model: model.encode(req.prompt),
+                              req.max_tokens, chat=False)
+
+    return Guard(app, config, srv.metrics) if True else app
+
+
+# --- embeddings helpers ---------------------------------------------------------------------------
+def tokenize_inputs(entry: ModelEntry, inp, config: ServerConfig) -> list[list[int]]:
+    """Request input -> model inputs with special tokens, length-checked (400 on violations)."""
+    tok, spec = entry.tokenizer, entry.spec
+    if isinstance(inp, str):
+        inp = [inp]
+    if not inp:
+        raise APIError(400, "'input' must not be empty.", param="input", code="invalid_value")
+    if isinstance(inp[0], int):
+        inp = [inp]
+    if len(inp) > config.max_inputs:
+        raise APIError(400, f"'input' has {len(inp)} items; at most {config.max_inputs} inputs "
+                            f"per request. Split the request.", param="input",
+                       code="too_many_inputs")
+    if isinstance(inp[0], str):
+        for i, t in enumerate(inp):
+            if not t:
+                raise APIError(400, f"'input[{i}]' is an empty string; every input must contain "
+                                    f"text.", param="input", code="invalid_value")
+        seqs = tok.encode(inp)
+    else:
+        seqs = []
+        for i, ids in enumerate(inp):
+            if not ids:
+                raise APIError(400, f"'input[{i}]' is an empty token array.", param="input",
+                               code="invalid_value")
+            bad = [t for t in ids if not 0 <= t < spec.vocab]
+            if bad:
+                raise APIError(400, f"'input[{i}]' holds token id {bad[0]}, outside {entry.id}'s "
+                                    f"vocabulary [0, {spec.vocab}).", param="input",
+                               code="invalid_value")
+            seqs.append(tok.wrap(ids))
+    limit = spec.max_seq_length
+    for i, s in enumerate(seqs):
+        if len(s) > limit:
+            if config.truncate:
+                seqs[i] = tok.truncate(s)
+                continue
+            raise APIError(400, f"'input[{i}]' is {len(s)} tokens long; {entry.id} accepts at most "
+                                f"{limit} tokens per input (special tokens included). Shorten or "
+                                f"split it (or start the server with --truncate).", param="input",
+                           code="context_length_exceeded")
+    total = sum(len(s) for s in seqs)
+    if total > config.max_request_tokens:
+        raise APIError(400, f"the request holds {total} tokens; at most "
+                            f"{config.max_request_tokens} per request. Split it.", param="input",
+                       code="too_many_tokens")
+    return seqs
+
+
+def encode_vector(v: torch.Tensor, fmt: str):
+    if fmt == "base64":
+        # OpenAI's encoding: the raw little-endian float32 bytes, base64
+        return base64.b64encode(v.to(torch.float32).contiguous().numpy().astype("<f4").tobytes()).decode()
+    return v.tolist()
+
+
+# --- generation -----------------------------------------------------------------------------------
+async def generate(srv: Server, entry: ModelEntry, req, prepare: Callable[[Any], list[int]],
+                   max_tokens: int | None, chat: bool):
+    """Run one generation on the worker; answer JSON, or SSE when req.stream."""
+    loop = asyncio.get_running_loop()
+    events: asyncio.Queue = asyncio.Queue()
+    cancel = threading.Event()
+    config = srv.config
+
+    def put(*event) -> None:
+        loop.call_soon_threadsafe(events.put_nowait, event)
+
+    def work():
+        try:
+            model = srv.registry.get(entry)
+            ids = list(prepare(model))
+            ctx = int(model.context_length)
+            room = ctx - len(ids)
+            if room <= 0:
+                raise APIError(400, f"the prompt is {len(ids)} tokens; {entry.id}'s context is "
+                                    f"{ctx} tokens. Shorten the prompt.", param="messages" if chat
+                               else "prompt", code="context_length_exceeded")
+            limit = max_tokens if max_tokens is not None else min(room, config.max_new_tokens)
+            if limit > config.max_new_tokens:
+                raise APIError(400, f"max_tokens is {limit}; this server allows at most "
+                                    f"{config.max_new_tokens}.", param="max_tokens",
+                               code="invalid_value")
+            if limit > room:
+                raise APIError(400, f"this model's maximum context length is {ctx} tokens; the "
+                                    f"prompt is {len(ids)} tokens and max_tokens is {limit}. Lower "
+                                    f"max_tokens or shorten the prompt.", param="max_tokens",
+                               code="context_length_exceeded")
+            put("start", len(ids))
+            params = GenerationParams(max_tokens=limit, temperature=req.temperature,
+                                      top_p=req.top_p, seed=req.seed, stop=req.stop_list())
+            result = run_generation(model, ids, params, lambda t: put("delta", t), cancel.is_set)
+            put("end", result)
+        except BaseException as e:        # noqa: BLE001 - handed to the request
+            put("error", e)
+
+    fut = srv.submit(Job(fn=srv.npu_job(work)))
+    first = await _next_event(srv, events, fut)
+    if first[0] == "error":
+        raise _as_api_error(first[1])
+    prompt_tokens = first[1]
+    rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
+    created = int(time.time())
+
+    def usage(completion: int) -> dict:
+        return {"prompt_tokens": prompt_tokens, "completion_tokens": completion,
+                "total_tokens": prompt_tokens + completion}
+
+    def finished(result) -> None:
+        srv.metrics.add_tokens(entry.id, "prompt", prompt_tokens)
+        srv.metrics.add_tokens(entry.id, "completion", result.completion_tokens)
+
+    if not req.stream:
+        parts = []
+        while True:
+            ev = await _next_event(srv, events, fut)
+            if ev[0] == "delta":
+                parts.append(ev[1])
+            elif ev[0] == "error":
+                raise _as_api_error(ev[1])
+            else:
+                result = ev[1]
+                break
+        finished(result)
+        text = "".join(parts)
+        if chat:
+            choice = {"index": 0, "message": {"role": "assistant", "content": text},
+                      "logprobs": None, "finish_reason": result.finish_reason}
+        else:
+            choice = {"index": 0, "text": text, "logprobs": None,
+                      "finish_reason": result.finish_reason}
+        return {"id": rid, "object": "chat.completion" if chat else "text_completion",
+                "created": created, "model": entry.id, "choices": [choice],
+                "usage": usage(result.completion_tokens), "system_fingerprint": None}
+
+    include_usage = bool(req.stream_options and req.stream_options.include_usage)
+    obj = "chat.completion.chunk" if chat else "text_completion"
+
+    def chunk(delta: dict | None = None, text: str | None = None, finish: str | None = None) -> str:
+        if chat:
+            choice = {"index": 0, "delta": delta or {}, "logprobs": None, "finish_reason": finish}
+        else:
+            choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
+        body = {"id": rid, "object": obj, "created": created, "model": entry.id,
+                "choices": [choice], "system_fingerprint": None}
+        if include_usage:
+            body["usage"] = None
+        return f"data: {json.dumps(body)}\n\n"
+
+    async def sse() -> AsyncIterator[str]:
+        try:
+            if chat:
+                yield chunk({"role": "assistant", "content": ""})
+            while True:
+                ev = await _next_event(srv, events, fut)
+                if ev[0] == "delta":
+                    yield chunk({"content": ev[1]}, text=ev[1])
+                elif ev[0] == "error":
+                    err = _as_api_error(ev[1])
+                    yield f"data: {json.dumps(err.body())}\n\n"
+                    break
+                else:
+                    result = ev[1]
+                    finished(result)
+                    yield chunk({}, finish=result.finish_reason)
+                    if include_usage:
+                        body = {"id": rid, "object": obj, "created": created, "model": entry.id,
+                                "choices": [], "usage": usage(result.completion_tokens)}
+                        yield f"data: {json.dumps(body)}\n\n"
+                    break
+            yield "data: [DONE]\n\n"
+        finally:
+            cancel.set()          # client gone or done: stop generating
+
+    return StreamingResponse(sse(), media_type="text/event-stream",
+                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+
+async def _next_event(srv: Server, events: asyncio.Queue, fut) -> tuple:
+    """The next event of a generation job; waits for the job to start within the timeout."""
+    deadline = srv.config.request_timeout_s
+    try:
+        return await asyncio.wait_for(events.get(), deadline)
+    except asyncio.TimeoutError:
+        fut.cancel()
+        srv.metrics.reject("timeout")
+        return ("error", APIError(503, f"no progress within {deadline} s on the device; retry "
+                                       f"later.", type="server_error", code="timeout"))
+
+
+def _as_api_error(e: BaseException) -> APIError:
+    if isinstance(e, APIError):
+        return e
+    if isinstance(e, WorkerStopped):
+        return APIError(503, str(e), type="server_error", code="shutting_down")
+    if isinstance(e, DeviceOutOfMemory):
+        return APIError(503, str(e), type="server_error", code="device_out_of_memory")
+    log.error("generation failed: %r", e)
+    return APIError(500, f"generation failed: {type(e).__name__}: {e}", type="server_error")

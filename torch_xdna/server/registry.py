@@ -1,0 +1,162 @@
+"""The models a server offers, and which of them are resident on the device (LRU-limited).
+
+Offering a model is cheap (its config is read at startup, so a bad directory fails before the
+server binds); making it resident uploads its weights. `get` runs only on the device worker thread,
+so loading and evicting never race with a running program.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from torch_xdna.models.encoder import (ENCODER_TYPES, EncoderSpec, EncoderTokenizer, load_spec,
+                                       transformer_dir)
+from torch_xdna.models.hf import ModelDirError, read_config
+from torch_xdna.server.schemas import APIError
+
+KINDS = ("embedding", "chat")
+DEFAULT_EMBEDDING_ID = "all-MiniLM-L6-v2"
+
+
+@dataclass(eq=False)
+class ModelEntry:
+    id: str
+    kind: str                                  # "embedding" | "chat"
+    factory: Callable[[], Any]                 # loads the resident model (worker thread)
+    path: Path | None = None
+    aliases: tuple[str, ...] = ()
+    pinned: bool = False                       # given as an object: cannot be reloaded
+    created: int = field(default_factory=lambda: int(time.time()))
+    spec: EncoderSpec | None = None            # embedding models
+    tokenizer: EncoderTokenizer | None = None
+
+
+def model_kind(model_dir: Path) -> str:
+    """'embedding' for BERT-family encoders (incl. sentence-transformers folders), else 'chat'."""
+    cfg = read_config(transformer_dir(model_dir))
+    return "embedding" if cfg.get("model_type") in ENCODER_TYPES else "chat"
+
+
+class ModelRegistry:
+    def __init__(self, max_models: int = 2):
+        if max_models < 1:
+            raise ValueError(f"max_models must be >= 1 (got {max_models})")
+        self.max_models = max_models
+        self.entries: dict[str, ModelEntry] = {}
+        self.loaded: OrderedDict[str, Any] = OrderedDict()
+        self.loads = 0
+        self.evictions = 0
+        self._lock = threading.Lock()
+
+    # --- offering -----------------------------------------------------------------------------
+    def _unique(self, name: str) -> str:
+        base, i = name, 2
+        while name in self.entries or any(name in e.aliases for e in self.entries.values()):
+            name = f"{base}-{i}"
+            i += 1
+        return name
+
+    def add_dir(self, model_dir: str | Path, name: str | None = None,
+                aliases: tuple[str, ...] = ()) -> ModelEntry:
+        """Offer a HF directory; kind detected from config.json. Raises ModelDirError early."""
+        path = Path(model_dir).expanduser()
+        if not path.is_dir():
+            raise ModelDirError(f"{model_dir}: not a directory; pass a Hugging Face model directory")
+        kind = model_kind(path)
+        name = self._unique(name or path.resolve().name)
+        if kind == "embedding":
+            from torch_xdna.engine.embedder import Embedder
+            spec = load_spec(path, name=name)
+            entry = ModelEntry(name, kind, lambda: Embedder.load(path, name=name), path, aliases,
+                               spec=spec, tokenizer=EncoderTokenizer(path, spec))
+        else:
+            from torch_xdna.server.chat import load_chat_model
+            entry = ModelEntry(name, kind, lambda: load_chat_model(path), path, aliases)
+        self.entries[name] = entry
+        return entry
+
+    def add_default_embedding(self) -> ModelEntry:
+        from torch_xdna.engine.embedder import default_model_dir
+        return self.add_dir(default_model_dir(), DEFAULT_EMBEDDING_ID,
+                            aliases=("sentence-transformers/all-MiniLM-L6-v2",))
+
+    def add_object(self, model: Any, kind: str, name: str) -> ModelEntry:
+        """Offer an already-built model (an Embedder or a ChatModel); it stays resident."""
+        if kind not in KINDS:
+            raise ValueError(f"kind must be one of {KINDS}")
+        name = self._unique(name)
+        entry = ModelEntry(name, kind, lambda: model, pinned=True)
+        if kind == "embedding":
+            entry.spec, entry.tokenizer = model.spec, model.tokenizer
+        self.entries[name] = entry
+        with self._lock:
+            self.loaded[name] = model
+        return entry
+
+    # --- lookup -------------------------------------------------------------------------------
+    def resolve(self, model_id: str | None, kind: str) -> ModelEntry:
+        """The entry a request names (or the first of `kind` when it names none)."""
+        if model_id is None:
+            for e in self.entries.values():
+                if e.kind == kind:
+                    return e
+            raise APIError(400, f"no {kind} model is being served; start the server with "
+                                f"--model DIR", param="model", code="model_not_found")
+        entry = self.entries.get(model_id) or next(
+            (e for e in self.entries.values() if model_id in e.aliases), None)
+        if entry is None:
+            raise APIError(404, f"The model '{model_id}' does not exist or you do not have access "
+                                f"to it. Served models: {', '.join(self.entries)}",
+                           param="model", code="model_not_found")
+        if entry.kind != kind:
+            route = "/v1/embeddings" if entry.kind == "embedding" else "/v1/chat/completions"
+            raise APIError(400, f"model '{entry.id}' is a {entry.kind} model; use {route}",
+                           param="model", code="model_not_supported")
+        return entry
+
+    def loaded_ids(self) -> list[str]:
+        with self._lock:
+            return list(self.loaded)
+
+    # --- residency (device worker thread only) --------------------------------------------------
+    def get(self, entry: ModelEntry) -> Any:
+        with self._lock:
+            model = self.loaded.get(entry.id)
+            if model is not None:
+                self.loaded.move_to_end(entry.id)
+                return model
+        self._evict_for_one_more()
+        model = entry.factory()
+        self.loads += 1
+        with self._lock:
+            self.loaded[entry.id] = model
+        return model
+
+    def _evict_for_one_more(self) -> None:
+        while True:
+            with self._lock:
+                if len(self.loaded) < self.max_models:
+                    return
+                victim = next((k for k in self.loaded if not self.entries[k].pinned), None)
+                if victim is None:
+                    return                            # only pinned models: allow one over
+                model = self.loaded.pop(victim)
+            self.evictions += 1
+            _close(model)
+
+    def close_all(self) -> None:
+        with self._lock:
+            models = [m for k, m in self.loaded.items() if not self.entries[k].pinned]
+            self.loaded.clear()
+        for m in models:
+            _close(m)
+
+
+def _close(model: Any) -> None:
+    close = getattr(model, "close", None)
+    if close:
+        close()

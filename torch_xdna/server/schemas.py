@@ -1,0 +1,142 @@
+"""Request models of the OpenAI-compatible API and its error JSON shape.
+
+Unknown request fields are rejected (extra="forbid") rather than ignored, so a client relying on a
+parameter this server does not implement learns it at once instead of getting a silently different
+answer. Parameters OpenAI defines but we cannot honor are accepted only at their neutral value.
+"""
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+
+class APIError(Exception):
+    """An error answered as OpenAI does: {"error": {"message", "type", "param", "code"}}."""
+
+    def __init__(self, status: int, message: str, type: str = "invalid_request_error",
+                 param: str | None = None, code: str | None = None,
+                 headers: dict[str, str] | None = None):
+        super().__init__(message)
+        self.status, self.message, self.type = status, message, type
+        self.param, self.code, self.headers = param, code, headers
+
+    def body(self) -> dict:
+        return error_body(self.message, self.type, self.param, self.code)
+
+
+def error_body(message: str, type: str = "invalid_request_error", param: str | None = None,
+               code: str | None = None) -> dict:
+    return {"error": {"message": message, "type": type, "param": param, "code": code}}
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+TokenIds = list[int]
+
+
+class EmbeddingRequest(_Strict):
+    """POST /v1/embeddings. `model` may be omitted (the server's first embedding model)."""
+
+    input: str | list[str] | TokenIds | list[TokenIds]
+    model: str | None = None
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: int | None = Field(default=None, ge=1)
+    user: str | None = None
+
+
+class StreamOptions(_Strict):
+    include_usage: bool = False
+
+
+class _Sampling(_Strict):
+    """Fields shared by chat and text completions."""
+
+    model: str | None = None
+    max_tokens: int | None = Field(default=None, ge=1)
+    temperature: float = Field(default=1.0, ge=0.0, le=2.0)
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    n: int = 1
+    user: str | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logit_bias: dict[str, float] | None = None
+
+    @field_validator("stop")
+    @classmethod
+    def _stop(cls, v):
+        if isinstance(v, list):
+            if len(v) > 4:
+                raise ValueError("at most 4 stop sequences")
+            if any(not s for s in v):
+                raise ValueError("stop sequences must be non-empty strings")
+        elif v == "":
+            raise ValueError("stop sequences must be non-empty strings")
+        return v
+
+    @model_validator(mode="after")
+    def _neutral_only(self):
+        unsupported = []
+        if self.n != 1:
+            unsupported.append("n (only n=1)")
+        if self.presence_penalty or self.frequency_penalty:
+            unsupported.append("presence_penalty/frequency_penalty (only 0)")
+        if self.logit_bias:
+            unsupported.append("logit_bias")
+        if unsupported:
+            raise ValueError("not supported by this server: " + ", ".join(unsupported))
+        return self
+
+    def stop_list(self) -> list[str]:
+        return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+
+
+class TextPart(_Strict):
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(_Strict):
+    role: Literal["system", "developer", "user", "assistant"]
+    content: str | list[TextPart] | None = None
+    name: str | None = None
+
+    def text(self) -> str:
+        if isinstance(self.content, list):
+            return "".join(p.text for p in self.content)
+        return self.content or ""
+
+
+class ChatCompletionRequest(_Sampling):
+    """POST /v1/chat/completions (text only; no tools, no logprobs)."""
+
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+    logprobs: Literal[False] | None = None
+
+    def token_limit(self) -> int | None:
+        return self.max_completion_tokens or self.max_tokens
+
+
+class CompletionRequest(_Sampling):
+    """POST /v1/completions (one prompt; no echo, suffix or logprobs)."""
+
+    prompt: str | list[str]
+    max_tokens: int | None = Field(default=16, ge=1)
+    echo: Literal[False] = False
+    logprobs: None = None
+
+    @field_validator("prompt")
+    @classmethod
+    def _one_prompt(cls, v):
+        if isinstance(v, list):
+            if len(v) != 1:
+                raise ValueError("exactly one prompt per request is supported")
+            return v[0]
+        return v
