@@ -1,13 +1,25 @@
 """Attention with the NPU's numerics (bf16 operands, fp32 accumulation and softmax).
 
-`attention_reference` is shared by every design that contains attention (the AttentionDesign of
-the compiler, the fused LLM and encoder blocks): keep its signature stable.
+`attention_reference` is shared by every design that contains attention (AttentionDesign below,
+the fused LLM and encoder blocks): keep its signature stable. AttentionDesign is attention as one
+launch (QK^T, scale, causal/additive mask, softmax, @V, grouped-query heads, a KV length given at
+launch time) with its plan, so the compiler and the engines can fuse attention into one dispatch.
 """
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
+from typing import Any, Sequence
+
 import torch
 
+from torch_xdna.hw import Generation
 from torch_xdna.kernels import numerics
+from torch_xdna.kernels.base import Design, ceil_div, round_up
+from torch_xdna.kernels.capacity import DmaTransfer, check_dma, check_plan, lanes, need, \
+    require_dtype
+from torch_xdna.runtime.plan import Plan
+from torch_xdna.runtime.sim.cost import compute_efficiency, dram_time_s
 
 
 def attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float,
@@ -43,3 +55,174 @@ def attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, sc
     p = torch.softmax(s, dim=-1)
     p = torch.nan_to_num(p, nan=0.0)            # fully-masked rows give zeros, not NaN
     return torch.matmul(numerics.operand(p), v)
+
+
+# --- the fused attention design -----------------------------------------------------------------
+Q_TILES = (64, 32, 16, 8, 4, 2, 1)       # query rows per head in one core's work item
+KV_TILES = (256, 128, 64, 32, 16)        # keys per pass over the K/V stream
+SOFTMAX_PASSES = 6                       # vector ops per score: scale, mask, max, exp, sum, scale
+
+
+@dataclass(frozen=True)
+class AttentionDesign(Design):
+    """softmax(scale * Q K^T (+ causal mask) (+ additive mask)) V as ONE launch.
+
+    inputs: q [B, Hq, Lq, D], k [B, Hkv, S, D], v [B, Hkv, S, D], then mask (broadcastable to
+    [B, Hq, Lq, S]) when `mask` is set; output [B, Hq, Lq, D]. Hq must be a multiple of Hkv
+    (grouped-query attention: the heads of a group share the K/V stream).
+    Launch scalars: kv_len (valid keys, default S: a KV cache of capacity S serves every step
+    with one design), q_offset (absolute position of query 0, default kv_len - Lq, i.e. the
+    queries are the newest tokens: causal masking is bottom-right aligned).
+    Mapping: a work item is one KV head x a tile of tq query rows of each head in its group,
+    flash-style: the K/V stream passes in tkv-key tiles, scores stay in L1, softmax runs online
+    in fp32 on the vector unit, P (bf16) @ V accumulates in fp32.
+    """
+
+    batch: int
+    heads: int
+    kv_heads: int
+    q_len: int
+    kv_len: int
+    head_dim: int
+    causal: bool = False
+    mask: bool = False
+    mask_shape: tuple = ()          # the mask's shape (default [1, 1, Lq, S])
+    scale: float = 0.0              # 0: 1/sqrt(head_dim)
+    window: int = 0                 # sliding window (0: none)
+    softcap: float = 0.0            # tanh soft-capping of scores (0: none)
+    in_dtype: torch.dtype = torch.bfloat16
+    out_dtype: torch.dtype = torch.float32
+    kind = "attention"
+
+    def __post_init__(self):
+        if self.kv_heads <= 0 or self.heads % self.kv_heads:
+            raise ValueError(f"AttentionDesign: heads={self.heads} is not a multiple of "
+                             f"kv_heads={self.kv_heads}")
+        if min(self.batch, self.q_len, self.kv_len, self.head_dim) <= 0:
+            raise ValueError("AttentionDesign: batch, q_len, kv_len and head_dim must be positive")
+
+    @property
+    def name(self) -> str:
+        extra = "".join(f"+{x}" for x, on in (("causal", self.causal), ("mask", self.mask),
+                                                ("gqa", self.heads != self.kv_heads)) if on)
+        return f"attention{extra}"
+
+    @property
+    def group(self) -> int:
+        return self.heads // self.kv_heads
+
+    @property
+    def softmax_scale(self) -> float:
+        return self.scale or 1.0 / math.sqrt(self.head_dim)
+
+    # -- numerics ---------------------------------------------------------------------------
+    def reference(self, inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor],
+                  kv_len: int | None = None, q_offset: int | None = None, **scalars: Any) -> None:
+        q, k, v, *rest = inputs
+        n = self.kv_len if kv_len is None else int(kv_len)
+        if not 0 < n <= self.kv_len:
+            raise ValueError(f"attention: kv_len={n} outside 1..{self.kv_len} (the design's KV "
+                             f"capacity)")
+        mask = rest[0][..., :n] if self.mask else None
+        offset = n - self.q_len if q_offset is None else int(q_offset)
+        out = attention_reference(q, k[..., :n, :], v[..., :n, :], scale=self.softmax_scale,
+                                  causal=self.causal, mask=mask, q_offset=offset,
+                                  window=self.window or None, softcap=self.softcap or None)
+        numerics.store(out, outputs[0])
+
+    # -- planning ---------------------------------------------------------------------------
+    def plan(self, gen: Generation) -> Plan:
+        return self.plan_for(gen)
+
+    def plan_for(self, gen: Generation, kv_len: int | None = None) -> Plan:
+        """The plan at `kv_len` valid keys (default: the capacity). The tiling is chosen once
+        at capacity, so every step of a KV cache maps the same way; only the bytes and cycles
+        shrink with the valid length."""
+        label = (f"{self.name} B{self.batch} H{self.heads}/{self.kv_heads} Lq{self.q_len} "
+                 f"S{self.kv_len} D{self.head_dim}")
+        rm, rk, _ = require_dtype(gen, label, "bf16")
+        check_dma(gen, label, (DmaTransfer("K/V rows: stride D", (self.kv_len, self.head_dim),
+                                           (self.head_dim, 1)),))
+        best = None
+        for tq in Q_TILES:
+            if tq > self.q_len and tq > 1:
+                continue
+            for tkv in KV_TILES:
+                if tkv > round_up(self.kv_len, KV_TILES[-1]) and tkv > KV_TILES[-1]:
+                    continue
+                l1 = self._l1(tq, tkv, rm, rk)
+                if l1 > gen.l1_usable:
+                    continue
+                cand = self._evaluate(gen, tq, tkv, l1, kv_len or self.kv_len, rm, rk)
+                if best is None or cand[0] < best[0]:
+                    best = cand
+        if best is None:
+            need(label, "L1 data memory per core (query rows of a head group + K/V tiles)",
+                 self._l1(1, KV_TILES[-1], rm, rk), gen.l1_usable,
+                 "use a smaller head_dim or fewer query heads per KV head")
+        return check_plan(gen, label, best[1])
+
+    def _l1(self, tq: int, tkv: int, rm: int, rk: int) -> int:
+        rows = round_up(self.group * tq, rm)
+        d = round_up(self.head_dim, rk)
+        l1 = (rows * d * 2                      # Q rows (bf16)
+              + 2 * 2 * tkv * d * 2             # K and V tiles, double-buffered (bf16)
+              + rows * tkv * (4 + 2)            # scores (fp32) and P (bf16)
+              + rows * d * 4                    # output accumulator (fp32)
+              + rows * 2 * 4)                   # running max and sum
+        if self.mask:
+            l1 += 2 * rows * tkv * 4
+        return l1
+
+    def _evaluate(self, gen: Generation, tq: int, tkv: int, l1: int, kv_valid: int, rm: int,
+                  rk: int):
+        b, hq, hkv, lq, d = self.batch, self.heads, self.kv_heads, self.q_len, self.head_dim
+        q_tiles = ceil_div(lq, tq)
+        items = b * hkv * q_tiles
+        cores = min(gen.cores, items)
+        cols = min(gen.columns.value, ceil_div(cores, gen.core_rows.value))
+        # keys each query tile must visit (causal: up to its last row; window: from its first)
+        offset = kv_valid - lq
+        visit = 0
+        for i in range(q_tiles):
+            hi = min(kv_valid, offset + min(lq, (i + 1) * tq)) if self.causal else kv_valid
+            lo = max(0, offset + i * tq - self.window + 1) if self.window else 0
+            visit += max(0, round_up(hi, tkv) - lo // tkv * tkv)
+        visit = min(visit, q_tiles * round_up(kv_valid, tkv))
+        rows = round_up(self.group * tq, rm)
+        dp = round_up(d, rk)
+        macs_item = 2 * rows * dp * visit / q_tiles
+        rate = gen.macs_per_core_cycle.value["bf16"] * compute_efficiency(gen, "bf16")
+        vec = SOFTMAX_PASSES * rows * visit / q_tiles / lanes(gen, 32)
+        calls = visit / q_tiles / tkv * 2 * gen.kernel_call_cycles.value
+        cycles = ceil_div(items, cores) * (macs_item / rate + vec + calls)
+        # K/V stream: once per work item, shared by the cores of a column on the same KV head
+        share = max(1, min(gen.core_rows.value, q_tiles))
+        kv_bytes = b * hkv * visit * d * 2 * 2 / share
+        q_bytes = b * hq * lq * d * self.in_dtype.itemsize
+        mask_bytes = b * hq * lq * kv_valid * 4 if self.mask else 0
+        read = q_bytes + kv_bytes + mask_bytes
+        write = b * hq * lq * d * self.out_dtype.itemsize
+        t_dram = dram_time_s(gen, cols, read, write)
+        t_comp = cycles / gen.core_clock_hz.value
+        fill = dram_time_s(gen, cols, 2 * tkv * d * 2 * cols, 0) + t_comp / max(1, items / cores) \
+            / max(1, visit / q_tiles / tkv)
+        depth = gen.shim_task_queue_depth.value
+        tasks = b * hkv                             # one task per KV head stream and channel
+        plan = Plan(
+            design="attention", dtype="bf16", columns=cols, cores=cores, tile=(tq, tkv, d),
+            l1_bytes=l1, memtile_bytes=2 * 2 * tkv * d * 2 + 2 * rows * d * 2 * gen.core_rows.value,
+            core_bds=2 * 4 + (2 if self.mask else 0), memtile_bds=2 * (4 + gen.core_rows.value),
+            core_locks=2 * 4 + (2 if self.mask else 0), shim_tasks=min(depth, tasks),
+            double_buffered=True, dram_read_bytes=int(read), dram_write_bytes=int(write),
+            macs=2 * b * hq * lq * kv_valid * d, padded_macs=int(macs_item * items),
+            vector_elems=int(SOFTMAX_PASSES * b * hq * lq * visit / q_tiles),
+            compute_cycles=cycles,
+            dma_shapes=(DmaTransfer("Q tile", (self.group, tq, d), (lq * d, d, 1)),
+                        DmaTransfer("K/V stream", (ceil_div(kv_valid, tkv), tkv, d), (tkv * d, d, 1)),
+                        DmaTransfer("O tile", (self.group, tq, d), (lq * d, d, 1))),
+            notes={"work_items": items, "kv_visited_per_q_tile": visit / q_tiles,
+                   "kv_share": share, "fill_s": fill, "shim_task_batches": ceil_div(tasks, depth),
+                   "memtile_locks": 2 * (4 + gen.core_rows.value),
+                   "core_dma": (2, 1), "memtile_dma": (3, 2), "shim_dma": (2, 1)})
+        return max(t_dram, t_comp) + fill, plan

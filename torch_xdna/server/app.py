@@ -264,11 +264,11 @@ class Server:
 
     def npu_job(self, fn: Callable[[], Any]) -> Callable[[], Any]:
         """Wrap device work so its dispatches and modeled time land in the metrics."""
-        def run():
+        def run(*args):
             c = self.dev.counters
             d0, us0 = c.dispatches, c.modeled_us
             try:
-                return fn()
+                return fn(*args)
             finally:
                 c = self.dev.counters
                 self.metrics.add_npu(c.dispatches - d0, c.modeled_us - us0)
@@ -385,8 +385,9 @@ def create_app(config: ServerConfig | None = None, registry: ModelRegistry | Non
         srv.metrics.add_embeddings(entry.id, len(seqs))
         data = [{"object": "embedding", "index": i, "embedding": encode_vector(v, req.encoding_format)}
                 for i, v in enumerate(vecs)]
-        headers = {"x-xdna-backend": srv.dev.backend,
-                   "x-xdna-modeled-npu-ms": f"{info['modeled_us'] / 1e3:.3f}"}
+        headers = {"x-xdna-backend": srv.dev.backend,     # NPU time of the (merged) batch
+                   "x-xdna-modeled-npu-ms": f"{info['modeled_us'] / 1e3:.3f}",
+                   "x-xdna-merged-requests": str(info["merged"])}
         return JSONResponse({"object": "list", "data": data, "model": entry.id,
                              "usage": {"prompt_tokens": n_tokens, "total_tokens": n_tokens}},
                             headers=headers)
@@ -406,7 +407,8 @@ def create_app(config: ServerConfig | None = None, registry: ModelRegistry | Non
         return await generate(srv, entry, req, lambda model: model.encode(req.prompt),
                               req.max_tokens, chat=False)
 
-    return Guard(app, config, srv.metrics) if True else app
+    app.add_middleware(Guard, config=config, metrics=srv.metrics)
+    return app
 
 
 # --- embeddings helpers ---------------------------------------------------------------------------

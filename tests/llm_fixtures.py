@@ -1,0 +1,89 @@
+"""Tiny random-weight Qwen3 / Llama / Gemma 3 directories for the LLM engine tests.
+
+Built with transformers (test-only reference) and saved with save_pretrained (safetensors), plus a
+byte-level BPE tokenizer trained locally on a small text and a chat template. Nothing downloads.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+VOCAB = 400
+TEXT = ("the quick brown fox jumps over the lazy dog. a small model runs on the npu and "
+        "streams text one token at a time. hello world! how are you today? i am fine, thanks. "
+        "numbers 0 1 2 3 4 5 6 7 8 9 and punctuation , . ; : ? ! are tokens too. ") * 20
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+SPECIALS = ["<pad>", "<bos>", "<eos>", "<|im_start|>", "<|im_end|>"]
+
+
+def save_tokenizer(path: Path) -> None:
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=VOCAB - 20, special_tokens=SPECIALS,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator([TEXT], trainer)
+    tok.save(str(path / "tokenizer.json"))
+    (path / "tokenizer_config.json").write_text(json.dumps({
+        "bos_token": "<bos>", "eos_token": "<eos>", "pad_token": "<pad>",
+        "chat_template": CHAT_TEMPLATE, "tokenizer_class": "PreTrainedTokenizerFast"}))
+
+
+def _config(family: str):
+    from transformers import Gemma3TextConfig, LlamaConfig, Qwen3Config
+    common = dict(vocab_size=VOCAB, hidden_size=64, num_attention_heads=4, head_dim=16,
+                  max_position_embeddings=512, rms_norm_eps=1e-6, initializer_range=0.08,
+                  bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    if family == "qwen3":
+        return Qwen3Config(intermediate_size=128, num_hidden_layers=2, num_key_value_heads=2,
+                           tie_word_embeddings=True,
+                           rope_parameters={"rope_type": "default", "rope_theta": 10000.0}, **common)
+    if family == "llama":
+        return LlamaConfig(intermediate_size=160, num_hidden_layers=3, num_key_value_heads=2,
+                           tie_word_embeddings=False,
+                           rope_parameters={"rope_type": "llama3", "factor": 8.0, "rope_theta": 50000.0,
+                                            "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                            "original_max_position_embeddings": 64}, **common)
+    if family == "gemma3":
+        return Gemma3TextConfig(
+            intermediate_size=128, num_hidden_layers=4, num_key_value_heads=1,
+            sliding_window=8, layer_types=["sliding_attention", "full_attention"] * 2,
+            query_pre_attn_scalar=24, final_logit_softcapping=30.0, tie_word_embeddings=True,
+            rope_parameters={"full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e6},
+                             "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}},
+            **common)
+    raise ValueError(family)
+
+
+def build_model(family: str, path: Path, seed: int = 0):
+    """Save a tiny random `family` model to `path`; returns the fp32 HF model (eval mode)."""
+    from transformers import AutoModelForCausalLM
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(_config(family), attn_implementation="eager")
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:                 # non-trivial norm weights exercise (1+w) vs w
+                p.add_(torch.randn_like(p) * 0.2)
+    model = model.float().eval()
+    path.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(path)
+    save_tokenizer(path)
+    return model
+
+
+def hf_logits(model, ids: list[int]) -> torch.Tensor:
+    """fp32 logits [len(ids), V] of the HF reference model."""
+    with torch.no_grad():
+        return model(torch.tensor([ids])).logits[0].float()
+
+
+def hf_greedy(model, ids: list[int], n: int) -> list[int]:
+    with torch.no_grad():
+        out = model.generate(torch.tensor([ids]), max_new_tokens=n, do_sample=False,
+                             eos_token_id=None, pad_token_id=0, min_new_tokens=n)
+    return out[0, len(ids):].tolist()
