@@ -117,10 +117,6 @@ class FakeHost:
         self._write("etc/group", f"root:x:0:\nrender:x:{RENDER_GID}:user\nuser:x:1000:\n")
         return self
 
-    def user_in_render(self) -> "FakeHost":
-        global USER
-        return self
-
     def memlock(self, soft: str = "unlimited", hard: str = "unlimited") -> "FakeHost":
         self._write("proc/self/limits",
                     "Limit                     Soft Limit           Hard Limit           Units     \n"

@@ -331,7 +331,7 @@ class Doctor:
             return Check("xrt-smi validate", SKIP, "xrt-smi not found")
         failed, test = [], ""
         for line in out.splitlines():
-            m = re.match(r"\s*Test \d+.*?:\s*(\S+)", line)
+            m = re.match(r"\s*Test \d+\s*(?:\[[^\]]*\])?\s*:\s*(\S+)", line)
             if m:
                 test = m.group(1)
             elif "[FAILED]" in line and test:

@@ -68,7 +68,9 @@ def _supported(op_name: str, tensors, args, kwargs) -> bool:
 # --- elementwise ----------------------------------------------------------------------------
 def _vector(op: str, inputs: list[torch.Tensor], out_dtype: torch.dtype, out: torch.Tensor | None,
             aten_name: str, **params) -> torch.Tensor:
-    shape = torch.broadcast_shapes(*[t.shape for t in inputs])
+    shape = inputs[0].shape
+    if any(t.shape != shape for t in inputs[1:]):
+        shape = torch.broadcast_shapes(*[t.shape for t in inputs])
     if out is None:
         out = storage.empty(shape, out_dtype)
     elif tuple(out.shape) != tuple(shape):

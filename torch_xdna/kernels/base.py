@@ -46,6 +46,8 @@ class Design:
 
 
 def _freeze(v):
+    if isinstance(v, (int, float, str, bool)) or v is None:
+        return v
     if isinstance(v, torch.dtype):
         return str(v).removeprefix("torch.")
     if isinstance(v, (list, tuple)):

@@ -3,7 +3,7 @@
 bfp16 ("bfp16ebs8"): 8 values share one 8-bit exponent (the largest biased fp32 exponent in the
 block) and each keeps an 8-bit two's-complement mantissa, 9 bytes per block. A value x becomes
 m = floor(x * 2^(133 - e_max)) — mantissas truncate toward -inf, and a value far below the block's
-maximum becomes 0 (positive) or -1 LSB (negative). Decoding is m * 2^(e_max - 133). This is the
+maximum becomes 0 (positive) or -1 LSB (negative, even -0.0). Decoding is m * 2^(e_max - 133). This is the
 encoding of mlir-aie's block-datatype helpers (see hw SRC_BFP), written here independently.
 
 Weights: symmetric per-group quantization along the last axis (K of a Linear weight [N, K]):
@@ -46,7 +46,9 @@ def _bfp16_fields(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     emax = exp.amax(dim=-1)
     scale = torch.pow(2.0, (_BFP_BIAS - emax).double()).unsqueeze(-1)
     mant = torch.floor(blk.double() * scale).clamp(-128, 127).to(torch.int32)
-    return emax, mant
+    # the hardware shifts a negative mantissa (even -0.0) right by >= 32 binades to -1 LSB
+    far_neg = torch.signbit(blk) & ((emax.unsqueeze(-1) - exp) >= 32)
+    return emax, torch.where(far_neg, torch.full_like(mant, -1), mant)
 
 
 def encode_bfp16(x: torch.Tensor) -> torch.Tensor:

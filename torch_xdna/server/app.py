@@ -609,5 +609,8 @@ def _as_api_error(e: BaseException) -> APIError:
         return APIError(503, str(e), type="server_error", code="shutting_down")
     if isinstance(e, DeviceOutOfMemory):
         return APIError(503, str(e), type="server_error", code="device_out_of_memory")
+    if isinstance(e, ValueError):           # the engine's verdict on this request's input
+        code = "context_length_exceeded" if type(e).__name__ == "ContextOverflow" else None
+        return APIError(400, str(e), code=code)
     log.error("generation failed: %r", e)
     return APIError(500, f"generation failed: {type(e).__name__}: {e}", type="server_error")

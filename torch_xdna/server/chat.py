@@ -20,6 +20,16 @@ class GenerationParams:
     stop: list[str] = field(default_factory=list)
 
 
+@dataclass
+class Piece:
+    """Streamed text from a model. `tokens`: tokens this piece accounts for; a model that knows
+    its totals sets `finish_reason` (and `tokens` = the remaining count) on the last piece."""
+
+    text: str
+    tokens: int = 1
+    finish_reason: str | None = None
+
+
 @runtime_checkable
 class ChatModel(Protocol):
     """A text generator the server can serve on /v1/chat/completions and /v1/completions."""
@@ -35,8 +45,9 @@ class ChatModel(Protocol):
         ...
 
     def stream(self, prompt_ids: list[int], params: GenerationParams,
-               cancelled: Callable[[], bool]) -> Iterator[str]:
-        """Generate: yield the text of each new token (may be ""), stop at EOS or max_tokens."""
+               cancelled: Callable[[], bool]) -> Iterator[str | Piece]:
+        """Generate: yield each new token's text (a str counts as one token) or Pieces; stop at
+        EOS or params.max_tokens. Closing the iterator must stop generation."""
         ...
 
 
@@ -78,18 +89,22 @@ class StopMatcher:
 
 def run_generation(model: ChatModel, prompt_ids: list[int], params: GenerationParams,
                    emit: Callable[[str], None], cancelled: Callable[[], bool]) -> GenerationResult:
-    """Drive model.stream with stop sequences and the token budget; emit text as it is final."""
+    """Drive model.stream with stop sequences and the token budget; emit text once it is final."""
     result = GenerationResult(prompt_tokens=len(prompt_ids))
     matcher = StopMatcher(params.stop)
     gen = model.stream(prompt_ids, params, cancelled)
-    stopped = False
+    stopped, model_finish = False, None
     try:
         for piece in gen:
-            result.completion_tokens += 1
-            text, stopped = matcher.feed(piece)
+            if isinstance(piece, str):
+                piece = Piece(piece)
+            result.completion_tokens += piece.tokens
+            model_finish = piece.finish_reason or model_finish
+            text, stopped = matcher.feed(piece.text)
             if text:
                 emit(text)
-            if stopped or cancelled() or result.completion_tokens >= params.max_tokens:
+            if stopped or model_finish or cancelled() \
+                    or result.completion_tokens >= params.max_tokens:
                 break
     finally:
         close = getattr(gen, "close", None)
@@ -99,42 +114,50 @@ def run_generation(model: ChatModel, prompt_ids: list[int], params: GenerationPa
         tail = matcher.flush()
         if tail:
             emit(tail)
-    hit_limit = result.completion_tokens >= params.max_tokens and not stopped
-    result.finish_reason = "length" if hit_limit else "stop"
+    if stopped:
+        result.finish_reason = "stop"
+    elif model_finish:
+        result.finish_reason = model_finish
+    else:
+        result.finish_reason = "length" if result.completion_tokens >= params.max_tokens else "stop"
     return result
 
 
 def load_chat_model(model_dir: str | Path) -> ChatModel:
-    """A decoder directory served through the decoder engine (torch_xdna.engine.decoder)."""
+    """A decoder directory served through the decoder engine (torch_xdna.engine.generate)."""
     try:
-        from torch_xdna.engine import decoder
+        from torch_xdna.engine.generate import load_decoder
     except ImportError as e:
         raise RuntimeError(f"{model_dir}: serving decoder models needs the decoder engine "
-                           f"(torch_xdna.engine.decoder), which is not available ({e})") from None
-    return DecoderChatModel(decoder, model_dir)
+                           f"(torch_xdna.engine.generate), which is not available ({e})") from None
+    return DecoderChatModel(load_decoder(model_dir, quiet=True))
 
 
 class DecoderChatModel:
-    """Adapter from the decoder engine's API to ChatModel."""
+    """ChatModel over the decoder engine (engine.generate.Engine)."""
 
-    def __init__(self, decoder_module, model_dir: str | Path):
-        loader = getattr(decoder_module, "load_decoder", None) or getattr(decoder_module, "load")
-        self.engine = loader(model_dir)
-        self.context_length = int(getattr(self.engine, "context_length", None)
-                                  or getattr(getattr(self.engine, "spec", None), "max_position", 2048))
+    def __init__(self, engine):
+        self.engine = engine
+        self.context_length = int(engine.decoder.capacity)
 
     def encode(self, text: str) -> list[int]:
-        return list(self.engine.encode(text))
+        return self.engine.encode_prompt(text)
 
     def chat_prompt(self, messages: list[dict[str, str]]) -> list[int]:
-        return list(self.engine.chat_prompt(messages))
+        return self.engine.encode_prompt(messages)
 
-    def stream(self, prompt_ids, params, cancelled) -> Iterator[str]:
-        return self.engine.stream(prompt_ids, max_tokens=params.max_tokens,
-                                  temperature=params.temperature, top_p=params.top_p,
-                                  seed=params.seed, cancelled=cancelled)
+    def stream(self, prompt_ids: list[int], params: GenerationParams,
+               cancelled: Callable[[], bool]) -> Iterator[Piece]:
+        from torch_xdna.engine.generate import GenerationConfig
+        config = GenerationConfig(max_tokens=params.max_tokens, temperature=params.temperature,
+                                  top_p=params.top_p, seed=params.seed, stop=tuple(params.stop))
+        for chunk in self.engine.generate(prompt_ids, config):
+            if chunk.finish_reason is not None:
+                # the engine's own count includes tokens cut by a stop string
+                yield Piece(chunk.text, chunk.stats.generated_tokens if chunk.stats else 0,
+                            chunk.finish_reason)
+            else:
+                yield Piece(chunk.text, 0)
 
     def close(self) -> None:
-        close = getattr(self.engine, "close", None)
-        if close:
-            close()
+        self.engine.close()

@@ -1,0 +1,1 @@
+"""Benchmarks run by `xdna bench`: each module exposes run(quick: bool) -> dict."""

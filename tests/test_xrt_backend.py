@@ -1,0 +1,335 @@
+"""The xrt backend through a fake pyxrt: protocol (order, flags, group ids, sync directions), run-state
+errors, context LRU, device opened once, and end-to-end results equal to the simulator's."""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from fake_host import healthy_strix
+from fake_pyxrt import FakeXrt, ProtocolError, ert_cmd_state, make_artifact
+from torch_xdna.hw import NPU4
+from torch_xdna.kernels import GemmDesign, VectorDesign
+from torch_xdna.runtime import BackendUnavailable, Launch, LaunchError, Program
+from torch_xdna.runtime.sim import SimDevice
+from torch_xdna.runtime.xrt import open_xrt_device
+from torch_xdna.runtime.xrt.artifacts import ArtifactError, ArtifactStore
+from torch_xdna.runtime.xrt.device import XrtDevice
+from torch_xdna.runtime.xrt.session import release_devices
+
+BUDGET = 64 << 20
+
+
+@pytest.fixture(autouse=True)
+def _fresh_devices():
+    release_devices()
+    yield
+    release_devices()
+
+
+def xrt_device(tmp_path, fx=None) -> tuple[XrtDevice, FakeXrt]:
+    fx = fx or FakeXrt()
+    return XrtDevice(NPU4, BUDGET, fx, ArtifactStore(tmp_path / "art")), fx
+
+
+def gemm_case(dev, m=8, k=32, n=16, seed=0, **kw):
+    g = torch.Generator().manual_seed(seed)
+    a = torch.randn(m, k, generator=g)
+    b = torch.randn(k, n, generator=g)
+    bias = torch.randn(n, generator=g)
+    design = GemmDesign(m, k, n, bias=True, **kw)
+    ins = [dev.upload(a), dev.upload(b), dev.upload(bias)]
+    out = dev.empty((m, n), torch.float32)
+    return design, (a, b, bias), ins, out
+
+
+def install(tmp_path, fx, design, ins, outs, **kw):
+    return make_artifact(tmp_path / "art", fx, design, NPU4, ins, outs, **kw)
+
+
+def bf16(x):
+    return x.to(torch.bfloat16).float()
+
+
+def test_gemm_end_to_end_matches_simulator(tmp_path):
+    dev, fx = xrt_device(tmp_path)
+    design, (a, b, bias), ins, out = gemm_case(dev)
+    install(tmp_path, fx, design, ins, [out])
+    dev.run(Launch(design, ins, [out], op="mlp.up"))
+    got = dev.download(out)
+
+    sim = SimDevice(NPU4, BUDGET)
+    s_ins = [sim.upload(t) for t in (a, b, bias)]
+    s_out = sim.empty((8, 16), torch.float32)
+    sim.run(Launch(design, s_ins, [s_out]))
+    assert torch.equal(got, sim.download(s_out))                       # same numerics, bit for bit
+    ref = bf16(a) @ bf16(b) + bf16(bias)
+    torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)          # bf16 operands, fp32 accumulate
+    assert dev.counters.launches == 1 and dev.counters.dispatches == 1
+
+
+def test_protocol_order_flags_groups(tmp_path):
+    dev, fx = xrt_device(tmp_path)
+    design, _, ins, out = gemm_case(dev)
+    install(tmp_path, fx, design, ins, [out])
+    fx.calls.clear()
+    dev.run(Launch(design, ins, [out]))
+    names = fx.names()
+    # device opened at construction; then xclbin -> register -> context -> kernel -> instr BO -> launch
+    order = ["xclbin", "register_xclbin", "hw_context", "kernel", "bo", "sync", "launch", "wait"]
+    idx = [names.index(n) for n in order]
+    assert idx == sorted(idx), names
+    instr = next(c for c in fx.calls if c[0] == "bo")
+    assert instr[2] == fx.bo.cacheable and instr[3] == FakeXrt.INSTR_GROUP     # group_id(1)
+    assert ("group_id", 1) in fx.calls and ("group_id", 3) in fx.calls and ("group_id", 6) in fx.calls
+    launch = next(c for c in fx.calls if c[0] == "launch")
+    assert launch[1] == 3 and launch[2] == 16 and launch[3] == 4             # opcode 3, 64 B = 16 words
+    assert ("wait", NPU4.job_timeout_ms.value) in fx.calls
+    # data BOs: host_only, synced host->device before the launch; outputs synced back only on read
+    data_bos = [c for c in fx.calls if c[0] == "bo"][1:]
+    assert data_bos == []        # data BOs were created at upload time, before fx.calls.clear()
+    before = names[:names.index("launch")]
+    assert before.count("sync") >= 1
+    after = [c for c in fx.calls[names.index("wait"):] if c[0] == "sync"]
+    assert after == []
+    dev.download(out)
+    assert fx.calls[-1] == ("sync", "XCL_BO_SYNC_BO_FROM_DEVICE", out.buffer.nbytes)
+
+
+def test_data_bos_are_host_only_and_synced_to_device(tmp_path):
+    fx = FakeXrt()
+    dev, _ = xrt_device(tmp_path, fx)
+    design, _, ins, out = gemm_case(dev)
+    bos = [c for c in fx.calls if c[0] == "bo"]
+    assert len(bos) == 4 and all(c[2] == fx.bo.host_only and c[3] == 0 for c in bos)
+    install(tmp_path, fx, design, ins, [out])
+    fx.calls.clear()
+    dev.run(Launch(design, ins, [out]))
+    to_dev = [c for c in fx.calls if c[:2] == ("sync", "XCL_BO_SYNC_BO_TO_DEVICE")]
+    assert len(to_dev) == 1 + 4           # instruction BO + the four host-written buffers
+    fx.calls.clear()
+    dev.run(Launch(design, ins, [out]))   # nothing dirty: no syncs, no new context
+    assert [c for c in fx.calls if c[0] in ("sync", "hw_context", "xclbin")] == []
+
+
+def test_missing_sync_would_be_caught(tmp_path):
+    """The fake really models device memory: bypassing Device.write's dirty flag is a protocol error."""
+    dev, fx = xrt_device(tmp_path)
+    design, _, ins, out = gemm_case(dev)
+    install(tmp_path, fx, design, ins, [out])
+    dev.run(Launch(design, ins, [out]))
+    ins[0].buffer.host[:4] = 7            # host write behind the runtime's back
+    with pytest.raises(ProtocolError, match="not synced"):
+        dev.run(Launch(design, ins, [out]))
+
+
+@pytest.mark.parametrize("state", [ert_cmd_state.ERT_CMD_STATE_ABORT, ert_cmd_state.ERT_CMD_STATE_TIMEOUT,
+                                   ert_cmd_state.ERT_CMD_STATE_ERROR])
+def test_non_completed_state_raises(tmp_path, state):
+    dev, fx = xrt_device(tmp_path)
+    design, _, ins, out = gemm_case(dev)
+    install(tmp_path, fx, design, ins, [out])
+    fx.next_states.append(state)
+    with pytest.raises(LaunchError, match=state.name) as e:
+        dev.run(Launch(design, ins, [out]))
+    assert "xdna doctor" in str(e.value) and "2000 ms" in str(e.value)
+    dev.run(Launch(design, ins, [out]))   # the device stays usable
+
+
+def test_context_lru_limit_16(tmp_path):
+    dev, fx = xrt_device(tmp_path)
+    x = dev.upload(torch.randn(4, 8))
+    cases = []
+    for i in range(18):                                  # 18 designs, 18 xclbins
+        d = VectorDesign("relu", ((4, 8),), (torch.float32,), (4, 8), torch.float32, params=(("i", i),))
+        out = dev.empty((4, 8), torch.float32)
+        install(tmp_path, fx, d, [x], [out])
+        cases.append((d, out))
+    for d, out in cases:
+        dev.run(Launch(d, [x], [out]))
+    assert fx.max_live_contexts == 16 and fx.live_contexts == 16
+    assert dev.kernels.opened == 18 and dev.kernels.evicted == 2
+    n = dev.kernels.opened
+    dev.run(Launch(*cases[-1][:1], [x], [cases[-1][1]]))   # most recent: cached, no new context
+    assert dev.kernels.opened == n
+    dev.run(Launch(cases[0][0], [x], [cases[0][1]]))       # evicted: reopened, another evicted
+    assert dev.kernels.opened == n + 1 and fx.live_contexts == 16
+    assert dev.counters.reconfigurations == 19
+    torch.testing.assert_close(dev.download(cases[0][1]), dev.download(x).clamp_min(0))
+    assert fx.calls.count(("register_xclbin", fx._xclbins and list(fx._xclbins)[0])) == 1
+
+
+def test_device_opened_once(tmp_path):
+    fx = FakeXrt()
+    XrtDevice(NPU4, BUDGET, fx, ArtifactStore(tmp_path))
+    XrtDevice(NPU4, BUDGET, fx, ArtifactStore(tmp_path))
+    assert fx.devices_opened == 1
+
+
+def test_never_more_bos_than_declared(tmp_path):
+    dev, fx = xrt_device(tmp_path)
+    design, _, ins, out = gemm_case(dev)
+    install(tmp_path, fx, design, ins, [out], extra_bo_args=-1)   # kernel declares 3 BOs, ABI has 4
+    fx.calls.clear()
+    with pytest.raises(LaunchError, match="declares 3"):
+        dev.run(Launch(design, ins, [out]))
+    assert "launch" not in fx.names()
+
+
+def test_missing_artifact_is_an_error_not_a_host_run(tmp_path):
+    dev, fx = xrt_device(tmp_path)
+    design, _, ins, out = gemm_case(dev)
+    before = out.buffer.host.clone()
+    with pytest.raises(ArtifactError, match="no hardware artifact") as e:
+        dev.run(Launch(design, ins, [out]))
+    assert "TORCH_XDNA_BACKEND=sim" in str(e.value)
+    assert "hw_context" not in fx.names() and torch.equal(out.buffer.host, before)
+
+
+def test_abi_mismatch_is_refused(tmp_path):
+    dev, fx = xrt_device(tmp_path)
+    design, _, ins, out = gemm_case(dev)
+    install(tmp_path, fx, design, ins, [out])
+    wrong = dev.empty((8, 16), torch.bfloat16)
+    with pytest.raises(LaunchError, match="built for float32"):
+        dev.run(Launch(design, ins, [wrong]))
+
+
+def test_elf_flow(tmp_path):
+    dev, fx = xrt_device(tmp_path)
+    design, (a, b, bias), ins, out = gemm_case(dev, m=4, k=16, n=8)
+    install(tmp_path, fx, design, ins, [out], flow="elf")
+    fx.calls.clear()
+    dev.run(Launch(design, ins, [out]))
+    names = fx.names()
+    order = ["elf", "hw_context", "kernel", "run", "set_arg", "start", "wait"]
+    idx = [names.index(n) for n in order]
+    assert idx == sorted(idx), names
+    assert names.count("set_arg") == 4 and "register_xclbin" not in names and "launch" not in names
+    torch.testing.assert_close(dev.download(out), bf16(a) @ bf16(b) + bf16(bias), rtol=1e-5, atol=1e-5)
+
+
+def test_strided_and_offset_arguments(tmp_path):
+    dev, fx = xrt_device(tmp_path)
+    g = torch.Generator().manual_seed(1)
+    a, w = torch.randn(4, 16, generator=g), torch.randn(8, 16, generator=g)   # out = a @ w.T
+    a_arg = dev.upload(torch.cat([torch.zeros(2, 16), a]))                    # a sits at row 2
+    from torch_xdna.runtime import TensorArg
+    a_view = TensorArg(a_arg.buffer, torch.float32, (4, 16), (16, 1), offset=32)
+    w_arg = dev.upload(w)
+    w_t = TensorArg(w_arg.buffer, torch.float32, (16, 8), (1, 16))            # transposed view
+    big = dev.empty((6, 8), torch.float32)
+    dev.write(big.buffer, torch.full((6, 8), -1.0))
+    out_view = TensorArg(big.buffer, torch.float32, (4, 8), (8, 1), offset=8)  # rows 1..4
+    design = GemmDesign(4, 16, 8)
+    install(tmp_path, fx, design, [a_view, w_t], [out_view])
+    dev.run(Launch(design, [a_view, w_t], [out_view]))
+    assert ("sub_bo", 4 * 16 * 4, 32 * 4) in fx.calls and dev.staged_bytes == w.numel() * 4
+    res = dev.download(big)
+    torch.testing.assert_close(res[1:5], bf16(a) @ bf16(w).T, rtol=1e-5, atol=1e-5)
+    assert torch.all(res[0] == -1) and torch.all(res[5] == -1)                # untouched rows kept
+
+
+def test_strided_output_staged(tmp_path):
+    dev, fx = xrt_device(tmp_path)
+    x = torch.randn(4, 8)
+    xa = dev.upload(x)
+    big = dev.empty((8, 4), torch.float32)
+    from torch_xdna.runtime import TensorArg
+    out_t = TensorArg(big.buffer, torch.float32, (4, 8), (1, 4))             # transposed output
+    d = VectorDesign("relu", ((4, 8),), (torch.float32,), (4, 8), torch.float32)
+    install(tmp_path, fx, d, [xa], [out_t])
+    dev.run(Launch(d, [xa], [out_t]))
+    torch.testing.assert_close(dev.download(big), x.clamp_min(0).T)
+
+
+def test_regroup_to_kernel_memory_group(tmp_path):
+    fx = FakeXrt(data_group=2)                 # this xclbin's data args live in group 2
+    dev, _ = xrt_device(tmp_path, fx)
+    design, (a, b, bias), ins, out = gemm_case(dev)
+    install(tmp_path, fx, design, ins, [out])
+    dev.run(Launch(design, ins, [out]))        # buffers made in group 0 move once; protocol holds
+    assert dev.data_group == 2
+    torch.testing.assert_close(dev.download(out), bf16(a) @ bf16(b) + bf16(bias), rtol=1e-5, atol=1e-5)
+    y = dev.empty((3,), torch.float32)
+    assert y.buffer.handle.group == 2
+
+
+def test_program_and_chained_outputs(tmp_path):
+    dev, fx = xrt_device(tmp_path)
+    x = torch.randn(4, 8)
+    xa = dev.upload(x)
+    mid, out = dev.empty((4, 8), torch.float32), dev.empty((4, 8), torch.float32)
+    relu = VectorDesign("relu", ((4, 8),), (torch.float32,), (4, 8), torch.float32)
+    neg = VectorDesign("neg", ((4, 8),), (torch.float32,), (4, 8), torch.float32)
+    install(tmp_path, fx, relu, [xa], [mid])
+    install(tmp_path, fx, neg, [mid], [out])
+    dev.run_program(Program([Launch(relu, [xa], [mid]), Launch(neg, [mid], [out])], name="p"))
+    torch.testing.assert_close(dev.download(out), -x.clamp_min(0))
+    assert dev.counters.dispatches == 1 and dev.counters.launches == 2
+
+
+def test_alloc_failure_names_memlock(tmp_path):
+    fx = FakeXrt()
+    dev, _ = xrt_device(tmp_path, fx)
+
+    def failing_bo(*a, **k):
+        raise RuntimeError("failed to allocate BO")
+    failing_bo.host_only = fx.bo.host_only
+    fx.bo = failing_bo
+    with pytest.raises(Exception, match="ulimit -l"):
+        dev.empty((4,), torch.float32)
+
+
+# --- backend selection -----------------------------------------------------------------------
+def test_xrt_required_without_npu_or_pyxrt(monkeypatch):
+    """This machine: no /dev/accel/accel0, no pyxrt. TORCH_XDNA_BACKEND=xrt must say so clearly."""
+    from torch_xdna import runtime
+    monkeypatch.setenv("TORCH_XDNA_BACKEND", "xrt")
+    with pytest.raises(BackendUnavailable) as e:
+        runtime._open(runtime.backend_name())
+    msg = str(e.value)
+    assert "pyxrt" in msg and "/dev/accel/accel0" in msg
+    assert "xdna doctor" in msg and "TORCH_XDNA_BACKEND=sim" in msg
+
+
+def test_auto_falls_back_quickly(monkeypatch):
+    import time
+    from torch_xdna import runtime
+    monkeypatch.setenv("TORCH_XDNA_BACKEND", "auto")
+    t0 = time.perf_counter()
+    assert open_xrt_device(required=False) is None
+    assert time.perf_counter() - t0 < 0.5
+    assert runtime._open("auto").backend == "sim"
+
+
+def test_open_on_fake_healthy_host(tmp_path):
+    h = healthy_strix(tmp_path / "root")
+    fx = FakeXrt()
+    store = ArtifactStore(tmp_path / "art")
+    # auto with no artifacts installed: the simulator (every design would be refused otherwise)
+    assert open_xrt_device(False, system=h.system(), pyxrt=fx, artifacts=store) is None
+    dev = open_xrt_device(True, system=h.system(), pyxrt=fx, artifacts=store)
+    assert isinstance(dev, XrtDevice) and dev.gen.name == "npu4" and dev.backend == "xrt"
+    h.node(mode=0o600)                                   # the user loses access
+    with pytest.raises(BackendUnavailable, match="not read-write"):
+        open_xrt_device(True, system=h.system(), pyxrt=fx, artifacts=store)
+    assert open_xrt_device(False, system=h.system(), pyxrt=fx, artifacts=store) is None
+
+
+def test_backend_does_not_import_torch_device_layer():
+    code = ("import sys, torch_xdna.runtime.xrt.device, torch_xdna.runtime.xrt.session; "
+            "import torch_xdna.runtime.xrt.artifacts, torch_xdna.runtime.xrt.probe; "
+            "bad = [m for m in sys.modules if m.startswith(('torch_xdna.device', 'torch_xdna.kernels', "
+            "'torch_xdna.engine', 'torch_xdna.compiler', 'torch_xdna.cli'))]; "
+            "print(bad)")
+    # torch_xdna/__init__ registers the device on import; check only what the backend itself pulls in
+    p = subprocess.run([sys.executable, "-c",
+                        "import importlib.util, sys, types; "
+                        "pkg = types.ModuleType('torch_xdna'); pkg.__path__ = [__import__('os').path.join("
+                        "__import__('os').getcwd(), 'torch_xdna')]; sys.modules['torch_xdna'] = pkg; " + code],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.strip() == "[]"

@@ -1,0 +1,238 @@
+"""Compiler-fused designs: an elementwise/row chain in one pass, and whole attention.
+
+ChainDesign runs a small expression graph (elementwise ops, row reductions/softmax/norms over the
+last dim, and layout ops such as slice/cat/permute that the DMA addresses) in one streaming pass:
+each input is read once, each output written once, intermediates stay in core memory. Its
+numerics are the per-op policy of VectorDesign: additive ops on the fp32 accumulator path,
+everything else on bf16-rounded operands with fp32 results.
+
+SdpaDesign is softmax(Q K^T * scale + mask) V (GQA aware) as one design: scores never leave the
+array (flash style), so DRAM traffic is Q, K, V, the mask and the output.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Any, Callable, Sequence
+
+import torch
+
+from torch_xdna.hw import Generation
+from torch_xdna.kernels import numerics
+from torch_xdna.kernels.activations import apply_epilogue
+from torch_xdna.kernels.attention import attention_reference
+from torch_xdna.kernels.base import Design, ceil_div, numel
+from torch_xdna.kernels.capacity import check_plan
+from torch_xdna.kernels.gemm import GemmDesign
+from torch_xdna.kernels.vector import VectorDesign
+from torch_xdna.runtime.plan import Plan, PlanError
+
+
+def _gelu(x, approximate="none"):
+    return apply_epilogue("gelu_tanh" if approximate == "tanh" else "gelu", x)
+
+
+def _layer_norm(x, w, b, normalized_shape=(), eps=1e-5):
+    return torch.nn.functional.layer_norm(x, tuple(normalized_shape), w, b, eps)
+
+
+def _add(a, b, alpha=1):
+    return a + b * alpha if alpha != 1 else a + b
+
+
+def _sub(a, b, alpha=1):
+    return a - b * alpha if alpha != 1 else a - b
+
+
+def _where(c, a, b):
+    return torch.where(c.bool(), a, b)
+
+
+def _to(x, dtype=None):
+    return x.to(getattr(torch, dtype)) if dtype else x
+
+
+# op -> (fn(*tensors, **params), vector passes per element, exact on the fp32 accumulator path)
+CHAIN_OPS: dict[str, tuple[Callable, float, bool]] = {
+    "add": (_add, 1, True), "sub": (_sub, 1, True), "mul": (torch.mul, 1, False),
+    "div": (torch.div, 4, False), "neg": (torch.neg, 1, True), "abs": (torch.abs, 1, True),
+    "maximum": (torch.maximum, 1, True), "minimum": (torch.minimum, 1, True),
+    "relu": (torch.relu, 1, True), "gelu": (_gelu, 6, False), "silu": (lambda x: apply_epilogue("silu", x), 5, False),
+    "sigmoid": (torch.sigmoid, 5, False), "tanh": (torch.tanh, 5, False), "exp": (torch.exp, 4, False),
+    "rsqrt": (torch.rsqrt, 4, False), "sqrt": (torch.sqrt, 4, False),
+    "reciprocal": (torch.reciprocal, 4, False), "pow": (torch.pow, 2, False),
+    "cos": (torch.cos, 8, False), "sin": (torch.sin, 8, False),
+    "where": (_where, 1, True), "to": (_to, 0.5, True),
+    "eq": (torch.eq, 1, True), "ne": (torch.ne, 1, True), "lt": (torch.lt, 1, True),
+    "le": (torch.le, 1, True), "gt": (torch.gt, 1, True), "ge": (torch.ge, 1, True),
+    "logical_not": (torch.logical_not, 1, True),
+    # row ops over trailing dims (a row must fit one core's L1)
+    "mean": (lambda x, dim=(-1,), keepdim=False: x.mean(tuple(dim), keepdim=keepdim), 1, True),
+    "sum": (lambda x, dim=(-1,), keepdim=False: x.sum(tuple(dim), keepdim=keepdim), 1, True),
+    "amax": (lambda x, dim=(-1,), keepdim=False: x.amax(tuple(dim), keepdim=keepdim), 1, True),
+    "softmax": (lambda x, dim=-1: torch.softmax(x, dim), 6, False),
+    "layer_norm": (_layer_norm, 6, False),
+    # layout: the DMA addresses these; no vector work
+    "view": (lambda x, shape=(): x.reshape(shape), 0, True),
+    "permute": (lambda x, dims=(): x.permute(dims), 0, True),
+    "expand": (lambda x, shape=(): x.expand(shape), 0, True),
+    "unsqueeze": (lambda x, dim=0: x.unsqueeze(dim), 0, True),
+    "squeeze": (lambda x, dim=(): x.squeeze(dim) if dim != () else x.squeeze(), 0, True),
+    "slice": (lambda x, dim=0, start=0, end=None, step=1: x[(slice(None),) * (dim % x.dim())
+                                                           + (slice(start, end, step),)], 0, True),
+    "select": (lambda x, dim=0, index=0: x.select(dim, index), 0, True),
+    "cat": (lambda *xs, dim=0: torch.cat(xs, dim), 0.5, True),
+    "copy": (lambda x: x, 0.5, True),
+}
+ROW_OPS = {"mean", "sum", "amax", "softmax", "layer_norm"}
+
+
+def _is_ref(a) -> bool:
+    return isinstance(a, tuple) and len(a) == 2 and a[0] in ("in", "s")
+
+
+@dataclass(frozen=True)
+class ChainDesign(Design):
+    """steps: ((op, args, params), ...); an arg is ("in", i) | ("s", j) | a Python scalar | None,
+    or a tuple of those (cat). outputs: indices of the steps whose values are written out."""
+
+    in_shapes: tuple
+    in_dtypes: tuple
+    steps: tuple
+    outputs: tuple
+    out_dtypes: tuple
+    kind = "chain"
+
+    @property
+    def name(self) -> str:
+        ops = [s[0] for s in self.steps if CHAIN_OPS[s[0]][1] > 0 or s[0] == "cat"]
+        if len(ops) > 4:
+            ops = ops[:3] + [f"..{len(ops) - 3}"]
+        return "chain[" + "+".join(ops or ["copy"]) + "]"
+
+    def _evaluate(self, xs: list[torch.Tensor], meta: bool) -> list[torch.Tensor]:
+        """Every step's value (in step order)."""
+        vals: list[torch.Tensor] = []
+
+        def get(a, exact):
+            if isinstance(a, tuple) and not _is_ref(a):
+                return [get(x, exact) for x in a]
+            if not _is_ref(a):
+                return a
+            v = xs[a[1]] if a[0] == "in" else vals[a[1]]
+            if not exact and not meta and isinstance(v, torch.Tensor) and v.is_floating_point():
+                v = numerics.operand(v)
+            return v
+
+        for op, args, params in self.steps:
+            fn, _, exact = CHAIN_OPS[op]
+            vs = [get(a, exact) for a in args]
+            if op == "cat":
+                vs = vs[0]
+            vals.append(fn(*vs, **dict(params)))
+        return vals
+
+    def reference(self, inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor],
+                  **scalars: Any) -> None:
+        xs = [x.float() if x.is_floating_point() else x for x in inputs]
+        vals = self._evaluate(xs, meta=False)
+        for val, out in zip((vals[i] for i in self.outputs), outputs):
+            numerics.store(val.expand(out.shape) if tuple(val.shape) != tuple(out.shape) else val, out)
+
+    @cached_property
+    def _meta(self) -> tuple[list[int], list[int]]:
+        """(elements per step, row length of each row op) from a shape-only evaluation."""
+        xs = [torch.empty(s, dtype=getattr(torch, d), device="meta").float()
+              if getattr(torch, d).is_floating_point else torch.empty(s, dtype=getattr(torch, d), device="meta")
+              for s, d in zip(self.in_shapes, self.in_dtypes)]
+        vals = self._evaluate(xs, meta=True)
+        rows = []
+        for op, args, _ in self.steps:
+            if op in ROW_OPS:
+                first = args[0]
+                shape = xs[first[1]].shape if first[0] == "in" else vals[first[1]].shape
+                rows.append(int(shape[-1]) if len(shape) else 1)
+        return [v.numel() for v in vals], rows
+
+    def plan(self, gen: Generation) -> Plan:
+        counts, rows = self._meta
+        read = sum(numel(s) * getattr(torch, d).itemsize for s, d in zip(self.in_shapes, self.in_dtypes))
+        write = sum(counts[i] * getattr(torch, d).itemsize for i, d in zip(self.outputs, self.out_dtypes))
+        elem_ops = sum(CHAIN_OPS[s[0]][1] * c for s, c in zip(self.steps, counts))
+        n = max(counts + [1])
+        chunk = max([1024] + rows)
+        live = min(len(self.steps), 4)                   # intermediates held per tile
+        ios = len(self.in_shapes) + len(self.outputs)
+        l1 = 2 * chunk * 4 * ios + chunk * 4 * live
+        name = self.name
+        if l1 > gen.l1_usable:
+            raise PlanError(name, "L1 data memory", l1, gen.l1_usable,
+                            "a row (and the chain's operands) must fit one core's L1; split the chain")
+        lanes = gen.vector_bits.value // 32
+        cores = min(gen.cores, max(1, ceil_div(n, chunk)))
+        plan = Plan(design="chain", dtype="fp32-vec", columns=min(gen.columns.value, cores),
+                    cores=cores, tile=(chunk,), l1_bytes=l1,
+                    memtile_bytes=min(gen.memtile_bytes.value, 2 * chunk * 4 * 4),
+                    core_bds=2 * ios, core_locks=2 * ios, double_buffered=True,
+                    dram_read_bytes=int(read), dram_write_bytes=int(write),
+                    vector_elems=int(elem_ops), compute_cycles=elem_ops / (lanes * cores))
+        return check_plan(gen, name, plan)
+
+
+@dataclass(frozen=True)
+class SdpaDesign(Design):
+    """out[B,Hq,Sq,D] = softmax(q k^T * scale (+ causal) (+ mask)) v, k/v with Hkv heads."""
+
+    batch: int
+    hq: int
+    hkv: int
+    sq: int
+    skv: int
+    d: int
+    scale: float
+    causal: bool = False
+    mask_shape: tuple | None = None      # broadcastable to [B,Hq,Sq,Skv]
+    mask_dtype: str = "float32"          # "bool": True = attend
+    out_dtype: str = "float32"
+    kind = "attention"
+
+    @property
+    def name(self) -> str:
+        return "attention" + ("+causal" if self.causal else "") + ("+mask" if self.mask_shape else "")
+
+    def reference(self, inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor],
+                  **scalars: Any) -> None:
+        q, k, v, *rest = inputs
+        mask = None
+        if self.mask_shape is not None:
+            mask = rest[0]
+            if mask.dtype == torch.bool:
+                mask = torch.zeros(mask.shape).masked_fill(~mask, float("-inf"))
+        out = attention_reference(q, k, v, scale=self.scale, causal=self.causal, mask=mask)
+        numerics.store(out, outputs[0])
+
+    def plan(self, gen: Generation) -> Plan:
+        bh = self.batch * self.hq
+        qk = GemmDesign(self.sq, self.d, self.skv, batch=bh).plan(gen)
+        pv = GemmDesign(self.sq, self.skv, self.d, batch=bh).plan(gen)
+        rows = bh * self.sq
+        sm = VectorDesign("softmax", ((rows, self.skv),), (torch.float32,), (rows, self.skv),
+                          torch.float32).plan(gen)
+        item = 2                                             # q/k/v stream as bf16 operands
+        read = (bh * self.sq * self.d + 2 * self.batch * self.hkv * self.skv * self.d) * item
+        if self.mask_shape is not None:
+            read += numel(self.mask_shape) * (1 if self.mask_dtype == "bool" else 4)
+        write = bh * self.sq * self.d * getattr(torch, self.out_dtype).itemsize
+        plan = Plan(design="attention", dtype="bf16", columns=max(qk.columns, pv.columns),
+                    cores=max(qk.cores, pv.cores, sm.cores), tile=qk.tile,
+                    l1_bytes=max(qk.l1_bytes, pv.l1_bytes, sm.l1_bytes),
+                    memtile_bytes=max(qk.memtile_bytes, pv.memtile_bytes),
+                    core_bds=max(qk.core_bds, pv.core_bds), memtile_bds=max(qk.memtile_bds, pv.memtile_bds),
+                    core_locks=max(qk.core_locks, pv.core_locks), shim_tasks=max(qk.shim_tasks, pv.shim_tasks),
+                    double_buffered=True, dram_read_bytes=int(read), dram_write_bytes=int(write),
+                    macs=qk.macs + pv.macs, padded_macs=qk.padded_macs + pv.padded_macs,
+                    vector_elems=sm.vector_elems,
+                    compute_cycles=qk.compute_cycles + pv.compute_cycles + sm.compute_cycles,
+                    notes={"scale": self.scale if math.isfinite(self.scale) else 0.0})
+        return plan
