@@ -78,9 +78,12 @@ def test_protocol_order_flags_groups(tmp_path):
     dev.run(Launch(design, ins, [out]))
     names = fx.names()
     # device opened at construction; then xclbin -> register -> context -> kernel -> instr BO -> launch
-    order = ["xclbin", "register_xclbin", "hw_context", "kernel", "bo", "sync", "launch", "wait"]
+    order = ["xclbin", "register_xclbin", "hw_context", "kernel", "bo", "launch", "wait"]
     idx = [names.index(n) for n in order]
     assert idx == sorted(idx), names
+    # data buffers synced by the runtime before the kernel loads; the instruction BO right after creation
+    assert names[:3] == ["sync"] * 3          # the three uploaded inputs (the output was never written)
+    assert "sync" in names[names.index("bo"):names.index("launch")]
     instr = next(c for c in fx.calls if c[0] == "bo")
     assert instr[2] == fx.bo.cacheable and instr[3] == FakeXrt.INSTR_GROUP     # group_id(1)
     assert ("group_id", 1) in fx.calls and ("group_id", 3) in fx.calls and ("group_id", 6) in fx.calls

@@ -258,11 +258,17 @@ def estimate_step(spec: DecoderSpec, policy: PrecisionPolicy, gen: Generation, r
     cm = CostModel(gen)
     for d in previous or []:
         cm.charge(d.key, d.plan(gen), chained=True)
-    us = dram = 0.0
+    us = dram = weight = kv = 0.0
+    terms: dict[str, float] = {}
     designs = [d for _, _, d in step_designs(spec, policy, rows, kv_len, with_head)]
     for j, d in enumerate(designs):
         plan = d.plan(gen)
-        us += cm.charge(d.key, plan, chained=j > 0).total
+        t = cm.charge(d.key, plan, chained=j > 0)
+        us += t.total
+        for name, v in t.as_dict().items():
+            terms[name] = terms.get(name, 0.0) + v
         dram += plan.dram_read_bytes + plan.dram_write_bytes
-    return {"modeled_us": us, "dram_bytes": dram, "launches": len(designs), "dispatches": 1,
-            "designs": designs}
+        weight += plan.notes.get("weight_bytes", 0)
+        kv += plan.notes.get("kv_read_bytes", 0) + plan.notes.get("kv_write_bytes", 0)
+    return {"modeled_us": us, "dram_bytes": dram, "weight_bytes": weight, "kv_bytes": kv,
+            "launches": len(designs), "dispatches": 1, "terms_us": terms, "designs": designs}

@@ -1,0 +1,68 @@
+"""Modeled NPU cost of a decoder from its config alone (no weights): decode ms/token,
+dispatches/token, MB/token, ratio to the DRAM-bandwidth floor, prefill tok/s.
+
+Every figure is the simulator's cost model applied to the engine's own plans, i.e. exactly what
+the sim backend charges when the engine runs (tests check the two agree); none is a measurement.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from torch_xdna.engine.decoder import DEFAULT_CHUNK, PrecisionPolicy, estimate_step
+from torch_xdna.hw import Generation, get_generation
+from torch_xdna.kernels.llm_blocks import kv_bucket, rows_bucket
+from torch_xdna.models.families import BUILTIN_CONFIGS, spec_from_config
+from torch_xdna.models.hf import read_config
+from torch_xdna.models.spec import DecoderSpec
+
+
+def resolve_spec(model: str) -> tuple[str, DecoderSpec]:
+    """A model directory (config.json only) or a built-in shape name like 'qwen3-0.6b'."""
+    if Path(model).is_dir():
+        return Path(model).name, spec_from_config(read_config(model))
+    key = model.lower()
+    if key in BUILTIN_CONFIGS:
+        return key, spec_from_config(BUILTIN_CONFIGS[key])
+    raise ValueError(f"{model!r} is neither a model directory nor a built-in shape "
+                     f"({', '.join(BUILTIN_CONFIGS)})")
+
+
+def default_generation() -> Generation:
+    return get_generation(os.environ.get("TORCH_XDNA_GENERATION", "npu4"))
+
+
+def estimate(spec: DecoderSpec, precision="bf16", context: int = 1024, *, group: int = 0,
+             prefill_chunk: int = DEFAULT_CHUNK, gen: Generation | None = None) -> dict:
+    """Modeled cost of decoding at `context` tokens and of prefilling a `context`-token prompt."""
+    gen = gen or default_generation()
+    policy = PrecisionPolicy.parse(precision, group)
+    cap = max(spec.max_positions, context + 1)
+    kv = kv_bucket(context + 1, cap)
+    warm = estimate_step(spec, policy, gen, 1, kv, True)["designs"]
+    step = estimate_step(spec, policy, gen, 1, kv, True, previous=warm)
+    decode_us = step["modeled_us"]
+    floor_us = step["dram_bytes"] / gen.npu_read_bps.value * 1e6
+    prefill_us, prev, pos = 0.0, warm, 0
+    while pos < context:
+        n = min(prefill_chunk, context - pos)
+        s = estimate_step(spec, policy, gen, rows_bucket(n, prefill_chunk), kv_bucket(pos + n, cap),
+                          pos + n == context, previous=prev)
+        prefill_us += s["modeled_us"]
+        prev, pos = s["designs"], pos + n
+    return {
+        "precision": policy.ident(), "context": context, "generation": gen.name,
+        "params_m": spec.params() / 1e6, "layers": spec.layers,
+        "modeled_decode_ms_per_token": decode_us / 1e3,
+        "modeled_decode_tok_s": 1e6 / decode_us,
+        "dispatches_per_token": step["dispatches"], "launches_per_token": step["launches"],
+        "launches_per_layer": (step["launches"] - 2) / spec.layers,
+        "mb_per_token": step["dram_bytes"] / 1e6,
+        "weight_mb_per_token": step["weight_bytes"] / 1e6,
+        "kv_mb_per_token": step["kv_bytes"] / 1e6,
+        "floor_ms_per_token": floor_us / 1e3, "floor_ratio": decode_us / floor_us,
+        "decode_terms_ms": {k: v / 1e3 for k, v in step["terms_us"].items()},
+        "modeled_prefill_ms": prefill_us / 1e3,
+        "modeled_prefill_tok_s": context / (prefill_us * 1e-6) if prefill_us else 0.0,
+        "dram_bps": gen.npu_read_bps.value,
+    }
