@@ -111,7 +111,7 @@ def test_data_bos_are_host_only_and_synced_to_device(tmp_path):
     fx.calls.clear()
     dev.run(Launch(design, ins, [out]))
     to_dev = [c for c in fx.calls if c[:2] == ("sync", "XCL_BO_SYNC_BO_TO_DEVICE")]
-    assert len(to_dev) == 1 + 4           # instruction BO + the four host-written buffers
+    assert len(to_dev) == 1 + 3           # instruction BO + the three host-written inputs
     fx.calls.clear()
     dev.run(Launch(design, ins, [out]))   # nothing dirty: no syncs, no new context
     assert [c for c in fx.calls if c[0] in ("sync", "hw_context", "xclbin")] == []

@@ -202,16 +202,19 @@ def _fused_plan(name: str, kind: str, precision: str, gen: Generation, stages: S
         compute_cycles=sum(p.compute_cycles for p in stages), notes=notes)
 
 
-def attention_kv_tile(gen: Generation, name: str, q_rows: int, head_dim: int) -> int:
-    """Largest KV tile (keys per pass) whose double-buffered K/V tiles, the q rows, the scores and
-    the fp32 output accumulator fit one core's L1; PlanError when none does."""
-    for t in (128, 64, 32, 16, 8):
-        l1 = 2 * 2 * t * head_dim * 2 + q_rows * head_dim * (2 + 4) + q_rows * t * 4
-        if l1 <= gen.l1_usable:
-            return t
-    l1 = 2 * 2 * 8 * head_dim * 2 + q_rows * head_dim * 6 + q_rows * 32
+def attention_tiles(gen: Generation, name: str, q_rows: int, head_dim: int) -> tuple[int, int]:
+    """(q rows, keys) per core pass: the largest blocks whose q rows, double-buffered K/V tiles,
+    scores and fp32 output accumulator fit one core's L1; PlanError when even 1 x 8 does not."""
+    for qb in (64, 32, 16, 8, 4, 2, 1):
+        if qb > q_rows and qb > 1:
+            continue
+        for t in (128, 64, 32, 16, 8):
+            l1 = 2 * 2 * t * head_dim * 2 + qb * head_dim * (2 + 4) + qb * t * 4
+            if l1 <= gen.l1_usable:
+                return qb, t
+    l1 = 2 * 2 * 8 * head_dim * 2 + head_dim * 6 + 32
     raise PlanError(name, "L1 data memory (attention q rows + K/V tiles)", l1, gen.l1_usable,
-                    "use a smaller prefill chunk or a model with a smaller head_dim")
+                    "the model's head_dim is too large for one core's L1")
 
 
 # -- designs -----------------------------------------------------------------------------------
@@ -337,7 +340,7 @@ class AttentionBlockDesign(Design):
         qkv_n = (self.heads + 2 * self.kv_heads) * d
         group = self.heads // self.kv_heads
         keys = self.kv_len if self.window is None else min(self.kv_len, round_up(self.window + m, KV_TILE))
-        attention_kv_tile(gen, name, m * group, d)
+        attention_tiles(gen, name, m * group, d)
         stages = [_vec(gen, "rms_norm", m, h), _gemm(gen, m, h, qkv_n, self.precision),
                   _vec(gen, "mul", m, qkv_n, 2),
                   _gemm(gen, m * group, d, keys, "bf16", batch=self.kv_heads),
