@@ -2,9 +2,6 @@
 errors, context LRU, device opened once, and end-to-end results equal to the simulator's."""
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import pytest
 import torch
 
@@ -124,8 +121,9 @@ def test_missing_sync_would_be_caught(tmp_path):
     install(tmp_path, fx, design, ins, [out])
     dev.run(Launch(design, ins, [out]))
     ins[0].buffer.host[:4] = 7            # host write behind the runtime's back
-    with pytest.raises(ProtocolError, match="not synced"):
+    with pytest.raises(LaunchError, match="not synced") as e:
         dev.run(Launch(design, ins, [out]))
+    assert isinstance(e.value.__cause__, ProtocolError)
 
 
 @pytest.mark.parametrize("state", [ert_cmd_state.ERT_CMD_STATE_ABORT, ert_cmd_state.ERT_CMD_STATE_TIMEOUT,
@@ -322,17 +320,16 @@ def test_open_on_fake_healthy_host(tmp_path):
     assert open_xrt_device(False, system=h.system(), pyxrt=fx, artifacts=store) is None
 
 
-def test_backend_does_not_import_torch_device_layer():
-    code = ("import sys, torch_xdna.runtime.xrt.device, torch_xdna.runtime.xrt.session; "
-            "import torch_xdna.runtime.xrt.artifacts, torch_xdna.runtime.xrt.probe; "
-            "bad = [m for m in sys.modules if m.startswith(('torch_xdna.device', 'torch_xdna.kernels', "
-            "'torch_xdna.engine', 'torch_xdna.compiler', 'torch_xdna.cli'))]; "
-            "print(bad)")
-    # torch_xdna/__init__ registers the device on import; check only what the backend itself pulls in
-    p = subprocess.run([sys.executable, "-c",
-                        "import importlib.util, sys, types; "
-                        "pkg = types.ModuleType('torch_xdna'); pkg.__path__ = [__import__('os').path.join("
-                        "__import__('os').getcwd(), 'torch_xdna')]; sys.modules['torch_xdna'] = pkg; " + code],
-                       capture_output=True, text=True, timeout=120)
-    assert p.returncode == 0, p.stderr
-    assert p.stdout.strip() == "[]"
+def test_backend_does_not_import_upper_layers():
+    """runtime/xrt/ may import hw/ and runtime/ only (never the torch device, kernels, engine, cli)."""
+    import ast
+    from pathlib import Path
+    import torch_xdna.runtime.xrt as pkg
+    allowed = ("torch_xdna.hw", "torch_xdna.runtime")
+    for f in Path(pkg.__file__).parent.glob("*.py"):
+        for node in ast.walk(ast.parse(f.read_text())):
+            mods = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                    else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            for m in mods:
+                if m.startswith("torch_xdna"):
+                    assert m.startswith(allowed), f"{f.name} imports {m}"

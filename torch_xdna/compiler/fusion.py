@@ -172,8 +172,7 @@ def absorb_epilogue(gemm: Node, has_bias: bool, available, partition: set[Node])
         u = next(iter(cur.users))
         if u not in partition:
             break
-        if u.target in RESHAPES and u.target != aten.clone.default or (
-                u.target == aten.clone.default and not u.kwargs.get("memory_format")):
+        if u.target in RESHAPES:
             if val(u).is_contiguous() and val(u).dtype == val(cur).dtype:
                 f.absorbed.append(u)
                 cur = u

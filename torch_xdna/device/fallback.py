@@ -114,7 +114,6 @@ def run_on_host(op: torch._ops.OpOverload, args, kwargs):
             return h
         return x
 
-    names = [a.name for a in schema.arguments]
     h_args = [tree_map(to_host, a) for a in args]
     h_kwargs = {k: tree_map(to_host, v) for k, v in kwargs.items()}
     for i, a in enumerate(schema.arguments):
@@ -133,7 +132,6 @@ def run_on_host(op: torch._ops.OpOverload, args, kwargs):
                 return by_host[id(r)]
             return from_host(r)
         return r
-    del names
     return tree_map(to_dev, out)
 
 
@@ -149,6 +147,4 @@ def write_back(dev_t: torch.Tensor, h: torch.Tensor) -> None:
 def from_host(h: torch.Tensor) -> torch.Tensor:
     t = storage.new_tensor(h.shape, storage.contiguous_strides(h.shape), h.dtype)
     storage.host_view(t, for_write=True).copy_(h)
-    if h.requires_grad:
-        pass
     return t

@@ -23,6 +23,17 @@ COMPUTE_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.int8, torc
 FLOAT_COMPUTE = (torch.float32, torch.bfloat16, torch.float16)
 
 _scalar_cache: dict[tuple, torch.Tensor] = {}
+_designs: dict[tuple, object] = {}
+
+
+def design_for(cls, *args, **kwargs):
+    """Intern designs: the same op on the same shapes reuses one instance (and its cached key),
+    which keeps the eager hot path free of re-hashing and re-planning."""
+    k = (cls, args, tuple(kwargs.items()))
+    d = _designs.get(k)
+    if d is None:
+        d = _designs[k] = cls(*args, **kwargs)
+    return d
 
 
 def _is_xdna(x) -> bool:
@@ -76,8 +87,9 @@ def _vector(op: str, inputs: list[torch.Tensor], out_dtype: torch.dtype, out: to
     elif tuple(out.shape) != tuple(shape):
         out.resize_(shape)
     views = [t.expand(shape) if tuple(t.shape) != tuple(shape) else t for t in inputs]
-    design = VectorDesign(op, tuple(tuple(t.shape) for t in inputs), tuple(t.dtype for t in inputs),
-                          tuple(shape), out.dtype, tuple(sorted(params.items())))
+    design = design_for(VectorDesign, op, tuple(tuple(t.shape) for t in inputs),
+                        tuple(t.dtype for t in inputs), tuple(shape), out.dtype,
+                        tuple(sorted(params.items())))
     launch(design, views, [out], aten_name)
     return out
 
@@ -153,8 +165,8 @@ def mm(self, mat2, *, out=None):
         if k == 0:
             res.zero_()
         else:
-            launch(GemmDesign(m, k, n, dtype=_gemm_dtype(self, mat2), out_dtype=res.dtype),
-                   [self, mat2], [res], "aten.mm")
+            launch(design_for(GemmDesign, m, k, n, dtype=_gemm_dtype(self, mat2),
+                              out_dtype=res.dtype), [self, mat2], [res], "aten.mm")
     return res
 
 
@@ -166,11 +178,8 @@ def addmm(self, mat1, mat2, *, beta=1, alpha=1, out=None):
     if not (m and n):
         return res
     bias = self.expand(m, n) if self.dim() < 2 or tuple(self.shape) != (m, n) else self
-    design = GemmDesign(m, k, n, dtype=_gemm_dtype(mat1, mat2), out_dtype=res.dtype, bias=True,
-                        alpha=float(alpha), beta=float(beta))
-    if self.dim() == 2 and self.shape[0] == m and m > 1 and self.stride(0) != 0:
-        design = GemmDesign(m, k, n, dtype=design.dtype, out_dtype=res.dtype, bias=True,
-                            alpha=float(alpha), beta=float(beta))
+    design = design_for(GemmDesign, m, k, n, dtype=_gemm_dtype(mat1, mat2), out_dtype=res.dtype,
+                        bias=True, alpha=float(alpha), beta=float(beta))
     launch(design, [mat1, mat2, bias], [res], "aten.addmm")
     return res
 
@@ -184,8 +193,8 @@ def bmm(self, mat2, *, out=None):
         if k == 0:
             res.zero_()
         else:
-            launch(GemmDesign(m, k, n, batch=b, dtype=_gemm_dtype(self, mat2), out_dtype=res.dtype),
-                   [self, mat2], [res], "aten.bmm")
+            launch(design_for(GemmDesign, m, k, n, batch=b, dtype=_gemm_dtype(self, mat2),
+                              out_dtype=res.dtype), [self, mat2], [res], "aten.bmm")
     return res
 
 
@@ -194,7 +203,7 @@ def _rowwise(op: str, x: torch.Tensor, dim: int, aten_name: str, out_dtype=None,
     dim = dim % max(x.dim(), 1)
     src = x if dim == x.dim() - 1 else x.movedim(dim, -1)
     res = storage.empty(src.shape, out_dtype or x.dtype)
-    design = VectorDesign(op, (tuple(src.shape),), (x.dtype,), tuple(src.shape), res.dtype,
+    design = design_for(VectorDesign, op, (tuple(src.shape),), (x.dtype,), tuple(src.shape), res.dtype,
                           tuple(sorted({"dim": -1, **params}.items())))
     launch(design, [src], [res], aten_name)
     return res if dim == x.dim() - 1 else res.movedim(-1, dim)
@@ -214,17 +223,20 @@ def native_layer_norm(x, normalized_shape, weight, bias, eps):
     nd = len(normalized_shape)
     ins = [x] + [t for t in (weight, bias) if t is not None]
     res = storage.empty(x.shape, x.dtype)
-    design = VectorDesign("layer_norm", tuple(tuple(t.shape) for t in ins),
+    design = design_for(VectorDesign, "layer_norm", tuple(tuple(t.shape) for t in ins),
                           tuple(t.dtype for t in ins), tuple(x.shape), x.dtype,
                           tuple(sorted({"eps": float(eps), "has_weight": weight is not None,
                                         "has_bias": bias is not None, "norm_dims": nd}.items())))
     launch(design, ins, [res], "aten.native_layer_norm")
-    # mean/rstd are returned for autograd; computed on the host from the same numerics
+    # mean/rstd serve autograd only: skip them when no gradient can flow
     stat_shape = list(x.shape[: x.dim() - nd]) + [1] * nd
+    if not (torch.is_grad_enabled() and any(t.requires_grad for t in ins)):
+        return res, storage.empty(stat_shape, torch.float32), storage.empty(stat_shape, torch.float32)
     xf = storage.host_view(x).float()
     dims = tuple(range(x.dim() - nd, x.dim()))
     mean_h = xf.mean(dims, keepdim=True) if x.numel() else torch.zeros(stat_shape)
-    rstd_h = torch.rsqrt(xf.var(dims, unbiased=False, keepdim=True) + eps) if x.numel() else torch.zeros(stat_shape)
+    rstd_h = (torch.rsqrt(xf.var(dims, unbiased=False, keepdim=True) + eps) if x.numel()
+              else torch.zeros(stat_shape))
     mean = fallback.from_host(mean_h.reshape(stat_shape))
     rstd = fallback.from_host(rstd_h.reshape(stat_shape))
     return res, mean, rstd
@@ -245,7 +257,7 @@ def _reduce(op: str, aten_name: str):
         res = storage.empty(ref.shape, out_dtype) if out is None else out
         if out is not None and tuple(out.shape) != tuple(ref.shape):
             out.resize_(ref.shape)
-        design = VectorDesign(op, (tuple(self.shape),), (self.dtype,), tuple(ref.shape), res.dtype,
+        design = design_for(VectorDesign, op, (tuple(self.shape),), (self.dtype,), tuple(ref.shape), res.dtype,
                               tuple(sorted({"dims": dims, "keepdim": bool(keepdim)}.items())))
         launch(design, [self], [res], aten_name)
         return res
@@ -255,7 +267,7 @@ def _reduce(op: str, aten_name: str):
 def embedding(weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=False):
     res = storage.empty(tuple(indices.shape) + (weight.shape[1],), weight.dtype)
     idx = indices.reshape(-1)
-    design = EmbeddingDesign(weight.shape[0], weight.shape[1], idx.numel(), weight.dtype)
+    design = design_for(EmbeddingDesign, weight.shape[0], weight.shape[1], idx.numel(), weight.dtype)
     launch(design, [weight, idx], [res.view(idx.numel(), weight.shape[1])], "aten.embedding")
     return res
 

@@ -26,7 +26,7 @@ from typing import Any, Sequence
 import torch
 
 from torch_xdna.hw import Generation
-from torch_xdna.kernels import numerics
+from torch_xdna.kernels import numerics, quant
 from torch_xdna.kernels.activations import apply_epilogue
 from torch_xdna.kernels.attention import attention_reference
 from torch_xdna.kernels.base import Design, ceil_div, round_up
@@ -35,54 +35,46 @@ from torch_xdna.kernels.vector import VectorDesign
 from torch_xdna.runtime.plan import Plan, PlanError
 
 PRECISIONS = ("fp32", "bf16", "int8", "int4", "bfp16")
-BFP_BLOCK = 8
 KV_TILE = 128                  # keys per attention-kernel pass; the KV length is charged in these
-_GROUPS = {"int8": 64, "int4": 32}
+_GROUPS = {"int8": 128, "int4": 32}
 _F32 = torch.float32
 
 
 def default_group(precision: str) -> int:
     """Group size (along K) of a precision's scales; 0 when it has none."""
-    return _GROUPS.get(precision, BFP_BLOCK if precision == "bfp16" else 0)
+    return _GROUPS.get(precision, 0)
 
 
 def weight_tensors(precision: str) -> int:
-    """How many stored tensors one weight site has in `precision`."""
-    return 1 if precision in ("fp32", "bf16") else 2
+    """How many stored tensors one weight site has in `precision` (int8/int4: values + scales)."""
+    return 2 if precision in ("int8", "int4") else 1
 
 
 def weight_bytes(n: int, k: int, precision: str, group: int = 0) -> int:
     """Bytes one [N, K] weight occupies (and streams) in `precision`."""
-    g = group or default_group(precision)
+    g = group or default_group(precision) or k
     nk = n * k
-    return {"fp32": 4 * nk, "bf16": 2 * nk, "int8": nk + nk // max(g, 1) * 2,
-            "int4": nk // 2 + nk // max(g, 1) * 2, "bfp16": nk * 9 // 8}[precision]
+    if precision == "bfp16":
+        return n * quant.bfp16_nbytes(k)
+    return {"fp32": 4 * nk, "bf16": 2 * nk, "int8": nk + nk // g * 2,
+            "int4": nk // 2 + nk // g * 2}[precision]
 
 
 def dequantize(tensors: Sequence[torch.Tensor], precision: str, group: int = 0) -> torch.Tensor:
-    """A stored weight [N, K] as the core's matmul sees it (fp32 holding bf16 values; exact fp32
-    in the fp32 verification mode). Inverse of engine/quantize.quantize."""
+    """A stored weight [N, K] as the core's matmul sees it (fp32 holding bf16 / bfp16 values;
+    exact fp32 in the fp32 verification mode). Formats: kernels/quant.py; the engine's
+    quantizer (engine/quantize.py) writes them."""
     w = tensors[0]
-    if precision == "fp32":
+    if precision in ("fp32", "bf16"):
         return w.float()
-    if precision == "bf16":
-        return w.float()
-    g = group or default_group(precision)
     if precision == "bfp16":
-        n, k = w.shape
-        step = torch.pow(2.0, tensors[1].float() - 127.0 - 6.0)
-        return (w.float().view(n, k // BFP_BLOCK, BFP_BLOCK) * step.unsqueeze(-1)).view(n, k)
+        return quant.decode_bfp16(w)
+    g = group or default_group(precision)
     if precision == "int4":
-        lo = (w & 15).to(torch.int8) - 8
-        hi = (w >> 4).to(torch.int8) - 8
-        q = torch.stack([lo, hi], dim=-1).view(w.shape[0], -1)
-    elif precision == "int8":
-        q = w
-    else:
-        raise ValueError(f"unknown precision {precision!r}; use one of {', '.join(PRECISIONS)}")
-    n, k = q.shape
-    w = q.float().view(n, k // g, g) * tensors[1].float().unsqueeze(-1)
-    return numerics.operand(w.view(n, k))
+        return numerics.bf16_round(quant.dequantize_int4(w, tensors[1], g))
+    if precision == "int8":
+        return numerics.bf16_round(quant.dequantize_int8(w, tensors[1], g))
+    raise ValueError(f"unknown precision {precision!r}; use one of {', '.join(PRECISIONS)}")
 
 
 class _OperandCache:
@@ -132,8 +124,11 @@ def _rms(x: torch.Tensor, w: torch.Tensor, eps: float, offset: float, rnd) -> to
     return y * (rnd(w) + offset) if offset else y * rnd(w)
 
 
-def _linear(x: torch.Tensor, w: torch.Tensor, rnd) -> torch.Tensor:
-    return torch.nn.functional.linear(rnd(x), w)
+def _linear(x: torch.Tensor, w: torch.Tensor, rnd, precision: str = "") -> torch.Tensor:
+    x = rnd(x)
+    if precision == "bfp16":                     # the bfp16 mmul takes both operands as blocks
+        x = quant.quantize_bfp16(x, dim=-1)
+    return torch.nn.functional.linear(x, w)
 
 
 def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rnd) -> torch.Tensor:
@@ -171,8 +166,11 @@ def _mm_dtype(precision: str) -> str:
     return "bf16" if precision == "fp32" else precision
 
 
-def _gemm(gen: Generation, m: int, k: int, n: int, precision: str, batch: int = 1) -> Plan:
-    return GemmDesign(m, k, n, batch=batch, dtype=_mm_dtype(precision)).plan(gen)
+def _gemm(gen: Generation, m: int, k: int, n: int, precision: str, batch: int = 1,
+          group: int = 0) -> Plan:
+    wq = precision in ("int8", "int4")
+    return GemmDesign(m, k, n, batch=batch, dtype=_mm_dtype(precision),
+                      w_group=(group or default_group(precision)) if wq else 0).plan(gen)
 
 
 def _vec(gen: Generation, op: str, rows: int, dim: int, n_in: int = 1) -> Plan:
@@ -306,7 +304,8 @@ class AttentionBlockDesign(Design):
         hq, hkv, d = self.heads, self.kv_heads, self.head_dim
         xs = x[:n]
         h = _rms(xs, ln, self.eps, self.norm_offset, rnd)
-        qkv = _linear(h, OPERANDS.get(wqkv, self.precision, self.group), rnd)
+        qkv = _linear(h, OPERANDS.get(wqkv, self.precision, self.group), rnd,
+                      self.precision)
         q = qkv[:, :hq * d].view(n, hq, d)
         k = qkv[:, hq * d:(hq + hkv) * d].view(n, hkv, d)
         v = qkv[:, (hq + hkv) * d:].view(n, hkv, d)
@@ -329,7 +328,7 @@ class AttentionBlockDesign(Design):
         else:
             a = attention_reference(qq, kk, vv, causal=True, **kw)
         a = a[0].transpose(0, 1).reshape(n, hq * d)
-        o = _linear(a, OPERANDS.get(wo, self.precision, self.group), rnd)
+        o = _linear(a, OPERANDS.get(wo, self.precision, self.group), rnd, self.precision)
         if self.post_norm:
             o = _rms(o, pn, self.eps, self.norm_offset, rnd)
         out[:n].copy_(xs.float() + o)
@@ -341,12 +340,12 @@ class AttentionBlockDesign(Design):
         group = self.heads // self.kv_heads
         keys = self.kv_len if self.window is None else min(self.kv_len, round_up(self.window + m, KV_TILE))
         attention_tiles(gen, name, m * group, d)
-        stages = [_vec(gen, "rms_norm", m, h), _gemm(gen, m, h, qkv_n, self.precision),
+        stages = [_vec(gen, "rms_norm", m, h), _gemm(gen, m, h, qkv_n, self.precision, group=self.group),
                   _vec(gen, "mul", m, qkv_n, 2),
                   _gemm(gen, m * group, d, keys, "bf16", batch=self.kv_heads),
                   _vec(gen, "softmax", m * self.heads, keys),
                   _gemm(gen, m * group, keys, d, "bf16", batch=self.kv_heads),
-                  _gemm(gen, m, self.heads * d, h, self.precision)]
+                  _gemm(gen, m, self.heads * d, h, self.precision, group=self.group)]
         w = (weight_bytes(qkv_n, h, self.precision, self.group)
              + weight_bytes(h, self.heads * d, self.precision, self.group))
         small = (h + (2 * d if self.qk_norm else 0) + (h if self.post_norm else 0)) * 2 + 2 * m * d * 4
@@ -391,10 +390,10 @@ class MlpBlockDesign(Design):
         wd, i = _take(inputs, i, nt)
         xs = x[:n]
         h = _rms(xs, ln, self.eps, self.norm_offset, rnd)
-        gu = _linear(h, OPERANDS.get(wgu, self.precision, self.group), rnd)
+        gu = _linear(h, OPERANDS.get(wgu, self.precision, self.group), rnd, self.precision)
         g, u = gu[:, :self.intermediate], gu[:, self.intermediate:]
         a = apply_epilogue(self.act, rnd(g)) * rnd(u)
-        y = _linear(a, OPERANDS.get(wd, self.precision, self.group), rnd)
+        y = _linear(a, OPERANDS.get(wd, self.precision, self.group), rnd, self.precision)
         if self.post_norm:
             y = _rms(y, inputs[i], self.eps, self.norm_offset, rnd)
         outputs[0][:n].copy_(xs.float() + y)
@@ -402,9 +401,9 @@ class MlpBlockDesign(Design):
     def plan(self, gen: Generation) -> Plan:
         name = f"{self.name} rows={self.rows}"
         m, h, f = self.rows, self.hidden, self.intermediate
-        stages = [_vec(gen, "rms_norm", m, h), _gemm(gen, m, h, 2 * f, self.precision),
+        stages = [_vec(gen, "rms_norm", m, h), _gemm(gen, m, h, 2 * f, self.precision, group=self.group),
                   _vec(gen, self.act, m, f), _vec(gen, "mul", m, f, 2),
-                  _gemm(gen, m, f, h, self.precision)]
+                  _gemm(gen, m, f, h, self.precision, group=self.group)]
         w = (weight_bytes(2 * f, h, self.precision, self.group)
              + weight_bytes(h, f, self.precision, self.group))
         read = w + h * 2 * (2 if self.post_norm else 1) + m * h * 4
@@ -439,7 +438,7 @@ class HeadDesign(Design):
         x, ln = inputs[0], inputs[1]
         w = OPERANDS.get(inputs[2:2 + weight_tensors(self.precision)], self.precision, self.group)
         h = _rms(x[n - 1:n], ln, self.eps, self.norm_offset, rnd)
-        logits = _linear(h, w, rnd)
+        logits = _linear(h, w, rnd, self.precision)
         if self.softcap:
             logits = torch.tanh(logits / self.softcap) * self.softcap
         outputs[0].copy_(logits)
@@ -447,7 +446,7 @@ class HeadDesign(Design):
     def plan(self, gen: Generation) -> Plan:
         name = f"{self.name} vocab={self.vocab}"
         stages = [_vec(gen, "rms_norm", 1, self.hidden),
-                  _gemm(gen, 1, self.hidden, self.vocab, self.precision)]
+                  _gemm(gen, 1, self.hidden, self.vocab, self.precision, group=self.group)]
         if self.softcap:
             stages.append(_vec(gen, "tanh", 1, self.vocab))
         w = weight_bytes(self.vocab, self.hidden, self.precision, self.group)

@@ -1,0 +1,152 @@
+"""Partitioning: which nodes of a core-ATen graph run on the NPU, grouped into partitions.
+
+Support is decided per node by op, dtype and static shape. CapabilityBasedPartitioner groups
+supported nodes into maximal cycle-free partitions; each becomes one runtime Program per call.
+Everything else runs on the host under the fallback policy.
+"""
+from __future__ import annotations
+
+import operator
+from collections import Counter
+
+import torch
+from torch.fx import GraphModule, Node
+from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
+from torch.fx.passes.operator_support import OperatorSupport
+from torch.fx.passes.utils.fuser_utils import fuse_by_partitions
+
+from torch_xdna.compiler import fusion
+from torch_xdna.compiler.fusion import FLOAT, CHAIN_DTYPES, val
+
+aten = torch.ops.aten
+PREFIX = "xdna_partition_"
+# host-side initialisation: not NPU compute and not a fallback (as in the eager device)
+FACTORY_OPS = {aten.arange.start_step, aten.arange.default, aten.arange.start, aten.full.default,
+               aten.scalar_tensor.default, aten.zeros.default, aten.ones.default,
+               aten.empty.memory_format, aten.full_like.default, aten.zeros_like.default,
+               aten.ones_like.default, aten.empty_like.default}
+
+
+def _static(node: Node) -> bool:
+    v = node.meta.get("val")
+    vals = v if isinstance(v, (tuple, list)) else [v]
+    return all(isinstance(x, torch.Tensor) and fusion.static_shape(x) for x in vals if x is not None) \
+        and any(isinstance(x, torch.Tensor) for x in vals)
+
+
+def _inputs_ok(node: Node, dtypes) -> bool:
+    for a in node.all_input_nodes:
+        v = val(a)
+        if v is None or v.dtype not in dtypes or not fusion.static_shape(v):
+            return False
+    return True
+
+
+def why_unsupported(node: Node) -> str | None:
+    """None when the NPU lowers this node; else a short reason (for the host report)."""
+    t = node.target
+    if node.op != "call_function":
+        return "not a call"
+    if t is operator.getitem:
+        parent = node.args[0]
+        if node.args[1] != 0:
+            return "auxiliary output (statistics for backward)"
+        return why_unsupported(parent) if isinstance(parent, Node) else "getitem"
+    if not _static(node):
+        return "dynamic shape"
+    if t in fusion.MULTI_OUTPUT:
+        for u in node.users:
+            if not (u.target is operator.getitem and u.args[1] == 0):
+                return "auxiliary output used (training graph)"
+    if t in fusion.GEMM_OPS:
+        return None if _inputs_ok(node, FLOAT) else "dtype"
+    if t in fusion.SDPA_OPS:
+        if node.args[3:4] and node.args[3] not in (0, 0.0):
+            return "dropout"
+        ok = _inputs_ok(node, FLOAT + (torch.bool,))
+        return None if ok else "dtype"
+    if t in fusion.EMBEDDING_OPS:
+        w, idx = node.args[0], node.args[1]
+        ok = val(w).dtype in FLOAT and val(idx).dtype in (torch.int32, torch.int64)
+        return None if ok else "dtype"
+    if t in FACTORY_OPS:
+        return "host initialisation"
+    if fusion.chain_step(node) is None:
+        return "no NPU kernel"
+    out = val(node) if t not in fusion.MULTI_OUTPUT else val(node.args[0])
+    if out is None or out.dtype not in CHAIN_DTYPES:
+        return "dtype"
+    if t in fusion.VIEW_OPS:
+        return None
+    in_dtypes = CHAIN_DTYPES + ((torch.int32, torch.int64) if fusion.ELEMENTWISE.get(t) == "to" else ())
+    return None if _inputs_ok(node, in_dtypes) else "dtype"
+
+
+class XdnaSupport(OperatorSupport):
+    def is_node_supported(self, submodules, node: Node) -> bool:
+        return why_unsupported(node) is None
+
+
+NON_COMPUTE = [f"{op._schema.name.replace('::', '.')}.{op._overloadname}" if op._overloadname != "default"
+               else f"{op._schema.name.replace('::', '.')}.default" for op in fusion.VIEW_OPS]
+NON_COMPUTE += ["_operator.getitem"]
+
+
+def is_compute(node: Node) -> bool:
+    return (node.op == "call_function" and node.target is not operator.getitem
+            and node.target not in fusion.VIEW_OPS)
+
+
+def propose(gm: GraphModule, min_size: int) -> list[list[Node]]:
+    """Supported nodes grouped into partitions (each a list in graph order)."""
+    part = CapabilityBasedPartitioner(gm, XdnaSupport(), allows_single_node_partition=True,
+                                      non_compute_ops=NON_COMPUTE)
+    order = {n: i for i, n in enumerate(gm.graph.nodes)}
+    out = []
+    for p in part.propose_partitions():
+        nodes = sorted(p.nodes, key=order.__getitem__)
+        if sum(is_compute(n) for n in nodes) >= min_size:
+            out.append(nodes)
+    out.sort(key=lambda ns: order[ns[0]])
+    return out
+
+
+def assignment(gm: GraphModule, parts: list[list[Node]]) -> list[int]:
+    """Per node (graph order): the partition index, or -1 (host). Stored in the compile cache."""
+    where = {n: i for i, ns in enumerate(parts) for n in ns}
+    return [where.get(n, -1) for n in gm.graph.nodes]
+
+
+def from_assignment(gm: GraphModule, assign: list[int]) -> list[list[Node]]:
+    nodes = list(gm.graph.nodes)
+    if len(nodes) != len(assign):
+        raise ValueError("cached partition assignment does not match the graph")
+    parts: dict[int, list[Node]] = {}
+    for n, a in zip(nodes, assign):
+        if a >= 0:
+            parts.setdefault(a, []).append(n)
+    return [parts[i] for i in sorted(parts)]
+
+
+def split(gm: GraphModule, parts: list[list[Node]]) -> GraphModule:
+    """The graph with each partition replaced by a call_module to a submodule PREFIX<i>."""
+    if not parts:
+        return gm
+    return fuse_by_partitions(gm, [dict.fromkeys(ns) for ns in parts], prefix=PREFIX,
+                              always_return_tuple=True)
+
+
+def host_report(gm: GraphModule) -> Counter:
+    """Host compute nodes by op name (after splitting)."""
+    c: Counter = Counter()
+    for n in gm.graph.nodes:
+        if is_compute(n) and n.target not in FACTORY_OPS and n.op == "call_function":
+            c[op_name(n.target)] += 1
+    return c
+
+
+def op_name(target) -> str:
+    if isinstance(target, torch._ops.OpOverload):
+        name = target._schema.name.replace("::", ".")
+        return name + ("" if target._overloadname == "default" else "." + target._overloadname)
+    return getattr(target, "__name__", str(target))
