@@ -333,3 +333,12 @@ def test_backend_does_not_import_upper_layers():
             for m in mods:
                 if m.startswith("torch_xdna"):
                     assert m.startswith(allowed), f"{f.name} imports {m}"
+
+
+def test_view_outliving_free_keeps_bo_alive(tmp_path):
+    dev, fx = xrt_device(tmp_path)
+    arg = dev.upload(torch.arange(16, dtype=torch.float32))
+    view = dev.read(arg.buffer)[:8]
+    dev.free(arg.buffer)
+    assert dev.counters.allocated_bytes == 0 and arg.buffer.host.numel() == 0
+    assert view.view(torch.float32).tolist() == [0.0, 1.0]     # still backed by the (kept) mapping

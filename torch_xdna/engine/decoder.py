@@ -8,6 +8,7 @@ token loop neither re-plans nor allocates device memory.
 """
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -69,48 +70,59 @@ class PrecisionPolicy:
     def exact(self) -> bool:
         return self.attention == "fp32"
 
-    def group_for(self, precision: str) -> int:
-        return self.group or default_group(precision)
+    def group_for(self, precision: str, *ks: int) -> int:
+        """Group size of `precision` for a block whose weights have reduction sizes `ks`: the
+        configured (or default) size, reduced to a common divisor of every K."""
+        g = self.group or default_group(precision)
+        for k in ks:
+            g = math.gcd(g, k) if g else 0
+        return g
 
-    def for_site(self, site: str) -> str | None:
-        """The precision of a matmul weight site, None for norms."""
-        part = site.rsplit(".", 1)[-1]
-        return {"qkv": self.attention, "o": self.attention, "gate_up": self.mlp, "down": self.mlp,
-                "embed": self.head, "lm_head": self.head}.get(part)
+    def block_group(self, spec: DecoderSpec, kind: str) -> int:
+        """The one group size all weights of a fused block (attention, mlp, head) share."""
+        ks = {"attention": (spec.hidden, spec.q_dim), "mlp": (spec.hidden, spec.intermediate),
+              "head": (spec.hidden,)}[kind]
+        return self.group_for(getattr(self, kind), *ks)
 
     def ident(self) -> str:
         kinds = {self.attention, self.mlp, self.head}
         base = self.attention if len(kinds) == 1 else f"a{self.attention}-m{self.mlp}-h{self.head}"
         return base + (f"-g{self.group}" if self.group else "")
 
-    def transform(self, site: str, w: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    def transform_for(self, spec: DecoderSpec):
         """Loader transform: matmul weights to their stored format, norms to bf16 (fp32)."""
         from torch_xdna.engine.quantize import quantize
-        p = self.for_site(site)
-        if p is None:
-            return (w.to(torch.float32 if self.exact else torch.bfloat16).contiguous(),)
-        return quantize(w, p, self.group_for(p))
+        kinds = {"qkv": "attention", "o": "attention", "gate_up": "mlp", "down": "mlp",
+                 "embed": "head", "lm_head": "head"}
+
+        def transform(site: str, w: torch.Tensor) -> tuple[torch.Tensor, ...]:
+            kind = kinds.get(site.rsplit(".", 1)[-1])
+            if kind is None:
+                return (w.to(torch.float32 if self.exact else torch.bfloat16).contiguous(),)
+            return quantize(w, getattr(self, kind), self.block_group(spec, kind))
+        return transform
 
 
 def step_designs(spec: DecoderSpec, policy: PrecisionPolicy, rows: int, kv_len: int,
                  with_head: bool) -> list[tuple[str, int, Design]]:
     """The launches of one forward chunk, in order: (role, layer, design)."""
     pa, pm, ph = policy.attention, policy.mlp, policy.head
+    ga, gm, gh = (policy.block_group(spec, k) for k in SITE_KINDS)
     common = dict(hidden=spec.hidden, rows=rows, eps=spec.rms_eps, norm_offset=spec.norm_offset)
     out: list[tuple[str, int, Design]] = [
-        ("embed", -1, EmbedDesign(spec.vocab, spec.hidden, rows, ph, policy.group_for(ph),
+        ("embed", -1, EmbedDesign(spec.vocab, spec.hidden, rows, ph, gh,
                                   spec.embed_scale))]
-    mlp = MlpBlockDesign(precision=pm, group=policy.group_for(pm), intermediate=spec.intermediate,
+    mlp = MlpBlockDesign(precision=pm, group=gm, intermediate=spec.intermediate,
                          act=spec.act, post_norm=spec.sandwich_norms, **common)
     for i in range(spec.layers):
         attn = AttentionBlockDesign(
-            precision=pa, group=policy.group_for(pa), heads=spec.heads, kv_heads=spec.kv_heads,
+            precision=pa, group=ga, heads=spec.heads, kv_heads=spec.kv_heads,
             head_dim=spec.head_dim, kv_len=kv_len, qk_norm=spec.qk_norm,
             post_norm=spec.sandwich_norms, window=spec.layer_window[i], scale=spec.attn_scale,
             softcap=spec.attn_softcap, cache_bytes=4 if policy.exact else 2, **common)
         out += [("attention", i, attn), ("mlp", i, mlp)]
     if with_head:
-        out.append(("head", -1, HeadDesign(precision=ph, group=policy.group_for(ph),
+        out.append(("head", -1, HeadDesign(precision=ph, group=gh,
                                            vocab=spec.vocab, softcap=spec.final_softcap, **common)))
     return out
 

@@ -313,7 +313,8 @@ def load_decoder(model_dir: str | Path, precision: str | Mapping[str, str] = "bf
     cdir = None
     if quantized and cache_dir is not False:
         cdir = Path(cache_dir) if cache_dir else default_cache_dir()
-    weights = load_weights(files, policy.transform, policy.ident(), cdir, quiet=quiet)
+    weights = load_weights(files, policy.transform_for(files.spec), policy.ident(), cdir,
+                           quiet=quiet)
     tok = Tokenizer(files.path) if (files.path / "tokenizer.json").is_file() else None
     decoder = Decoder(files.spec, weights, policy, max_context=max_context,
                       prefill_chunk=prefill_chunk, device=device)

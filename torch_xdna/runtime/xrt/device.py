@@ -6,6 +6,7 @@ validated artifact; a design without one is an ArtifactError, never a host compu
 """
 from __future__ import annotations
 
+import ctypes
 import logging
 import os
 import time
@@ -63,7 +64,11 @@ class XrtDevice(Device):
     def _new_bo(self, nbytes: int, group: int) -> tuple[object, torch.Tensor]:
         try:
             bo = self.xrt.bo(self.handle, nbytes, self.xrt.bo.host_only, group)
-            host_view = torch.frombuffer(bo.map(), dtype=torch.uint8)[:nbytes]
+            # pyxrt's mapping does not keep the BO alive; this ctypes array does, and the tensor keeps
+            # the array alive, so a view that outlives free() never points at unmapped memory
+            mapping = (ctypes.c_uint8 * nbytes).from_buffer(bo.map())
+            mapping._bo = bo
+            host_view = torch.frombuffer(mapping, dtype=torch.uint8)
         except Exception as e:
             raise XdnaError(
                 f"xrt: allocating a {nbytes}-byte buffer object failed: {e}. The usual cause is the "
@@ -76,6 +81,7 @@ class XrtDevice(Device):
         return Buffer(nbytes=nbytes, host=view, handle=BoHandle(bo, self.data_group))
 
     def _free(self, buf: Buffer) -> None:
+        # the BO is released when the last tensor viewing its mapping is gone (see _new_bo)
         buf.handle = None
         buf.host = torch.empty(0, dtype=torch.uint8)
 

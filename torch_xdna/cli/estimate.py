@@ -1,0 +1,63 @@
+"""`xdna estimate MODEL`: modeled NPU cost of a decoder from its config alone (no weights):
+decode ms/token, dispatches/token, MB/token, ratio to the DRAM floor, prefill tok/s."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+
+def register(subparsers) -> None:
+    from torch_xdna.models.families import BUILTIN_CONFIGS
+    p = subparsers.add_parser(
+        "estimate", help="modeled NPU cost of an LLM (config only)",
+        description="Modeled (simulator cost model) decode and prefill cost of a decoder LLM, from "
+                    "config.json or a built-in shape; no weights are read.",
+        epilog="built-in shapes: " + ", ".join(BUILTIN_CONFIGS) + "\nexamples:\n"
+               "  xdna estimate qwen3-0.6b\n  xdna estimate ./Llama-3.2-1B --precision int4 "
+               "--context 2048 --json",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("model", metavar="MODEL_DIR_OR_SHAPE")
+    p.add_argument("--precision", action="append",
+                   choices=("bf16", "int8", "int4", "bfp16"),
+                   help="weight precision (repeatable; default bf16 and int4)")
+    p.add_argument("--context", type=int, default=1024, help="tokens already in the KV cache")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=run)
+
+
+COLUMNS = (("precision", "precision", "{}"), ("decode ms/tok", "modeled_decode_ms_per_token", "{:.2f}"),
+           ("tok/s", "modeled_decode_tok_s", "{:.1f}"), ("disp/tok", "dispatches_per_token", "{}"),
+           ("launch/layer", "launches_per_layer", "{:.0f}"), ("MB/tok", "mb_per_token", "{:.1f}"),
+           ("floor ms", "floor_ms_per_token", "{:.2f}"), ("x floor", "floor_ratio", "{:.2f}"),
+           ("prefill tok/s", "modeled_prefill_tok_s", "{:.0f}"))
+
+
+def table(rows: list[dict]) -> str:
+    cells = [[h for h, _, _ in COLUMNS]] + [[f.format(r[k]) for _, k, f in COLUMNS] for r in rows]
+    widths = [max(len(c[i]) for c in cells) for i in range(len(COLUMNS))]
+    return "\n".join("  ".join(c.rjust(w) for c, w in zip(row, widths)) for row in cells)
+
+
+def run(args: argparse.Namespace) -> int:
+    from torch_xdna.engine.estimate import estimate, resolve_spec
+    from torch_xdna.models.hf import ModelDirError
+    from torch_xdna.models.spec import UnsupportedModelError
+    from torch_xdna.runtime import PlanError
+    if args.context < 1:
+        print("xdna estimate: --context must be >= 1", file=sys.stderr)
+        return 2
+    try:
+        name, spec = resolve_spec(args.model)
+        rows = [estimate(spec, p, args.context) for p in (args.precision or ["bf16", "int4"])]
+    except (ValueError, ModelDirError, UnsupportedModelError, PlanError) as e:
+        print(f"xdna estimate: {e}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps({"model": name, "modeled": True, "results": rows}, indent=2))
+        return 0
+    print(f"{name}: {spec.family}, {spec.params() / 1e6:.0f}M params, {spec.layers} layers, "
+          f"context {args.context}, {rows[0]['generation']} (modeled by the simulator's cost "
+          f"model; floor = bytes/token at {rows[0]['dram_bps'] / 1e9:.1f} GB/s)")
+    print(table(rows))
+    return 0

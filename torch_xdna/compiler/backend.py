@@ -1,0 +1,176 @@
+"""The `xdna` Dynamo backend: capture -> partition -> fuse/lower -> one Program per partition.
+
+`torch.compile(model, backend="xdna", options={...})` (Dynamo passes `options` as a keyword) or
+`torch.compile(model, backend=xdna_backend_with(fallback="error"))`. Each compiled graph logs one
+line on logger "torch_xdna.compiler": nodes on NPU vs host, designs, launches and dispatches per
+call, modeled us per call (simulator figures are modeled, not measured).
+"""
+from __future__ import annotations
+
+import functools
+import logging
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+
+import torch
+from torch._functorch.aot_autograd import make_boxed_func
+
+from torch_xdna.compiler import cache, partition
+from torch_xdna.compiler.capture import capture
+from torch_xdna.compiler.options import CompileOptions
+from torch_xdna.compiler.program import CompiledPartition, Lowered, Unlowerable, lower
+
+log = logging.getLogger("torch_xdna.compiler")
+
+
+@dataclass
+class CompileStats:
+    """What one compiled graph does per call (the figures of its log line)."""
+
+    nodes_npu: int = 0
+    nodes_host: int = 0
+    host_ops: dict = field(default_factory=dict)
+    partitions: int = 0
+    designs: int = 0
+    launches: int = 0
+    dispatches: int = 0
+    modeled_us: float = 0.0
+    cache: str = "off"
+    compile_s: float = 0.0
+
+    def line(self, name: str) -> str:
+        host = ", ".join(f"{k} x{v}" for k, v in sorted(self.host_ops.items())) or "none"
+        return (f"xdna compiled {name}: {self.nodes_npu} nodes on NPU, {self.nodes_host} on host "
+                f"[{host}]; {self.partitions} partitions, {self.designs} designs, "
+                f"{self.launches} launches in {self.dispatches} dispatches per call; "
+                f"modeled {self.modeled_us:.1f} us/call (simulated NPU); cache {self.cache}; "
+                f"compiled in {self.compile_s * 1e3:.1f} ms")
+
+
+HISTORY: list[CompileStats] = []     # every graph compiled in this process (tests, benchmarks)
+_counter = iter(range(1 << 30))
+
+
+def _host_wrap(target, name: str):
+    from torch_xdna.device import fallback
+
+    def host_op(*args, **kwargs):
+        if not any(isinstance(a, torch.Tensor) and a.device.type == "xdna"
+                   for a in torch.utils._pytree.tree_leaves((args, kwargs))):
+            fallback.note(name, args, kwargs)     # xdna tensors: the eager device applies policy
+        return target(*args, **kwargs)
+    host_op.__name__ = "xdna_host_" + name.replace(".", "_")
+    return host_op
+
+
+def wrap_host_nodes(gm: torch.fx.GraphModule) -> Counter:
+    """Route every host compute node through the fallback policy (counted); returns op counts."""
+    ops: Counter = Counter()
+    for n in gm.graph.nodes:
+        if (n.op == "call_function" and partition.is_compute(n)
+                and n.target not in partition.FACTORY_OPS):
+            name = partition.op_name(n.target)
+            ops[name] += 1
+            n.target = _host_wrap(n.target, name)
+    gm.recompile()
+    return ops
+
+
+def compile_graph(gm: torch.fx.GraphModule, example_inputs, options: CompileOptions):
+    from torch_xdna.runtime import get_device
+    t0 = time.perf_counter()
+    name = f"graph{next(_counter)}"
+    gen = get_device().gen
+    stats = CompileStats()
+    key = cache.graph_key(gm, f"gen={gen.name};{options.cache_key_part()}")
+    entry = cache.load(options.cache_dir, key) if options.cache else None
+    lowered: list[Lowered | None] = []
+    parts = None
+    if entry is not None:
+        try:
+            parts = partition.from_assignment(gm, entry["assignment"])
+            lowered = [Lowered.from_json(p) if p is not None else None for p in entry["partitions"]]
+            if len(lowered) != len(parts):
+                raise ValueError("partition count mismatch")
+            stats.cache = "hit"
+        except (ValueError, KeyError, TypeError, AttributeError, ImportError) as e:
+            log.warning("xdna compile cache entry %s does not fit this graph (%s); rebuilding", key, e)
+            parts, lowered = None, []
+    if parts is None:
+        parts = partition.propose(gm, options.min_partition_size)
+        stats.cache = "miss" if options.cache else "off"
+    assign = partition.assignment(gm, parts)
+    stats.nodes_npu = sum(partition.is_compute(n) for ns in parts for n in ns)
+    split = partition.split(gm, parts)
+    subs = [(n, getattr(split, n.target)) for n in split.graph.nodes
+            if n.op == "call_module" and n.target.startswith(partition.PREFIX)]
+    subs.sort(key=lambda x: int(x[0].target.removeprefix(partition.PREFIX)))
+    fresh = stats.cache != "hit"
+    failed_ops: Counter = Counter()
+    for i, (node, sub) in enumerate(subs):
+        if fresh:
+            try:
+                lowered.append(lower(sub, gen, options, f"{name}.{node.target}"))
+            except Unlowerable as e:
+                log.info("xdna: partition %s runs on the host: %s", node.target, e)
+                lowered.append(None)
+        low = lowered[i]
+        if low is None:
+            failed_ops.update(wrap_host_nodes(sub))
+            stats.nodes_npu -= sum(partition.is_compute(n) for n in sub.graph.nodes)
+            continue
+        consts = {s.name: getattr(sub, s.name) for s in low.slots if s.kind == "const"}
+        setattr(split, node.target, CompiledPartition(low, consts))
+        stats.partitions += 1
+        stats.launches += len(low.launches)
+        stats.dispatches += 1 if low.launches else 0
+        stats.designs += len({l.design.key for l in low.launches})
+        stats.modeled_us += low.modeled_us
+    host_ops = wrap_host_nodes(split) + failed_ops
+    stats.host_ops = {k: v for k, v in host_ops.items() if not k.startswith("xdna_host_")}
+    stats.nodes_host = sum(host_ops.values())
+    mode = options.fallback_mode()
+    if mode == "error" and stats.host_ops:
+        raise NotImplementedError(
+            f"xdna compile: {stats.nodes_host} graph nodes have no NPU lowering "
+            f"({', '.join(sorted(stats.host_ops))}) and the fallback policy is 'error'. Use "
+            f"options={{'fallback': 'warn'}} (counted host runs) or change the model.")
+    if fresh and options.cache:
+        cache.store(options.cache_dir, key, {
+            "assignment": assign, "partitions": [l.to_json() if l else None for l in lowered]})
+    stats.compile_s = time.perf_counter() - t0
+    HISTORY.append(stats)
+    log.info(stats.line(name))
+    split.recompile()
+
+    def run(*args):
+        from torch_xdna.device import fallback
+        with fallback.policy(mode):
+            return split(*args)
+    run.xdna_stats = stats
+    return make_boxed_func(run)
+
+
+def xdna_backend(gm: torch.fx.GraphModule, example_inputs, options: dict | None = None, **kw):
+    """The Dynamo backend registered as "xdna"."""
+    opts = CompileOptions.from_dict({**(options or {}), **kw.pop("extra", {})})
+    if kw.get("mode") not in (None, "default"):
+        log.info("xdna backend: mode=%r is ignored (use options=...)", kw["mode"])
+    return capture(gm, example_inputs, functools.partial(compile_graph, options=opts))
+
+
+def xdna_backend_with(**options):
+    """A backend callable with options bound: torch.compile(m, backend=xdna_backend_with(...))."""
+    CompileOptions.from_dict(options)            # validate now, not at first call
+    return functools.partial(xdna_backend, options=options)
+
+
+def _register() -> None:
+    from torch._dynamo.backends.registry import _BACKENDS, register_backend
+    if "xdna" not in _BACKENDS or _BACKENDS.get("xdna") is not xdna_backend:
+        _BACKENDS.pop("xdna", None)
+        register_backend(name="xdna")(xdna_backend)
+
+
+_register()
