@@ -216,3 +216,28 @@ def test_backend_selection_errors():
     finally:
         os.environ["TORCH_XDNA_BACKEND"] = "sim"
     assert torch_xdna.__version__
+
+
+def test_op_that_cannot_be_planned_falls_back_by_policy():
+    torch.xdna.reset_fallback_report()
+    x = torch.randn(2, 40000)                     # a softmax row larger than one core's L1
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        out = torch.softmax(x.to(X), -1).cpu()
+    torch.testing.assert_close(out, torch.softmax(x, -1))
+    assert torch.xdna.fallback_report() == {"aten._softmax": 1}
+    with torch.xdna.strict(), pytest.raises(NotImplementedError, match="does not fit the NPU array"):
+        torch.softmax(x.to(X), -1)
+
+
+def test_profiler_table_and_trace(tmp_path):
+    import json
+    a = torch.randn(32, 32).to(X)
+    with torch.xdna.profiler() as prof:
+        torch.relu(a @ a).cpu()
+    rows = prof.table()
+    assert any("gemm" in str(r) for r in rows)
+    path = tmp_path / "trace.json"
+    prof.export_chrome_trace(path)
+    events = json.loads(path.read_text())["traceEvents"]
+    assert len([e for e in events if e.get("ph") == "X"]) >= 2

@@ -86,7 +86,8 @@ def test_buckets_reuse_plans_and_batch_independence(embedder):
     assert all(s in embedder.buckets for _, s in stats.shapes)
     assert all(b & (b - 1) == 0 for b, _ in stats.shapes), "batch sizes are powers of two"
     alone = torch.cat([embedder.embed([t]) for t in SENTENCES[:4]])
-    torch.testing.assert_close(together, alone, atol=2e-5, rtol=0)
+    # each sequence's GEMM tiles are computed on their own: bit-identical whatever the batch
+    assert torch.equal(together, alone)
 
 
 def test_batch_planning_respects_caps(embedder):

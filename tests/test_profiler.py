@@ -131,3 +131,21 @@ def test_cli_profile(tmp_path, capsys):
         assert data["summary"]["launches"] == 4 and data["summary"]["time"] == "modeled (simulator)"
     finally:
         set_device_for_testing(prev)
+
+
+def test_fallback_trace_records_are_counted_not_timed(dev):
+    from torch_xdna.runtime import TraceRecord
+    with profiler.profile(dev) as prof:
+        _workload(dev)
+        dev.trace.append(TraceRecord(design="host", op="aten.sort", plan="", bytes_in=0,
+                                     bytes_out=0, terms={}, modeled_us=0.0, start_us=0.0,
+                                     host_us=12.5, fallback=True))
+    assert len(prof.records) == 6 and len(prof.npu_records) == 5
+    rows = {r["name"]: r for r in prof.table() if r["kind"] == "op"}
+    assert rows["aten.sort"]["fallbacks"] == 1 and rows["aten.sort"]["count"] == 0
+    s = prof.summary()
+    assert s["launches"] == 5 and s["host_fallbacks"] == 1 and s["host_fallback_us"] == 12.5
+    assert sum(r["modeled_us"] for r in prof.table() if r["kind"] == "op") == pytest.approx(
+        prof.total_us)
+    events = prof.chrome_trace()["traceEvents"]
+    assert any(e.get("cat") == "fallback" for e in events)

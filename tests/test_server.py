@@ -283,3 +283,33 @@ def test_registry_lru_eviction(tmp_path):
     reg.get(reg.entries["c"])                 # evicts b
     assert reg.loaded_ids() == ["a", "c"] and made["b"].closed and not made["a"].closed
     assert reg.evictions == 1 and reg.loads == 3
+
+
+def test_worker_merges_waiting_batch_jobs_and_isolates_failures():
+    import threading
+    from torch_xdna.server.worker import DeviceWorker, Job, QueueFull
+    w = DeviceWorker(max_queue=4)
+    w.start()
+    gate = threading.Event()
+    blocker = w.call(gate.wait)                 # hold the device while jobs queue up
+    time.sleep(0.05)
+    calls = []
+
+    def double(payloads):
+        calls.append(list(payloads))
+        if any(p < 0 for p in payloads):
+            raise ValueError("negative")
+        return [p * 2 for p in payloads]
+    jobs = [Job(batch_key=("k",), batch_fn=double, payload=p) for p in (1, -5, 3)]
+    futures = [w.submit(j) for j in jobs]
+    w.submit(Job(fn=lambda: "other"))
+    with pytest.raises(QueueFull):
+        w.submit(Job(fn=lambda: None))
+    gate.set()
+    assert blocker.result(5) is True
+    assert futures[0].result(5) == 2 and futures[2].result(5) == 6
+    with pytest.raises(ValueError):
+        futures[1].result(5)
+    assert calls[0] == [1, -5, 3]               # merged into one engine call, then retried alone
+    assert w.merged_jobs == 0 and w.depth == 0
+    w.stop()

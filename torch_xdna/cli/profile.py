@@ -11,6 +11,7 @@ import argparse
 import json
 
 DEFAULT_SHAPES = ((64, 512, 2048),)
+WEIGHT_GROUP = 32
 
 
 def run_workload(shapes, dtype: str = "bf16", device=None):
@@ -27,16 +28,15 @@ def run_workload(shapes, dtype: str = "bf16", device=None):
     with profile(dev) as prof:
         for m, k, n in shapes:
             x = dev.upload(torch.randn(m, k, generator=gen))
-            w1 = dev.upload(torch.randn(k, n, generator=gen) / k ** 0.5)
-            b1 = dev.upload(torch.zeros(n))
-            w2 = dev.upload(torch.randn(n, k, generator=gen) / n ** 0.5)
-            b2 = dev.upload(torch.zeros(k))
+            w1, g1 = _weight(dev, torch.randn(k, n, generator=gen) / k ** 0.5, dtype)
+            w2, g2 = _weight(dev, torch.randn(n, k, generator=gen) / n ** 0.5, dtype)
+            b1, b2 = dev.upload(torch.zeros(n)), dev.upload(torch.zeros(k))
             h, y = dev.empty((m, n), torch.float32), dev.empty((m, k), torch.float32)
-            buffers += [x, w1, b1, w2, b2, h, y]
-            up = Launch(GemmDesign(m, k, n, dtype=dtype, bias=True, epilogue="gelu"),
-                        [x, w1, b1], [h], op=f"mlp.up {m}x{k}x{n}")
-            down = Launch(GemmDesign(m, n, k, dtype=dtype, bias=True, residual=True),
-                          [h, w2, b2, x], [y], op=f"mlp.down {m}x{n}x{k}")
+            buffers += [x, *w1, b1, *w2, b2, h, y]
+            up = Launch(GemmDesign(m, k, n, dtype=dtype, bias=True, epilogue="gelu", w_group=g1),
+                        [x, *w1, b1], [h], op=f"mlp.up {m}x{k}x{n}")
+            down = Launch(GemmDesign(m, n, k, dtype=dtype, bias=True, residual=True, w_group=g2),
+                          [h, *w2, b2, x], [y], op=f"mlp.down {m}x{n}x{k}")
             dev.run(up)                                   # eager: one dispatch each
             dev.run(down)
             dev.run_program(Program([up, down], name="mlp"))   # chained: one dispatch
@@ -44,6 +44,18 @@ def run_workload(shapes, dtype: str = "bf16", device=None):
     for b in buffers:
         dev.free(b.buffer)
     return prof
+
+
+def _weight(dev, w, dtype: str):
+    """A [K, N] weight as launch arguments: float for bf16/bfp16; for int8/int4 quantized
+    [N, K] with group scales (weight-only), returning (args, group size)."""
+    from torch_xdna.kernels import quant
+    if dtype not in ("int8", "int4"):
+        return [dev.upload(w)], 0
+    k = w.shape[0]
+    group = WEIGHT_GROUP if k % WEIGHT_GROUP == 0 else k
+    q, scales = (quant.quantize_int4 if dtype == "int4" else quant.quantize_int8)(w.t(), group)
+    return [dev.upload(q), dev.upload(scales)], group
 
 
 def run(args: argparse.Namespace) -> int:
@@ -74,8 +86,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--shape", nargs=3, type=int, action="append", metavar=("M", "K", "N"),
                    help="MLP shape: M tokens, K hidden, N intermediate (repeatable; "
                         "default 64 512 2048)")
-    p.add_argument("--dtype", default="bf16", choices=("bf16", "bfp16", "int4"),
-                   help="GEMM operand numerics (default bf16)")
+    p.add_argument("--dtype", default="bf16", choices=("bf16", "bfp16", "int8", "int4"),
+                   help="GEMM numerics (default bf16; int8/int4 = weight-only, group size 32)")
     p.add_argument("--json", action="store_true", help="print the table and summary as JSON")
     p.add_argument("--trace", metavar="OUT.json", help="also write a Chrome/Perfetto trace")
     p.set_defaults(func=run)

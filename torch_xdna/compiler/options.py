@@ -31,7 +31,7 @@ class CompileOptions:
     precision: PrecisionPlan = field(default_factory=PrecisionPlan)
     cache: bool = True
     cache_dir: Path = field(default_factory=default_cache_dir)
-    min_partition_size: int = 1
+    min_partition_size: int = 2
     fuse: bool = True
 
     def __post_init__(self):

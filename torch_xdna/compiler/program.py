@@ -185,6 +185,8 @@ class Lowerer:
         self.in_chain: set[Node] = set()
         self.aliases: dict[Node, Node] = {}     # getitem(…, 0) -> multi-output parent in a chain
         self.gqa: dict[Node, tuple[Node, int]] = {}
+        self.lazy: dict[Node, tuple] = {}        # views of values a pending chain will produce
+        self.view_src: dict[Node, tuple] = {}    # materialized views: (source, op, params)
         self.handled: set[Node] = set()
         self.members = set(gm.graph.nodes)
 
@@ -238,7 +240,25 @@ class Lowerer:
         self.out.launches.append(LaunchSpec(design, list(ins), list(outs), op))
 
     # -- materialization -----------------------------------------------------------------------
+    def view_of_dense(self, src: Node, op: str, params: dict) -> bool:
+        """Whether the view is expressible on the layout a chain output of `src` will get."""
+        v = val(src)
+        strides = tuple(v.stride()) if is_non_overlapping_and_dense(v) else contiguous(v.shape)
+        t = torch.empty(0, dtype=v.dtype, device="meta").as_strided(tuple(v.shape), strides)
+        self.out.slots.append(Slot("temp", dname(v.dtype), storage_numel(tuple(v.shape), strides)))
+        try:
+            return self.view_ref(Ref(len(self.out.slots) - 1, tuple(v.shape), strides), op, params) is not None
+        finally:
+            self.out.slots.pop()
+
     def ref(self, node: Node) -> Ref:
+        if node in self.lazy and node not in self.refs:
+            src, op, params = self.lazy[node]
+            r = self.view_ref(self.ref(src), op, params)
+            if r is None:
+                raise Unlowerable(f"{node.name}: view of a chain output")
+            self.refs[node] = r
+            return r
         if node in self.in_chain:
             self.flush()
         if node not in self.refs:
@@ -251,12 +271,13 @@ class Lowerer:
             self.emit_chain(nodes)
 
     def emit_chain(self, nodes: list[Node]) -> None:
+        before = set(self.refs)
         try:
             design, ins, outs = self.build_chain(nodes)
             self.launch(design, ins, [self.refs[n] for n in outs], f"chain:{nodes[0].name}")
         except PlanError:
-            for n in nodes:
-                self.refs.pop(n, None)
+            for n in set(self.refs) - before:      # values of the failed attempt do not exist
+                del self.refs[n]
             if len(nodes) == 1:
                 raise Unlowerable(f"{nodes[0].name}: no chain plan fits") from None
             h = len(nodes) // 2
@@ -270,10 +291,26 @@ class Lowerer:
         ins: list[Ref] = []
         steps = []
 
+        def derivable(a) -> bool:
+            src = self.view_src[a][0]
+            return src in in_idx or src in step_of or (src in self.view_src and derivable(src))
+
         def conv(a):
             if isinstance(a, Node):
                 if a in step_of:
                     return ("s", step_of[a])
+                if a in self.lazy and a not in self.refs and self.lazy[a][0] in step_of:
+                    src, op, params = self.lazy[a]        # view of a value of this chain: a step
+                    steps.append((op, (conv(src),), tuple(sorted(params.items()))))
+                    step_of[a] = len(steps) - 1
+                    return ("s", step_of[a])
+                if a in self.view_src and derivable(a):
+                    src, op, params = self.view_src[a]    # a view of an operand already read
+                    steps.append((op, (conv(src),), tuple(sorted(params.items()))))
+                    step_of[a] = len(steps) - 1
+                    return ("s", step_of[a])
+                if a in self.lazy:
+                    self.ref(a)
                 if a not in in_idx:
                     if a not in self.refs:
                         raise Unlowerable(f"chain input {a.name} is not on the NPU")
@@ -359,15 +396,19 @@ class Lowerer:
                 u.target in fusion.SDPA_OPS and n in u.args[1:3] for u in n.users):
             self.gqa[n] = kv
             return
-        if src in self.in_chain:
-            self.to_chain(n)
-            return
         op, params = fusion.view_step(n)
+        if src in self.in_chain or src in self.lazy:
+            if self.view_of_dense(src, op, params):
+                self.lazy[n] = (src, op, params)      # a view of the chain's output, no copy
+            else:
+                self.to_chain(n)
+            return
         r = self.view_ref(self.ref(src), op, params)
         if r is None:
             self.to_chain(n)          # not expressible as strides: one copy
         else:
             self.refs[n] = r
+            self.view_src[n] = (src, op, params)
 
     def lower_gemm(self, n: Node) -> None:
         t, args = n.target, n.args

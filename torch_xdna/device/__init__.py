@@ -33,6 +33,8 @@ def register() -> None:
         fb = torch.library.Library("_", "IMPL")
         fb.fallback(_boxed_fallback, "PrivateUse1")
         _libs.extend([lib, fb])
+        from torch_xdna.runtime.profiler import register_fallback_counter
+        register_fallback_counter(fallback.report)
         printing.install()
         serialization.install()
         _registered = True

@@ -82,16 +82,16 @@ def refuse(op_name: str, args, kwargs, why: str = "has no NPU kernel") -> None:
         f"TORCH_XDNA_FALLBACK=warn (outside torch.xdna.strict()).")
 
 
-def note(op_name: str, args, kwargs) -> None:
+def note(op_name: str, args, kwargs, why: str = "has no NPU kernel") -> None:
     """Apply the policy to one host run of `op_name` (count, warn once, or refuse)."""
     m = mode()
     if m == "error":
-        refuse(op_name, args, kwargs)
+        refuse(op_name, args, kwargs, why)
     _counts[op_name] += 1
     if m == "warn" and op_name not in _warned:
         _warned.add(op_name)
         warnings.warn(
-            f"xdna: {op_name} has no NPU kernel; running it on the host CPU (counted in "
+            f"xdna: {op_name} {why}; running it on the host CPU (counted in "
             f"torch.xdna.fallback_report(); TORCH_XDNA_FALLBACK=error or torch.xdna.strict() "
             f"refuses instead). Warned once per op.", XdnaFallbackWarning, stacklevel=4)
 

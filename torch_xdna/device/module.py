@@ -163,9 +163,10 @@ fallback_policy = fallback.policy
 
 
 def profiler(**kwargs: Any):
-    """Context manager recording every launch; yields a Profile (table, trace export)."""
+    """Context manager recording every launch; yields a Profile (per-design/per-op table with
+    host fallbacks, Chrome/Perfetto trace export). Times are modeled on the simulator."""
     from torch_xdna.runtime.profiler import profile
-    return profile(get_device(), fallback_counts=fallback.report, **kwargs)
+    return profile(get_device(), **kwargs)
 
 
 def _lazy_init() -> None:

@@ -15,7 +15,7 @@ import torch
 from torch_xdna.device import fallback, storage
 from torch_xdna.kernels import EmbeddingDesign, GemmDesign, VectorDesign
 from torch_xdna.kernels.numerics import dtype_name
-from torch_xdna.runtime import Launch, TensorArg, get_device
+from torch_xdna.runtime import Launch, PlanError, get_device
 
 aten = torch.ops.aten
 COMPUTE_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.int8, torch.uint8,
@@ -284,7 +284,11 @@ def where(cond, self, other):
 def _guard(fn: Callable, op: torch._ops.OpOverload, name: str):
     """Wrap a kernel: unsupported dtypes (kernel returns None) go to the fallback policy."""
     def kernel(*args, **kwargs):
-        res = fn(*args, **kwargs)
+        try:
+            res = fn(*args, **kwargs)
+        except PlanError as e:
+            fallback.note(name, args, kwargs, why=f"does not fit the NPU array ({e})")
+            return fallback.run_on_host(op, args, kwargs)
         if res is None:
             fallback.note(name, args, kwargs)
             return fallback.run_on_host(op, args, kwargs)

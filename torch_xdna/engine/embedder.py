@@ -171,7 +171,7 @@ class Embedder:
         out = dev.empty((b, sp.hidden), torch.float32)
         emb = EncoderEmbeddingDesign(sp.vocab, sp.max_position, sp.hidden, b, s, sp.eps)
         attn = EncoderAttentionDesign(b, s, sp.hidden, sp.heads, sp.eps)
-        ffn = EncoderFFNDesign(rows, sp.hidden, sp.intermediate, sp.eps, act=sp.act)
+        ffn = EncoderFFNDesign(rows, sp.hidden, sp.intermediate, sp.eps, act=sp.act, chunk=s)
         pool = EncoderPoolDesign(b, s, sp.hidden, sp.pooling, sp.normalize)
         launches = [Launch(emb, [w["word_emb"], w["pos_emb"], w["type_emb"], w["emb_ln_w"],
                                  w["emb_ln_b"], ids], [xa], op="embeddings")]

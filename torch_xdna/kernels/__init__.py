@@ -1,6 +1,7 @@
 """Designs: tiling plan + capacity check, NPU-numerics reference, hardware artifact identity."""
+from torch_xdna.kernels.attention import AttentionDesign, attention_reference
 from torch_xdna.kernels.base import Design
 from torch_xdna.kernels.gemm import GemmDesign
 from torch_xdna.kernels.vector import OPS as VECTOR_OPS, EmbeddingDesign, VectorDesign
 
-__all__ = ["Design", "GemmDesign", "VectorDesign", "EmbeddingDesign", "VECTOR_OPS"]
+__all__ = ["AttentionDesign", "attention_reference", "Design", "GemmDesign", "VectorDesign", "EmbeddingDesign", "VECTOR_OPS"]

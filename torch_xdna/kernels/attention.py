@@ -61,6 +61,7 @@ def attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, sc
 Q_TILES = (64, 32, 16, 8, 4, 2, 1)       # query rows per head in one core's work item
 KV_TILES = (256, 128, 64, 32, 16)        # keys per pass over the K/V stream
 SOFTMAX_PASSES = 6                       # vector ops per score: scale, mask, max, exp, sum, scale
+_LAUNCH_PLANS: dict[tuple, Plan] = {}
 
 
 @dataclass(frozen=True)
@@ -134,6 +135,17 @@ class AttentionDesign(Design):
     def plan(self, gen: Generation) -> Plan:
         return self.plan_for(gen)
 
+    def launch_plan(self, gen: Generation, **scalars: Any) -> Plan:
+        """The plan of one launch given its scalars (the cost at its valid KV length)."""
+        n = scalars.get("kv_len")
+        key = (self.key, gen.name, None if n is None else int(n))
+        plan = _LAUNCH_PLANS.get(key)
+        if plan is None:
+            if len(_LAUNCH_PLANS) > 4096:
+                _LAUNCH_PLANS.clear()
+            plan = _LAUNCH_PLANS[key] = self.plan_for(gen, None if n is None else int(n))
+        return plan
+
     def plan_for(self, gen: Generation, kv_len: int | None = None) -> Plan:
         """The plan at `kv_len` valid keys (default: the capacity). The tiling is chosen once
         at capacity, so every step of a KV cache maps the same way; only the bytes and cycles
@@ -153,14 +165,20 @@ class AttentionDesign(Design):
                 l1 = self._l1(tq, tkv, rm, rk)
                 if l1 > gen.l1_usable:
                     continue
-                cand = self._evaluate(gen, tq, tkv, l1, kv_len or self.kv_len, rm, rk)
+                cand = self._evaluate(gen, tq, tkv, l1, self.kv_len, rm, rk)
                 if best is None or cand[0] < best[0]:
                     best = cand
         if best is None:
             need(label, "L1 data memory per core (query rows of a head group + K/V tiles)",
                  self._l1(1, KV_TILES[-1], rm, rk), gen.l1_usable,
                  "use a smaller head_dim or fewer query heads per KV head")
-        return check_plan(gen, label, best[1])
+        plan = best[1]
+        if kv_len is not None and kv_len != self.kv_len:
+            if not 0 < kv_len <= self.kv_len:
+                raise ValueError(f"attention: kv_len={kv_len} outside 1..{self.kv_len}")
+            tq, tkv, _ = plan.tile
+            plan = self._evaluate(gen, tq, tkv, plan.l1_bytes, kv_len, rm, rk)[1]
+        return check_plan(gen, label, plan)
 
     def _l1(self, tq: int, tkv: int, rm: int, rk: int) -> int:
         rows = round_up(self.group * tq, rm)

@@ -17,6 +17,7 @@ import torch
 
 from torch_xdna.hw import Generation
 from torch_xdna.kernels import numerics
+from torch_xdna.kernels.activations import apply_epilogue
 from torch_xdna.kernels.attention import attention_reference
 from torch_xdna.kernels.base import Design
 from torch_xdna.kernels.gemm import GemmDesign
@@ -48,6 +49,18 @@ def layer_norm_design(rows: int, dim: int, eps: float) -> VectorDesign:
     return VectorDesign("layer_norm", ((rows, dim), (dim,), (dim,)), (f32, torch.bfloat16, torch.bfloat16),
                         (rows, dim), f32, (("eps", eps), ("has_bias", True), ("has_weight", True),
                                            ("norm_dims", 1)))
+
+
+def linear_rows(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, chunk: int, act: str = "none",
+                residual: torch.Tensor | None = None) -> torch.Tensor:
+    """act(x @ w + b) (+ residual) with the GEMM designs' numerics (bf16 operands, fp32
+    accumulation), multiplied `chunk` rows at a time. The array computes each output tile on its
+    own, so a row's result never depends on the other rows of the batch; one big host matmul would
+    pick different kernels (and rounding) per batch size, so we keep the blocks fixed too."""
+    xo, wo = numerics.operand(x), numerics.operand(w)
+    acc = torch.cat([torch.matmul(xo[i:i + chunk], wo) for i in range(0, xo.shape[0], chunk)])
+    acc = apply_epilogue(act, acc + numerics.operand(b))
+    return acc + residual.float() if residual is not None else acc
 
 
 class _Fused(Design):
@@ -156,13 +169,11 @@ class EncoderAttentionDesign(_Fused):
                   **scalars: Any) -> None:
         x, w_qkv, b_qkv, mask, w_o, b_o, ln_w, ln_b = inputs
         b, s, h, nh, d = self.batch, self.seq, self.hidden, self.heads, self.head_dim
-        qkv = torch.empty(b * s, 3 * h)
-        self._qkv.reference([x, w_qkv, b_qkv], [qkv])
+        qkv = linear_rows(x, w_qkv, b_qkv, chunk=s)
         q, k, v = qkv.view(b, s, 3, nh, d).permute(2, 0, 3, 1, 4)
         ctx = attention_reference(q, k, v, scale=1.0 / math.sqrt(d), mask=mask.view(b, 1, 1, s))
         ctx = ctx.permute(0, 2, 1, 3).reshape(b * s, h)
-        y = torch.empty(b * s, h)
-        self._out.reference([ctx, w_o, b_o, x], [y])
+        y = linear_rows(ctx, w_o, b_o, chunk=s, residual=x)
         self._ln.reference([y, ln_w, ln_b], outputs)
 
 
@@ -171,6 +182,8 @@ class EncoderFFNDesign(_Fused):
     """out = LayerNorm(x + act(x W1 + b1) W2 + b2).
 
     inputs: x [R,H], w1 [H,I], b1 [I], w2 [I,H], b2 [H], ln_w [H], ln_b [H]; output [R,H] fp32.
+    `chunk`: rows multiplied as one block in the reference (the sequence length, so a sequence's
+    result does not depend on its batch neighbours); 0 = all rows.
     """
 
     rows: int
@@ -179,7 +192,12 @@ class EncoderFFNDesign(_Fused):
     eps: float
     act: str = "gelu"
     dtype: str = "bf16"
+    chunk: int = 0
     kind = "encoder_ffn"
+
+    def __post_init__(self):
+        if self.chunk == 0:
+            object.__setattr__(self, "chunk", self.rows)
 
     @cached_property
     def _up(self) -> GemmDesign:
@@ -201,10 +219,8 @@ class EncoderFFNDesign(_Fused):
     def reference(self, inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor],
                   **scalars: Any) -> None:
         x, w1, b1, w2, b2, ln_w, ln_b = inputs
-        inter = torch.empty(self.rows, self.intermediate)
-        self._up.reference([x, w1, b1], [inter])
-        y = torch.empty(self.rows, self.hidden)
-        self._down.reference([inter, w2, b2, x], [y])
+        inter = linear_rows(x, w1, b1, chunk=self.chunk, act=self.act)
+        y = linear_rows(inter, w2, b2, chunk=self.chunk, residual=x)
         self._ln.reference([y, ln_w, ln_b], outputs)
 
 

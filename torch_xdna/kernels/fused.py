@@ -161,7 +161,7 @@ class ChainDesign(Design):
         write = sum(counts[i] * getattr(torch, d).itemsize for i, d in zip(self.outputs, self.out_dtypes))
         elem_ops = sum(CHAIN_OPS[s[0]][1] * c for s, c in zip(self.steps, counts))
         n = max(counts + [1])
-        chunk = max([1024] + rows)
+        chunk = max([256] + rows)                       # elements per tile (a row must fit)
         live = min(len(self.steps), 4)                   # intermediates held per tile
         ios = len(self.in_shapes) + len(self.outputs)
         l1 = 2 * chunk * 4 * ios + chunk * 4 * live

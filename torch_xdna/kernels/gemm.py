@@ -33,8 +33,8 @@ from torch_xdna.hw import Generation
 from torch_xdna.kernels import numerics, quant
 from torch_xdna.kernels.activations import apply_epilogue
 from torch_xdna.kernels.base import Design, ceil_div, round_up
-from torch_xdna.kernels.capacity import ACC_BYTES, DmaTransfer, check_dma, check_plan, need, \
-    require_dtype
+from torch_xdna.kernels.capacity import ACC_BYTES, DmaTransfer, check_dma, check_mmul_tile, \
+    check_plan, require_dtype
 from torch_xdna.runtime.plan import Plan, PlanError
 from torch_xdna.runtime.sim.cost import compute_efficiency, dram_time_s
 
@@ -106,7 +106,7 @@ class GemmDesign(Design):
         if self.weight_only:
             scales = rest.pop(0)
             q = quant.unpack_int4(b) if self.dtype == "int4" else b
-            w = numerics.bf16_round(quant.dequantize(q, scales, self.w_group))
+            w = numerics.bf16_round(quant.dequantize(q, scales, self.w_group), self.rounding)
             return numerics.operand(a, self.rounding), w.transpose(-1, -2)
         if self.compute_dtype == "int8":
             return a.to(torch.int32), b.to(torch.int32)
@@ -174,6 +174,7 @@ class GemmDesign(Design):
         if best is None:
             raise PlanError(label, "L1 data memory per core", self._l1(r, s, t), gen.l1_usable,
                             "no tile of the native mmul shape fits; use a smaller dtype or shape")
+        check_mmul_tile(gen, label, cdt, best[2].tile)
         return check_plan(gen, label, best[2])
 
     def _l1(self, tm: int, tk: int, tn: int) -> int:

@@ -139,16 +139,15 @@ class VectorDesign(Design):
         main_b = self.in_dtypes[0].itemsize if self.in_dtypes else 4
         out_b = self.out_dtype.itemsize
         if self.op in ROW_OPS:
-            chunk, n_units, l1, double = self._row_tiling(gen, label, main_b, out_b, n_in)
+            work, n_units, l1, double = self._row_tiling(gen, label, main_b, out_b, n_in)
         else:
-            chunk, l1, double = self._flat_tiling(gen, n_in, out_b), 0, True
-            l1 = 2 * chunk * (sum(d.itemsize for d in self.in_dtypes) + out_b)
-            n_units = ceil_div(n_in, chunk) if n_in else 1
+            work, double = self._flat_tiling(gen, n_in), True
+            l1 = 2 * work * (sum(d.itemsize for d in self.in_dtypes) + out_b)
+            n_units = ceil_div(n_in, work) if n_in else 1
         streams = max(1, len(self.in_shapes))
         cores = max(1, min(gen.cores, n_units))
         cols = min(gen.columns.value, ceil_div(cores, gen.core_rows.value))
         per_core = ceil_div(n_units, cores)
-        work = chunk if self.op not in ROW_OPS else chunk   # elements per unit
         cycles = per_core * (passes * work / lanes(gen, 32) + gen.kernel_call_cycles.value) \
             if n_in else 0.0
         rows_per_col = ceil_div(cores, cols)
@@ -168,7 +167,7 @@ class VectorDesign(Design):
                    "core_dma": (min(streams, gen.core_dma_channels.value[0]), 1),
                    "memtile_dma": (min(streams, 2) + rows_per_col, min(streams, 2) + 1),
                    "shim_dma": (min(streams, gen.shim_dma_channels.value[0]), 1),
-                   "units": n_units, "rows_per_unit": chunk // max(1, self._row_len()),
+                   "units": n_units, "rows_per_unit": work // max(1, self._row_len()),
                    "fill_s": (cycles / max(1, per_core)) / gen.core_clock_hz.value})
         return check_plan(gen, label, plan)
 
@@ -201,7 +200,7 @@ class VectorDesign(Design):
         raise AssertionError("unreachable")
 
     @staticmethod
-    def _flat_tiling(gen: Generation, n_in: int, out_b: int) -> int:
+    def _flat_tiling(gen: Generation, n_in: int) -> int:
         """Chunk length for elementwise ops: big enough to amortize a kernel call, spread over
         every core, double-buffered operands well inside L1."""
         per_core = ceil_div(max(1, n_in), gen.cores)

@@ -66,23 +66,30 @@ class Profile:
         return time_label(self.backend)
 
     @property
+    def npu_records(self) -> list[TraceRecord]:
+        """Launches that ran on the NPU (host-fallback records excluded)."""
+        return [r for r in self.records if not r.fallback]
+
+    @property
     def total_us(self) -> float:
-        return sum(r.modeled_us for r in self.records)
+        return sum(r.modeled_us for r in self.npu_records)
+
+    def _fallbacks(self, override: dict | None = None) -> dict:
+        fb = dict(self.fallbacks if override is None else override)
+        for r in self.records:
+            if r.fallback:
+                fb[r.op] = fb.get(r.op, 0) + 1
+        return fb
 
     def table(self, fallbacks: dict | None = None) -> list[dict]:
         """Rows per design (kind="design") then per op (kind="op"), biggest first: count,
         modeled_us, bytes moved, share of the total, host fallbacks (ops only)."""
-        fb = dict(self.fallbacks if fallbacks is None else fallbacks)
-        for r in self.records:
-            if r.fallback:
-                fb[r.op] = fb.get(r.op, 0) + 1
+        fb = self._fallbacks(fallbacks)
         total = self.total_us
         rows: list[dict] = []
         for kind, key in (("design", lambda r: r.design), ("op", lambda r: r.op)):
             groups: dict[str, dict] = {}
-            for r in self.records:
-                if r.fallback:
-                    continue
+            for r in self.npu_records:
                 g = groups.setdefault(key(r), {"kind": kind, "name": key(r), "count": 0,
                                                "modeled_us": 0.0, "bytes": 0})
                 g["count"] += 1
@@ -100,31 +107,29 @@ class Profile:
 
     def summary(self) -> dict:
         terms: dict[str, float] = {}
-        for r in self.records:
+        for r in self.npu_records:
             for k, v in r.terms.items():
                 terms[k] = terms.get(k, 0.0) + v
-        fb = dict(self.fallbacks)
-        for r in self.records:
-            if r.fallback:
-                fb[r.op] = fb.get(r.op, 0) + 1
+        fb = self._fallbacks()
         return {
             "time": self.label, "backend": self.backend,
-            "launches": sum(1 for r in self.records if not r.fallback),
+            "launches": len(self.npu_records),
             "dispatches": self.counters.get("dispatches", 0),
             "programs": self.counters.get("programs", 0),
             "reconfigurations": self.counters.get("reconfigurations", 0),
             "context_switches": self.counters.get("context_switches", 0),
             "total_us": self.total_us,
-            "bytes": sum(r.bytes_in + r.bytes_out for r in self.records),
+            "bytes": sum(r.bytes_in + r.bytes_out for r in self.npu_records),
             "host_fallbacks": sum(fb.values()),
+            "host_fallback_us": sum(r.host_us for r in self.records if r.fallback),
             "terms_us": terms,
-            "designs": len({r.design for r in self.records}),
+            "designs": len({r.design for r in self.npu_records}),
         }
 
     def format_table(self, limit: int = 30) -> str:
         """A readable text table (per design, then per op)."""
         lines = [f"NPU time, {self.label}: {self.total_us:.1f} us over "
-                 f"{len(self.records)} launches"]
+                 f"{len(self.npu_records)} launches"]
         header = f"{'name':<36} {'count':>6} {'us':>12} {'share':>7} {'MB moved':>10} {'fallbacks':>9}"
         rows = self.table()
         for kind, title in (("design", "per design"), ("op", "per op")):

@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass, fields
 
-from torch_xdna.hw import Generation
+from torch_xdna.hw import AIE2P, Generation
 from torch_xdna.runtime.plan import Plan
 
 
@@ -63,11 +63,13 @@ def dram_time_s(gen: Generation, columns: int, read: float, write: float) -> flo
 def compute_efficiency(gen: Generation, dtype: str) -> float:
     """Sustained fraction of peak MAC rate for large GEMMs, calibrated so a large square GEMM
     reproduces the published whole-array measurement (hw measured_gemm_ops)."""
-    measured = gen.measured_gemm_ops.value.get(dtype)
-    if measured is None or dtype not in gen.macs_per_core_cycle.value:
-        # no calibration point (e.g. npu1): borrow the bf16 ratio of the calibrated generation
-        return 0.5
-    return measured / gen.peak_ops(dtype)
+    for g in (gen, AIE2P):
+        # no calibration point of its own (e.g. npu1): borrow the calibrated generation's ratio
+        measured = g.measured_gemm_ops.value.get(dtype) or g.measured_gemm_ops.value.get("bf16")
+        if measured and dtype in g.macs_per_core_cycle.value:
+            key = dtype if dtype in g.measured_gemm_ops.value else "bf16"
+            return measured / g.peak_ops(key)
+    return AIE2P.measured_gemm_ops.value["bf16"] / AIE2P.peak_ops("bf16")
 
 
 def dma_time_us(gen: Generation, plan: Plan) -> float:

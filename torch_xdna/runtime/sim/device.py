@@ -45,6 +45,10 @@ class SimDevice(Device):
     def _run(self, launch: Launch, chained: bool, program: str = "") -> None:
         design = launch.design
         plan = self.plan_for(design)
+        if launch.scalars and hasattr(design, "launch_plan"):
+            # designs with run-time extents (attention over a KV cache) are charged at the
+            # extent of this launch, with the tiling chosen at full capacity
+            plan = design.launch_plan(self.gen, **launch.scalars)
         t0 = time.perf_counter() if self.trace is not None else 0.0
         design.reference([a.host_view() for a in launch.inputs],
                          [a.host_view() for a in launch.outputs], **launch.scalars)

@@ -1,0 +1,79 @@
+"""Fused LLM block plans: launches per layer, bytes per token, capacity errors, design identity."""
+from __future__ import annotations
+
+import pytest
+
+from torch_xdna.engine.decoder import PrecisionPolicy, step_designs
+from torch_xdna.engine.estimate import estimate, resolve_spec
+from torch_xdna.hw import NPU4
+from torch_xdna.kernels.llm_blocks import (
+    AttentionBlockDesign, MlpBlockDesign, kv_bucket, rows_bucket, weight_bytes,
+)
+from torch_xdna.models.families import BUILTIN_CONFIGS, spec_from_config
+from torch_xdna.runtime import PlanError
+
+
+def test_qwen3_06b_decode_shape_and_bytes():
+    _, spec = resolve_spec("qwen3-0.6b")
+    assert (spec.hidden, spec.layers, spec.heads, spec.kv_heads, spec.head_dim) == (1024, 28, 16, 8, 128)
+    assert spec.tie_embeddings and spec.qk_norm
+    r = estimate(spec, "bf16", 1024)
+    assert r["launches_per_token"] == 2 * 28 + 2 and r["dispatches_per_token"] == 1
+    # each weight byte once per token: every matmul weight in bf16 (tied table read by the head)
+    assert r["weight_mb_per_token"] * 1e6 == pytest.approx(2 * spec.params(), rel=1e-9)
+    kv = 28 * 2 * 8 * 128 * 1152 * 2             # K and V of 1152 (= 1025 rounded to 128) positions
+    assert r["kv_mb_per_token"] * 1e6 == pytest.approx(kv + 28 * 2 * 8 * 128 * 2, rel=1e-9)
+    assert r["floor_ratio"] >= 1.0
+    assert r["modeled_decode_ms_per_token"] == pytest.approx(r["mb_per_token"] / 52.7 * r["floor_ratio"])
+    i4 = estimate(spec, "int4", 1024)
+    assert i4["weight_mb_per_token"] < 0.3 * r["weight_mb_per_token"]
+    assert i4["modeled_decode_ms_per_token"] < r["modeled_decode_ms_per_token"]
+    assert i4["modeled_prefill_tok_s"] > 0
+
+
+def test_all_builtin_shapes_plan():
+    for name, cfg in BUILTIN_CONFIGS.items():
+        spec = spec_from_config(cfg)
+        for p in ("bf16", "int8", "int4", "bfp16"):
+            r = estimate(spec, p, 512)
+            assert r["launches_per_layer"] == 2, (name, p)
+
+
+def test_gemma_sliding_layers_read_only_their_window():
+    spec = spec_from_config(BUILTIN_CONFIGS["gemma-3-1b"])
+    designs = step_designs(spec, PrecisionPolicy.parse("bf16"), 1, 4096, True)
+    attn = [d for role, _, d in designs if role == "attention"]
+    local = [d.plan(NPU4).notes["kv_read_bytes"] for d in attn if d.window]
+    full = [d.plan(NPU4).notes["kv_read_bytes"] for d in attn if not d.window]
+    assert len(local) == 22 and len(full) == 4 and max(local) * 6 < min(full)
+
+
+def test_capacity_errors_name_the_limit():
+    with pytest.raises(PlanError, match="head_dim"):
+        AttentionBlockDesign(hidden=1024, rows=1, precision="bf16", group=0, eps=1e-6,
+                             norm_offset=0.0, heads=1, kv_heads=1, head_dim=8192,
+                             kv_len=128).plan(NPU4)
+    with pytest.raises(PlanError, match="prefill chunk"):
+        MlpBlockDesign(hidden=4096, rows=4096, precision="bf16", group=0, eps=1e-6,
+                       norm_offset=0.0, intermediate=14336).plan(NPU4)
+
+
+def test_design_identity_is_static_per_token():
+    _, spec = resolve_spec("qwen3-0.6b")
+    pol = PrecisionPolicy.parse("int4")
+    a = step_designs(spec, pol, 1, kv_bucket(300, 4096), True)
+    b = step_designs(spec, pol, 1, kv_bucket(380, 4096), True)
+    assert [d.key for _, _, d in a] == [d.key for _, _, d in b]     # same 128-key bucket
+    assert len({d.key for _, _, d in a}) == 4                      # embed, attention, mlp, head
+    assert rows_bucket(5, 128) == 8 and rows_bucket(128, 128) == 128 and rows_bucket(1, 128) == 1
+
+
+def test_weight_bytes_and_policy():
+    assert weight_bytes(4, 64, "int4", 32) == 4 * 32 + 4 * 2 * 2
+    assert weight_bytes(4, 64, "bfp16") == 4 * 72
+    pol = PrecisionPolicy.parse({"default": "int4", "head": "int8"})
+    assert (pol.attention, pol.mlp, pol.head) == ("int4", "int4", "int8")
+    with pytest.raises(ValueError, match="unknown precision"):
+        PrecisionPolicy.parse("fp8")
+    with pytest.raises(ValueError, match="cannot be mixed"):
+        PrecisionPolicy.parse({"default": "fp32", "head": "bf16"})
