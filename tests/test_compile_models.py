@@ -119,8 +119,11 @@ def test_transformer_matches_cpu_in_one_dispatch(kind, tmp_path):
     s = B.HISTORY[-1]
     assert s.dispatches == 1, s.line(kind)
     assert s.launches <= BOUNDS[kind], s.line(kind)
-    # attention is one design per layer, GEMM epilogues are fused
-    assert s.nodes_npu > 3 * s.launches // 2
+    names = s.design_names
+    assert sum(v for k, v in names.items() if k.startswith("attention")) == 2   # one per layer
+    act = "gelu" if kind == "bert" else "silu"
+    assert sum(v for k, v in names.items() if k.startswith("gemm") and act in k) == 2
+    assert sum(v for k, v in names.items() if k.endswith("+residual")) == 4  # o_proj, down
 
 
 def test_cnn_conv_runs_on_host_counted(tmp_path):

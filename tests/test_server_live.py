@@ -190,3 +190,51 @@ def test_queue_full_answers_429_and_server_survives():
         code, body = ask(0)
         assert code == 200 and time.monotonic() - t0 < 5.0
         assert httpx.get(srv.url + "/health").json()["status"] == "ok"
+
+
+def test_xdna_serve_command_starts_ready_for_curl(tmp_path):
+    """`xdna serve` (only --port changed, to a free one) in a subprocess: logs the URL and the
+    simulated backend, answers /v1/embeddings, stops on SIGINT."""
+    import os
+    import signal
+    import socket
+    import subprocess
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = dict(os.environ, TORCH_XDNA_BACKEND="sim")
+    env.pop("XDNA_API_KEY", None)
+    log = tmp_path / "serve.log"
+    with open(log, "w") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "torch_xdna.cli.main", "serve", "--port",
+                                 str(port)], stdout=out, stderr=subprocess.STDOUT, env=env)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 120
+        while True:
+            assert proc.poll() is None, log.read_text()
+            try:
+                if httpx.get(url + "/health", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline, "server not ready in 120 s:\n" + log.read_text()
+            time.sleep(0.25)
+        r = httpx.post(url + "/v1/embeddings", json={"model": "all-MiniLM-L6-v2",
+                                                     "input": "hello world"}, timeout=30)
+        assert r.status_code == 200 and len(r.json()["data"][0]["embedding"]) == 384
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    text = log.read_text()
+    assert url in text and "simulated NPU" in text, text
+
+
+def test_xdna_serve_rejects_bad_model_dir(tmp_path, capsys):
+    from torch_xdna.cli.main import main
+    assert main(["serve", "--model", str(tmp_path / "missing"), "--port", "0"]) == 2
+    assert "not a directory" in capsys.readouterr().err

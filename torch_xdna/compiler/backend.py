@@ -38,6 +38,7 @@ class CompileStats:
     modeled_us: float = 0.0
     cache: str = "off"
     compile_s: float = 0.0
+    design_names: dict = field(default_factory=dict)    # design name -> launches per call
 
     def line(self, name: str) -> str:
         host = ", ".join(f"{k} x{v}" for k, v in sorted(self.host_ops.items())) or "none"
@@ -126,6 +127,8 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs, options: CompileOpti
         stats.launches += len(low.launches)
         stats.dispatches += 1 if low.launches else 0
         stats.designs += len({l.design.key for l in low.launches})
+        for l in low.launches:
+            stats.design_names[l.design.name] = stats.design_names.get(l.design.name, 0) + 1
         stats.modeled_us += low.modeled_us
     host_ops = wrap_host_nodes(split) + failed_ops
     stats.host_ops = {k: v for k, v in host_ops.items() if not k.startswith("xdna_host_")}
