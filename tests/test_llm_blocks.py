@@ -77,3 +77,21 @@ def test_weight_bytes_and_policy():
         PrecisionPolicy.parse("fp8")
     with pytest.raises(ValueError, match="cannot be mixed"):
         PrecisionPolicy.parse({"default": "fp32", "head": "bf16"})
+
+
+@pytest.mark.parametrize("n,offset,window,softcap", [(1, 40, None, None), (5, 20, None, None),
+                                                      (3, 30, 8, None), (1, 9, 4, 20.0)])
+def test_attend_matches_attention_reference(n, offset, window, softcap):
+    import torch
+    from torch_xdna.kernels import numerics
+    from torch_xdna.kernels.attention import attention_reference
+    from torch_xdna.kernels.llm_blocks import attend
+    torch.manual_seed(0)
+    hq, hkv, d, s = 8, 2, 16, offset + n
+    q = torch.randn(hq, n, d) * 2
+    k = numerics.operand(torch.randn(hkv, s, d) * 2).to(torch.bfloat16)   # as the cache holds it
+    v = numerics.operand(torch.randn(hkv, s, d)).to(torch.bfloat16)
+    got = attend(q, k, v, scale=0.25, q_offset=offset, window=window, softcap=softcap, exact=False)
+    ref = attention_reference(q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), scale=0.25,
+                              causal=True, q_offset=offset, window=window, softcap=softcap)[0]
+    torch.testing.assert_close(got, ref, atol=1e-5, rtol=1e-5)

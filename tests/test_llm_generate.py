@@ -107,9 +107,11 @@ def test_chat_template_matches_transformers(engine, qwen_dir):
 def test_engine_busy_and_bad_prompt(engine):
     it = engine.generate(PROMPT, GenerationConfig(max_tokens=4))
     next(it)
+    idle = engine.generate(PROMPT)               # never started: holds no lock
     with pytest.raises(EngineBusy):
-        engine.generate(PROMPT)
+        next(engine.generate(PROMPT))
     it.close()
+    del idle
     assert engine.complete(PROMPT, GenerationConfig(max_tokens=1)).usage["completion_tokens"] <= 1
     with pytest.raises(ValueError, match="outside the vocabulary"):
         engine.complete([10_000], GenerationConfig(max_tokens=1))
@@ -210,3 +212,46 @@ def test_cli_generate_and_estimate(qwen_dir, capsys):
     assert "int8" in capsys.readouterr().out
     assert main(["generate", str(qwen_dir / "nope"), "x"]) == 2
     assert "not a directory" in capsys.readouterr().err
+
+
+def test_layer_layout_same_tokens_fewer_launches(qwen_dir, engine):
+    cfg = GenerationConfig(max_tokens=8, stop_token_ids=())
+    want = engine.complete(PROMPT, cfg)
+    eng = load_decoder(qwen_dir, "bf16", max_context=128, quiet=True, layout="layer")
+    eng.complete(PROMPT, cfg)            # first use of new designs pays hw-context set-up
+    got = eng.complete(PROMPT, cfg)
+    eng.close()
+    assert got.token_ids == want.token_ids
+    assert got.stats.launches_per_token == engine.spec.layers + 2
+    assert got.stats.mb_per_token < want.stats.mb_per_token          # residual row stays on chip
+    assert got.stats.modeled_decode_ms_per_token < want.stats.modeled_decode_ms_per_token
+    with pytest.raises(ValueError, match="layout"):
+        load_decoder(qwen_dir, "bf16", quiet=True, layout="fused")
+
+
+def test_sharded_checkpoint_loads_identically(tmp_path):
+    from llm_fixtures import hf_logits
+    hf = build_model("llama", tmp_path / "one", seed=3)
+    hf.save_pretrained(tmp_path / "sharded", max_shard_size="100KB")
+    import shutil
+    for f in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(tmp_path / "one" / f, tmp_path / "sharded" / f)
+    assert (tmp_path / "sharded" / "model.safetensors.index.json").is_file()
+    eng = load_decoder(tmp_path / "sharded", "fp32", max_context=32, quiet=True)
+    ids = [5, 9, 200, 31]
+    got = eng.decoder.forward(ids)
+    eng.close()
+    assert (got - hf_logits(hf, ids)[-1]).abs().max().item() < 1e-4
+
+
+def test_unexpected_weights_refused(qwen_dir, tmp_path):
+    import shutil
+    from safetensors.torch import load_file, save_file
+    from torch_xdna.models.hf import ModelDirError
+    d = tmp_path / "biased"
+    shutil.copytree(qwen_dir, d)
+    sd = load_file(str(d / "model.safetensors"))
+    sd["model.layers.0.self_attn.q_proj.bias"] = torch.zeros(64)
+    save_file(sd, str(d / "model.safetensors"), metadata={"format": "pt"})
+    with pytest.raises(ModelDirError, match="q_proj.bias"):
+        load_decoder(d, quiet=True)

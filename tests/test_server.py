@@ -313,3 +313,34 @@ def test_worker_merges_waiting_batch_jobs_and_isolates_failures():
     assert calls[0] == [1, -5, 3]               # merged into one engine call, then retried alone
     assert w.merged_jobs == 0 and w.depth == 0
     w.stop()
+
+
+def test_lru_models_unload_and_reload_with_same_answers(tmp_path):
+    from test_embed import _tiny_bert_dir
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    dir_a, _ = _tiny_bert_dir(tmp_path / "a", pooling_cls=False)
+    dir_b, _ = _tiny_bert_dir(tmp_path / "b", pooling_cls=True)
+    reg = ModelRegistry(max_models=1)
+    reg.add_dir(dir_a, "bert-a")
+    reg.add_dir(dir_b, "bert-b")
+    app = create_app(ServerConfig(default_model=False), registry=reg)
+    dev = app.state.server.dev
+    with TestClient(app) as c:
+        first = {}
+        for round_ in range(2):
+            for name in ("bert-a", "bert-b"):
+                r = c.post("/v1/embeddings", json={"model": name, "input": ["hello there"]})
+                assert r.status_code == 200, r.text
+                vec = r.json()["data"][0]["embedding"]
+                assert len(vec) == 64
+                if round_ == 0:
+                    first[name] = vec
+                else:
+                    assert vec == first[name]              # reloaded model, identical answer
+                assert reg.loaded_ids() == [name]
+                if round_ == 0 and name == "bert-b":
+                    allocated = dev.counters.allocated_bytes
+        assert reg.evictions >= 3
+        assert dev.counters.allocated_bytes == allocated       # eviction frees device memory
+    assert first["bert-a"] != first["bert-b"]

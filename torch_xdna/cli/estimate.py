@@ -22,6 +22,8 @@ def register(subparsers) -> None:
                    choices=("bf16", "int8", "int4", "bfp16"),
                    help="weight precision (repeatable; default bf16 and int4)")
     p.add_argument("--context", type=int, default=1024, help="tokens already in the KV cache")
+    p.add_argument("--layout", choices=("block", "layer"), default="block",
+                   help="launches per layer: block = attention + MLP (2), layer = 1")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=run)
 
@@ -49,7 +51,8 @@ def run(args: argparse.Namespace) -> int:
         return 2
     try:
         name, spec = resolve_spec(args.model)
-        rows = [estimate(spec, p, args.context) for p in (args.precision or ["bf16", "int4"])]
+        rows = [estimate(spec, p, args.context, layout=args.layout)
+                for p in (args.precision or ["bf16", "int4"])]
     except (ValueError, ModelDirError, UnsupportedModelError, PlanError) as e:
         print(f"xdna estimate: {e}", file=sys.stderr)
         return 2

@@ -34,6 +34,8 @@ def register(subparsers) -> None:
     p.add_argument("--precision", default="bf16", choices=PRECISION_CHOICES,
                    help="weight precision (fp32 is a verification mode, not NPU numerics)")
     p.add_argument("--max-context", type=int, help="KV cache capacity in tokens")
+    p.add_argument("--layout", choices=("block", "layer"), default="block",
+                   help="launches per layer: block = attention + MLP (2, default), layer = 1")
     p.add_argument("--json", action="store_true", help="print one JSON object (text + stats)")
     p.add_argument("--quiet", action="store_true", help="no progress bar, no stats line")
     p.set_defaults(func=run)
@@ -56,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
     prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
     try:
         engine = load_decoder(args.model, args.precision, max_context=args.max_context,
-                              quiet=args.quiet or args.json)
+                              quiet=args.quiet or args.json, layout=args.layout)
     except (ModelDirError, UnsupportedModelError, OSError) as e:
         print(f"xdna generate: {e}", file=sys.stderr)
         return 2

@@ -33,6 +33,56 @@ class TrainingGraphWarning(UserWarning):
     pass
 
 
+@torch.library.custom_op("xdna_compiler::sdpa", mutates_args=())
+def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: torch.Tensor | None,
+         is_causal: bool, scale: float | None, enable_gqa: bool) -> torch.Tensor:
+    """Scaled dot-product attention as ONE graph node on every device (on 'xdna' tensors the
+    core decomposition would otherwise expand it into a dozen math nodes)."""
+    out = torch.nn.functional.scaled_dot_product_attention(
+        q, k, v, attn_mask=attn_mask, is_causal=is_causal, scale=scale, enable_gqa=enable_gqa)
+    return _heads_inner(out.contiguous()) if out.dim() == 4 else out.contiguous()
+
+
+def _heads_inner(out: torch.Tensor) -> torch.Tensor:
+    """[B,H,S,D] values stored as [B,S,H,D]: the layout the output projection reads, so the
+    usual transpose(1, 2).reshape(B, S, H*D) after attention is a view, not a copy."""
+    return out.transpose(1, 2).contiguous().transpose(1, 2)
+
+
+@sdpa.register_fake
+def _(q, k, v, attn_mask, is_causal, scale, enable_gqa):
+    out = q.new_empty(tuple(q.shape[:-1]) + (v.shape[-1],))
+    return _heads_inner(out) if out.dim() == 4 else out
+
+
+SDPA_TARGETS = {torch._C._nn.scaled_dot_product_attention,
+                torch.nn.functional.scaled_dot_product_attention}
+
+
+def replace_sdpa(gm: torch.fx.GraphModule) -> int:
+    """Inference graphs: SDPA calls -> xdna_compiler::sdpa (kept whole through aot_autograd)."""
+    n_done = 0
+    for n in list(gm.graph.nodes):
+        if n.op != "call_function" or n.target not in SDPA_TARGETS:
+            continue
+        names = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale")
+        kw = dict(zip(names, n.args))
+        kw.update(n.kwargs)
+        if kw.get("dropout_p", 0.0) not in (0, 0.0):
+            continue
+        with gm.graph.inserting_before(n):
+            new = gm.graph.call_function(torch.ops.xdna_compiler.sdpa.default, (
+                kw["query"], kw["key"], kw["value"], kw.get("attn_mask"),
+                bool(kw.get("is_causal", False)), kw.get("scale"), bool(kw.get("enable_gqa", False))))
+        new.meta.update(n.meta)
+        n.replace_all_uses_with(new)
+        gm.graph.erase_node(n)
+        n_done += 1
+    if n_done:
+        gm.recompile()
+    return n_done
+
+
 def backward_compiler(gm: torch.fx.GraphModule, example_inputs):
     """Backward graphs are not fused: they run op by op (host, or the eager xdna device)."""
     n = sum(1 for x in gm.graph.nodes if x.op == "call_function")
@@ -47,6 +97,8 @@ def backward_compiler(gm: torch.fx.GraphModule, example_inputs):
 def capture(gm, example_inputs, forward_compiler):
     """aot_autograd with our decompositions; `forward_compiler(gm, inputs)` lowers forward or
     inference graphs."""
+    if not torch.is_grad_enabled():
+        replace_sdpa(gm)
     return aot_autograd(fw_compiler=forward_compiler, bw_compiler=backward_compiler,
                         inference_compiler=forward_compiler,
                         decompositions=decompositions())(gm, example_inputs)

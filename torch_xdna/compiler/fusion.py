@@ -19,7 +19,12 @@ from torch.fx import Node
 aten = torch.ops.aten
 
 GEMM_OPS = {aten.mm.default, aten.addmm.default, aten.bmm.default}
-SDPA_OPS = {aten._scaled_dot_product_flash_attention_for_cpu.default}
+SDPA_OPS = {aten._scaled_dot_product_flash_attention_for_cpu.default}   # + xdna_compiler::sdpa
+
+
+def _add_custom_sdpa() -> None:
+    from torch_xdna.compiler import capture    # defines the op
+    SDPA_OPS.add(capture.sdpa._opoverload)
 EMBEDDING_OPS = {aten.embedding.default}
 # reshape-like ops that only change geometry (views when the strides allow)
 VIEW_OPS = {aten.view.default, aten._unsafe_view.default, aten.reshape.default,
@@ -45,7 +50,7 @@ ELEMENTWISE = {
 }
 ROW_OPS = {aten.mean.dim: "mean", aten.sum.dim_IntList: "sum", aten.amax.default: "amax",
            aten._softmax.default: "softmax", aten.native_layer_norm.default: "layer_norm"}
-MULTI_OUTPUT = {aten.native_layer_norm.default, *SDPA_OPS}
+MULTI_OUTPUT = {aten.native_layer_norm.default, aten._scaled_dot_product_flash_attention_for_cpu.default}
 FLOAT = (torch.float32, torch.bfloat16, torch.float16)
 CHAIN_DTYPES = FLOAT + (torch.bool,)
 
@@ -227,5 +232,20 @@ def repeat_kv_source(node: Node) -> tuple[Node, int] | None:
     return kv, out_v.shape[1] // h
 
 
+def sdpa_args(node: Node) -> dict:
+    """q, k, v, mask, causal, scale, gqa, dropout of either SDPA node form."""
+    a = list(node.args)
+    if node.target == aten._scaled_dot_product_flash_attention_for_cpu.default:
+        return {"q": a[0], "k": a[1], "v": a[2], "dropout": a[3] if len(a) > 3 else 0.0,
+                "causal": bool(a[4] if len(a) > 4 else node.kwargs.get("is_causal", False)),
+                "mask": node.kwargs.get("attn_mask"), "scale": node.kwargs.get("scale"),
+                "gqa": False}
+    return {"q": a[0], "k": a[1], "v": a[2], "mask": a[3], "causal": bool(a[4]), "scale": a[5],
+            "gqa": bool(a[6]), "dropout": 0.0}
+
+
 def is_getitem(node: Node) -> bool:
     return node.op == "call_function" and node.target is operator.getitem
+
+
+_add_custom_sdpa()

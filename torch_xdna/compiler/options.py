@@ -22,10 +22,11 @@ def default_cache_dir() -> Path:
 
 @dataclass(frozen=True)
 class CompileOptions:
-    """fallback: policy for graph nodes with no NPU kernel (None: the device's TORCH_XDNA_FALLBACK).
+    """fallback: policy for graph nodes with no NPU kernel (None: TORCH_XDNA_FALLBACK).
     precision: PrecisionPlan (or its text form) for GEMM sites. cache: use the on-disk compile
-    cache in cache_dir. min_partition_size: NPU partitions with fewer compute nodes run on the
-    host (a tiny partition costs a dispatch and two transfers for little work). fuse: fusion on."""
+    cache in cache_dir. min_partition_size: a partition with fewer compute nodes and no
+    GEMM/attention/embedding runs on the host (a tiny elementwise partition costs a dispatch and
+    two transfers for little work). fuse: fusion on (off: one launch per op, for comparison)."""
 
     fallback: str | None = None
     precision: PrecisionPlan = field(default_factory=PrecisionPlan)

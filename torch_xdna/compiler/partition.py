@@ -27,6 +27,9 @@ FACTORY_OPS = {aten.arange.start_step, aten.arange.default, aten.arange.start, a
                aten.ones_like.default, aten.empty_like.default}
 
 
+HEAVY = fusion.GEMM_OPS | fusion.SDPA_OPS | fusion.EMBEDDING_OPS
+
+
 def _static(node: Node) -> bool:
     v = node.meta.get("val")
     vals = v if isinstance(v, (tuple, list)) else [v]
@@ -61,7 +64,7 @@ def why_unsupported(node: Node) -> str | None:
     if t in fusion.GEMM_OPS:
         return None if _inputs_ok(node, FLOAT) else "dtype"
     if t in fusion.SDPA_OPS:
-        if node.args[3:4] and node.args[3] not in (0, 0.0):
+        if fusion.sdpa_args(node)["dropout"] not in (0, 0.0):
             return "dropout"
         ok = _inputs_ok(node, FLOAT + (torch.bool,))
         return None if ok else "dtype"
@@ -105,7 +108,8 @@ def propose(gm: GraphModule, min_size: int) -> list[list[Node]]:
     out = []
     for p in part.propose_partitions():
         nodes = sorted(p.nodes, key=order.__getitem__)
-        if sum(is_compute(n) for n in nodes) >= min_size:
+        heavy = any(n.target in HEAVY for n in nodes)       # a GEMM/attention always pays off
+        if heavy or sum(is_compute(n) for n in nodes) >= min_size:
             out.append(nodes)
     out.sort(key=lambda ns: order[ns[0]])
     return out

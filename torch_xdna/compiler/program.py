@@ -23,7 +23,7 @@ from torch_xdna.compiler.options import CompileOptions
 from torch_xdna.hw import Generation
 from torch_xdna.kernels import EmbeddingDesign, GemmDesign
 from torch_xdna.kernels.base import Design
-from torch_xdna.kernels.fused import ChainDesign, SdpaDesign
+from torch_xdna.kernels.fused import ChainDesign, GatedGemmDesign, SdpaDesign
 from torch_xdna.runtime import Launch, PlanError, Program, TensorArg, get_device
 from torch_xdna.runtime.buffer import Coherence
 
@@ -70,6 +70,7 @@ class Slot:
     numel: int
     index: int = -1           # input position
     name: str = ""            # const attribute
+    sources: list = field(default_factory=list)   # packed: input positions concatenated (dim 0)
 
 
 @dataclass
@@ -187,6 +188,7 @@ class Lowerer:
         self.gqa: dict[Node, tuple[Node, int]] = {}
         self.lazy: dict[Node, tuple] = {}        # views of values a pending chain will produce
         self.view_src: dict[Node, tuple] = {}    # materialized views: (source, op, params)
+        self.producer: dict[Node, int] = {}      # plain GEMM result -> its launch index
         self.handled: set[Node] = set()
         self.members = set(gm.graph.nodes)
 
@@ -271,18 +273,26 @@ class Lowerer:
             self.emit_chain(nodes)
 
     def emit_chain(self, nodes: list[Node]) -> None:
-        before = set(self.refs)
+        """One ChainDesign if it plans; else the longest plannable prefix, then the rest."""
+        while nodes:
+            for cut in range(len(nodes), 0, -1):
+                if self.try_chain(nodes[:cut]):
+                    nodes = nodes[cut:]
+                    break
+            else:
+                raise Unlowerable(f"{nodes[0].name}: no chain plan fits")
+
+    def try_chain(self, nodes: list[Node]) -> bool:
+        refs_before, slots_before = set(self.refs), len(self.out.slots)
         try:
             design, ins, outs = self.build_chain(nodes)
             self.launch(design, ins, [self.refs[n] for n in outs], f"chain:{nodes[0].name}")
+            return True
         except PlanError:
-            for n in set(self.refs) - before:      # values of the failed attempt do not exist
+            for n in set(self.refs) - refs_before:     # values of the failed attempt do not exist
                 del self.refs[n]
-            if len(nodes) == 1:
-                raise Unlowerable(f"{nodes[0].name}: no chain plan fits") from None
-            h = len(nodes) // 2
-            self.emit_chain(nodes[:h])
-            self.emit_chain(nodes[h:])
+            del self.out.slots[slots_before:]
+            return False
 
     def build_chain(self, nodes: list[Node]):
         members = set(nodes) | {a for a, p in self.aliases.items() if p in set(nodes)}
@@ -386,9 +396,50 @@ class Lowerer:
             else:
                 if fusion.chain_step(n) is None:
                     raise Unlowerable(f"{n.name}: {n.target} has no NPU lowering")
-                self.to_chain(n)
+                if not (self.fuse and self.gated(n)):
+                    self.to_chain(n)
+        self.out.launches = [l for l in self.out.launches if l is not None]
         self.out.modeled_us = modeled_us(self.out, self.gen)
         return self.out
+
+    def gated(self, n: Node) -> bool:
+        """mul(act(A@Wg), A@Wu) of two already-emitted GEMMs -> one GatedGemmDesign launch."""
+        if n.target != aten.mul.Tensor or len(n.args) != 2:
+            return False
+        srcs = []
+        for a in n.args:
+            while isinstance(a, Node) and a in self.view_src and a not in self.producer:
+                a = self.view_src[a][0]              # through the reshape back to [M, N]
+            srcs.append(a)
+        if not all(isinstance(a, Node) and a in self.producer and len(a.users) == 1 for a in srcs):
+            return False
+        ls = [self.out.launches[self.producer[a]] for a in srcs]
+        if any(l is None for l in ls):
+            return False
+        (g, gi), (u, ui) = sorted(zip(ls, srcs), key=lambda x: x[0].design.epilogue == "none")
+        dg, du = g.design, u.design
+        if (dg.epilogue not in ("silu", "gelu", "gelu_tanh", "relu") or du.epilogue != "none"
+                or (dg.m, dg.k, dg.n, dg.batch, dg.dtype) != (du.m, du.k, du.n, du.batch, du.dtype)
+                or g.inputs[0] != u.inputs[0] or len(g.inputs) != 2 or len(u.inputs) != 2):
+            return False
+        out = self.new_value(n)
+        out2 = self.view_ref(out, "view", {"shape": tuple(g.outputs[0].shape)})
+        if out2 is None:
+            del self.refs[n]
+            return False
+        design = GatedGemmDesign(dg.m, dg.k, dg.n, dg.batch, dg.dtype, val(n).dtype, dg.epilogue)
+        try:
+            design.plan(self.gen)
+        except PlanError:
+            del self.refs[n]
+            return False
+        self.out.launches[self.producer[gi]] = None
+        self.out.launches[self.producer[ui]] = None
+        for x in srcs:
+            del self.producer[x]
+        self.out.launches.append(LaunchSpec(design, [g.inputs[0], g.inputs[1], u.inputs[1]], [out2],
+                                            g.op.replace("gate", "gated")))
+        return True
 
     def lower_view(self, n: Node) -> None:
         src = n.args[0]
@@ -411,6 +462,8 @@ class Lowerer:
             self.view_src[n] = (src, op, params)
 
     def lower_gemm(self, n: Node) -> None:
+        if self.fuse and self.horizontal(n):
+            return
         t, args = n.target, n.args
         if t == aten.addmm.default:
             bias, a, b = args[:3]
@@ -447,7 +500,94 @@ class Lowerer:
                   alpha=alpha, beta=beta)
         if "rounding" in {x.name for x in dataclasses.fields(GemmDesign)}:
             kw["rounding"] = num.rounding
+        first = len(self.out.launches)
         self.emit_gemm(kw, a_r, b_r, bias_r, res_r, out_r, f"gemm:{site_of(n) or n.name}")
+        if len(self.out.launches) == first + 1 and res_r is None and bias_r is None \
+                and out_v.dim() == 2:
+            self.producer[f.last] = first            # a candidate half of a gated MLP
+
+    # -- horizontal fusion: GEMMs sharing A (Q/K/V) -> one GEMM over packed weights ----------
+    def peek(self, node) -> Ref | None:
+        """The ref a not-yet-visited view node will have (None if not a pure view of a value)."""
+        if not isinstance(node, Node):
+            return None
+        if node in self.refs:
+            return self.refs[node]
+        if node in self.lazy:
+            return self.ref(node)               # at a GEMM the pending chain is flushed anyway
+        if node.target in fusion.VIEW_OPS and node not in self.in_chain:
+            src = self.peek(node.args[0])
+            if src is not None:
+                return self.view_ref(src, *fusion.view_step(node))
+        return None
+
+    def weight_ref(self, node, k: int | None = None) -> tuple[int, int] | None:
+        """(input position, N) if `node` is W^T of a contiguous [N, K] input (or a 1-D bias)."""
+        r = self.peek(node)
+        if r is None or self.out.slots[r.slot].kind != "input" or r.offset:
+            return None
+        if k is None:
+            ok = len(r.shape) == 1 and r.strides == (1,)
+            return (self.out.slots[r.slot].index, r.shape[0]) if ok else None
+        if len(r.shape) != 2 or r.shape[0] != k or r.strides != (1, k):
+            return None
+        return self.out.slots[r.slot].index, r.shape[1]
+
+    def horizontal(self, n: Node) -> bool:
+        if n.target not in (aten.mm.default, aten.addmm.default) or n.kwargs:
+            return False
+        off = 1 if n.target == aten.addmm.default else 0
+        a_ref = self.ref(n.args[off]) if isinstance(n.args[off], Node) else None
+        if a_ref is None or len(a_ref.shape) != 2:
+            return False
+        k = a_ref.shape[1]
+        group = []
+        for g in self.gm.graph.nodes:
+            if g in self.handled or g.target != n.target or g.kwargs or (g is not n and not group):
+                if g is not n:
+                    continue
+            if self.peek(g.args[off]) != a_ref:
+                continue
+            w = self.weight_ref(g.args[off + 1], k)
+            bias = self.weight_ref(g.args[0]) if off else (0, 0)
+            f = fusion.absorb_epilogue(g, bool(off), lambda x: False, self.members)
+            if w is None or bias is None or f.epilogue != "none" or f.bias or f.residual:
+                continue
+            if not (val(g).dtype == val(n).dtype and (not off or bias[1] == w[1])):
+                continue
+            group.append((g, w, bias, f))
+        if len(group) < 2 or group[0][0] is not n:
+            return False
+        n_total = sum(w[1] for _, w, _, _ in group)
+        m, dtype = a_ref.shape[0], val(n).dtype
+        num = self.opt.precision.resolve(site_of(n), "gemm")
+        kw = dict(m=m, k=k, n=n_total, dtype=num.dtype, out_dtype=dtype, bias=bool(off))
+        design = GemmDesign(**kw)
+        try:
+            design.plan(self.gen)
+        except PlanError:
+            return False
+        w_slot = self.slot("packed", dtype, n_total * k, sources=[w[0] for _, w, _, _ in group])
+        ins = [a_ref, Ref(w_slot, (k, n_total), (1, k), 0)]
+        if off:
+            b_slot = self.slot("packed", dtype, n_total, sources=[b[0] for _, _, b, _ in group])
+            ins.append(Ref(b_slot, (n_total,), (1,), 0))
+        out_slot = self.slot("temp", dtype, m * n_total)
+        col, results = 0, []
+        for g, w, _, f in group:
+            part = Ref(out_slot, (m, w[1]), (n_total, 1), col)
+            r = self.view_ref(part, "view", {"shape": tuple(val(f.last).shape)})
+            if r is None:
+                del self.out.slots[w_slot:]
+                return False
+            results.append((g, f, r))
+            col += w[1]
+        for g, f, r in results:
+            self.handled.update([g, *f.absorbed])
+            self.refs[f.last] = r
+        self.launch(design, ins, [Ref(out_slot, (m, n_total), (n_total, 1), 0)],
+                    f"gemm:{site_of(n) or n.name}+{len(group) - 1} siblings")
+        return True
 
     def emit_gemm(self, kw: dict, a, b, bias, res, out, op: str, depth: int = 0) -> None:
         design = GemmDesign(**kw)
@@ -466,38 +606,30 @@ class Lowerer:
                 self.emit_gemm({**kw, "n": hi - lo}, a, *part, op=op, depth=depth + 1)
 
     def lower_sdpa(self, n: Node) -> None:
-        q, k, v = n.args[:3]
-        causal = bool(n.args[4] if len(n.args) > 4 else n.kwargs.get("is_causal", False))
-        mask = n.kwargs.get("attn_mask")
-        qv = val(q)
-        b, hq, sq, d = qv.shape
-        scale = n.kwargs.get("scale")
-        scale = float(scale) if scale is not None else 1.0 / math.sqrt(d)
-        kv_refs, hkv = [], hq
-        for x in (k, v):
-            if x in self.gqa:
-                src, _ = self.gqa[x]
-                kv_refs.append(self.ref(src))
-                hkv = val(src).shape[1]
-            else:
-                kv_refs.append(self.ref(x))
+        a = fusion.sdpa_args(n)
+        q, k, v, mask = a["q"], a["k"], a["v"], a["mask"]
+        b, hq, sq, d = val(q).shape
+        scale = float(a["scale"]) if a["scale"] is not None else 1.0 / math.sqrt(d)
+        kv_refs = [self.ref(self.gqa[x][0]) if x in self.gqa else self.ref(x) for x in (k, v)]
         if len({r.shape[1] for r in kv_refs}) != 1:          # one of k/v folded, the other not
             raise Unlowerable(f"{n.name}: k and v head counts differ")
-        hkv = kv_refs[0].shape[1]
         ins = [self.ref(q)] + kv_refs
         mask_shape, mask_dtype = None, "float32"
         if mask is not None:
             ins.append(self.ref(mask))
             mask_shape, mask_dtype = tuple(val(mask).shape), dname(val(mask).dtype)
-        outs = [u for u in n.users if u.args[1] == 0]
-        self.handled.update(n.users)
+        if n.target in fusion.MULTI_OUTPUT:                   # the CPU flash op: (out, lse)
+            outs = [u for u in n.users if u.args[1] == 0]
+            self.handled.update(n.users)
+        else:
+            outs = [n]
         if not outs:
             return
         out_r = self.new_value(outs[0])
         for extra in outs[1:]:
             self.refs[extra] = out_r
-        design = SdpaDesign(b, hq, hkv, sq, kv_refs[0].shape[2], d, scale, causal, mask_shape,
-                            mask_dtype, dname(val(outs[0]).dtype))
+        design = SdpaDesign(b, hq, kv_refs[0].shape[1], sq, kv_refs[0].shape[2], d, scale,
+                            a["causal"], mask_shape, mask_dtype, dname(val(outs[0]).dtype))
         try:
             self.launch(design, ins, [out_r], f"attention:{site_of(n) or n.name}")
         except PlanError as e:
@@ -597,6 +729,22 @@ class CompiledPartition(torch.nn.Module):
         self._staged[i] = (t, t._version)
         return buf
 
+    def _pack(self, i: int, parts: list[torch.Tensor]):
+        """Weights of horizontally fused GEMMs, concatenated once per weight version."""
+        buf = self._persistent(i)
+        stamp = [(t, t._version) for t in parts]
+        last = self._staged.get(i)
+        if last is not None and all(a[0] is b[0] and a[1] == b[1] for a, b in zip(last, stamp)):
+            return buf
+        from torch_xdna.device import storage
+        host = [storage.host_view(t) if t.device.type == "xdna" else t.detach() for t in parts]
+        packed = torch.cat([h.contiguous() for h in host], dim=0)
+        get_device().read(buf)
+        buf.view(packed.dtype, tuple(packed.shape), contiguous(packed.shape), 0).copy_(packed)
+        buf.state = Coherence.HOST_DIRTY
+        self._staged[i] = stamp
+        return buf
+
     def forward(self, *args):
         from torch_xdna.device import storage
         dev = get_device()
@@ -611,6 +759,8 @@ class CompiledPartition(torch.nn.Module):
                     bases[i] = (storage.buffer_of(t), t.storage_offset())
                 else:
                     bases[i] = (self._stage(i, t, want), 0)
+            elif s.kind == "packed":
+                bases[i] = (self._pack(i, [args[j] for j in s.sources]), 0)
             elif s.kind == "const":
                 c = self.consts[s.name]
                 bases[i] = (self._stage(i, c, contiguous(c.shape)), 0)

@@ -19,7 +19,7 @@ import torch
 from torch_xdna.hw import Generation
 from torch_xdna.kernels.base import Design
 from torch_xdna.kernels.llm_blocks import (
-    PRECISIONS, AttentionBlockDesign, EmbedDesign, HeadDesign, MlpBlockDesign, default_group,
+    OPERANDS, PRECISIONS, AttentionBlockDesign, DecoderLayerDesign, EmbedDesign, HeadDesign, MlpBlockDesign, default_group,
     kv_bucket, rows_bucket,
 )
 from torch_xdna.models.spec import DecoderSpec
@@ -103,9 +103,15 @@ class PrecisionPolicy:
         return transform
 
 
+LAYOUTS = ("block", "layer")
+
+
 def step_designs(spec: DecoderSpec, policy: PrecisionPolicy, rows: int, kv_len: int,
-                 with_head: bool) -> list[tuple[str, int, Design]]:
-    """The launches of one forward chunk, in order: (role, layer, design)."""
+                 with_head: bool, layout: str = "block") -> list[tuple[str, int, Design]]:
+    """The launches of one forward chunk, in order: (role, layer, design). layout "block": an
+    attention-block and an MLP-block launch per layer (default); "layer": one launch per layer."""
+    if layout not in LAYOUTS:
+        raise ValueError(f"unknown layout {layout!r}; use one of {', '.join(LAYOUTS)}")
     pa, pm, ph = policy.attention, policy.mlp, policy.head
     ga, gm, gh = (policy.block_group(spec, k) for k in SITE_KINDS)
     common = dict(hidden=spec.hidden, rows=rows, eps=spec.rms_eps, norm_offset=spec.norm_offset)
@@ -120,7 +126,10 @@ def step_designs(spec: DecoderSpec, policy: PrecisionPolicy, rows: int, kv_len: 
             head_dim=spec.head_dim, kv_len=kv_len, qk_norm=spec.qk_norm,
             post_norm=spec.sandwich_norms, window=spec.layer_window[i], scale=spec.attn_scale,
             softcap=spec.attn_softcap, cache_bytes=4 if policy.exact else 2, **common)
-        out += [("attention", i, attn), ("mlp", i, mlp)]
+        if layout == "layer":
+            out.append(("layer", i, DecoderLayerDesign(attn, mlp)))
+        else:
+            out += [("attention", i, attn), ("mlp", i, mlp)]
     if with_head:
         out.append(("head", -1, HeadDesign(precision=ph, group=gh,
                                            vocab=spec.vocab, softcap=spec.final_softcap, **common)))
@@ -132,8 +141,11 @@ class Decoder:
 
     def __init__(self, spec: DecoderSpec, weights: dict[str, tuple[torch.Tensor, ...]],
                  policy: PrecisionPolicy, *, max_context: int | None = None,
-                 prefill_chunk: int = DEFAULT_CHUNK, device: Device | None = None):
-        self.spec, self.policy = spec, policy
+                 prefill_chunk: int = DEFAULT_CHUNK, device: Device | None = None,
+                 layout: str = "block"):
+        if layout not in LAYOUTS:
+            raise ValueError(f"unknown layout {layout!r}; use one of {', '.join(LAYOUTS)}")
+        self.spec, self.policy, self.layout = spec, policy, layout
         self.dev = device or get_device()
         self.capacity = int(min(max_context or 4096, spec.max_positions))
         self.chunk = int(prefill_chunk)
@@ -177,6 +189,7 @@ class Decoder:
             self.dev.free(a.buffer)
         self._owned = []
         self._programs = {}
+        OPERANDS.clear()             # sim-side operand copies keep freed storages alive
 
     @property
     def resident_bytes(self) -> int:
@@ -196,31 +209,39 @@ class Decoder:
         x = self._rows_view(self.x, rows)
         ids = self._rows_view(self.ids, rows)
         launches = []
-        for role, i, design in step_designs(spec, self.policy, rows, kv_len, with_head):
-            p = f"layers.{i}."
+        for role, i, design in step_designs(spec, self.policy, rows, kv_len, with_head,
+                                            self.layout):
             if role == "embed":
                 launches.append(Launch(design, [*w["embed"], ids], [x], s, op="embed"))
-            elif role == "attention":
-                ins = [x, *w[p + "attn_norm"]]
-                if spec.qk_norm:
-                    ins += [*w[p + "q_norm"], *w[p + "k_norm"]]
-                ins += [*w[p + "qkv"], *w[p + "o"]]
-                if spec.sandwich_norms:
-                    ins += [*w[p + "attn_post_norm"]]
-                ins += list(self.rope[spec.layer_rope[i]])
-                outs = [x, self.cache.k[i], self.cache.v[i]]
-                launches.append(Launch(design, ins, outs, s, op=f"layer{i}.attention"))
-            elif role == "mlp":
-                ins = [x, *w[p + "mlp_norm"], *w[p + "gate_up"], *w[p + "down"]]
-                if spec.sandwich_norms:
-                    ins += [*w[p + "mlp_post_norm"]]
-                launches.append(Launch(design, ins, [x], s, op=f"layer{i}.mlp"))
-            else:
+            elif role == "head":
                 launches.append(Launch(design, [x, *w["final_norm"], *w["lm_head"]], [self.logits],
                                        s, op="lm_head"))
+            else:
+                kv = [x, self.cache.k[i], self.cache.v[i]]
+                ins = {"attention": self._attention_inputs(x, i), "mlp": self._mlp_inputs(x, i),
+                       "layer": self._attention_inputs(x, i) + self._mlp_inputs(x, i)[1:]}[role]
+                launches.append(Launch(design, ins, [x] if role == "mlp" else kv, s,
+                                       op=f"layer{i}.{role}"))
         prog = Program(launches, name=f"{spec.family}.{'decode' if rows == 1 else 'prefill'}")
         self._programs[key] = prog
         return prog
+
+    def _attention_inputs(self, x: TensorArg, i: int) -> list[TensorArg]:
+        spec, w, p = self.spec, self.w, f"layers.{i}."
+        ins = [x, *w[p + "attn_norm"]]
+        if spec.qk_norm:
+            ins += [*w[p + "q_norm"], *w[p + "k_norm"]]
+        ins += [*w[p + "qkv"], *w[p + "o"]]
+        if spec.sandwich_norms:
+            ins += [*w[p + "attn_post_norm"]]
+        return ins + list(self.rope[spec.layer_rope[i]])
+
+    def _mlp_inputs(self, x: TensorArg, i: int) -> list[TensorArg]:
+        spec, w, p = self.spec, self.w, f"layers.{i}."
+        ins = [x, *w[p + "mlp_norm"], *w[p + "gate_up"], *w[p + "down"]]
+        if spec.sandwich_norms:
+            ins += [*w[p + "mlp_post_norm"]]
+        return ins
 
     # -- execution -------------------------------------------------------------------------
     def reset(self) -> None:
@@ -262,7 +283,8 @@ def default_cache_dir() -> Path:
 
 
 def estimate_step(spec: DecoderSpec, policy: PrecisionPolicy, gen: Generation, rows: int,
-                  kv_len: int, with_head: bool, previous: list | None = None) -> dict:
+                  kv_len: int, with_head: bool, previous: list | None = None,
+                  layout: str = "block") -> dict:
     """Modeled cost of one Program from plans only (no weights): charges the launches in order
     through the simulator's cost model, as one chained dispatch. `previous`: the designs of the
     program that ran before (sets what is configured on the array)."""
@@ -272,7 +294,7 @@ def estimate_step(spec: DecoderSpec, policy: PrecisionPolicy, gen: Generation, r
         cm.charge(d.key, d.plan(gen), chained=True)
     us = dram = weight = kv = 0.0
     terms: dict[str, float] = {}
-    designs = [d for _, _, d in step_designs(spec, policy, rows, kv_len, with_head)]
+    designs = [d for _, _, d in step_designs(spec, policy, rows, kv_len, with_head, layout)]
     for j, d in enumerate(designs):
         plan = d.plan(gen)
         t = cm.charge(d.key, plan, chained=j > 0)

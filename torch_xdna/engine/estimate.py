@@ -33,25 +33,26 @@ def default_generation() -> Generation:
 
 
 def estimate(spec: DecoderSpec, precision="bf16", context: int = 1024, *, group: int = 0,
-             prefill_chunk: int = DEFAULT_CHUNK, gen: Generation | None = None) -> dict:
+             prefill_chunk: int = DEFAULT_CHUNK, gen: Generation | None = None,
+             layout: str = "block") -> dict:
     """Modeled cost of decoding at `context` tokens and of prefilling a `context`-token prompt."""
     gen = gen or default_generation()
     policy = PrecisionPolicy.parse(precision, group)
     cap = max(spec.max_positions, context + 1)
     kv = kv_bucket(context + 1, cap)
-    warm = estimate_step(spec, policy, gen, 1, kv, True)["designs"]
-    step = estimate_step(spec, policy, gen, 1, kv, True, previous=warm)
+    warm = estimate_step(spec, policy, gen, 1, kv, True, layout=layout)["designs"]
+    step = estimate_step(spec, policy, gen, 1, kv, True, previous=warm, layout=layout)
     decode_us = step["modeled_us"]
     floor_us = step["dram_bytes"] / gen.npu_read_bps.value * 1e6
     prefill_us, prev, pos = 0.0, warm, 0
     while pos < context:
         n = min(prefill_chunk, context - pos)
         s = estimate_step(spec, policy, gen, rows_bucket(n, prefill_chunk), kv_bucket(pos + n, cap),
-                          pos + n == context, previous=prev)
+                          pos + n == context, previous=prev, layout=layout)
         prefill_us += s["modeled_us"]
         prev, pos = s["designs"], pos + n
     return {
-        "precision": policy.ident(), "context": context, "generation": gen.name,
+        "precision": policy.ident(), "layout": layout, "context": context, "generation": gen.name,
         "params_m": spec.params() / 1e6, "layers": spec.layers,
         "modeled_decode_ms_per_token": decode_us / 1e3,
         "modeled_decode_tok_s": 1e6 / decode_us,

@@ -183,7 +183,8 @@ class Engine:
     # -- generation ------------------------------------------------------------------------
     def generate(self, prompt: Prompt, config: GenerationConfig | None = None) -> Iterator[Chunk]:
         """Stream the continuation of `prompt` as Chunks; the last one carries finish_reason and
-        stats. Close the iterator to stop early."""
+        stats. Prompt and config errors raise here; EngineBusy at the first next() if another
+        generation is running. Close the iterator to stop early."""
         config = config or GenerationConfig()
         if config.max_tokens < 0:
             raise ValueError(f"max_tokens must be >= 0, got {config.max_tokens}")
@@ -194,12 +195,13 @@ class Engine:
         if len(ids) >= self.decoder.capacity:
             raise ContextOverflow(f"the prompt has {len(ids)} tokens; the KV cache holds "
                                   f"{self.decoder.capacity} (raise max_context)")
-        if not self._lock.acquire(blocking=False):
-            raise EngineBusy("a generation is already running on this engine; finish or close "
-                             "its iterator first (the engine serves one request at a time)")
         return self._run(ids, config)
 
     def _run(self, ids: list[int], config: GenerationConfig) -> Iterator[Chunk]:
+        # taken at the first next(), so an iterator that is never started holds nothing
+        if not self._lock.acquire(blocking=False):
+            raise EngineBusy("a generation is already running on this engine; finish or close "
+                             "its iterator first (the engine serves one request at a time)")
         try:
             yield from self._loop(ids, config)
         finally:
@@ -299,13 +301,14 @@ class Engine:
 def load_decoder(model_dir: str | Path, precision: str | Mapping[str, str] = "bf16", *,
                  group: int = 0, max_context: int | None = None, prefill_chunk: int = 128,
                  device: Device | None = None, cache_dir: str | Path | None | bool = None,
-                 quiet: bool = False) -> Engine:
+                 quiet: bool = False, layout: str = "block") -> Engine:
     """Load a HF decoder directory (Qwen3, Llama, Gemma 3 text) onto the device.
 
     precision: bf16 | int8 | int4 | bfp16 | fp32 (verification mode), or per site
     {'attention': ..., 'mlp': ..., 'head': ..., 'default': ...}. Quantized weights are cached on
     disk under cache_dir (default $TORCH_XDNA_CACHE_DIR or ~/.cache/torch_xdna; False disables).
     max_context: KV cache capacity in tokens (default min(4096, the model's maximum)).
+    layout: "block" (an attention-block and an MLP-block launch per layer) or "layer" (one).
     """
     files = read_model(model_dir)
     policy = PrecisionPolicy.parse(precision, group)
@@ -317,5 +320,5 @@ def load_decoder(model_dir: str | Path, precision: str | Mapping[str, str] = "bf
                            quiet=quiet)
     tok = Tokenizer(files.path) if (files.path / "tokenizer.json").is_file() else None
     decoder = Decoder(files.spec, weights, policy, max_context=max_context,
-                      prefill_chunk=prefill_chunk, device=device)
+                      prefill_chunk=prefill_chunk, device=device, layout=layout)
     return Engine(files, decoder, tok)

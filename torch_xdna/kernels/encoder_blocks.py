@@ -1,10 +1,12 @@
 """Fused encoder (BERT-family) blocks: one launch each for embeddings, attention, FFN and pooling.
 
 A fused design is a sequence of component designs run back to back on the array. Its reference
-calls the components' references (so the numerics are exactly theirs: bf16 operands, fp32
-accumulation); its plan is the components' plans combined: DRAM bytes and compute add up (the
-intermediates between components are counted as spilled to DRAM, a conservative choice), and the
-capacity checks are the components' own, so an oversized shape raises their PlanError.
+has the components' numerics (bf16 operands, fp32 accumulation; the vector steps call the
+VectorDesign/EmbeddingDesign references, attention calls attention_reference); its plan is the
+components' plans combined: DRAM bytes and compute add up (the intermediates between components
+are counted as spilled to DRAM, a conservative choice), and the capacity checks are the
+components' own, so an oversized shape raises their PlanError. Weights are bf16 (the operand
+format), so the GEMMs here are bf16 GEMMs.
 """
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ from torch_xdna.kernels.activations import apply_epilogue
 from torch_xdna.kernels.attention import attention_reference
 from torch_xdna.kernels.base import Design
 from torch_xdna.kernels.gemm import GemmDesign
+from torch_xdna.kernels.llm_blocks import OPERANDS
 from torch_xdna.kernels.vector import EmbeddingDesign, VectorDesign
 from torch_xdna.runtime.plan import Plan, PlanError
 
@@ -57,8 +60,18 @@ def linear_rows(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, chunk: int, a
     accumulation), multiplied `chunk` rows at a time. The array computes each output tile on its
     own, so a row's result never depends on the other rows of the batch; one big host matmul would
     pick different kernels (and rounding) per batch size, so we keep the blocks fixed too."""
-    xo, wo = numerics.operand(x), numerics.operand(w)
-    acc = torch.cat([torch.matmul(xo[i:i + chunk], wo) for i in range(0, xo.shape[0], chunk)])
+    xo = numerics.operand(x)
+    # a resident bf16 weight already is an operand (real weights hold no subnormals to flush); the
+    # shared cache saves the simulator re-converting it on every launch
+    wo = OPERANDS.get([w], "bf16", 0) if w.dtype == torch.bfloat16 else numerics.operand(w)
+    rows, k = xo.shape
+    if rows % chunk == 0:
+        # one [chunk, K] x [K, N] product per block (a batched GEMM over an expanded weight: the
+        # same per-block kernel as a loop, without the per-call overhead)
+        nb = rows // chunk
+        acc = torch.bmm(xo.view(nb, chunk, k), wo.expand(nb, *wo.shape)).view(rows, -1)
+    else:
+        acc = torch.cat([torch.matmul(xo[i:i + chunk], wo) for i in range(0, rows, chunk)])
     acc = apply_epilogue(act, acc + numerics.operand(b))
     return acc + residual.float() if residual is not None else acc
 
@@ -133,7 +146,6 @@ class EncoderAttentionDesign(_Fused):
     hidden: int
     heads: int
     eps: float
-    dtype: str = "bf16"
     kind = "encoder_attention"
 
     def __post_init__(self):
@@ -146,12 +158,12 @@ class EncoderAttentionDesign(_Fused):
 
     @cached_property
     def _qkv(self) -> GemmDesign:
-        return GemmDesign(self.batch * self.seq, self.hidden, 3 * self.hidden, dtype=self.dtype,
+        return GemmDesign(self.batch * self.seq, self.hidden, 3 * self.hidden, dtype="bf16",
                           bias=True)
 
     @cached_property
     def _out(self) -> GemmDesign:
-        return GemmDesign(self.batch * self.seq, self.hidden, self.hidden, dtype=self.dtype,
+        return GemmDesign(self.batch * self.seq, self.hidden, self.hidden, dtype="bf16",
                           bias=True, residual=True)
 
     @cached_property
@@ -160,9 +172,9 @@ class EncoderAttentionDesign(_Fused):
 
     def components(self) -> list[Design]:
         bh, s, d, f32 = self.batch * self.heads, self.seq, self.head_dim, torch.float32
-        scores = GemmDesign(s, d, s, batch=bh, dtype=self.dtype)
+        scores = GemmDesign(s, d, s, batch=bh, dtype="bf16")
         softmax = VectorDesign("softmax", ((bh * s, s),), (f32,), (bh * s, s), f32, (("dim", -1),))
-        pv = GemmDesign(s, s, d, batch=bh, dtype=self.dtype)
+        pv = GemmDesign(s, s, d, batch=bh, dtype="bf16")
         return [self._qkv, scores, softmax, pv, self._out, self._ln]
 
     def reference(self, inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor],
@@ -191,7 +203,6 @@ class EncoderFFNDesign(_Fused):
     intermediate: int
     eps: float
     act: str = "gelu"
-    dtype: str = "bf16"
     chunk: int = 0
     kind = "encoder_ffn"
 
@@ -201,12 +212,12 @@ class EncoderFFNDesign(_Fused):
 
     @cached_property
     def _up(self) -> GemmDesign:
-        return GemmDesign(self.rows, self.hidden, self.intermediate, dtype=self.dtype, bias=True,
+        return GemmDesign(self.rows, self.hidden, self.intermediate, dtype="bf16", bias=True,
                           epilogue=self.act)
 
     @cached_property
     def _down(self) -> GemmDesign:
-        return GemmDesign(self.rows, self.intermediate, self.hidden, dtype=self.dtype, bias=True,
+        return GemmDesign(self.rows, self.intermediate, self.hidden, dtype="bf16", bias=True,
                           residual=True)
 
     @cached_property

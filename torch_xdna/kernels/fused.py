@@ -1,4 +1,4 @@
-"""Compiler-fused designs: an elementwise/row chain in one pass, and whole attention.
+"""Compiler-fused designs: an elementwise/row chain in one pass, whole attention, gated GEMM.
 
 ChainDesign runs a small expression graph (elementwise ops, row reductions/softmax/norms over the
 last dim, and layout ops such as slice/cat/permute that the DMA addresses) in one streaming pass:
@@ -11,6 +11,7 @@ array (flash style), so DRAM traffic is Q, K, V, the mask and the output.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from functools import cached_property
@@ -236,3 +237,43 @@ class SdpaDesign(Design):
                     compute_cycles=qk.compute_cycles + pv.compute_cycles + sm.compute_cycles,
                     notes={"scale": self.scale if math.isfinite(self.scale) else 0.0})
         return plan
+
+
+@dataclass(frozen=True)
+class GatedGemmDesign(Design):
+    """out = act(A @ Wg) * (A @ Wu): a gated MLP's gate and up projections as ONE GEMM over the
+    2N concatenated weight columns (A is read once), the gating done on the accumulators."""
+
+    m: int
+    k: int
+    n: int
+    batch: int = 1
+    dtype: str = "bf16"
+    out_dtype: torch.dtype = torch.float32
+    act: str = "silu"
+    kind = "gated_gemm"
+
+    @property
+    def name(self) -> str:
+        return f"gated_gemm[{self.dtype}]+{self.act}"
+
+    def _gemm(self, n: int, epilogue: str = "none") -> GemmDesign:
+        return GemmDesign(self.m, self.k, n, batch=self.batch, dtype=self.dtype, epilogue=epilogue)
+
+    def reference(self, inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor],
+                  **scalars: Any) -> None:
+        a, wg, wu = inputs
+        shape = tuple(outputs[0].shape)
+        g, u = torch.empty(shape), torch.empty(shape)
+        self._gemm(self.n, self.act).reference([a, wg], [g])
+        self._gemm(self.n).reference([a, wu], [u])
+        numerics.store(g * u, outputs[0])              # fp32 accumulators, gated in core
+
+    def plan(self, gen: Generation) -> Plan:
+        p = self._gemm(2 * self.n).plan(gen)
+        elems = self.batch * self.m * self.n
+        lanes = gen.vector_bits.value // 32
+        out = elems * self.out_dtype.itemsize
+        return dataclasses.replace(
+            p, design="gated_gemm", dram_write_bytes=out, vector_elems=p.vector_elems + 6 * elems,
+            compute_cycles=p.compute_cycles + 6 * elems / (lanes * max(1, p.cores)))

@@ -28,7 +28,6 @@ import torch
 from torch_xdna.hw import Generation
 from torch_xdna.kernels import numerics, quant
 from torch_xdna.kernels.activations import apply_epilogue
-from torch_xdna.kernels.attention import attention_reference
 from torch_xdna.kernels.base import Design, ceil_div, round_up
 from torch_xdna.kernels.gemm import GemmDesign
 from torch_xdna.kernels.vector import VectorDesign
@@ -65,8 +64,10 @@ def dequantize(tensors: Sequence[torch.Tensor], precision: str, group: int = 0) 
     exact fp32 in the fp32 verification mode). Formats: kernels/quant.py; the engine's
     quantizer (engine/quantize.py) writes them."""
     w = tensors[0]
-    if precision in ("fp32", "bf16"):
+    if precision == "fp32":
         return w.float()
+    if precision == "bf16":
+        return numerics.operand(w)
     if precision == "bfp16":
         return quant.decode_bfp16(w)
     g = group or default_group(precision)
@@ -118,10 +119,16 @@ def _rnd(exact: bool):
     return (lambda t: t.float()) if exact else numerics.operand
 
 
+def _const(t: torch.Tensor, exact: bool) -> torch.Tensor:
+    """A resident float input (norm weight, RoPE table) as an operand, converted once."""
+    return OPERANDS.get((t,), "fp32" if exact else "bf16", 0)
+
+
 def _rms(x: torch.Tensor, w: torch.Tensor, eps: float, offset: float, rnd) -> torch.Tensor:
+    """RMSNorm of operand(x) times w (+ offset); `w` is already an operand (see _const)."""
     x = rnd(x)
     y = x * torch.rsqrt((x * x).mean(-1, keepdim=True) + eps)
-    return y * (rnd(w) + offset) if offset else y * rnd(w)
+    return y * (w + offset) if offset else y * w
 
 
 def _linear(x: torch.Tensor, w: torch.Tensor, rnd, precision: str = "") -> torch.Tensor:
@@ -132,29 +139,38 @@ def _linear(x: torch.Tensor, w: torch.Tensor, rnd, precision: str = "") -> torch
 
 
 def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rnd) -> torch.Tensor:
-    """x [n, H, D] rotated by cos/sin [n, 1, D] (rotate-half convention)."""
+    """x [n, H, D] rotated by cos/sin [n, 1, D] (operands already, rotate-half convention)."""
     x = rnd(x)
     half = x.shape[-1] // 2
     rot = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-    return x * rnd(cos) + rot * rnd(sin)
+    return x * cos + rot * sin
 
 
-def _attend_exact(q, k, v, *, scale, q_offset, window, softcap) -> torch.Tensor:
-    """attention_reference without operand rounding (fp32 verification mode only)."""
-    hq, hkv = q.shape[1], k.shape[1]
-    if hq != hkv:
-        k = k.repeat_interleave(hq // hkv, dim=1)
-        v = v.repeat_interleave(hq // hkv, dim=1)
-    s = torch.matmul(q, k.transpose(-1, -2).float()) * scale
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float, q_offset: int,
+           window: int | None, softcap: float | None, exact: bool) -> torch.Tensor:
+    """Causal GQA attention of q [Hq, n, D] over cached k/v [Hkv, S, D] -> fp32 [Hq, n, D].
+
+    Numerically attention_reference (bf16 operands, fp32 scores/softmax, probabilities rounded
+    before p @ v) for caches that hold operand-rounded values, which the attention block
+    guarantees by storing operand(k), operand(v); without its repeat_interleave copies of the
+    cache (q heads are grouped per KV head instead). tests/test_llm_blocks.py checks the two
+    agree. exact=True: no rounding at all (fp32 verification mode)."""
+    hq, n, d = q.shape
+    hkv, skv = k.shape[0], k.shape[1]
+    g = hq // hkv
+    rnd = _rnd(exact)
+    qg = rnd(q).reshape(hkv, g * n, d)
+    s = torch.matmul(qg, k.float().transpose(-1, -2)) * scale
     if softcap is not None:
         s = torch.tanh(s / softcap) * softcap
-    qpos = torch.arange(s.shape[-2]).unsqueeze(1) + q_offset
-    kpos = torch.arange(s.shape[-1]).unsqueeze(0)
+    qpos = (torch.arange(n) + q_offset).repeat(g).unsqueeze(1)
+    kpos = torch.arange(skv).unsqueeze(0)
     allowed = kpos <= qpos
     if window is not None:
         allowed &= kpos > qpos - window
     s = s.masked_fill(~allowed, float("-inf"))
-    return torch.matmul(torch.softmax(s, dim=-1), v.float())
+    p = torch.nan_to_num(torch.softmax(s, dim=-1), nan=0.0)
+    return torch.matmul(rnd(p), v.float()).view(hq, n, d)
 
 
 def _take(inputs: Sequence[torch.Tensor], i: int, n: int) -> tuple[tuple, int]:
@@ -289,17 +305,17 @@ class AttentionBlockDesign(Design):
         exact = self.precision == "fp32"
         rnd = _rnd(exact)
         nt = weight_tensors(self.precision)
-        x, ln = inputs[0], inputs[1]
+        x, ln = inputs[0], _const(inputs[1], exact)
         i = 2
         if self.qk_norm:
-            qn, kn = inputs[2], inputs[3]
+            qn, kn = _const(inputs[2], exact), _const(inputs[3], exact)
             i = 4
         wqkv, i = _take(inputs, i, nt)
         wo, i = _take(inputs, i, nt)
         if self.post_norm:
-            pn = inputs[i]
+            pn = _const(inputs[i], exact)
             i += 1
-        cos_t, sin_t = inputs[i], inputs[i + 1]
+        cos_t, sin_t = _const(inputs[i], exact), _const(inputs[i + 1], exact)
         out, kc, vc = outputs
         hq, hkv, d = self.heads, self.kv_heads, self.head_dim
         xs = x[:n]
@@ -316,18 +332,13 @@ class AttentionBlockDesign(Design):
         sin = sin_t[pos:pos + n].unsqueeze(1)
         q = _rope(q, cos, sin, rnd)
         k = _rope(k, cos, sin, rnd)
-        kc[:, pos:pos + n].copy_(k.transpose(0, 1))
-        vc[:, pos:pos + n].copy_(v.transpose(0, 1))
+        kc[:, pos:pos + n].copy_(rnd(k).transpose(0, 1))
+        vc[:, pos:pos + n].copy_(rnd(v).transpose(0, 1))
         end = pos + n
         start = max(0, end - n - self.window + 1) if self.window is not None else 0
-        kk, vv = kc[:, start:end].unsqueeze(0), vc[:, start:end].unsqueeze(0)
-        qq = q.transpose(0, 1).unsqueeze(0)
-        kw = dict(scale=self.scale, q_offset=pos - start, window=self.window, softcap=self.softcap)
-        if exact:
-            a = _attend_exact(qq, kk, vv, **kw)
-        else:
-            a = attention_reference(qq, kk, vv, causal=True, **kw)
-        a = a[0].transpose(0, 1).reshape(n, hq * d)
+        a = attend(q.transpose(0, 1), kc[:, start:end], vc[:, start:end], scale=self.scale,
+                   q_offset=pos - start, window=self.window, softcap=self.softcap, exact=exact)
+        a = a.transpose(0, 1).reshape(n, hq * d)
         o = _linear(a, OPERANDS.get(wo, self.precision, self.group), rnd, self.precision)
         if self.post_norm:
             o = _rms(o, pn, self.eps, self.norm_offset, rnd)
@@ -383,9 +394,10 @@ class MlpBlockDesign(Design):
 
     def reference(self, inputs, outputs, pos: int = 0, n: int | None = None, **_: Any) -> None:
         n = self.rows if n is None else n
-        rnd = _rnd(self.precision == "fp32")
+        exact = self.precision == "fp32"
+        rnd = _rnd(exact)
         nt = weight_tensors(self.precision)
-        x, ln = inputs[0], inputs[1]
+        x, ln = inputs[0], _const(inputs[1], exact)
         wgu, i = _take(inputs, 2, nt)
         wd, i = _take(inputs, i, nt)
         xs = x[:n]
@@ -395,7 +407,7 @@ class MlpBlockDesign(Design):
         a = apply_epilogue(self.act, rnd(g)) * rnd(u)
         y = _linear(a, OPERANDS.get(wd, self.precision, self.group), rnd, self.precision)
         if self.post_norm:
-            y = _rms(y, inputs[i], self.eps, self.norm_offset, rnd)
+            y = _rms(y, _const(inputs[i], exact), self.eps, self.norm_offset, rnd)
         outputs[0][:n].copy_(xs.float() + y)
 
     def plan(self, gen: Generation) -> Plan:
@@ -434,8 +446,9 @@ class HeadDesign(Design):
 
     def reference(self, inputs, outputs, pos: int = 0, n: int | None = None, **_: Any) -> None:
         n = self.rows if n is None else n
-        rnd = _rnd(self.precision == "fp32")
-        x, ln = inputs[0], inputs[1]
+        exact = self.precision == "fp32"
+        rnd = _rnd(exact)
+        x, ln = inputs[0], _const(inputs[1], exact)
         w = OPERANDS.get(inputs[2:2 + weight_tensors(self.precision)], self.precision, self.group)
         h = _rms(x[n - 1:n], ln, self.eps, self.norm_offset, rnd)
         logits = _linear(h, w, rnd, self.precision)
@@ -467,3 +480,49 @@ def rows_bucket(n: int, chunk: int) -> int:
     while r < n:
         r *= 2
     return min(r, chunk) if n <= chunk else ceil_div(n, chunk) * chunk
+
+
+@dataclass(frozen=True)
+class DecoderLayerDesign(Design):
+    """One launch per layer: the attention block then the MLP block back to back on the array
+    (optional layout "layer"; the default layout runs them as two launches). Same numerics as the
+    two blocks; the plan is theirs combined (the residual row stays on chip between them).
+
+    inputs: the attention block's inputs, then the MLP block's inputs without x
+    outputs: out [rows,H] fp32, k_cache, v_cache
+    """
+
+    attention: AttentionBlockDesign
+    mlp: MlpBlockDesign
+    kind = "llm_layer"
+
+    @property
+    def name(self) -> str:
+        return f"llm.layer[{self.attention.precision}/{self.mlp.precision}]"
+
+    @property
+    def n_attention_inputs(self) -> int:
+        a = self.attention
+        return 2 + (2 if a.qk_norm else 0) + 2 * weight_tensors(a.precision) + (1 if a.post_norm else 0) + 2
+
+    def reference(self, inputs, outputs, **scalars: Any) -> None:
+        na = self.n_attention_inputs
+        self.attention.reference(inputs[:na], outputs, **scalars)
+        self.mlp.reference([outputs[0], *inputs[na:]], [outputs[0]], **scalars)
+
+    def plan(self, gen: Generation) -> Plan:
+        a, m = self.attention.plan(gen), self.mlp.plan(gen)
+        row = self.attention.rows * self.attention.hidden * 4        # x handed over on chip
+        return Plan(
+            design=self.kind, dtype=a.dtype, columns=max(a.columns, m.columns),
+            cores=max(a.cores, m.cores), tile=a.tile, l1_bytes=max(a.l1_bytes, m.l1_bytes),
+            memtile_bytes=max(a.memtile_bytes, m.memtile_bytes),
+            core_bds=max(a.core_bds, m.core_bds), memtile_bds=max(a.memtile_bds, m.memtile_bds),
+            core_locks=max(a.core_locks, m.core_locks), shim_tasks=max(a.shim_tasks, m.shim_tasks),
+            double_buffered=True, dram_read_bytes=a.dram_read_bytes + m.dram_read_bytes - row,
+            dram_write_bytes=a.dram_write_bytes + m.dram_write_bytes - row,
+            macs=a.macs + m.macs, padded_macs=a.padded_macs + m.padded_macs,
+            vector_elems=a.vector_elems + m.vector_elems,
+            compute_cycles=a.compute_cycles + m.compute_cycles,
+            notes={k: a.notes.get(k, 0) + m.notes.get(k, 0)
+                   for k in ("weight_bytes", "kv_read_bytes", "kv_write_bytes")})

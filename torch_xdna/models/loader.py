@@ -171,6 +171,13 @@ def load_weights(mf: ModelFiles, transform: Transform, transform_id: str,
                disable=quiet or not sys.stderr.isatty())
     for site in bar:
         out[site] = tuple(transform(site, _site_tensor(spec, sd, site, mf.path)))
+    # weights the spec has no place for would be silently dropped: refuse the ones that change
+    # the computation (biases, experts, extra norms); buffers like rotary inv_freq are harmless
+    unused = sorted(n for n in sd if not n.endswith("rotary_emb.inv_freq"))
+    if unused:
+        raise ModelDirError(
+            f"{mf.path}: {len(unused)} weight(s) the {spec.family} spec does not use, e.g. "
+            f"{', '.join(unused[:3])}; this checkpoint has features the engine does not implement")
     if cache_path is not None:
         _write_cache(cache_path, key, {f"{s}#{j}": t for s, ts in out.items() for j, t in enumerate(ts)})
     return out

@@ -14,8 +14,10 @@ import logging
 import threading
 import time
 import uuid
+from concurrent.futures import Future
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, AsyncIterator, Callable
 
 import torch
@@ -181,7 +183,7 @@ async def parse(request: Request, model: type[BaseModel]) -> Any:
     body = await request.body()
     try:
         data = json.loads(body)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:
         raise APIError(400, f"We could not parse the JSON body of your request ({e}). Send a "
                             f"JSON object with Content-Type: application/json.") from None
     if not isinstance(data, dict):
@@ -223,10 +225,15 @@ class Server:
         self.registry = registry or ModelRegistry(config.max_models)
         if registry is None:
             if config.default_model:
-                self.registry.add_default_embedding()
+                try:
+                    self.registry.add_default_embedding()
+                except RuntimeError as e:          # bundled model package not installed
+                    if not config.models:
+                        raise
+                    log.warning("%s; serving only the --model directories", e)
             for spec in config.models:
-                name, _, path = spec.rpartition("=") if "=" in spec else (None, "", spec)
-                self.registry.add_dir(path, name or None)
+                name, path = parse_model_arg(spec)
+                self.registry.add_dir(path, name)
         if not self.registry.entries:
             raise ValueError("no models to serve: give --model DIR or keep the default model")
         self.worker = DeviceWorker(config.max_queue)
@@ -238,7 +245,7 @@ class Server:
                 lambda: self.dev.counters.allocated_bytes)
 
     # -- worker plumbing --
-    def submit(self, job: Job) -> asyncio.Future:
+    def submit(self, job: Job) -> Future:
         try:
             fut = self.worker.submit(job)
         except QueueFull as e:
@@ -250,7 +257,7 @@ class Server:
             raise APIError(503, str(e), type="server_error", code="shutting_down") from None
         return fut
 
-    async def wait(self, fut) -> Any:
+    async def wait(self, fut: Future) -> Any:
         try:
             return await asyncio.wait_for(asyncio.wrap_future(fut), self.config.request_timeout_s)
         except asyncio.TimeoutError:
@@ -275,8 +282,20 @@ class Server:
         return run
 
     def preload(self) -> None:
+        """Make the first models resident; run one tiny embedding so the first request does not
+        pay for planning the smallest bucket's designs."""
         for entry in list(self.registry.entries.values())[:self.config.max_models]:
-            self.registry.get(entry)
+            model = self.registry.get(entry)
+            if entry.kind == "embedding":
+                model.embed(["warm up"])
+
+
+def parse_model_arg(spec: str) -> tuple[str | None, str]:
+    """"DIR" or "NAME=DIR" -> (name or None, dir); an existing directory is never split."""
+    if "=" not in spec or Path(spec).expanduser().is_dir():
+        return None, spec
+    name, _, path = spec.partition("=")
+    return name or None, path
 
 
 def create_app(config: ServerConfig | None = None, registry: ModelRegistry | None = None) -> FastAPI:
