@@ -57,14 +57,16 @@ def test_chained_command():
     dev = SimDevice(NPU4, 1 << 26)
     x, y = dev.upload(torch.ones(64)), dev.empty((64,), F32)
     launch = Launch(VectorDesign("relu", ((64,),), (F32,), (64,), F32), [x], [y])
-    dev.run(launch)
+    program = Program([launch] * 5, name="chain")
+    dev.run_program(program)                         # a program is one ELF: loaded once
     dev.trace = []
-    dev.run_program(Program([launch] * 5, name="chain"))
+    dev.run_program(program)
     times = [r.modeled_us for r in dev.trace]
     assert times[0] == pytest.approx(61.8, rel=0.02)
     for t in times[1:]:
         assert t == pytest.approx(9.0, rel=0.02)
-    assert dev.counters.dispatches == 2 and dev.counters.launches == 6
+    assert dev.counters.dispatches == 2 and dev.counters.launches == 10
+    assert dev.counters.reconfigurations == 1
 
 
 @pytest.mark.parametrize("dtype,out,target,tol", [
@@ -111,6 +113,9 @@ def test_reconfiguration_and_context_switches():
     # the 17th live context evicts the least recently used one
     t = cm.charge(designs[-1].key, plans[-1], chained=False)
     assert t.context_switch == pytest.approx(NPU4.ctx_switch_us.value)
+    # returning to a live context is a context switch, not a reload
+    t = cm.charge(designs[-2].key, plans[-2], chained=False)
+    assert t.context_switch == pytest.approx(NPU4.ctx_switch_us.value) and t.reconfig == 0
     # inside a chained program a different design is a configure point, not a reconfiguration
     t = cm.charge(designs[1].key, plans[1], chained=True)
     assert t.reconfig == pytest.approx(NPU4.configure_point_us.value)

@@ -75,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
         if args.json:
             r = engine.complete(prompt, cfg)
             s = r.stats
-            kind = "modeled" if backend == "sim" else "measured"
+            kind = "modeled" if backend == "sim" else "measured_npu"
             print(json.dumps({
                 "model": engine.model_name, "precision": engine.decoder.policy.ident(),
                 "backend": backend, "text": r.text, "finish_reason": r.finish_reason,

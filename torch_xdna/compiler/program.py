@@ -367,7 +367,9 @@ class Lowerer:
 
     # -- node kinds ----------------------------------------------------------------------------
     def run(self) -> Lowered:
-        for n in self.gm.graph.nodes:
+        placeholders = [n for n in self.gm.graph.nodes if n.op == "placeholder"]
+        others = [n for n in self.gm.graph.nodes if n.op != "placeholder"]
+        for n in placeholders + others:        # every input is known before any lookahead
             if n in self.handled:
                 continue
             if n.op == "placeholder":

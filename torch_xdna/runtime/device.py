@@ -67,6 +67,9 @@ class Device(ABC):
         self.trace: list[TraceRecord] | None = None   # enabled by the profiler
         self.lock = threading.RLock()
         self._live: set[int] = set()
+        # hardware context of the submission being executed: a program is one ELF/context;
+        # None means each launch is its own design context
+        self.submission_context: tuple | None = None
 
     # --- memory ---------------------------------------------------------------------------
     def alloc(self, nbytes: int) -> Buffer:
@@ -168,8 +171,12 @@ class Device(ABC):
         """Execute a program's launches as one chained submission."""
         with self.lock:
             self._prepare(program.launches)
-            for i, launch in enumerate(program.launches):
-                self._run(launch, chained=i > 0, program=program.name)
+            self.submission_context = program.key
+            try:
+                for i, launch in enumerate(program.launches):
+                    self._run(launch, chained=i > 0, program=program.name)
+            finally:
+                self.submission_context = None
             self.counters.launches += len(program.launches)
             self.counters.dispatches += 1
             self.counters.programs += 1

@@ -44,3 +44,8 @@ class Program:
 
     launches: list[Launch]
     name: str = "program"
+
+    @property
+    def key(self) -> tuple:
+        """Identity of the program's ELF: its designs in order (one hardware context)."""
+        return ("program",) + tuple(launch.design.key for launch in self.launches)

@@ -107,24 +107,46 @@ class CostModel:
     def __init__(self, gen: Generation):
         self.gen = gen
         self.current: tuple | None = None             # design configured on the array
+        self.current_context: tuple | None = None     # hardware context the array runs
         self.contexts: OrderedDict[tuple, None] = OrderedDict()   # LRU of live hw contexts
 
-    def charge(self, design_key: tuple, plan: Plan, chained: bool) -> CostTerms:
+    def charge(self, design_key: tuple, plan: Plan, chained: bool,
+               context: tuple | None = None) -> CostTerms:
+        """Charge one launch. `context` is the hardware context it runs in: the design itself
+        for a single launch, the whole program (one ELF) for a chained program's launches."""
         g = self.gen
         t = transfer_terms(g, plan)
         t.dispatch = g.chained_dispatch_us.value if chained else g.dispatch_us.value
-        if design_key != self.current:
+        ctx = design_key if context is None else context
+        if not chained:
+            if ctx != self.current_context:
+                if ctx in self.contexts:
+                    # the context is live: the array switches to it
+                    t.context_switch = g.ctx_switch_us.value
+                else:
+                    # a new xclbin/ELF is loaded; past the context limit the LRU one is evicted
+                    t.reconfig = g.reconfig_us.value
+                    if len(self.contexts) >= g.hw_contexts.value:
+                        self.contexts.popitem(last=False)
+                        t.context_switch = g.ctx_switch_us.value
+                    self.contexts[ctx] = None
+                self.current_context = ctx
+            self.contexts.move_to_end(ctx)
+        elif design_key != self.current:
             # inside one chained program a different design is a configure point of its ELF
-            t.reconfig = g.configure_point_us.value if chained else g.reconfig_us.value
-            self.current = design_key
-        if design_key not in self.contexts:
-            if len(self.contexts) >= g.hw_contexts.value:
-                self.contexts.popitem(last=False)
-                t.context_switch = g.ctx_switch_us.value
-            self.contexts[design_key] = None
-        self.contexts.move_to_end(design_key)
+            t.reconfig = g.configure_point_us.value
+        self.current = design_key
         return t
+
+    def charge_program(self, items, context: tuple | None = None) -> list[CostTerms]:
+        """Charge a program's (design key, plan) pairs exactly as `Device.run_program` does:
+        one chained submission running in one hardware context (the program's ELF). Estimators
+        (engine, compiler) use this so their figures equal what the simulator charges."""
+        items = list(items)
+        ctx = context if context is not None else ("program",) + tuple(k for k, _ in items)
+        return [self.charge(k, p, chained=i > 0, context=ctx) for i, (k, p) in enumerate(items)]
 
     def reset(self) -> None:
         self.current = None
+        self.current_context = None
         self.contexts.clear()

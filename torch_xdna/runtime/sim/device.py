@@ -52,7 +52,7 @@ class SimDevice(Device):
         t0 = time.perf_counter() if self.trace is not None else 0.0
         design.reference([a.host_view() for a in launch.inputs],
                          [a.host_view() for a in launch.outputs], **launch.scalars)
-        terms = self.cost.charge(design.key, plan, chained)
+        terms = self.cost.charge(design.key, plan, chained, context=self.submission_context)
         total = terms.total
         c = self.counters
         c.modeled_us += total
