@@ -106,7 +106,7 @@ class PrecisionPolicy:
 LAYOUTS = ("block", "layer")
 
 
-def step_designs(spec: DecoderSpec, policy: PrecisionPolicy, rows: int, kv_len: int,
+def step_designs(spec: DecoderSpec, policy: PrecisionPolicy, rows: int, capacity: int,
                  with_head: bool, layout: str = "block") -> list[tuple[str, int, Design]]:
     """The launches of one forward chunk, in order: (role, layer, design). layout "block": an
     attention-block and an MLP-block launch per layer (default); "layer": one launch per layer."""
@@ -123,7 +123,7 @@ def step_designs(spec: DecoderSpec, policy: PrecisionPolicy, rows: int, kv_len: 
     for i in range(spec.layers):
         attn = AttentionBlockDesign(
             precision=pa, group=ga, heads=spec.heads, kv_heads=spec.kv_heads,
-            head_dim=spec.head_dim, kv_len=kv_len, qk_norm=spec.qk_norm,
+            head_dim=spec.head_dim, capacity=capacity, qk_norm=spec.qk_norm,
             post_norm=spec.sandwich_norms, window=spec.layer_window[i], scale=spec.attn_scale,
             softcap=spec.attn_softcap, cache_bytes=4 if policy.exact else 2, **common)
         if layout == "layer":
@@ -200,8 +200,9 @@ class Decoder:
         shape = (rows,) + arg.shape[1:]
         return TensorArg(arg.buffer, arg.dtype, shape, arg.strides, arg.offset)
 
-    def program(self, rows: int, kv_len: int, with_head: bool) -> Program:
-        key = (rows, kv_len, with_head)
+    def program(self, rows: int, with_head: bool) -> Program:
+        """The Program of a chunk of `rows` (bucketed) tokens; built once, reused every token."""
+        key = (rows, with_head)
         prog = self._programs.get(key)
         if prog is not None:
             return prog
@@ -209,7 +210,7 @@ class Decoder:
         x = self._rows_view(self.x, rows)
         ids = self._rows_view(self.ids, rows)
         launches = []
-        for role, i, design in step_designs(spec, self.policy, rows, kv_len, with_head,
+        for role, i, design in step_designs(spec, self.policy, rows, self.capacity, with_head,
                                             self.layout):
             if role == "embed":
                 launches.append(Launch(design, [*w["embed"], ids], [x], s, op="embed"))
@@ -270,8 +271,7 @@ class Decoder:
             last = start + n == len(ids)
             dev.write(self.ids.buffer, torch.tensor(part, dtype=torch.int32))
             s["pos"], s["n"] = pos, n
-            dev.run_program(self.program(rows_bucket(n, self.chunk),
-                                         kv_bucket(pos + n, self.capacity), last))
+            dev.run_program(self.program(rows_bucket(n, self.chunk), last))
             pos += n
             self.cache.length = pos
         return dev.download(self.logits)[0]
@@ -282,27 +282,22 @@ def default_cache_dir() -> Path:
     return Path(env) if env else Path.home() / ".cache" / "torch_xdna" / "decoder-weights"
 
 
-def estimate_step(spec: DecoderSpec, policy: PrecisionPolicy, gen: Generation, rows: int,
-                  kv_len: int, with_head: bool, previous: list | None = None,
-                  layout: str = "block") -> dict:
-    """Modeled cost of one Program from plans only (no weights): charges the launches in order
-    through the simulator's cost model, as one chained dispatch. `previous`: the designs of the
-    program that ran before (sets what is configured on the array)."""
-    from torch_xdna.runtime.sim.cost import CostModel
-    cm = CostModel(gen)
-    for d in previous or []:
-        cm.charge(d.key, d.plan(gen), chained=True)
-    us = dram = weight = kv = 0.0
-    terms: dict[str, float] = {}
-    designs = [d for _, _, d in step_designs(spec, policy, rows, kv_len, with_head, layout)]
-    for j, d in enumerate(designs):
-        plan = d.plan(gen)
-        t = cm.charge(d.key, plan, chained=j > 0)
-        us += t.total
+def estimate_step(spec: DecoderSpec, policy: PrecisionPolicy, cost, rows: int, pos: int, n: int,
+                  capacity: int, with_head: bool, layout: str = "block") -> dict:
+    """Modeled cost of one forward chunk from plans only (no weights): the Program's launches
+    charged through `cost` (a runtime.sim.cost.CostModel, whose state carries over between
+    calls as the device's does) at the launch scalars pos/n, exactly as the sim charges them."""
+    designs = [d for _, _, d in step_designs(spec, policy, rows, capacity, with_head, layout)]
+    plans = [d.launch_plan(cost.gen, pos=pos, n=n) if hasattr(d, "launch_plan") else d.plan(cost.gen)
+             for d in designs]
+    terms = cost.charge_program([(d.key, p) for d, p in zip(designs, plans)])
+    out: dict = {"modeled_us": sum(t.total for t in terms), "launches": len(designs),
+                 "dispatches": 1, "terms_us": {}}
+    for t in terms:
         for name, v in t.as_dict().items():
-            terms[name] = terms.get(name, 0.0) + v
-        dram += plan.dram_read_bytes + plan.dram_write_bytes
-        weight += plan.notes.get("weight_bytes", 0)
-        kv += plan.notes.get("kv_read_bytes", 0) + plan.notes.get("kv_write_bytes", 0)
-    return {"modeled_us": us, "dram_bytes": dram, "weight_bytes": weight, "kv_bytes": kv,
-            "launches": len(designs), "dispatches": 1, "terms_us": terms, "designs": designs}
+            out["terms_us"][name] = out["terms_us"].get(name, 0.0) + v
+    out["dram_bytes"] = sum(p.dram_read_bytes + p.dram_write_bytes for p in plans)
+    out["weight_bytes"] = sum(p.notes.get("weight_bytes", 0) for p in plans)
+    out["kv_bytes"] = sum(p.notes.get("kv_read_bytes", 0) + p.notes.get("kv_write_bytes", 0)
+                          for p in plans)
+    return out

@@ -287,7 +287,7 @@ class AttentionBlockDesign(Design):
     heads: int
     kv_heads: int
     head_dim: int
-    kv_len: int                 # KV length charged by the plan (rounded up to KV_TILE)
+    capacity: int               # KV cache positions (the tiling is chosen for a full cache)
     qk_norm: bool = False
     post_norm: bool = False
     window: int | None = None
@@ -345,11 +345,25 @@ class AttentionBlockDesign(Design):
         out[:n].copy_(xs.float() + o)
 
     def plan(self, gen: Generation) -> Plan:
-        name = f"{self.name} rows={self.rows} kv={self.kv_len}"
+        """The plan at a full cache (capacity checks; what an unscaled launch is charged)."""
+        return self._plan_at(gen, kv_bucket(self.capacity, self.capacity))
+
+    def launch_plan(self, gen: Generation, pos: int = 0, n: int | None = None, **_: Any) -> Plan:
+        """The plan at this launch's KV extent (pos + n keys, in KV_TILE units): one design, one
+        program and one hardware context serve every token; memoized per extent."""
+        kv = kv_bucket(pos + (self.rows if n is None else n), self.capacity)
+        cache = self.__dict__.setdefault("_launch_plans", {})
+        plan = cache.get((gen.name, kv))
+        if plan is None:
+            plan = cache[(gen.name, kv)] = self._plan_at(gen, kv)
+        return plan
+
+    def _plan_at(self, gen: Generation, kv_len: int) -> Plan:
+        name = f"{self.name} rows={self.rows} kv={kv_len}"
         m, h, d = self.rows, self.hidden, self.head_dim
         qkv_n = (self.heads + 2 * self.kv_heads) * d
         group = self.heads // self.kv_heads
-        keys = self.kv_len if self.window is None else min(self.kv_len, round_up(self.window + m, KV_TILE))
+        keys = kv_len if self.window is None else min(kv_len, round_up(self.window + m, KV_TILE))
         attention_tiles(gen, name, m * group, d)
         stages = [_vec(gen, "rms_norm", m, h), _gemm(gen, m, h, qkv_n, self.precision, group=self.group),
                   _vec(gen, "mul", m, qkv_n, 2),
@@ -511,7 +525,17 @@ class DecoderLayerDesign(Design):
         self.mlp.reference([outputs[0], *inputs[na:]], [outputs[0]], **scalars)
 
     def plan(self, gen: Generation) -> Plan:
-        a, m = self.attention.plan(gen), self.mlp.plan(gen)
+        return self._combine(self.attention.plan(gen), self.mlp.plan(gen))
+
+    def launch_plan(self, gen: Generation, **scalars: Any) -> Plan:
+        a = self.attention.launch_plan(gen, **scalars)
+        cache = self.__dict__.setdefault("_launch_plans", {})
+        plan = cache.get(id(a))
+        if plan is None:
+            plan = cache[id(a)] = self._combine(a, self.mlp.plan(gen))
+        return plan
+
+    def _combine(self, a: Plan, m: Plan) -> Plan:
         row = self.attention.rows * self.attention.hidden * 4        # x handed over on chip
         return Plan(
             design=self.kind, dtype=a.dtype, columns=max(a.columns, m.columns),

@@ -51,12 +51,15 @@ def operand(x: torch.Tensor, rounding: str = ROUND_NEAREST_EVEN, ftz: bool = Tru
     held in fp32; integers unchanged."""
     if x.dtype not in FLOAT_DTYPES:
         return x
-    if x.dtype == torch.bfloat16:
-        y = x.float()
-    elif rounding == ROUND_NEAREST_EVEN:
-        y = x.to(torch.bfloat16).float()
-    else:
-        y = bf16_round(x, rounding)
+    if rounding == ROUND_NEAREST_EVEN or x.dtype == torch.bfloat16:
+        # round (RNE) and flush on the 2-byte form: a bf16 subnormal has a zero exponent field
+        b = x if x.dtype == torch.bfloat16 else x.to(torch.bfloat16)
+        if ftz:
+            tiny = (b.view(torch.int16) & 0x7F80) == 0
+            if bool(tiny.any()):
+                b = torch.where(tiny, b * 0, b)       # keeps the sign of zero
+        return b.float()
+    y = bf16_round(x, rounding)
     return flush_subnormals(y) if ftz else y
 
 
