@@ -99,7 +99,8 @@ def modeled_decode(precision: str, steps: int) -> dict:
     mb = d["dram_bytes"] / steps / 1e6
     floor_ms = mb * 1e6 / gen.npu_read_bps.value * 1e3
     return {
-        "model": "qwen3-0.6b (random weights)", "precision": precision, "context": CONTEXT,
+        "model": "qwen3-0.6b (random weights)", "precision": precision, "layout": "block",
+        "context": CONTEXT,
         "modeled_decode_ms_per_token": ms, "modeled_decode_tok_s": 1e3 / ms,
         "dispatches_per_token": d["dispatches"] / steps,
         "launches_per_layer": (d["launches"] / steps - 2) / spec.layers,
@@ -169,14 +170,6 @@ def _measured_vs_hf(quick: bool, AutoModelForCausalLM, Qwen3Config) -> dict:
     }
 
 
-def program_start_what_if(r: dict, gen) -> float:
-    """Floor ratio if the first launch of a re-dispatched program were charged a configure point
-    of its ELF instead of a full array reconfiguration (what the cost model charges today when the
-    program's first design differs from the previous program's last). A what-if, labelled so."""
-    saved = gen.reconfig_us.value - gen.configure_point_us.value
-    return (r["modeled_decode_ms_per_token"] - saved / 1e3) / r["floor_ms_per_token"]
-
-
 def run(quick: bool = False, threads: int = 1) -> dict:
     steps = 1 if quick else 3
     modeled = [modeled_decode(p, steps) for p in ("bf16", "int4")]
@@ -184,17 +177,14 @@ def run(quick: bool = False, threads: int = 1) -> dict:
     _, spec = resolve_spec("qwen3-0.6b")
     layer = [{**estimate(spec, p, CONTEXT, layout="layer"), "source": "plan estimate"}
              for p in ("bf16", "int4")]
-    gen = get_generation("npu4")
-    for r in modeled + layer:
-        r["what_if_floor_ratio_program_start_configure_point"] = program_start_what_if(r, gen)
     return {
         "modeled": modeled, "modeled_layer_layout": layer, "measured": measured,
         "targets": {"launches_per_layer_max": 2, "dispatches_per_token": 1,
                     "floor_ratio_max": TARGET_FLOOR_RATIO,
-                    "met": {r["precision"]: {"launches": r["launches_per_layer"] <= 2,
-                                             "dispatch": r["dispatches_per_token"] == 1,
-                                             "floor": r["floor_ratio"] <= TARGET_FLOOR_RATIO}
-                            for r in modeled}},
+                    "met": {f"{r['precision']}/{r.get('layout', 'block')}": {
+                        "launches": r["launches_per_layer"] <= 2,
+                        "dispatch": r["dispatches_per_token"] == 1,
+                        "floor": r["floor_ratio"] <= TARGET_FLOOR_RATIO} for r in modeled + layer}},
         "notes": "modeled = simulator cost model (not hardware); measured = wall clock on this host",
     }
 
@@ -215,11 +205,6 @@ def print_table(res: dict) -> None:
         print(f"  layout 'layer' (1 launch/layer, plan estimate) {r['precision']}: "
               f"{r['modeled_decode_ms_per_token']:.2f} ms/token, {r['floor_ratio']:.2f}x floor, "
               f"prefill {r['modeled_prefill_tok_s']:.0f} tok/s")
-    print("  what-if (not what the sim charges): program start as a configure point instead of a "
-          "3.9 ms reconfiguration -> x floor " + ", ".join(
-              f"{r['precision']}/{r.get('layout', 'block')} "
-              f"{r['what_if_floor_ratio_program_start_configure_point']:.2f}"
-              for r in res["modeled"] + res["modeled_layer_layout"]))
     for r in res["modeled"]:
         t = r["decode_terms_ms"]
         print(f"  {r['precision']} decode terms (ms): " + ", ".join(

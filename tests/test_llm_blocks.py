@@ -7,7 +7,7 @@ from torch_xdna.engine.decoder import PrecisionPolicy, step_designs
 from torch_xdna.engine.estimate import estimate, resolve_spec
 from torch_xdna.hw import NPU4
 from torch_xdna.kernels.llm_blocks import (
-    AttentionBlockDesign, MlpBlockDesign, kv_bucket, rows_bucket, weight_bytes,
+    AttentionBlockDesign, MlpBlockDesign, rows_bucket, weight_bytes,
 )
 from torch_xdna.models.families import BUILTIN_CONFIGS, spec_from_config
 from torch_xdna.runtime import PlanError
@@ -52,7 +52,7 @@ def test_capacity_errors_name_the_limit():
     with pytest.raises(PlanError, match="head_dim"):
         AttentionBlockDesign(hidden=1024, rows=1, precision="bf16", group=0, eps=1e-6,
                              norm_offset=0.0, heads=1, kv_heads=1, head_dim=8192,
-                             kv_len=128).plan(NPU4)
+                             capacity=128).plan(NPU4)
     with pytest.raises(PlanError, match="prefill chunk"):
         MlpBlockDesign(hidden=4096, rows=4096, precision="bf16", group=0, eps=1e-6,
                        norm_offset=0.0, intermediate=14336).plan(NPU4)
@@ -61,10 +61,13 @@ def test_capacity_errors_name_the_limit():
 def test_design_identity_is_static_per_token():
     _, spec = resolve_spec("qwen3-0.6b")
     pol = PrecisionPolicy.parse("int4")
-    a = step_designs(spec, pol, 1, kv_bucket(300, 4096), True)
-    b = step_designs(spec, pol, 1, kv_bucket(380, 4096), True)
-    assert [d.key for _, _, d in a] == [d.key for _, _, d in b]     # same 128-key bucket
-    assert len({d.key for _, _, d in a}) == 4                      # embed, attention, mlp, head
+    designs = [d for _, _, d in step_designs(spec, pol, 1, 4096, True)]
+    assert len({d.key for d in designs}) == 4                      # embed, attention, mlp, head
+    attn = designs[1]
+    # one design for every position; the launch is charged at its KV extent (128-key tiles)
+    a, b, c = (attn.launch_plan(NPU4, pos=p, n=1) for p in (300, 380, 600))
+    assert a is b and a.notes["kv_read_bytes"] < c.notes["kv_read_bytes"]
+    assert attn.plan(NPU4).notes["kv_read_bytes"] == 2 * 8 * 4096 * 128 * 2
     assert rows_bucket(5, 128) == 8 and rows_bucket(128, 128) == 128 and rows_bucket(1, 128) == 1
 
 

@@ -11,7 +11,6 @@ from llm_fixtures import build_model
 from torch_xdna.engine.decoder import estimate_step
 from torch_xdna.engine.generate import EngineBusy, GenerationConfig, StopMatcher, load_decoder
 from torch_xdna.engine.sampler import Sampler, SamplingParams
-from torch_xdna.kernels.llm_blocks import kv_bucket
 from torch_xdna.models.spec import UnsupportedModelError
 
 PROMPT = "the quick brown fox"
@@ -137,18 +136,27 @@ def test_one_generation_at_a_time_across_threads(engine):
 
 
 def test_modeled_stats_match_plans(engine):
-    r = engine.complete(PROMPT, GenerationConfig(max_tokens=6, stop_token_ids=()))
+    from torch_xdna.runtime.sim.cost import CostModel
+    from torch_xdna.kernels.llm_blocks import rows_bucket
+    cfg = GenerationConfig(max_tokens=6, stop_token_ids=())
+    engine.complete(PROMPT, cfg)
+    r = engine.complete(PROMPT, cfg)            # steady state: both programs already loaded
     s, dec = r.stats, engine.decoder
-    kv = kv_bucket(s.prompt_tokens + 2, dec.capacity)
-    warm = estimate_step(engine.spec, dec.policy, dec.dev.gen, 1, kv, True)
-    step = estimate_step(engine.spec, dec.policy, dec.dev.gen, 1, kv, True, previous=warm["designs"])
+    cost, p = CostModel(dec.dev.gen), s.prompt_tokens
+    for _ in range(2):                          # the same two generations, from plans only
+        pre = estimate_step(engine.spec, dec.policy, cost, rows_bucket(p, dec.chunk), 0, p,
+                            dec.capacity, True)
+        steps = [estimate_step(engine.spec, dec.policy, cost, 1, p + j, 1, dec.capacity, True)
+                 for j in range(s.generated_tokens - 1)]
     assert s.dispatches_per_token == 1.0
-    assert s.launches_per_token == step["launches"] == 2 * engine.spec.layers + 2
-    assert s.mb_per_token == pytest.approx(step["dram_bytes"] / 1e6, rel=1e-9)
-    # the engine's counters add cache-flush time of the ids/logits buffers (tiny)
-    assert s.modeled_decode_ms_per_token == pytest.approx(step["modeled_us"] / 1e3, rel=1e-3)
-    assert s.modeled_prefill_tok_s > 0 and s.measured_decode_tok_s > 0 and s.measured_ttft_s > 0
-    assert len([k for k in dec._programs if k[0] == 1]) == 1      # one decode program, reused
+    assert s.launches_per_token == steps[0]["launches"] == 2 * engine.spec.layers + 2
+    assert s.mb_per_token == pytest.approx(sum(x["dram_bytes"] for x in steps) / len(steps) / 1e6)
+    # the engine's counters add the cache-flush time of the ids/logits buffers (tiny)
+    want_ms = sum(x["modeled_us"] for x in steps) / len(steps) / 1e3
+    assert s.modeled_decode_ms_per_token == pytest.approx(want_ms, rel=1e-3)
+    assert s.modeled_prefill_tok_s == pytest.approx(p / (pre["modeled_us"] * 1e-6), rel=1e-3)
+    assert s.measured_decode_tok_s > 0 and s.measured_ttft_s > 0
+    assert [k for k in dec._programs if k[0] == 1] == [(1, True)]     # one decode program
 
 
 def test_unsupported_configs_refused_by_name(qwen_dir, tmp_path):

@@ -10,16 +10,19 @@ from __future__ import annotations
 import functools
 import logging
 import time
+import warnings
 from collections import Counter
 from dataclasses import dataclass, field
 
 import torch
 from torch._functorch.aot_autograd import make_boxed_func
 
-from torch_xdna.compiler import cache, partition
+from torch_xdna.compiler import cache, fusion, partition
 from torch_xdna.compiler.capture import capture
 from torch_xdna.compiler.options import CompileOptions
-from torch_xdna.compiler.program import CompiledPartition, Lowered, Unlowerable, lower
+from torch_xdna.compiler.lowered import Lowered
+from torch_xdna.compiler.program import Unlowerable, lower
+from torch_xdna.compiler.runner import CompiledPartition
 
 log = logging.getLogger("torch_xdna.compiler")
 
@@ -81,6 +84,12 @@ def wrap_host_nodes(gm: torch.fx.GraphModule) -> Counter:
 def compile_graph(gm: torch.fx.GraphModule, example_inputs, options: CompileOptions):
     from torch_xdna.runtime import get_device
     t0 = time.perf_counter()
+    if any(isinstance(v, torch.Tensor) and not fusion.static_shape(v)
+           for v in (n.meta.get("val") for n in gm.graph.nodes if n.op == "placeholder")):
+        warnings.warn("xdna compile: this graph has dynamic (symbolic) shapes; NPU designs need "
+                      "static shapes, so its nodes run on the host. Use torch.compile(..., "
+                      "dynamic=False) to get one NPU program per shape.", RuntimeWarning,
+                      stacklevel=2)
     name = f"graph{next(_counter)}"
     gen = get_device().gen
     stats = CompileStats()
@@ -155,11 +164,12 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs, options: CompileOpti
     return make_boxed_func(run)
 
 
-def xdna_backend(gm: torch.fx.GraphModule, example_inputs, options: dict | None = None, **kw):
-    """The Dynamo backend registered as "xdna"."""
-    opts = CompileOptions.from_dict({**(options or {}), **kw.pop("extra", {})})
-    if kw.get("mode") not in (None, "default"):
-        log.info("xdna backend: mode=%r is ignored (use options=...)", kw["mode"])
+def xdna_backend(gm: torch.fx.GraphModule, example_inputs, options: dict | None = None,
+                 mode: str | None = None):
+    """The Dynamo backend registered as "xdna" (torch.compile passes `options`/`mode` as keywords)."""
+    opts = CompileOptions.from_dict(options)
+    if mode not in (None, "default"):
+        log.info("xdna backend: mode=%r has no effect; use options={...}", mode)
     return capture(gm, example_inputs, functools.partial(compile_graph, options=opts))
 
 

@@ -10,7 +10,6 @@ This module only classifies and translates nodes; program.py decides materializa
 """
 from __future__ import annotations
 
-import operator
 from dataclasses import dataclass
 
 import torch
@@ -62,10 +61,6 @@ def val(node) -> torch.Tensor | None:
 
 def static_shape(t: torch.Tensor) -> bool:
     return all(isinstance(s, int) for s in t.shape) and all(isinstance(s, int) for s in t.stride())
-
-
-def tensor_args(node: Node) -> list[Node]:
-    return [a for a in node.all_input_nodes]
 
 
 def view_step(node: Node) -> tuple[str, dict]:
@@ -242,10 +237,6 @@ def sdpa_args(node: Node) -> dict:
                 "gqa": False}
     return {"q": a[0], "k": a[1], "v": a[2], "mask": a[3], "causal": bool(a[4]), "scale": a[5],
             "gqa": bool(a[6]), "dropout": 0.0}
-
-
-def is_getitem(node: Node) -> bool:
-    return node.op == "call_function" and node.target is operator.getitem
 
 
 _add_custom_sdpa()

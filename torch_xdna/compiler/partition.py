@@ -7,7 +7,6 @@ Everything else runs on the host under the fallback policy.
 from __future__ import annotations
 
 import operator
-from collections import Counter
 
 import torch
 from torch.fx import GraphModule, Node
@@ -138,15 +137,6 @@ def split(gm: GraphModule, parts: list[list[Node]]) -> GraphModule:
         return gm
     return fuse_by_partitions(gm, [dict.fromkeys(ns) for ns in parts], prefix=PREFIX,
                               always_return_tuple=True)
-
-
-def host_report(gm: GraphModule) -> Counter:
-    """Host compute nodes by op name (after splitting)."""
-    c: Counter = Counter()
-    for n in gm.graph.nodes:
-        if is_compute(n) and n.target not in FACTORY_OPS and n.op == "call_function":
-            c[op_name(n.target)] += 1
-    return c
 
 
 def op_name(target) -> str:

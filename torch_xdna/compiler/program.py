@@ -1,167 +1,36 @@
-"""Lowering one NPU partition (an FX GraphModule of core-ATen nodes) to a runtime Program.
+"""Lowering one NPU partition (an FX GraphModule of core-ATen nodes) to launch specs.
 
-Every value lives in a slot (a device buffer): partition inputs, constants, temporaries (kept
-across calls) and outputs. A value is a strided Ref over a slot, so reshapes/permutes/slices
-between launches cost nothing; only a view the strides cannot express becomes a copy (a
-one-step chain). The lowered form (slots + launch specs) is plain data: it is what the compile
-cache stores as JSON.
+Every value lives in a slot (a device buffer): partition inputs, constants, packed weights,
+temporaries (kept across calls) and outputs. A value is a strided Ref over a slot, so
+reshapes/permutes/slices between launches cost nothing; only a view the strides cannot express
+becomes a copy (a one-step chain). Fusion decisions come from fusion.py; every design is planned
+here (capacity checks), and a design that does not fit is split or the partition falls back.
 """
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import math
 import operator
-from dataclasses import dataclass, field
 
 import torch
 from torch.fx import GraphModule, Node
 
 from torch_xdna.compiler import fusion
 from torch_xdna.compiler.fusion import val
+from torch_xdna.compiler.lowered import (LaunchSpec, Lowered, Ref, Slot, contiguous, dname,
+                                         is_non_overlapping_and_dense, storage_numel)
 from torch_xdna.compiler.options import CompileOptions
 from torch_xdna.hw import Generation
 from torch_xdna.kernels import EmbeddingDesign, GemmDesign
 from torch_xdna.kernels.base import Design
 from torch_xdna.kernels.fused import ChainDesign, GatedGemmDesign, SdpaDesign
-from torch_xdna.runtime import Launch, PlanError, Program, TensorArg, get_device
-from torch_xdna.runtime.buffer import Coherence
+from torch_xdna.runtime import PlanError
 
 aten = torch.ops.aten
 
 
 class Unlowerable(Exception):
     """A node no design can hold (after splitting): the partition runs on the host instead."""
-
-
-def dname(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
-
-
-def contiguous(shape) -> tuple:
-    strides, acc = [], 1
-    for s in reversed(shape):
-        strides.append(acc)
-        acc *= max(int(s), 1)
-    return tuple(reversed(strides))
-
-
-def is_non_overlapping_and_dense(t: torch.Tensor) -> bool:
-    """True when the strides are a permutation of a contiguous layout (no gaps, no overlap)."""
-    dims = sorted((st, sz) for sz, st in zip(t.shape, t.stride()) if sz != 1)
-    acc = 1
-    for st, sz in dims:
-        if st != acc:
-            return False
-        acc *= sz
-    return True
-
-
-def storage_numel(shape, strides, offset=0) -> int:
-    if any(s == 0 for s in shape):
-        return max(offset, 1)
-    return offset + 1 + sum((s - 1) * st for s, st in zip(shape, strides))
-
-
-@dataclass
-class Slot:
-    kind: str                 # input | const | temp | output
-    dtype: str
-    numel: int
-    index: int = -1           # input position
-    name: str = ""            # const attribute
-    sources: list = field(default_factory=list)   # packed: input positions concatenated (dim 0)
-
-
-@dataclass
-class Ref:
-    slot: int
-    shape: tuple
-    strides: tuple
-    offset: int = 0
-
-
-@dataclass
-class LaunchSpec:
-    design: Design
-    inputs: list
-    outputs: list
-    op: str = ""
-
-
-@dataclass
-class Lowered:
-    name: str
-    slots: list = field(default_factory=list)
-    launches: list = field(default_factory=list)
-    outputs: list = field(default_factory=list)
-    input_strides: list = field(default_factory=list)
-    modeled_us: float = 0.0
-
-    # -- JSON (the compile cache) ------------------------------------------------------------
-    def to_json(self) -> dict:
-        return {"name": self.name, "slots": [dataclasses.asdict(s) for s in self.slots],
-                "launches": [{"design": encode_design(l.design),
-                              "inputs": [_ref_json(r) for r in l.inputs],
-                              "outputs": [_ref_json(r) for r in l.outputs], "op": l.op}
-                             for l in self.launches],
-                "outputs": [_ref_json(r) for r in self.outputs],
-                "input_strides": [list(s) for s in self.input_strides],
-                "modeled_us": self.modeled_us}
-
-    @classmethod
-    def from_json(cls, d: dict) -> "Lowered":
-        return cls(name=d["name"], slots=[Slot(**s) for s in d["slots"]],
-                   launches=[LaunchSpec(decode_design(l["design"]),
-                                        [_ref_from(r) for r in l["inputs"]],
-                                        [_ref_from(r) for r in l["outputs"]], l["op"])
-                             for l in d["launches"]],
-                   outputs=[_ref_from(r) for r in d["outputs"]],
-                   input_strides=[tuple(s) for s in d["input_strides"]],
-                   modeled_us=float(d["modeled_us"]))
-
-
-def _ref_json(r: Ref) -> list:
-    return [r.slot, list(r.shape), list(r.strides), r.offset]
-
-
-def _ref_from(x: list) -> Ref:
-    return Ref(int(x[0]), tuple(x[1]), tuple(x[2]), int(x[3]))
-
-
-def _enc(v):
-    if isinstance(v, torch.dtype):
-        return {"dtype": dname(v)}
-    if isinstance(v, (list, tuple)):
-        return {"tuple": [_enc(x) for x in v]}
-    if isinstance(v, float) and not math.isfinite(v):
-        return {"float": repr(v)}
-    return v
-
-
-def _dec(v):
-    if isinstance(v, dict):
-        if "dtype" in v:
-            return getattr(torch, v["dtype"])
-        if "tuple" in v:
-            return tuple(_dec(x) for x in v["tuple"])
-        if "float" in v:
-            return float(v["float"])
-    return v
-
-
-def encode_design(d: Design) -> dict:
-    cls = type(d)
-    return {"cls": f"{cls.__module__}:{cls.__qualname__}",
-            "fields": {f.name: _enc(getattr(d, f.name)) for f in dataclasses.fields(d)}}
-
-
-def decode_design(d: dict) -> Design:
-    mod, _, qual = d["cls"].partition(":")
-    if not mod.startswith("torch_xdna."):
-        raise ValueError(f"cached design class {d['cls']!r} is not a torch_xdna design")
-    cls = getattr(importlib.import_module(mod), qual)
-    return cls(**{k: _dec(v) for k, v in d["fields"].items()})
 
 
 # --- lowering ----------------------------------------------------------------------------------
@@ -235,10 +104,7 @@ class Lowerer:
         return Ref(ref.slot, tuple(r.shape), tuple(r.stride()), r.storage_offset())
 
     def launch(self, design: Design, ins: list[Ref], outs: list[Ref], op: str) -> None:
-        try:
-            design.plan(self.gen)
-        except PlanError:
-            raise
+        design.plan(self.gen)                 # PlanError when the array cannot hold it
         self.out.launches.append(LaunchSpec(design, list(ins), list(outs), op))
 
     # -- materialization -----------------------------------------------------------------------
@@ -660,7 +526,8 @@ class Lowerer:
 
     def finish(self, out_node: Node) -> None:
         results = []
-        for a in out_node.args[0]:
+        outs = out_node.args[0]
+        for a in (outs,) if isinstance(outs, Node) else outs:
             r = self.ref(a)
             if self.out.slots[r.slot].kind in ("input", "const"):
                 r = self.copy(r, f"copy:{a.name}")
@@ -689,105 +556,3 @@ def modeled_us(low: Lowered, gen: Generation) -> float:
     for _ in range(2):
         total = sum(cm.charge(k, p, chained=i > 0).total for i, (k, p) in enumerate(plans))
     return total
-
-
-# --- execution ---------------------------------------------------------------------------------
-class CompiledPartition(torch.nn.Module):
-    """Runs one lowered partition as ONE runtime Program per call."""
-
-    def __init__(self, low: Lowered, consts: dict[str, torch.Tensor]):
-        super().__init__()
-        self.low = low
-        self.consts = consts
-        self._bufs: dict[int, object] = {}           # persistent slot buffers
-        self._staged: dict[int, tuple] = {}          # slot -> (tensor, version) last uploaded
-
-    def _persistent(self, i: int):
-        buf = self._bufs.get(i)
-        if buf is None:
-            s = self.low.slots[i]
-            buf = get_device().alloc(s.numel * getattr(torch, s.dtype).itemsize)
-            self._bufs[i] = buf
-        return buf
-
-    def _stage(self, i: int, t: torch.Tensor, strides: tuple):
-        """Copy a host (or differently-strided) tensor into the slot's buffer, once per version."""
-        buf = self._persistent(i)
-        last = self._staged.get(i)
-        if last is not None and last[0] is t and last[1] == t._version:
-            return buf
-        src = t.detach()
-        if src.device.type == "xdna":
-            from torch_xdna.device import storage
-            src = storage.host_view(src)
-        s = self.low.slots[i]
-        get_device().read(buf)
-        shape = list(src.shape)
-        for d, st in enumerate(strides):
-            if st == 0 and shape[d] > 1:     # broadcast dim: one copy of the data is stored
-                src, shape[d] = src.narrow(d, 0, 1), 1
-        buf.view(getattr(torch, s.dtype), tuple(shape), strides, 0).copy_(src)
-        buf.state = Coherence.HOST_DIRTY
-        self._staged[i] = (t, t._version)
-        return buf
-
-    def _pack(self, i: int, parts: list[torch.Tensor]):
-        """Weights of horizontally fused GEMMs, concatenated once per weight version."""
-        buf = self._persistent(i)
-        stamp = [(t, t._version) for t in parts]
-        last = self._staged.get(i)
-        if last is not None and all(a[0] is b[0] and a[1] == b[1] for a, b in zip(last, stamp)):
-            return buf
-        from torch_xdna.device import storage
-        host = [storage.host_view(t) if t.device.type == "xdna" else t.detach() for t in parts]
-        packed = torch.cat([h.contiguous() for h in host], dim=0)
-        get_device().read(buf)
-        buf.view(packed.dtype, tuple(packed.shape), contiguous(packed.shape), 0).copy_(packed)
-        buf.state = Coherence.HOST_DIRTY
-        self._staged[i] = stamp
-        return buf
-
-    def forward(self, *args):
-        from torch_xdna.device import storage
-        dev = get_device()
-        on_device = any(isinstance(a, torch.Tensor) and a.device.type == "xdna" for a in args)
-        bases: dict[int, tuple] = {}
-        out_tensors: dict[int, torch.Tensor] = {}
-        for i, s in enumerate(self.low.slots):
-            if s.kind == "input":
-                t = args[s.index]
-                want = self.low.input_strides[s.index]
-                if t.device.type == "xdna" and tuple(t.stride()) == want:
-                    bases[i] = (storage.buffer_of(t), t.storage_offset())
-                else:
-                    bases[i] = (self._stage(i, t, want), 0)
-            elif s.kind == "packed":
-                bases[i] = (self._pack(i, [args[j] for j in s.sources]), 0)
-            elif s.kind == "const":
-                c = self.consts[s.name]
-                bases[i] = (self._stage(i, c, contiguous(c.shape)), 0)
-            elif s.kind == "output" and on_device:
-                base = storage.new_tensor([s.numel], [1], getattr(torch, s.dtype))
-                out_tensors[i] = base
-                bases[i] = (storage.buffer_of(base), 0)
-            else:
-                bases[i] = (self._persistent(i), 0)
-
-        def targ(r: Ref) -> TensorArg:
-            buf, off = bases[r.slot]
-            return TensorArg(buf, getattr(torch, self.low.slots[r.slot].dtype), r.shape,
-                             r.strides, off + r.offset)
-
-        launches = [Launch(l.design, [targ(r) for r in l.inputs], [targ(r) for r in l.outputs],
-                           op=l.op) for l in self.low.launches]
-        if launches:
-            dev.run_program(Program(launches, name=self.low.name))
-        results = []
-        for r in self.low.outputs:
-            if on_device:
-                results.append(storage.alias(out_tensors[r.slot], r.shape, r.strides, r.offset))
-            else:
-                a = targ(r)
-                dev.read(a.buffer)
-                results.append(a.host_view().clone())
-        return tuple(results)

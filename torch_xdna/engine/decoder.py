@@ -2,9 +2,10 @@
 
 Per token the engine runs ONE Program (one dispatch): embed, then per layer an attention-block and
 an MLP-block launch (2 per layer), then the head. Weights are uploaded once; activations, ids,
-logits and the KV cache are preallocated; a Program is built once per (rows, KV bucket, head) and
-reused, the position and valid-row count travel as launch scalars (one shared dict), so the
-token loop neither re-plans nor allocates device memory.
+logits and the KV cache are preallocated. A Program is built once per (rows bucket, head) and
+reused. The position and valid-row count travel as launch scalars in one shared dict, so the
+token loop neither re-plans nor allocates device memory, and the decode Program stays one
+hardware context.
 """
 from __future__ import annotations
 
@@ -16,11 +17,10 @@ from typing import Mapping
 
 import torch
 
-from torch_xdna.hw import Generation
 from torch_xdna.kernels.base import Design
 from torch_xdna.kernels.llm_blocks import (
-    OPERANDS, PRECISIONS, AttentionBlockDesign, DecoderLayerDesign, EmbedDesign, HeadDesign, MlpBlockDesign, default_group,
-    kv_bucket, rows_bucket,
+    OPERANDS, PRECISIONS, AttentionBlockDesign, DecoderLayerDesign, EmbedDesign, HeadDesign,
+    MlpBlockDesign, default_group, rows_bucket,
 )
 from torch_xdna.models.spec import DecoderSpec
 from torch_xdna.runtime import Device, Launch, Program, TensorArg, get_device

@@ -11,10 +11,11 @@ from pathlib import Path
 
 from torch_xdna.engine.decoder import DEFAULT_CHUNK, PrecisionPolicy, estimate_step
 from torch_xdna.hw import Generation, get_generation
-from torch_xdna.kernels.llm_blocks import kv_bucket, rows_bucket
+from torch_xdna.kernels.llm_blocks import rows_bucket
 from torch_xdna.models.families import BUILTIN_CONFIGS, spec_from_config
 from torch_xdna.models.hf import read_config
 from torch_xdna.models.spec import DecoderSpec
+from torch_xdna.runtime.sim.cost import CostModel
 
 
 def resolve_spec(model: str) -> tuple[str, DecoderSpec]:
@@ -38,19 +39,21 @@ def estimate(spec: DecoderSpec, precision="bf16", context: int = 1024, *, group:
     """Modeled cost of decoding at `context` tokens and of prefilling a `context`-token prompt."""
     gen = gen or default_generation()
     policy = PrecisionPolicy.parse(precision, group)
-    cap = max(spec.max_positions, context + 1)
-    kv = kv_bucket(context + 1, cap)
-    warm = estimate_step(spec, policy, gen, 1, kv, True, layout=layout)["designs"]
-    step = estimate_step(spec, policy, gen, 1, kv, True, previous=warm, layout=layout)
-    decode_us = step["modeled_us"]
-    floor_us = step["dram_bytes"] / gen.npu_read_bps.value * 1e6
-    prefill_us, prev, pos = 0.0, warm, 0
+    cap = max(min(spec.max_positions, 4096), context + 1)
+    cost = CostModel(gen)
+    # prefill a `context`-token prompt in chunks, then decode (the first decode step loads the
+    # decode program; the second is the steady state reported)
+    prefill_us, pos = 0.0, 0
     while pos < context:
         n = min(prefill_chunk, context - pos)
-        s = estimate_step(spec, policy, gen, rows_bucket(n, prefill_chunk), kv_bucket(pos + n, cap),
-                          pos + n == context, previous=prev, layout=layout)
+        s = estimate_step(spec, policy, cost, rows_bucket(n, prefill_chunk), pos, n, cap,
+                          pos + n == context, layout)
         prefill_us += s["modeled_us"]
-        prev, pos = s["designs"], pos + n
+        pos += n
+    estimate_step(spec, policy, cost, 1, context, 1, cap, True, layout)
+    step = estimate_step(spec, policy, cost, 1, context, 1, cap, True, layout)
+    decode_us = step["modeled_us"]
+    floor_us = step["dram_bytes"] / gen.npu_read_bps.value * 1e6
     return {
         "precision": policy.ident(), "layout": layout, "context": context, "generation": gen.name,
         "params_m": spec.params() / 1e6, "layers": spec.layers,

@@ -5,6 +5,7 @@
                         the cache + o_proj (+ Gemma post-norm) + residual
   MlpBlockDesign        norm + gate/up + act*mul + down (+ Gemma post-norm) + residual
   HeadDesign            final norm + lm_head (+ logit soft-capping) for one row
+  DecoderLayerDesign    attention block + MLP block as one launch (optional "layer" layout)
 
 Numerics (reference): the NPU's policy of kernels/numerics.py, i.e. bf16 operands and fp32
 accumulation; quantized weights are dequantized on the core to bf16 (`dequantize`). Precision
@@ -13,8 +14,10 @@ accumulation; quantized weights are dequantized on the core to bf16 (`dequantize
 Plans: built from the component GEMM/vector plans (compute cycles, tiles, capacity checks); DRAM
 traffic is what a fused block streams: every weight byte once per launch, the KV cache it reads
 and writes, its activations in and out (intermediates stay on chip). Per-token values (position,
-valid rows) are launch scalars, so one design (and its plan) serves every token; the attention
-design is keyed by the KV length rounded up to KV_TILE, the unit its kernel streams the cache in.
+valid rows) are launch scalars, so one design, one Program and one hardware context serve every
+token. The attention block's `launch_plan` charges a launch at its KV extent, rounded up to
+KV_TILE (the unit its kernel streams the cache in), memoized per extent; `plan` is the plan at a
+full cache, used for the capacity checks.
 """
 from __future__ import annotations
 
