@@ -104,8 +104,8 @@ def _decoder(kind: str, layers: int):
 
 
 # launches per call of the whole 2-layer model (embeddings + 2 layers + final norm/pooler);
-# per layer: BERT 7, Llama 8, Qwen3 10 — see docs/compiler.md
-BOUNDS = {"bert": 20, "llama": 18, "qwen3": 22}
+# per layer: BERT 5, Llama 6, Qwen3 8 — see docs/compiler.md
+BOUNDS = {"bert": 16, "llama": 14, "qwen3": 18}
 
 
 @pytest.mark.parametrize("kind", ["bert", "llama", "qwen3"])
@@ -122,10 +122,13 @@ def test_transformer_matches_cpu_in_one_dispatch(kind, tmp_path):
     assert s.launches <= BOUNDS[kind], s.line(kind)
     names = s.design_names
     assert sum(v for k, v in names.items() if k.startswith("attention")) == 2   # one per layer
-    act = "gemm[bf16]+bias+gelu" if kind == "bert" else "gated_gemm[bf16]+silu"
-    assert names.get(act) == 2, names               # FFN up (+gate) fused with its activation
+    # FFN: norm prologue + (gated) up GEMM with its activation, one launch per layer
+    ffn = ">gemm[bf16]+bias+gelu" if kind == "bert" else ">gated_gemm[bf16]+silu"
+    assert sum(v for k, v in names.items() if k.endswith(ffn)) == 2, names
+    # Q, K, V: one GEMM over packed weights per layer (with the norm as prologue, except BERT's
+    # first layer, whose embedding LayerNorm output also feeds the residual)
     qkv = "gemm[bf16]+bias" if kind == "bert" else "gemm[bf16]"
-    assert names.get(qkv) == 2, names               # Q, K, V: one GEMM over packed weights
+    assert sum(v for k, v in names.items() if k.endswith(qkv)) == 2, names
     assert sum(v for k, v in names.items() if k.endswith("+residual")) == 4  # o_proj, down
 
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from torch_xdna.engine.decoder import PrecisionPolicy, step_designs
+from torch_xdna.engine.decoder import DEFAULT_LAYOUT, PrecisionPolicy, step_designs
 from torch_xdna.engine.estimate import estimate, resolve_spec
 from torch_xdna.hw import NPU4
 from torch_xdna.kernels.llm_blocks import (
@@ -18,7 +18,8 @@ def test_qwen3_06b_decode_shape_and_bytes():
     assert (spec.hidden, spec.layers, spec.heads, spec.kv_heads, spec.head_dim) == (1024, 28, 16, 8, 128)
     assert spec.tie_embeddings and spec.qk_norm
     r = estimate(spec, "bf16", 1024)
-    assert r["launches_per_token"] == 2 * 28 + 2 and r["dispatches_per_token"] == 1
+    assert DEFAULT_LAYOUT == r["layout"] == "layer"
+    assert r["launches_per_token"] == 28 + 2 and r["dispatches_per_token"] == 1
     # each weight byte once per token: every matmul weight in bf16 (tied table read by the head)
     assert r["weight_mb_per_token"] * 1e6 == pytest.approx(2 * spec.params(), rel=1e-9)
     kv = 28 * 2 * 8 * 128 * 1152 * 2             # K and V of 1152 (= 1025 rounded to 128) positions
@@ -29,20 +30,29 @@ def test_qwen3_06b_decode_shape_and_bytes():
     assert i4["weight_mb_per_token"] < 0.3 * r["weight_mb_per_token"]
     assert i4["modeled_decode_ms_per_token"] < r["modeled_decode_ms_per_token"]
     assert i4["modeled_prefill_tok_s"] > 0
+    # the block layout: same weight and KV bytes, 2 launches per layer, more configure points
+    blk = estimate(spec, "bf16", 1024, layout="block")
+    assert blk["launches_per_token"] == 2 * 28 + 2 and blk["dispatches_per_token"] == 1
+    assert blk["weight_mb_per_token"] == r["weight_mb_per_token"]
+    assert blk["kv_mb_per_token"] == r["kv_mb_per_token"]
+    assert blk["modeled_decode_ms_per_token"] > r["modeled_decode_ms_per_token"]
 
 
 def test_all_builtin_shapes_plan():
     for name, cfg in BUILTIN_CONFIGS.items():
         spec = spec_from_config(cfg)
         for p in ("bf16", "int8", "int4", "bfp16"):
-            r = estimate(spec, p, 512)
+            assert estimate(spec, p, 512)["launches_per_layer"] == 1, (name, p)
+            r = estimate(spec, p, 512, layout="block")
             assert r["launches_per_layer"] == 2, (name, p)
 
 
 def test_gemma_sliding_layers_read_only_their_window():
     spec = spec_from_config(BUILTIN_CONFIGS["gemma-3-1b"])
-    designs = step_designs(spec, PrecisionPolicy.parse("bf16"), 1, 4096, True)
+    designs = step_designs(spec, PrecisionPolicy.parse("bf16"), 1, 4096, True, layout="block")
     attn = [d for role, _, d in designs if role == "attention"]
+    layers = step_designs(spec, PrecisionPolicy.parse("bf16"), 1, 4096, True)
+    assert [d.attention for role, _, d in layers if role == "layer"] == attn
     local = [d.plan(NPU4).notes["kv_read_bytes"] for d in attn if d.window]
     full = [d.plan(NPU4).notes["kv_read_bytes"] for d in attn if not d.window]
     assert len(local) == 22 and len(full) == 4 and max(local) * 6 < min(full)
@@ -61,8 +71,11 @@ def test_capacity_errors_name_the_limit():
 def test_design_identity_is_static_per_token():
     _, spec = resolve_spec("qwen3-0.6b")
     pol = PrecisionPolicy.parse("int4")
-    designs = [d for _, _, d in step_designs(spec, pol, 1, 4096, True)]
+    designs = [d for _, _, d in step_designs(spec, pol, 1, 4096, True, layout="block")]
     assert len({d.key for d in designs}) == 4                      # embed, attention, mlp, head
+    layer = [d for _, _, d in step_designs(spec, pol, 1, 4096, True)]
+    assert len({d.key for d in layer}) == 3                        # embed, layer, head
+    assert layer[1].launch_plan(NPU4, pos=300, n=1) is layer[1].launch_plan(NPU4, pos=380, n=1)
     attn = designs[1]
     # one design for every position; the launch is charged at its KV extent (128-key tiles)
     a, b, c = (attn.launch_plan(NPU4, pos=p, n=1) for p in (300, 380, 600))

@@ -149,7 +149,7 @@ def test_modeled_stats_match_plans(engine):
         steps = [estimate_step(engine.spec, dec.policy, cost, 1, p + j, 1, dec.capacity, True)
                  for j in range(s.generated_tokens - 1)]
     assert s.dispatches_per_token == 1.0
-    assert s.launches_per_token == steps[0]["launches"] == 2 * engine.spec.layers + 2
+    assert s.launches_per_token == steps[0]["launches"] == engine.spec.layers + 2   # layout "layer"
     assert s.mb_per_token == pytest.approx(sum(x["dram_bytes"] for x in steps) / len(steps) / 1e6)
     # the engine's counters add the cache-flush time of the ids/logits buffers (tiny)
     want_ms = sum(x["modeled_us"] for x in steps) / len(steps) / 1e3
@@ -214,23 +214,31 @@ def test_cli_generate_and_estimate(qwen_dir, capsys):
     assert main(["estimate", "qwen3-0.6b", "--json"]) == 0
     est = json.loads(capsys.readouterr().out)
     bf16 = est["results"][0]
-    assert bf16["launches_per_layer"] == 2 and bf16["dispatches_per_token"] == 1
-    assert 1.0 < bf16["floor_ratio"] < 2.0
+    assert bf16["layout"] == "layer" and bf16["launches_per_layer"] == 1
+    assert bf16["dispatches_per_token"] == 1 and 1.0 < bf16["floor_ratio"] < 2.0
+    assert main(["estimate", "qwen3-0.6b", "--json", "--layout", "block",
+                 "--precision", "bf16"]) == 0
+    blk = json.loads(capsys.readouterr().out)["results"][0]
+    assert blk["layout"] == "block" and blk["launches_per_layer"] == 2
     assert main(["estimate", str(qwen_dir), "--precision", "int8"]) == 0
     assert "int8" in capsys.readouterr().out
     assert main(["generate", str(qwen_dir / "nope"), "x"]) == 2
     assert "not a directory" in capsys.readouterr().err
 
 
-def test_layer_layout_same_tokens_fewer_launches(qwen_dir, engine):
+def test_layer_layout_same_tokens_fewer_launches(qwen_dir):
     cfg = GenerationConfig(max_tokens=8, stop_token_ids=())
-    want = engine.complete(PROMPT, cfg)
-    eng = load_decoder(qwen_dir, "bf16", max_context=128, quiet=True, layout="layer")
-    eng.complete(PROMPT, cfg)            # first use of new designs pays hw-context set-up
-    got = eng.complete(PROMPT, cfg)
-    eng.close()
+    runs = {}
+    for layout in ("block", "layer"):
+        eng = load_decoder(qwen_dir, "bf16", max_context=128, quiet=True, layout=layout)
+        eng.complete(PROMPT, cfg)        # first use of new designs pays hw-context set-up
+        runs[layout] = eng.complete(PROMPT, cfg)
+        layers = eng.spec.layers
+        eng.close()
+    want, got = runs["block"], runs["layer"]
     assert got.token_ids == want.token_ids
-    assert got.stats.launches_per_token == engine.spec.layers + 2
+    assert want.stats.launches_per_token == 2 * layers + 2
+    assert got.stats.launches_per_token == layers + 2
     assert got.stats.mb_per_token < want.stats.mb_per_token          # residual row stays on chip
     assert got.stats.modeled_decode_ms_per_token < want.stats.modeled_decode_ms_per_token
     with pytest.raises(ValueError, match="layout"):

@@ -8,6 +8,7 @@ import sys
 
 
 def register(subparsers) -> None:
+    from torch_xdna.engine.decoder import DEFAULT_LAYOUT, LAYOUTS
     from torch_xdna.models.families import BUILTIN_CONFIGS
     p = subparsers.add_parser(
         "estimate", help="modeled NPU cost of an LLM (config only)",
@@ -22,8 +23,9 @@ def register(subparsers) -> None:
                    choices=("bf16", "int8", "int4", "bfp16"),
                    help="weight precision (repeatable; default bf16 and int4)")
     p.add_argument("--context", type=int, default=1024, help="tokens already in the KV cache")
-    p.add_argument("--layout", choices=("block", "layer"), default="block",
-                   help="launches per layer: block = attention + MLP (2), layer = 1")
+    p.add_argument("--layout", choices=LAYOUTS, default=DEFAULT_LAYOUT,
+                   help=f"launches per layer: layer = 1, block = attention + MLP (2) "
+                        f"(default {DEFAULT_LAYOUT})")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=run)
 
@@ -60,7 +62,7 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps({"model": name, "modeled": True, "results": rows}, indent=2))
         return 0
     print(f"{name}: {spec.family}, {spec.params() / 1e6:.0f}M params, {spec.layers} layers, "
-          f"context {args.context}, {rows[0]['generation']} (modeled by the simulator's cost "
-          f"model; floor = bytes/token at {rows[0]['dram_bps'] / 1e9:.1f} GB/s)")
+          f"context {args.context}, layout {args.layout}, {rows[0]['generation']} (modeled by "
+          f"the simulator's cost model; floor = bytes/token at {rows[0]['dram_bps'] / 1e9:.1f} GB/s)")
     print(table(rows))
     return 0

@@ -10,6 +10,7 @@ PRECISION_CHOICES = ("bf16", "int8", "int4", "bfp16", "fp32")
 
 
 def register(subparsers) -> None:
+    from torch_xdna.engine.decoder import DEFAULT_LAYOUT, LAYOUTS
     p = subparsers.add_parser(
         "generate", help="stream text from a HF decoder directory",
         description="Generate text with the fused decode engine. NPU figures are modeled by the "
@@ -34,8 +35,9 @@ def register(subparsers) -> None:
     p.add_argument("--precision", default="bf16", choices=PRECISION_CHOICES,
                    help="weight precision (fp32 is a verification mode, not NPU numerics)")
     p.add_argument("--max-context", type=int, help="KV cache capacity in tokens")
-    p.add_argument("--layout", choices=("block", "layer"), default="block",
-                   help="launches per layer: block = attention + MLP (2, default), layer = 1")
+    p.add_argument("--layout", choices=LAYOUTS, default=DEFAULT_LAYOUT,
+                   help=f"launches per layer: layer = 1, block = attention + MLP (2) "
+                        f"(default {DEFAULT_LAYOUT})")
     p.add_argument("--json", action="store_true", help="print one JSON object (text + stats)")
     p.add_argument("--quiet", action="store_true", help="no progress bar, no stats line")
     p.set_defaults(func=run)

@@ -109,6 +109,8 @@ def _ref_from(x: list) -> Ref:
 
 
 def _enc(v):
+    if isinstance(v, Design):
+        return {"design": encode_design(v)}
     if isinstance(v, torch.dtype):
         return {"dtype": dname(v)}
     if isinstance(v, (list, tuple)):
@@ -120,6 +122,8 @@ def _enc(v):
 
 def _dec(v):
     if isinstance(v, dict):
+        if "design" in v:
+            return decode_design(v["design"])
         if "dtype" in v:
             return getattr(torch, v["dtype"])
         if "tuple" in v:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import operator
+import re
 
 import torch
 from torch.fx import GraphModule, Node
@@ -23,7 +24,7 @@ from torch_xdna.compiler.options import CompileOptions
 from torch_xdna.hw import Generation
 from torch_xdna.kernels import EmbeddingDesign, GemmDesign
 from torch_xdna.kernels.base import Design
-from torch_xdna.kernels.fused import ChainDesign, GatedGemmDesign, SdpaDesign
+from torch_xdna.kernels.fused import ChainDesign, GatedGemmDesign, PrologueGemmDesign, SdpaDesign
 from torch_xdna.runtime import PlanError
 
 aten = torch.ops.aten
@@ -39,10 +40,8 @@ def site_of(node: Node) -> str:
     stack = node.meta.get("nn_module_stack") or {}
     if not stack:
         return ""
-    path = str(list(stack.values())[-1][0])
-    for junk in ("L['self'].", "L['self']", "self."):
-        path = path.replace(junk, "")
-    return path.replace("[", ".").replace("]", "").replace("'", "")
+    path = re.sub(r"^L(\[[^\]]*\])+\.?", "", str(list(stack.values())[-1][0]))  # L['self']...
+    return path.replace("[", ".").replace("]", "").replace("'", "").replace('"', "")
 
 
 class Lowerer:
@@ -267,8 +266,47 @@ class Lowerer:
                 if not (self.fuse and self.gated(n)):
                     self.to_chain(n)
         self.out.launches = [l for l in self.out.launches if l is not None]
+        if self.fuse:
+            self.fuse_prologues()
         self.out.modeled_us = modeled_us(self.out, self.gen)
         return self.out
+
+    def fuse_prologues(self) -> None:
+        """A chain launch immediately followed by the GEMM that reads its output as A becomes one
+        PrologueGemmDesign launch (norm prologue); chain outputs nobody else reads are dropped."""
+        ls, res = self.out.launches, []
+        for i, l in enumerate(ls):
+            prev = res[-1] if res else None
+            fused = self.prologue(prev, l, ls[:i - 1] + ls[i + 1:]) if prev is not None else None
+            if fused is not None:
+                res[-1] = fused
+            else:
+                res.append(l)
+        self.out.launches = res
+
+    def prologue(self, prev: LaunchSpec, l: LaunchSpec, others: list) -> LaunchSpec | None:
+        if not isinstance(prev.design, ChainDesign) or l.design.kind not in ("gemm", "gated_gemm"):
+            return None
+        a = l.inputs[0]
+        chain_slots = [r.slot for r in prev.outputs]
+        if (a.slot not in chain_slots or len(a.shape) != 2 or a.offset
+                or a.strides != contiguous(a.shape)
+                or any(r.slot in chain_slots for r in l.inputs[1:])):
+            return None
+        j = chain_slots.index(a.slot)
+        src = prev.outputs[j]
+        if src.offset or src.strides != contiguous(src.shape) or math.prod(src.shape) != math.prod(a.shape):
+            return None
+        read_elsewhere = {r.slot for o in others for r in o.inputs} | {r.slot for r in self.out.outputs}
+        keep = tuple(r.slot in read_elsewhere for r in prev.outputs)
+        design = PrologueGemmDesign(prev.design, l.design, j, keep, tuple(a.shape))
+        try:
+            design.plan(self.gen)
+        except PlanError:
+            return None
+        kept = [r for r, k in zip(prev.outputs, keep) if k]
+        return LaunchSpec(design, list(prev.inputs) + list(l.inputs[1:]), kept + list(l.outputs),
+                          f"{l.op} (prologue {prev.op})")
 
     def gated(self, n: Node) -> bool:
         """mul(act(A@Wg), A@Wu) of two already-emitted GEMMs -> one GatedGemmDesign launch."""
@@ -409,11 +447,12 @@ class Lowerer:
         if a_ref is None or len(a_ref.shape) != 2:
             return False
         k = a_ref.shape[1]
-        group = []
-        for g in self.gm.graph.nodes:
-            if g in self.handled or g.target != n.target or g.kwargs or (g is not n and not group):
-                if g is not n:
-                    continue
+        group, started = [], False
+        for g in self.gm.graph.nodes:              # n and the later GEMMs reading the same A
+            if g is n:
+                started = True
+            elif not started or g in self.handled or g.target != n.target or g.kwargs:
+                continue
             if self.peek(g.args[off]) != a_ref:
                 continue
             w = self.weight_ref(g.args[off + 1], k)
@@ -554,5 +593,5 @@ def modeled_us(low: Lowered, gen: Generation) -> float:
     plans = [(l.design.key, l.design.plan(gen)) for l in low.launches]
     total = 0.0
     for _ in range(2):
-        total = sum(cm.charge(k, p, chained=i > 0).total for i, (k, p) in enumerate(plans))
+        total = sum(t.total for t in cm.charge_program(plans))
     return total

@@ -1,8 +1,8 @@
 """The fused decoder: resident weights, a device KV cache, and one Program per forward chunk.
 
-Per token the engine runs ONE Program (one dispatch): embed, then per layer an attention-block and
-an MLP-block launch (2 per layer), then the head. Weights are uploaded once; activations, ids,
-logits and the KV cache are preallocated. A Program is built once per (rows bucket, head) and
+Per token the engine runs ONE Program (one dispatch): embed, then one launch per layer (attention
+block + MLP block in one design; layout "block" splits them into 2 launches), then the head.
+Weights are uploaded once; activations, ids, logits and the KV cache are preallocated. A Program is built once per (rows bucket, head) and
 reused. The position and valid-row count travel as launch scalars in one shared dict, so the
 token loop neither re-plans nor allocates device memory, and the decode Program stays one
 hardware context.
@@ -104,12 +104,17 @@ class PrecisionPolicy:
 
 
 LAYOUTS = ("block", "layer")
+# Default "layer": consecutive layers share one design, so no configure point between them
+# (Qwen3: 2 per token, into the layers and into the head). "block" alternates two designs,
+# 2 configure points per layer (modeled int4 decode at Qwen3-0.6B shapes: 1.42x the DRAM
+# floor vs 1.05x).
+DEFAULT_LAYOUT = "layer"
 
 
 def step_designs(spec: DecoderSpec, policy: PrecisionPolicy, rows: int, capacity: int,
-                 with_head: bool, layout: str = "block") -> list[tuple[str, int, Design]]:
-    """The launches of one forward chunk, in order: (role, layer, design). layout "block": an
-    attention-block and an MLP-block launch per layer (default); "layer": one launch per layer."""
+                 with_head: bool, layout: str = DEFAULT_LAYOUT) -> list[tuple[str, int, Design]]:
+    """The launches of one forward chunk, in order: (role, layer, design). layout "layer": one
+    launch per layer (default); "block": an attention-block and an MLP-block launch per layer."""
     if layout not in LAYOUTS:
         raise ValueError(f"unknown layout {layout!r}; use one of {', '.join(LAYOUTS)}")
     pa, pm, ph = policy.attention, policy.mlp, policy.head
@@ -142,7 +147,7 @@ class Decoder:
     def __init__(self, spec: DecoderSpec, weights: dict[str, tuple[torch.Tensor, ...]],
                  policy: PrecisionPolicy, *, max_context: int | None = None,
                  prefill_chunk: int = DEFAULT_CHUNK, device: Device | None = None,
-                 layout: str = "block"):
+                 layout: str = DEFAULT_LAYOUT):
         if layout not in LAYOUTS:
             raise ValueError(f"unknown layout {layout!r}; use one of {', '.join(LAYOUTS)}")
         self.spec, self.policy, self.layout = spec, policy, layout
@@ -283,7 +288,7 @@ def default_cache_dir() -> Path:
 
 
 def estimate_step(spec: DecoderSpec, policy: PrecisionPolicy, cost, rows: int, pos: int, n: int,
-                  capacity: int, with_head: bool, layout: str = "block") -> dict:
+                  capacity: int, with_head: bool, layout: str = DEFAULT_LAYOUT) -> dict:
     """Modeled cost of one forward chunk from plans only (no weights): the Program's launches
     charged through `cost` (a runtime.sim.cost.CostModel, whose state carries over between
     calls as the device's does) at the launch scalars pos/n, exactly as the sim charges them."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from torch_xdna.engine.decoder import DEFAULT_CHUNK, PrecisionPolicy, estimate_step
+from torch_xdna.engine.decoder import DEFAULT_CHUNK, DEFAULT_LAYOUT, PrecisionPolicy, estimate_step
 from torch_xdna.hw import Generation, get_generation
 from torch_xdna.kernels.llm_blocks import rows_bucket
 from torch_xdna.models.families import BUILTIN_CONFIGS, spec_from_config
@@ -35,7 +35,7 @@ def default_generation() -> Generation:
 
 def estimate(spec: DecoderSpec, precision="bf16", context: int = 1024, *, group: int = 0,
              prefill_chunk: int = DEFAULT_CHUNK, gen: Generation | None = None,
-             layout: str = "block") -> dict:
+             layout: str = DEFAULT_LAYOUT) -> dict:
     """Modeled cost of decoding at `context` tokens and of prefilling a `context`-token prompt."""
     gen = gen or default_generation()
     policy = PrecisionPolicy.parse(precision, group)

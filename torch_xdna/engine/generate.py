@@ -20,7 +20,7 @@ from typing import Iterator, Mapping, Sequence
 import torch
 
 from torch_xdna.engine.decoder import (
-    ContextOverflow, Decoder, PrecisionPolicy, default_cache_dir,
+    DEFAULT_LAYOUT, ContextOverflow, Decoder, PrecisionPolicy, default_cache_dir,
 )
 from torch_xdna.engine.sampler import Sampler, SamplingParams
 from torch_xdna.models.loader import ModelFiles, load_weights, read_model
@@ -301,14 +301,15 @@ class Engine:
 def load_decoder(model_dir: str | Path, precision: str | Mapping[str, str] = "bf16", *,
                  group: int = 0, max_context: int | None = None, prefill_chunk: int = 128,
                  device: Device | None = None, cache_dir: str | Path | None | bool = None,
-                 quiet: bool = False, layout: str = "block") -> Engine:
+                 quiet: bool = False, layout: str = DEFAULT_LAYOUT) -> Engine:
     """Load a HF decoder directory (Qwen3, Llama, Gemma 3 text) onto the device.
 
     precision: bf16 | int8 | int4 | bfp16 | fp32 (verification mode), or per site
     {'attention': ..., 'mlp': ..., 'head': ..., 'default': ...}. Quantized weights are cached on
     disk under cache_dir (default $TORCH_XDNA_CACHE_DIR or ~/.cache/torch_xdna; False disables).
     max_context: KV cache capacity in tokens (default min(4096, the model's maximum)).
-    layout: "block" (an attention-block and an MLP-block launch per layer) or "layer" (one).
+    layout: "layer" (one launch per layer, the default) or "block" (an attention-block and an
+    MLP-block launch per layer; same tokens, more configure points).
     """
     files = read_model(model_dir)
     policy = PrecisionPolicy.parse(precision, group)

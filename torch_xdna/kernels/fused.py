@@ -134,11 +134,15 @@ class ChainDesign(Design):
             vals.append(fn(*vs, **dict(params)))
         return vals
 
-    def reference(self, inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor],
-                  **scalars: Any) -> None:
+    def chain_outputs(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        """The chain's output values (fp32/bool, unstored) for real inputs."""
         xs = [x.float() if x.is_floating_point() else x for x in inputs]
         vals = self._evaluate(xs, meta=False)
-        for val, out in zip((vals[i] for i in self.outputs), outputs):
+        return [vals[i] for i in self.outputs]
+
+    def reference(self, inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor],
+                  **scalars: Any) -> None:
+        for val, out in zip(self.chain_outputs(inputs), outputs):
             numerics.store(val.expand(out.shape) if tuple(val.shape) != tuple(out.shape) else val, out)
 
     @cached_property
@@ -277,3 +281,57 @@ class GatedGemmDesign(Design):
         return dataclasses.replace(
             p, design="gated_gemm", dram_write_bytes=out, vector_elems=p.vector_elems + 6 * elems,
             compute_cycles=p.compute_cycles + 6 * elems / (lanes * max(1, p.cores)))
+
+
+@dataclass(frozen=True)
+class PrologueGemmDesign(Design):
+    """A chain (e.g. residual add + LayerNorm/RMSNorm) computed on A's row blocks as they enter
+    the array, then the GEMM on the result: the normalized activations never round-trip DRAM
+    unless `keep` says another consumer needs a chain output.
+
+    inputs: chain inputs, then the GEMM's inputs after A. outputs: kept chain outputs, then the
+    GEMM's outputs. `a_out` is the chain output that is A (viewed as the GEMM's A shape)."""
+
+    chain: ChainDesign
+    gemm: Design
+    a_out: int
+    keep: tuple                       # per chain output: written to DRAM
+    a_shape: tuple
+    kind = "prologue_gemm"
+
+    @property
+    def name(self) -> str:
+        return f"{self.chain.name}>{self.gemm.name}"
+
+    def reference(self, inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor],
+                  **scalars: Any) -> None:
+        n_in = len(self.chain.in_shapes)
+        outs, kept = [], iter(outputs)
+        for keep, d in zip(self.keep, self.chain.out_dtypes):
+            outs.append(next(kept) if keep else None)
+        vals = self.chain.chain_outputs(list(inputs[:n_in]))
+        for o, v in zip(outs, vals):
+            if o is not None:
+                numerics.store(v.expand(o.shape) if tuple(v.shape) != tuple(o.shape) else v, o)
+        a = vals[self.a_out]
+        a_dtype = getattr(torch, self.chain.out_dtypes[self.a_out])
+        a = a.to(a_dtype).reshape(self.a_shape)            # as stored, then read by the GEMM
+        self.gemm.reference([a, *inputs[n_in:]], list(kept))
+
+    def plan(self, gen: Generation) -> Plan:
+        cp, gp = self.chain.plan(gen), self.gemm.plan(gen)
+        k = self.a_shape[-1]
+        block = 2 * (gp.tile[0] if gp.tile else 1) * k * 4        # A row block with whole rows
+        if block > gen.memtile_bytes.value:
+            raise PlanError(self.name, "mem tile memory (whole A rows for the prologue)", block,
+                            gen.memtile_bytes.value, "run the norm as its own launch")
+        a_bytes = numel(self.a_shape) * 2
+        counts, _ = self.chain._meta
+        out_bytes = [counts[i] * getattr(torch, d).itemsize
+                     for i, d in zip(self.chain.outputs, self.chain.out_dtypes)]
+        write_dropped = sum(b for b, keep in zip(out_bytes, self.keep) if not keep)
+        return dataclasses.replace(
+            gp, design="prologue_gemm", vector_elems=gp.vector_elems + cp.vector_elems,
+            dram_read_bytes=max(0, cp.dram_read_bytes + gp.dram_read_bytes - a_bytes),
+            dram_write_bytes=gp.dram_write_bytes + cp.dram_write_bytes - write_dropped,
+            compute_cycles=gp.compute_cycles + cp.compute_cycles)
