@@ -2,10 +2,10 @@
 
 Per token the engine runs ONE Program (one dispatch): embed, then one launch per layer (attention
 block + MLP block in one design; layout "block" splits them into 2 launches), then the head.
-Weights are uploaded once; activations, ids, logits and the KV cache are preallocated. A Program is built once per (rows bucket, head) and
-reused. The position and valid-row count travel as launch scalars in one shared dict, so the
-token loop neither re-plans nor allocates device memory, and the decode Program stays one
-hardware context.
+Weights are uploaded once; activations, ids, logits and the KV cache are preallocated. A Program
+is built once per (rows bucket, head) and reused. The position and valid-row count travel as
+launch scalars in one shared dict, so the token loop neither re-plans nor allocates device
+memory, and the decode Program stays one hardware context.
 """
 from __future__ import annotations
 
