@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 from torch.fx import GraphModule, Node
 
-FORMAT = 1
+FORMAT = 2                  # 2: SDPA lowers to AttentionDesign (SdpaDesign removed)
 log = logging.getLogger("torch_xdna.compiler")
 
 

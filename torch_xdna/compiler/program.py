@@ -23,8 +23,9 @@ from torch_xdna.compiler.lowered import (LaunchSpec, Lowered, Ref, Slot, contigu
 from torch_xdna.compiler.options import CompileOptions
 from torch_xdna.hw import Generation
 from torch_xdna.kernels import EmbeddingDesign, GemmDesign
+from torch_xdna.kernels.attention import AttentionDesign
 from torch_xdna.kernels.base import Design
-from torch_xdna.kernels.fused import ChainDesign, GatedGemmDesign, PrologueGemmDesign, SdpaDesign
+from torch_xdna.kernels.fused import ChainDesign, GatedGemmDesign, PrologueGemmDesign
 from torch_xdna.runtime import PlanError
 
 aten = torch.ops.aten
@@ -520,11 +521,11 @@ class Lowerer:
         kv_refs = [self.ref(self.gqa[x][0]) if x in self.gqa else self.ref(x) for x in (k, v)]
         if len({r.shape[1] for r in kv_refs}) != 1:          # one of k/v folded, the other not
             raise Unlowerable(f"{n.name}: k and v head counts differ")
+        if scale == 0.0:                                      # AttentionDesign: 0 = default
+            raise Unlowerable(f"{n.name}: SDPA with scale=0 has no attention design")
         ins = [self.ref(q)] + kv_refs
-        mask_shape, mask_dtype = None, "float32"
         if mask is not None:
             ins.append(self.ref(mask))
-            mask_shape, mask_dtype = tuple(val(mask).shape), dname(val(mask).dtype)
         if n.target in fusion.MULTI_OUTPUT:                   # the CPU flash op: (out, lse)
             outs = [u for u in n.users if u.args[1] == 0]
             self.handled.update(n.users)
@@ -535,11 +536,16 @@ class Lowerer:
         out_r = self.new_value(outs[0])
         for extra in outs[1:]:
             self.refs[extra] = out_r
-        design = SdpaDesign(b, hq, kv_refs[0].shape[1], sq, kv_refs[0].shape[2], d, scale,
-                            a["causal"], mask_shape, mask_dtype, dname(val(outs[0]).dtype))
+        mv = val(mask) if mask is not None else None
         try:
+            # torch SDPA's is_causal is top-left aligned (query i sees keys 0..i)
+            design = AttentionDesign(
+                b, hq, kv_refs[0].shape[1], sq, kv_refs[0].shape[2], d, causal=a["causal"],
+                mask=mv is not None, mask_shape=tuple(mv.shape) if mv is not None else (),
+                scale=scale, in_dtype=val(q).dtype, out_dtype=val(outs[0]).dtype,
+                mask_bool=mv is not None and mv.dtype == torch.bool, top_left=True)
             self.launch(design, ins, [out_r], f"attention:{site_of(n) or n.name}")
-        except PlanError as e:
+        except (PlanError, ValueError) as e:
             raise Unlowerable(f"{n.name}: {e}") from None
 
     def lower_embedding(self, n: Node) -> None:

@@ -66,14 +66,17 @@ _LAUNCH_PLANS: dict[tuple, Plan] = {}
 
 @dataclass(frozen=True)
 class AttentionDesign(Design):
-    """softmax(scale * Q K^T (+ causal mask) (+ additive mask)) V as ONE launch.
+    """softmax(scale * Q K^T (+ causal mask) (+ mask)) V as ONE launch.
 
     inputs: q [B, Hq, Lq, D], k [B, Hkv, S, D], v [B, Hkv, S, D], then mask (broadcastable to
-    [B, Hq, Lq, S]) when `mask` is set; output [B, Hq, Lq, D]. Hq must be a multiple of Hkv
-    (grouped-query attention: the heads of a group share the K/V stream).
+    [B, Hq, Lq, S]) when `mask` is set: additive, or boolean (True = attend, as torch SDPA) with
+    `mask_bool`; output [B, Hq, Lq, D]. Hq must be a multiple of Hkv (grouped-query attention:
+    the heads of a group share the K/V stream).
     Launch scalars: kv_len (valid keys, default S: a KV cache of capacity S serves every step
     with one design), q_offset (absolute position of query 0, default kv_len - Lq, i.e. the
-    queries are the newest tokens: causal masking is bottom-right aligned).
+    queries are the newest tokens: causal masking is bottom-right aligned). `top_left` makes the
+    default q_offset 0 instead: query i sees keys 0..i, torch SDPA's `is_causal` (the compiler's
+    case; the two agree when Lq == S).
     Mapping: a work item is one KV head x a tile of tq query rows of each head in its group,
     flash-style: the K/V stream passes in tkv-key tiles, scores stay in L1, softmax runs online
     in fp32 on the vector unit, P (bf16) @ V accumulates in fp32.
@@ -93,6 +96,8 @@ class AttentionDesign(Design):
     softcap: float = 0.0            # tanh soft-capping of scores (0: none)
     in_dtype: torch.dtype = torch.bfloat16
     out_dtype: torch.dtype = torch.float32
+    mask_bool: bool = False         # the mask is boolean (True = attend), else additive
+    top_left: bool = False          # default q_offset 0 (torch SDPA is_causal), else kv_len - Lq
     kind = "attention"
 
     def __post_init__(self):
@@ -125,11 +130,17 @@ class AttentionDesign(Design):
             raise ValueError(f"attention: kv_len={n} outside 1..{self.kv_len} (the design's KV "
                              f"capacity)")
         mask = rest[0][..., :n] if self.mask else None
-        offset = n - self.q_len if q_offset is None else int(q_offset)
+        if mask is not None and mask.dtype == torch.bool:
+            mask = torch.zeros(mask.shape).masked_fill(~mask, float("-inf"))
+        offset = self._offset(n) if q_offset is None else int(q_offset)
         out = attention_reference(q, k[..., :n, :], v[..., :n, :], scale=self.softmax_scale,
                                   causal=self.causal, mask=mask, q_offset=offset,
                                   window=self.window or None, softcap=self.softcap or None)
         numerics.store(out, outputs[0])
+
+    def _offset(self, kv_valid: int) -> int:
+        """Absolute position of query 0 when the launch gives no q_offset."""
+        return 0 if self.top_left else kv_valid - self.q_len
 
     # -- planning ---------------------------------------------------------------------------
     def plan(self, gen: Generation) -> Plan:
@@ -200,7 +211,7 @@ class AttentionDesign(Design):
         cores = min(gen.cores, items)
         cols = min(gen.columns.value, ceil_div(cores, gen.core_rows.value))
         # keys each query tile must visit (causal: up to its last row; window: from its first)
-        offset = kv_valid - lq
+        offset = self._offset(kv_valid)
         visit = 0
         for i in range(q_tiles):
             hi = min(kv_valid, offset + min(lq, (i + 1) * tq)) if self.causal else kv_valid
@@ -218,7 +229,7 @@ class AttentionDesign(Design):
         share = max(1, min(gen.core_rows.value, q_tiles))
         kv_bytes = b * hkv * visit * d * 2 * 2 / share
         q_bytes = b * hq * lq * d * self.in_dtype.itemsize
-        mask_bytes = b * hq * lq * kv_valid * 4 if self.mask else 0
+        mask_bytes = b * hq * lq * kv_valid * (1 if self.mask_bool else 4) if self.mask else 0
         read = q_bytes + kv_bytes + mask_bytes
         write = b * hq * lq * d * self.out_dtype.itemsize
         t_dram = dram_time_s(gen, cols, read, write)

@@ -1,4 +1,4 @@
-"""Compiler-fused designs: an elementwise/row chain in one pass, whole attention, gated GEMM.
+"""Compiler-fused designs: an elementwise/row chain in one pass, gated GEMM, norm-prologue GEMM.
 
 ChainDesign runs a small expression graph (elementwise ops, row reductions/softmax/norms over the
 last dim, and layout ops such as slice/cat/permute that the DMA addresses) in one streaming pass:
@@ -6,13 +6,11 @@ each input is read once, each output written once, intermediates stay in core me
 numerics are the per-op policy of VectorDesign: additive ops on the fp32 accumulator path,
 everything else on bf16-rounded operands with fp32 results.
 
-SdpaDesign is softmax(Q K^T * scale + mask) V (GQA aware) as one design: scores never leave the
-array (flash style), so DRAM traffic is Q, K, V, the mask and the output.
+Attention is not here: the compiler lowers SDPA to kernels/attention.py's AttentionDesign.
 """
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any, Callable, Sequence
@@ -22,11 +20,9 @@ import torch
 from torch_xdna.hw import Generation
 from torch_xdna.kernels import numerics
 from torch_xdna.kernels.activations import apply_epilogue
-from torch_xdna.kernels.attention import attention_reference
 from torch_xdna.kernels.base import Design, ceil_div, numel
 from torch_xdna.kernels.capacity import check_plan
 from torch_xdna.kernels.gemm import GemmDesign
-from torch_xdna.kernels.vector import VectorDesign
 from torch_xdna.runtime.plan import Plan, PlanError
 
 
@@ -183,64 +179,6 @@ class ChainDesign(Design):
                     dram_read_bytes=int(read), dram_write_bytes=int(write),
                     vector_elems=int(elem_ops), compute_cycles=elem_ops / (lanes * cores))
         return check_plan(gen, name, plan)
-
-
-@dataclass(frozen=True)
-class SdpaDesign(Design):
-    """out[B,Hq,Sq,D] = softmax(q k^T * scale (+ causal) (+ mask)) v, k/v with Hkv heads."""
-
-    batch: int
-    hq: int
-    hkv: int
-    sq: int
-    skv: int
-    d: int
-    scale: float
-    causal: bool = False
-    mask_shape: tuple | None = None      # broadcastable to [B,Hq,Sq,Skv]
-    mask_dtype: str = "float32"          # "bool": True = attend
-    out_dtype: str = "float32"
-    kind = "attention"
-
-    @property
-    def name(self) -> str:
-        return "attention" + ("+causal" if self.causal else "") + ("+mask" if self.mask_shape else "")
-
-    def reference(self, inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor],
-                  **scalars: Any) -> None:
-        q, k, v, *rest = inputs
-        mask = None
-        if self.mask_shape is not None:
-            mask = rest[0]
-            if mask.dtype == torch.bool:
-                mask = torch.zeros(mask.shape).masked_fill(~mask, float("-inf"))
-        out = attention_reference(q, k, v, scale=self.scale, causal=self.causal, mask=mask)
-        numerics.store(out, outputs[0])
-
-    def plan(self, gen: Generation) -> Plan:
-        bh = self.batch * self.hq
-        qk = GemmDesign(self.sq, self.d, self.skv, batch=bh).plan(gen)
-        pv = GemmDesign(self.sq, self.skv, self.d, batch=bh).plan(gen)
-        rows = bh * self.sq
-        sm = VectorDesign("softmax", ((rows, self.skv),), (torch.float32,), (rows, self.skv),
-                          torch.float32).plan(gen)
-        item = 2                                             # q/k/v stream as bf16 operands
-        read = (bh * self.sq * self.d + 2 * self.batch * self.hkv * self.skv * self.d) * item
-        if self.mask_shape is not None:
-            read += numel(self.mask_shape) * (1 if self.mask_dtype == "bool" else 4)
-        write = bh * self.sq * self.d * getattr(torch, self.out_dtype).itemsize
-        plan = Plan(design="attention", dtype="bf16", columns=max(qk.columns, pv.columns),
-                    cores=max(qk.cores, pv.cores, sm.cores), tile=qk.tile,
-                    l1_bytes=max(qk.l1_bytes, pv.l1_bytes, sm.l1_bytes),
-                    memtile_bytes=max(qk.memtile_bytes, pv.memtile_bytes),
-                    core_bds=max(qk.core_bds, pv.core_bds), memtile_bds=max(qk.memtile_bds, pv.memtile_bds),
-                    core_locks=max(qk.core_locks, pv.core_locks), shim_tasks=max(qk.shim_tasks, pv.shim_tasks),
-                    double_buffered=True, dram_read_bytes=int(read), dram_write_bytes=int(write),
-                    macs=qk.macs + pv.macs, padded_macs=qk.padded_macs + pv.padded_macs,
-                    vector_elems=sm.vector_elems,
-                    compute_cycles=qk.compute_cycles + pv.compute_cycles + sm.compute_cycles,
-                    notes={"scale": self.scale if math.isfinite(self.scale) else 0.0})
-        return plan
 
 
 @dataclass(frozen=True)

@@ -1,11 +1,12 @@
-"""Fused decoder-LLM blocks: the few designs a token runs through (2 launches per layer).
+"""Fused decoder-LLM blocks: the few designs a token runs through (1 launch per layer by default).
 
   EmbedDesign           ids -> rows of the (possibly quantized) embedding table, times a scale
   AttentionBlockDesign  input norm + QKV + optional QK-norm + RoPE + KV-cache write + attention over
                         the cache + o_proj (+ Gemma post-norm) + residual
   MlpBlockDesign        norm + gate/up + act*mul + down (+ Gemma post-norm) + residual
   HeadDesign            final norm + lm_head (+ logit soft-capping) for one row
-  DecoderLayerDesign    attention block + MLP block as one launch (optional "layer" layout)
+  DecoderLayerDesign    attention block + MLP block as one launch (the default "layer" layout;
+                        the "block" layout launches the two blocks separately)
 
 Numerics (reference): the NPU's policy of kernels/numerics.py, i.e. bf16 operands and fp32
 accumulation; quantized weights are dequantized on the core to bf16 (`dequantize`). Precision
@@ -502,7 +503,7 @@ def rows_bucket(n: int, chunk: int) -> int:
 @dataclass(frozen=True)
 class DecoderLayerDesign(Design):
     """One launch per layer: the attention block then the MLP block back to back on the array
-    (optional layout "layer"; the default layout runs them as two launches). Same numerics as the
+    (the default layout "layer"; layout "block" runs them as two launches). Same numerics as the
     two blocks; the plan is theirs combined (the residual row stays on chip between them).
 
     inputs: the attention block's inputs, then the MLP block's inputs without x
