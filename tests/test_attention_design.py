@@ -123,39 +123,37 @@ def test_design_validates_heads():
         AttentionDesign(1, 6, 4, 1, 8, 64)
 
 
+def _sdpa_npu_policy(q, k, v, **kw):
+    """torch SDPA with the design's one extra rounding (P to bf16): SDPA of V = identity gives
+    torch's own probabilities (its mask and causal semantics), then bf16(P) @ V."""
+    eye = torch.eye(k.shape[-2]).expand(*k.shape[:2], -1, -1)
+    p = F.scaled_dot_product_attention(q, k, eye, enable_gqa=True, **kw)
+    return numerics.bf16_round(p) @ v.repeat_interleave(q.shape[1] // v.shape[1], 1)
+
+
 def test_bool_mask_and_top_left_causal_match_torch_sdpa():
     """The compiler's case: a boolean mask (True = attend) and torch's is_causal, which is
-    top-left aligned (query i sees keys 0..i) -- not the KV-cache bottom-right default."""
+    top-left aligned (query i sees keys 0..i), not the KV-cache bottom-right default."""
     b, hq, hkv, lq, s, d = 1, 4, 2, 3, 7, 16
-    q, k, v = _qkv(b, hq, hkv, lq, s, d, seed=7)
-    r = numerics.bf16_round
-    q, k, v = r(q), r(k), r(v)
+    q, k, v = (numerics.bf16_round(t) for t in _qkv(b, hq, hkv, lq, s, d, seed=7))
     keep = torch.rand(b, 1, lq, s, generator=torch.Generator().manual_seed(8)) > 0.3
     keep[..., 0] = True                                   # no fully-masked row (torch gives NaN)
-    kw = dict(mask=True, mask_shape=tuple(keep.shape), mask_bool=True)
-    want = F.scaled_dot_product_attention(q, k, v, attn_mask=keep, enable_gqa=True)
-    got = _run(AttentionDesign(b, hq, hkv, lq, s, d, **kw), q, k, v, keep)
-    torch.testing.assert_close(got, want, rtol=0, atol=2e-2 * float(v.abs().max()))
-    # causal: the bf16 P rounding is the design's numerics, so compare against that policy exactly
-    causal = torch.ones(lq, s, dtype=torch.bool).tril()
-    want_c = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
-    torch.testing.assert_close(want_c, F.scaled_dot_product_attention(
-        q, k, v, attn_mask=causal, enable_gqa=True), rtol=0, atol=1e-6)   # top-left, as claimed
-    top = AttentionDesign(b, hq, hkv, lq, s, d, causal=True, top_left=True)
-    got_c = _run(top, q, k, v)
-    torch.testing.assert_close(got_c, _run(AttentionDesign(b, hq, hkv, lq, s, d, causal=True),
-                                           q, k, v, q_offset=0), rtol=0, atol=0)
-    emul = r(torch.softmax((q @ k.repeat_interleave(2, 1).transpose(-1, -2) / 4.0)
-                           .masked_fill(~causal, float("-inf")), -1)) @ v.repeat_interleave(2, 1)
-    torch.testing.assert_close(got_c, emul, rtol=0, atol=1e-5)
-    torch.testing.assert_close(got_c, want_c, rtol=0, atol=2e-2 * float(v.abs().max()))
-    # the default (bottom-right) differs when Lq != S: the flag matters
-    assert (_run(AttentionDesign(b, hq, hkv, lq, s, d, causal=True), q, k, v) - got_c).abs().max() > 1e-3
-    # both together, and the plan costs a bool mask at 1 byte per element
-    both = AttentionDesign(b, hq, hkv, lq, s, d, causal=True, top_left=True, **kw)
-    emul_m = r(torch.softmax((q @ k.repeat_interleave(2, 1).transpose(-1, -2) / 4.0)
-                             .masked_fill(~(causal & keep), float("-inf")), -1)) @ v.repeat_interleave(2, 1)
-    torch.testing.assert_close(_run(both, q, k, v, keep), emul_m, rtol=0, atol=1e-5)
-    add = AttentionDesign(b, hq, hkv, lq, s, d, causal=True, top_left=True, mask=True,
-                          mask_shape=tuple(keep.shape))
-    assert add.plan(NPU4).dram_read_bytes - both.plan(NPU4).dram_read_bytes == b * hq * lq * s * 3
+    masked = dict(mask=True, mask_shape=tuple(keep.shape), mask_bool=True)
+    cases = [(AttentionDesign(b, hq, hkv, lq, s, d, **masked), (keep,), dict(attn_mask=keep)),
+             (AttentionDesign(b, hq, hkv, lq, s, d, causal=True, top_left=True), (),
+              dict(is_causal=True)),
+             (AttentionDesign(b, hq, hkv, lq, s, d, causal=True, top_left=True, **masked), (keep,),
+              dict(attn_mask=keep & torch.ones(lq, s, dtype=torch.bool).tril()))]
+    for design, extra, kw in cases:
+        got = _run(design, q, k, v, *extra)
+        torch.testing.assert_close(got, _sdpa_npu_policy(q, k, v, **kw), rtol=0, atol=1e-5)
+        _close(got, F.scaled_dot_product_attention(q, k, v, enable_gqa=True, **kw), v)
+    top = cases[1][0]
+    # top_left is the same as the launch scalar q_offset=0; the default (bottom-right) differs
+    base = AttentionDesign(b, hq, hkv, lq, s, d, causal=True)
+    assert torch.equal(_run(top, q, k, v), _run(base, q, k, v, q_offset=0))
+    assert (_run(base, q, k, v) - _run(top, q, k, v)).abs().max() > 1e-2
+    # the plan reads a bool mask at 1 byte per element (additive: 4)
+    additive = AttentionDesign(b, hq, hkv, lq, s, d, mask=True, mask_shape=tuple(keep.shape))
+    assert additive.plan(NPU4).dram_read_bytes - cases[0][0].plan(NPU4).dram_read_bytes == \
+        b * hq * lq * s * 3

@@ -104,3 +104,41 @@ def test_options_are_validated():
     with pytest.raises(ValueError, match="int4"):
         xdna_backend_with(precision="default=int4:g32")
     assert CompileOptions.from_dict({"min_partition_size": 3}).min_partition_size == 3
+
+
+def test_attention_design_round_trips_through_the_cache(tmp_path):
+    """SDPA lowers to AttentionDesign (torch dtypes and a mask shape in its fields); a warm
+    start rebuilds it from JSON unchanged. Causal is torch's top-left alignment (Sq=3 < Skv=7):
+    bottom-right alignment would be off by ~3 here, so the 2e-2 tolerance catches it."""
+    from torch_xdna.compiler.lowered import decode_design, encode_design
+    from torch_xdna.kernels.attention import AttentionDesign
+    from torch_xdna.kernels.numerics import bf16_round
+    F = torch.nn.functional
+
+    def f(q, k, v, m):
+        return (F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+                + F.scaled_dot_product_attention(q, k, v, attn_mask=m, enable_gqa=True))
+
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (bf16_round(torch.randn(1, h, s, 16, generator=g)) for h, s in ((4, 3), (2, 7), (2, 7)))
+    m = torch.rand(1, 1, 3, 7, generator=g) > 0.3
+    m[..., 0] = True
+    outs = []
+    for _ in range(2):
+        torch._dynamo.reset()
+        with torch.no_grad():
+            outs.append(torch.compile(f, backend="xdna", options={
+                "cache_dir": tmp_path, "fallback": "error"})(q, k, v, m))
+        outs.append(B.HISTORY[-1])
+    y, cold, y2, warm = outs
+    assert (cold.cache, warm.cache) == ("miss", "hit") and warm.launches == cold.launches
+    torch.testing.assert_close(y2, y, rtol=0, atol=0)
+    torch.testing.assert_close(y, f(q, k, v, m), rtol=0, atol=2e-2)
+    doc = json.loads(next(tmp_path.glob("graph-*.json")).read_text())
+    specs = [l["design"] for p in doc["payload"]["partitions"] if p for l in p["launches"]]
+    attn = [decode_design(s) for s in specs if s["cls"].endswith(":AttentionDesign")]
+    assert len(attn) == 2 and all(a.top_left and a.causal != a.mask_bool for a in attn)
+    for a in attn:
+        assert isinstance(a.in_dtype, torch.dtype) and a.mask_shape in ((), (1, 1, 3, 7))
+        again = decode_design(json.loads(json.dumps(encode_design(a))))
+        assert again == a and again.key == a.key and isinstance(again, AttentionDesign)
