@@ -146,6 +146,15 @@ class AttentionDesign(Design):
     def plan(self, gen: Generation) -> Plan:
         return self.plan_for(gen)
 
+    def _mask_elems(self, kv_valid: int) -> int:
+        """Distinct mask elements streamed: a broadcast mask (e.g. a [B,1,1,S] padding mask) is
+        read once and re-used on chip, not once per head and query."""
+        shape = tuple(self.mask_shape) or (1, 1, self.q_len, self.kv_len)
+        n = 1
+        for s_ in shape[:-1]:
+            n *= s_
+        return n * (kv_valid if shape[-1] != 1 else 1)
+
     def launch_plan(self, gen: Generation, **scalars: Any) -> Plan:
         """The plan of one launch given its scalars (the cost at its valid KV length)."""
         n = scalars.get("kv_len")
@@ -229,7 +238,7 @@ class AttentionDesign(Design):
         share = max(1, min(gen.core_rows.value, q_tiles))
         kv_bytes = b * hkv * visit * d * 2 * 2 / share
         q_bytes = b * hq * lq * d * self.in_dtype.itemsize
-        mask_bytes = b * hq * lq * kv_valid * (1 if self.mask_bool else 4) if self.mask else 0
+        mask_bytes = self._mask_elems(kv_valid) * (1 if self.mask_bool else 4) if self.mask else 0
         read = q_bytes + kv_bytes + mask_bytes
         write = b * hq * lq * d * self.out_dtype.itemsize
         t_dram = dram_time_s(gen, cols, read, write)
