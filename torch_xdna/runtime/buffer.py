@@ -35,12 +35,20 @@ class Buffer:
     state: Coherence = Coherence.CLEAN
     id: int = field(default_factory=lambda: next(_ids))
     freed: bool = False
+    _flat: dict = field(default_factory=dict, repr=False)   # dtype -> flat typed view of host
 
     def view(self, dtype: torch.dtype, shape: tuple[int, ...], strides: tuple[int, ...],
              offset: int = 0) -> torch.Tensor:
         """A typed strided view of the host bytes (offset in elements of `dtype`)."""
-        flat = self.host.view(dtype)
+        flat = self._flat.get(dtype)
+        if flat is None:
+            flat = self._flat[dtype] = self.host.view(dtype)   # cached: the eager hot path
         return flat.as_strided(shape, strides, offset)
+
+    def rebind(self, host: torch.Tensor) -> None:
+        """Point the buffer at new host memory (a remapped BO, or nothing once freed)."""
+        self.host = host
+        self._flat.clear()
 
     def __repr__(self) -> str:
         return f"Buffer(id={self.id}, nbytes={self.nbytes}, state={self.state.value})"

@@ -27,7 +27,7 @@ class SimDevice(Device):
         return Buffer(nbytes=nbytes, host=torch.empty(nbytes, dtype=torch.uint8))
 
     def _free(self, buf: Buffer) -> None:
-        buf.host = torch.empty(0, dtype=torch.uint8)
+        buf.rebind(torch.empty(0, dtype=torch.uint8))
 
     def _sync(self, buf: Buffer, to_device: bool) -> None:
         # Host memory is the device memory; the cost of a cache flush is charged per MB.

@@ -83,7 +83,7 @@ class XrtDevice(Device):
     def _free(self, buf: Buffer) -> None:
         # the BO is released when the last tensor viewing its mapping is gone (see _new_bo)
         buf.handle = None
-        buf.host = torch.empty(0, dtype=torch.uint8)
+        buf.rebind(torch.empty(0, dtype=torch.uint8))
 
     def _sync(self, buf: Buffer, to_device: bool) -> None:
         buf.handle.bo.sync(sync_direction(self.xrt, to_device))
@@ -93,7 +93,8 @@ class XrtDevice(Device):
         self.sync_from_device(buf)
         bo, view = self._new_bo(buf.nbytes, group)
         view.copy_(buf.host)
-        buf.handle, buf.host = BoHandle(bo, group), view
+        buf.handle = BoHandle(bo, group)
+        buf.rebind(view)
         buf.state = Coherence.HOST_DIRTY
         self.sync_to_device(buf)
         self.data_group = group          # later allocations go straight to this group
