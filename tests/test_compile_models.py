@@ -212,3 +212,19 @@ def test_dynamic_shapes_say_so_and_stay_correct(tmp_path):
             x = torch.randn(b, 32)
             close(c(x), m(x))
             assert B.HISTORY[-1].launches == 2
+
+
+def test_compiled_module_under_inference_mode():
+    """Inference tensors carry no version counter: inputs are re-staged every call, and a new
+    input gives a new answer (no stale cache)."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.GELU(),
+                                torch.nn.Linear(64, 16)).eval()
+    compiled = torch.compile(model, backend="xdna")
+    x = torch.randn(4, 32)
+    with torch.inference_mode():
+        y1 = compiled(x)
+        y2 = compiled(x * 2)
+        ref1, ref2 = model(x), model(x * 2)
+    torch.testing.assert_close(y1, ref1, atol=2e-2, rtol=2e-2)
+    torch.testing.assert_close(y2, ref2, atol=2e-2, rtol=2e-2)

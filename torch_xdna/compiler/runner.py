@@ -8,6 +8,12 @@ from torch_xdna.runtime import Launch, Program, TensorArg, get_device
 from torch_xdna.runtime.buffer import Coherence
 
 
+def _version(t: torch.Tensor):
+    """The tensor's version counter; inference tensors have none, so they never match a cached
+    staging and are copied again each call (correct, if not free)."""
+    return object() if t.is_inference() else t._version
+
+
 class CompiledPartition(torch.nn.Module):
     """Runs one lowered partition as ONE runtime Program per call."""
 
@@ -30,7 +36,7 @@ class CompiledPartition(torch.nn.Module):
         """Copy a host (or differently-strided) tensor into the slot's buffer, once per version."""
         buf = self._persistent(i)
         last = self._staged.get(i)
-        if last is not None and last[0] is t and last[1] == t._version:
+        if last is not None and last[0] is t and last[1] == _version(t):
             return buf
         src = t.detach()
         if src.device.type == "xdna":
@@ -44,13 +50,13 @@ class CompiledPartition(torch.nn.Module):
                 src, shape[d] = src.narrow(d, 0, 1), 1
         buf.view(getattr(torch, s.dtype), tuple(shape), strides, 0).copy_(src)
         buf.state = Coherence.HOST_DIRTY
-        self._staged[i] = (t, t._version)
+        self._staged[i] = (t, _version(t))
         return buf
 
     def _pack(self, i: int, parts: list[torch.Tensor]):
         """Weights of horizontally fused GEMMs, concatenated once per weight version."""
         buf = self._persistent(i)
-        stamp = [(t, t._version) for t in parts]
+        stamp = [(t, _version(t)) for t in parts]
         last = self._staged.get(i)
         if last is not None and all(a[0] is b[0] and a[1] == b[1] for a, b in zip(last, stamp)):
             return buf

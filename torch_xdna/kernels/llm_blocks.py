@@ -22,6 +22,7 @@ full cache, used for the capacity checks.
 """
 from __future__ import annotations
 
+import functools
 import os
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -98,13 +99,18 @@ class _OperandCache:
     def get(self, tensors: Sequence[torch.Tensor], precision: str, group: int) -> torch.Tensor:
         if precision == "fp32":
             return tensors[0]
-        key = (precision, group) + tuple((t.data_ptr(), t._version, tuple(t.shape), t.stride())
-                                         for t in tensors)
+        return self.derived((precision, group), tensors,
+                            lambda: dequantize(tensors, precision, group))
+
+    def derived(self, tag: tuple, tensors: Sequence[torch.Tensor], make) -> torch.Tensor:
+        """make()'s tensor, computed once per content of the resident `tensors` (an operand
+        copy, or a per-design constant derived from them such as a sign-folded RoPE table)."""
+        key = tag + tuple((t.data_ptr(), t._version, tuple(t.shape), t.stride()) for t in tensors)
         hit = self.entries.get(key)
         if hit is not None:
             return hit[0]
-        w = dequantize(tensors, precision, group)
-        size = w.numel() * 4
+        w = make()
+        size = w.numel() * w.element_size()
         if self.bytes + size <= self.budget():     # no eviction: cyclic access would thrash
             self.entries[key] = (w, tuple(tensors))
             self.bytes += size
@@ -123,16 +129,44 @@ def _rnd(exact: bool):
     return (lambda t: t.float()) if exact else numerics.operand
 
 
+def _inference(reference):
+    """Run a reference with autograd off (torch.inference_mode): sim speed only, the dispatcher
+    skips the autograd keys on each of the ~100 small host ops of a layer. The input and output
+    views are created by the caller (normal tensors: version counters tracked, so the operand
+    cache still sees writes to resident weights)."""
+    @functools.wraps(reference)
+    def run(*args, **kwargs):
+        with torch.inference_mode():
+            return reference(*args, **kwargs)
+    return run
+
+
+_SCALARS: dict[float, torch.Tensor] = {}
+
+
+def _scalar(v: float) -> torch.Tensor:
+    """`v` as a 0-dim fp32 tensor. Sim speed only: an op with a Python float operand wraps it
+    into a tensor on every call; the CPU kernels compute with its float32 value either way."""
+    t = _SCALARS.get(v)
+    if t is None:
+        with torch.inference_mode(False):      # a normal tensor, usable in any mode
+            t = _SCALARS[v] = torch.tensor(v, dtype=_F32)
+    return t
+
+
 def _const(t: torch.Tensor, exact: bool) -> torch.Tensor:
     """A resident float input (norm weight, RoPE table) as an operand, converted once."""
     return OPERANDS.get((t,), "fp32" if exact else "bf16", 0)
 
 
-def _rms(x: torch.Tensor, w: torch.Tensor, eps: float, offset: float, rnd) -> torch.Tensor:
-    """RMSNorm of operand(x) times w (+ offset); `w` is already an operand (see _const)."""
-    x = rnd(x)
-    y = x * torch.rsqrt((x * x).mean(-1, keepdim=True) + eps)
-    return y * (w + offset) if offset else y * w
+def _rms(x: torch.Tensor, w: torch.Tensor, eps: float, offset: float, rnd,
+         rounded: bool = False) -> torch.Tensor:
+    """RMSNorm of operand(x) times w (+ offset); `w` is already an operand (see _const).
+    rounded=True: `x` already is an operand (rounding is idempotent, so it is not redone)."""
+    if not rounded:
+        x = rnd(x)
+    y = x * (x * x).mean(-1, keepdim=True).add_(_scalar(eps)).rsqrt_()
+    return y * (w + _scalar(offset)) if offset else y * w
 
 
 def _linear(x: torch.Tensor, w: torch.Tensor, rnd, precision: str = "") -> torch.Tensor:
@@ -142,37 +176,66 @@ def _linear(x: torch.Tensor, w: torch.Tensor, rnd, precision: str = "") -> torch
     return torch.nn.functional.linear(x, w)
 
 
-def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rnd) -> torch.Tensor:
-    """x [n, H, D] rotated by cos/sin [n, 1, D] (operands already, rotate-half convention)."""
-    x = rnd(x)
-    half = x.shape[-1] // 2
-    rot = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-    return x * cos + rot * sin
+def _rope(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
+    """Operand x [n, H, D] rotated by cos/sin [n, 1, D] (operands already, rotate-half
+    convention). `signed_sin` is sin with its first half negated (_signed_sin), so the rotation
+    cat(-x2, x1) * sin is computed as roll(x) * signed_sin: the same products (IEEE negation is
+    exact), two ops instead of four."""
+    rot = torch.roll(x, x.shape[-1] // 2, -1)
+    return x * cos + rot * signed_sin
+
+
+def _signed_sin(sin_t: torch.Tensor, exact: bool) -> torch.Tensor:
+    """The operand RoPE sin table [P, D] with its first half negated, built once per table."""
+    def make() -> torch.Tensor:
+        s = _const(sin_t, exact).clone()
+        s[:, :s.shape[-1] // 2].neg_()
+        return s
+    return OPERANDS.derived(("signed_sin", exact), (sin_t,), make)
+
+
+def _qk_norm_weight(qn: torch.Tensor, kn: torch.Tensor, hq: int, hkv: int,
+                    exact: bool) -> torch.Tensor:
+    """The q-norm weight for each q head then the k-norm weight for each kv head [hq+hkv, D], so
+    one RMSNorm covers q and k together (the same per-element products)."""
+    def make() -> torch.Tensor:
+        q, k = _const(qn, exact), _const(kn, exact)
+        return torch.cat([q.expand(hq, -1), k.expand(hkv, -1)])
+    return OPERANDS.derived(("qk_norm", exact, hq, hkv), (qn, kn), make)
+
+
+def _needs_mask(n: int, skv: int, q_offset: int, window: int | None) -> bool:
+    """Whether some key is hidden from some query row: query rows sit at q_offset..q_offset+n-1,
+    keys at 0..skv-1 (a decode step without a window sees every key: no mask to build)."""
+    return skv - 1 > q_offset or (window is not None and q_offset + n - 1 >= window)
 
 
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float, q_offset: int,
-           window: int | None, softcap: float | None, exact: bool) -> torch.Tensor:
+           window: int | None, softcap: float | None, exact: bool,
+           rounded: bool = False) -> torch.Tensor:
     """Causal GQA attention of q [Hq, n, D] over cached k/v [Hkv, S, D] -> fp32 [Hq, n, D].
 
     Numerically attention_reference (bf16 operands, fp32 scores/softmax, probabilities rounded
     before p @ v) for caches that hold operand-rounded values, which the attention block
     guarantees by storing operand(k), operand(v); without its repeat_interleave copies of the
     cache (q heads are grouped per KV head instead). tests/test_llm_blocks.py checks the two
-    agree. exact=True: no rounding at all (fp32 verification mode)."""
+    agree. exact=True: no rounding at all (fp32 verification mode). rounded=True: q already is
+    an operand."""
     hq, n, d = q.shape
     hkv, skv = k.shape[0], k.shape[1]
     g = hq // hkv
     rnd = _rnd(exact)
-    qg = rnd(q).reshape(hkv, g * n, d)
-    s = torch.matmul(qg, k.float().transpose(-1, -2)) * scale
+    qg = (q if rounded else rnd(q)).reshape(hkv, g * n, d).contiguous()
+    s = torch.matmul(qg, k.float().transpose(-1, -2)).mul_(_scalar(scale))
     if softcap is not None:
-        s = torch.tanh(s / softcap) * softcap
-    qpos = (torch.arange(n) + q_offset).repeat(g).unsqueeze(1)
-    kpos = torch.arange(skv).unsqueeze(0)
-    allowed = kpos <= qpos
-    if window is not None:
-        allowed &= kpos > qpos - window
-    s = s.masked_fill(~allowed, float("-inf"))
+        s = torch.tanh(s / _scalar(softcap)).mul_(_scalar(softcap))
+    if _needs_mask(n, skv, q_offset, window):
+        qpos = (torch.arange(n) + q_offset).repeat(g).unsqueeze(1)
+        kpos = torch.arange(skv).unsqueeze(0)
+        allowed = kpos <= qpos
+        if window is not None:
+            allowed &= kpos > qpos - window
+        s = s.masked_fill(~allowed, float("-inf"))
     p = torch.nan_to_num(torch.softmax(s, dim=-1), nan=0.0)
     return torch.matmul(rnd(p), v.float()).view(hq, n, d)
 
@@ -252,6 +315,7 @@ class EmbedDesign(Design):
     def name(self) -> str:
         return f"llm.embed[{self.precision}]"
 
+    @_inference
     def reference(self, inputs, outputs, pos: int = 0, n: int | None = None, **_: Any) -> None:
         n = self.rows if n is None else n
         nt = weight_tensors(self.precision)
@@ -304,49 +368,48 @@ class AttentionBlockDesign(Design):
     def name(self) -> str:
         return f"llm.attention[{self.precision}]"
 
+    @_inference
     def reference(self, inputs, outputs, pos: int = 0, n: int | None = None, **_: Any) -> None:
         n = self.rows if n is None else n
         exact = self.precision == "fp32"
         rnd = _rnd(exact)
         nt = weight_tensors(self.precision)
+        hq, hkv, d = self.heads, self.kv_heads, self.head_dim
         x, ln = inputs[0], _const(inputs[1], exact)
         i = 2
         if self.qk_norm:
-            qn, kn = _const(inputs[2], exact), _const(inputs[3], exact)
+            qk_w = _qk_norm_weight(inputs[2], inputs[3], hq, hkv, exact)
             i = 4
         wqkv, i = _take(inputs, i, nt)
         wo, i = _take(inputs, i, nt)
         if self.post_norm:
             pn = _const(inputs[i], exact)
             i += 1
-        cos_t, sin_t = _const(inputs[i], exact), _const(inputs[i + 1], exact)
+        cos_t, sin_t = _const(inputs[i], exact), _signed_sin(inputs[i + 1], exact)
         out, kc, vc = outputs
-        hq, hkv, d = self.heads, self.kv_heads, self.head_dim
         xs = x[:n]
         h = _rms(xs, ln, self.eps, self.norm_offset, rnd)
-        qkv = _linear(h, OPERANDS.get(wqkv, self.precision, self.group), rnd,
-                      self.precision)
-        q = qkv[:, :hq * d].view(n, hq, d)
-        k = qkv[:, hq * d:(hq + hkv) * d].view(n, hkv, d)
-        v = qkv[:, (hq + hkv) * d:].view(n, hkv, d)
-        if self.qk_norm:
-            q = _rms(q, qn, self.eps, self.norm_offset, rnd)
-            k = _rms(k, kn, self.eps, self.norm_offset, rnd)
+        # every use of q, k and v takes them as operands: round the projection once
+        qkv = rnd(_linear(h, OPERANDS.get(wqkv, self.precision, self.group), rnd,
+                          self.precision)).view(n, hq + 2 * hkv, d)
+        qk, v = qkv[:, :hq + hkv], qkv[:, hq + hkv:]
+        if self.qk_norm:               # q and k heads normalized together (per-head weights)
+            qk = rnd(_rms(qk, qk_w, self.eps, self.norm_offset, rnd, rounded=True))
         cos = cos_t[pos:pos + n].unsqueeze(1)
         sin = sin_t[pos:pos + n].unsqueeze(1)
-        q = _rope(q, cos, sin, rnd)
-        k = _rope(k, cos, sin, rnd)
-        kc[:, pos:pos + n].copy_(rnd(k).transpose(0, 1))
-        vc[:, pos:pos + n].copy_(rnd(v).transpose(0, 1))
+        qk = rnd(_rope(qk, cos, sin))  # the cache stores operand(k); attention takes operand(q)
+        kc[:, pos:pos + n].copy_(qk[:, hq:].transpose(0, 1))
+        vc[:, pos:pos + n].copy_(v.transpose(0, 1))
         end = pos + n
         start = max(0, end - n - self.window + 1) if self.window is not None else 0
-        a = attend(q.transpose(0, 1), kc[:, start:end], vc[:, start:end], scale=self.scale,
-                   q_offset=pos - start, window=self.window, softcap=self.softcap, exact=exact)
+        a = attend(qk[:, :hq].transpose(0, 1), kc[:, start:end], vc[:, start:end],
+                   scale=self.scale, q_offset=pos - start, window=self.window,
+                   softcap=self.softcap, exact=exact, rounded=True)
         a = a.transpose(0, 1).reshape(n, hq * d)
         o = _linear(a, OPERANDS.get(wo, self.precision, self.group), rnd, self.precision)
         if self.post_norm:
             o = _rms(o, pn, self.eps, self.norm_offset, rnd)
-        out[:n].copy_(xs.float() + o)
+        out[:n].copy_(o.add_(xs))      # x + o (IEEE addition commutes)
 
     def plan(self, gen: Generation) -> Plan:
         """The plan at a full cache (capacity checks; what an unscaled launch is charged)."""
@@ -410,6 +473,7 @@ class MlpBlockDesign(Design):
     def name(self) -> str:
         return f"llm.mlp[{self.precision}]"
 
+    @_inference
     def reference(self, inputs, outputs, pos: int = 0, n: int | None = None, **_: Any) -> None:
         n = self.rows if n is None else n
         exact = self.precision == "fp32"
@@ -420,13 +484,13 @@ class MlpBlockDesign(Design):
         wd, i = _take(inputs, i, nt)
         xs = x[:n]
         h = _rms(xs, ln, self.eps, self.norm_offset, rnd)
-        gu = _linear(h, OPERANDS.get(wgu, self.precision, self.group), rnd, self.precision)
+        gu = rnd(_linear(h, OPERANDS.get(wgu, self.precision, self.group), rnd, self.precision))
         g, u = gu[:, :self.intermediate], gu[:, self.intermediate:]
-        a = apply_epilogue(self.act, rnd(g)) * rnd(u)
+        a = apply_epilogue(self.act, g) * u
         y = _linear(a, OPERANDS.get(wd, self.precision, self.group), rnd, self.precision)
         if self.post_norm:
             y = _rms(y, _const(inputs[i], exact), self.eps, self.norm_offset, rnd)
-        outputs[0][:n].copy_(xs.float() + y)
+        outputs[0][:n].copy_(y.add_(xs))     # x + y (IEEE addition commutes)
 
     def plan(self, gen: Generation) -> Plan:
         name = f"{self.name} rows={self.rows}"
@@ -462,6 +526,7 @@ class HeadDesign(Design):
     def name(self) -> str:
         return f"llm.head[{self.precision}]"
 
+    @_inference
     def reference(self, inputs, outputs, pos: int = 0, n: int | None = None, **_: Any) -> None:
         n = self.rows if n is None else n
         exact = self.precision == "fp32"
