@@ -216,7 +216,8 @@ class Engine:
         counters = _Counters(dec.dev)
         t0 = time.perf_counter()
         dec.reset()
-        context = torch.tensor(prompt, dtype=torch.long)
+        penalty = config.repetition_penalty != 1.0
+        context = torch.tensor(prompt, dtype=torch.long) if penalty else None
         budget = min(config.max_tokens, dec.capacity - len(prompt))
         generated: list[int] = []
         emitted, pending = "", []          # text sent so far; tokens not yet reflected in it
@@ -228,7 +229,7 @@ class Engine:
         pre = counters.take()
         stats.modeled_prefill_us = pre["modeled_us"]
         for step in range(budget):
-            token = sampler(logits, context if config.repetition_penalty != 1.0 else None)
+            token = sampler(logits, context)
             now = time.perf_counter()
             if t_first is None:
                 t_first = now
@@ -237,7 +238,8 @@ class Engine:
                 break
             generated.append(token)
             pending.append(token)
-            context = torch.cat([context, torch.tensor([token])])
+            if penalty:                    # the ids seen so far matter only to the penalty
+                context = torch.cat([context, torch.tensor([token])])
             if tok is not None:
                 text = tok.decode(generated)
                 cut = stops.find(text)

@@ -105,7 +105,11 @@ class _OperandCache:
     def derived(self, tag: tuple, tensors: Sequence[torch.Tensor], make) -> torch.Tensor:
         """make()'s tensor, computed once per content of the resident `tensors` (an operand
         copy, or a per-design constant derived from them such as a sign-folded RoPE table)."""
-        key = tag + tuple((t.data_ptr(), t._version, tuple(t.shape), t.stride()) for t in tensors)
+        try:
+            key = tag + tuple((t.data_ptr(), t._version, tuple(t.shape), t.stride())
+                              for t in tensors)
+        except RuntimeError:          # an inference tensor has no version counter: no caching
+            return make()
         hit = self.entries.get(key)
         if hit is not None:
             return hit[0]
@@ -387,29 +391,30 @@ class AttentionBlockDesign(Design):
             i += 1
         cos_t, sin_t = _const(inputs[i], exact), _signed_sin(inputs[i + 1], exact)
         out, kc, vc = outputs
-        xs = x[:n]
+        xs = x if n == x.shape[0] else x[:n]
         h = _rms(xs, ln, self.eps, self.norm_offset, rnd)
         # every use of q, k and v takes them as operands: round the projection once
         qkv = rnd(_linear(h, OPERANDS.get(wqkv, self.precision, self.group), rnd,
                           self.precision)).view(n, hq + 2 * hkv, d)
-        qk, v = qkv[:, :hq + hkv], qkv[:, hq + hkv:]
+        qk, v = qkv.narrow(1, 0, hq + hkv), qkv.narrow(1, hq + hkv, hkv)
         if self.qk_norm:               # q and k heads normalized together (per-head weights)
             qk = rnd(_rms(qk, qk_w, self.eps, self.norm_offset, rnd, rounded=True))
         cos = cos_t[pos:pos + n].unsqueeze(1)
         sin = sin_t[pos:pos + n].unsqueeze(1)
         qk = rnd(_rope(qk, cos, sin))  # the cache stores operand(k); attention takes operand(q)
-        kc[:, pos:pos + n].copy_(qk[:, hq:].transpose(0, 1))
-        vc[:, pos:pos + n].copy_(v.transpose(0, 1))
+        kc.narrow(1, pos, n).copy_(qk.narrow(1, hq, hkv).transpose(0, 1))
+        vc.narrow(1, pos, n).copy_(v.transpose(0, 1))
         end = pos + n
         start = max(0, end - n - self.window + 1) if self.window is not None else 0
-        a = attend(qk[:, :hq].transpose(0, 1), kc[:, start:end], vc[:, start:end],
+        a = attend(qk.narrow(1, 0, hq).transpose(0, 1), kc.narrow(1, start, end - start),
+                   vc.narrow(1, start, end - start),
                    scale=self.scale, q_offset=pos - start, window=self.window,
                    softcap=self.softcap, exact=exact, rounded=True)
         a = a.transpose(0, 1).reshape(n, hq * d)
         o = _linear(a, OPERANDS.get(wo, self.precision, self.group), rnd, self.precision)
         if self.post_norm:
             o = _rms(o, pn, self.eps, self.norm_offset, rnd)
-        out[:n].copy_(o.add_(xs))      # x + o (IEEE addition commutes)
+        (out if n == out.shape[0] else out[:n]).copy_(o.add_(xs))   # x + o (IEEE: commutes)
 
     def plan(self, gen: Generation) -> Plan:
         """The plan at a full cache (capacity checks; what an unscaled launch is charged)."""
@@ -482,15 +487,17 @@ class MlpBlockDesign(Design):
         x, ln = inputs[0], _const(inputs[1], exact)
         wgu, i = _take(inputs, 2, nt)
         wd, i = _take(inputs, i, nt)
-        xs = x[:n]
+        xs = x if n == x.shape[0] else x[:n]
         h = _rms(xs, ln, self.eps, self.norm_offset, rnd)
         gu = rnd(_linear(h, OPERANDS.get(wgu, self.precision, self.group), rnd, self.precision))
-        g, u = gu[:, :self.intermediate], gu[:, self.intermediate:]
+        f = self.intermediate
+        g, u = gu.narrow(1, 0, f), gu.narrow(1, f, f)
         a = apply_epilogue(self.act, g) * u
         y = _linear(a, OPERANDS.get(wd, self.precision, self.group), rnd, self.precision)
         if self.post_norm:
             y = _rms(y, _const(inputs[i], exact), self.eps, self.norm_offset, rnd)
-        outputs[0][:n].copy_(y.add_(xs))     # x + y (IEEE addition commutes)
+        out = outputs[0]
+        (out if n == out.shape[0] else out[:n]).copy_(y.add_(xs))   # x + y (IEEE: commutes)
 
     def plan(self, gen: Generation) -> Plan:
         name = f"{self.name} rows={self.rows}"

@@ -42,7 +42,10 @@ class Buffer:
         """A typed strided view of the host bytes (offset in elements of `dtype`)."""
         flat = self._flat.get(dtype)
         if flat is None:
-            flat = self._flat[dtype] = self.host.view(dtype)   # cached: the eager hot path
+            # cached for the hot path; built outside inference mode so that a view made while a
+            # caller is in inference_mode is not an inference tensor for later in-place writes
+            with torch.inference_mode(False):
+                flat = self._flat[dtype] = self.host.view(dtype)
         return flat.as_strided(shape, strides, offset)
 
     def rebind(self, host: torch.Tensor) -> None:
