@@ -16,7 +16,7 @@ Every constant comes from the Generation (hw/), never from a literal here.
 from __future__ import annotations
 
 from collections import OrderedDict
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 
 from torch_xdna.hw import AIE2P, Generation
 from torch_xdna.runtime.plan import Plan
@@ -35,7 +35,8 @@ class CostTerms:
 
     @property
     def total(self) -> float:
-        return sum(getattr(self, f.name) for f in fields(self))
+        return (self.dispatch + self.reconfig + self.context_switch + self.dma + self.onchip
+                + self.compute + self.sync + self.overlap)
 
     def as_dict(self) -> dict:
         return {f.name: getattr(self, f.name) for f in fields(self)}
@@ -108,6 +109,7 @@ class CostModel:
         self.gen = gen
         self.current: tuple | None = None             # design configured on the array
         self.current_context: tuple | None = None     # hardware context the array runs
+        self._transfer: dict[int, tuple] = {}         # id(plan) -> (plan, transfer terms)
         self.contexts: OrderedDict[tuple, None] = OrderedDict()   # LRU of live hw contexts
 
     def charge(self, design_key: tuple, plan: Plan, chained: bool,
@@ -115,7 +117,12 @@ class CostModel:
         """Charge one launch. `context` is the hardware context it runs in: the design itself
         for a single launch, the whole program (one ELF) for a chained program's launches."""
         g = self.gen
-        t = transfer_terms(g, plan)
+        memo = self._transfer.get(id(plan))
+        if memo is None or memo[0] is not plan:
+            if len(self._transfer) > 4096:            # eager designs come and go
+                self._transfer.clear()
+            memo = self._transfer[id(plan)] = (plan, transfer_terms(g, plan))
+        t = replace(memo[1])                          # a plan's own time never changes
         t.dispatch = g.chained_dispatch_us.value if chained else g.dispatch_us.value
         ctx = design_key if context is None else context
         if not chained:
