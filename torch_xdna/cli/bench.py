@@ -8,9 +8,10 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
-import sys
 import time
 from pathlib import Path
+
+from torch_xdna.cli.common import CliError, output_file
 
 
 def bench_dir() -> Path:
@@ -32,15 +33,14 @@ def _load(path: Path):
 def run(args: argparse.Namespace) -> int:
     benches = available()
     if not benches:
-        print(f"xdna bench: no benchmarks found in {bench_dir()}; run it from a source checkout "
-              f"(pip install -e .)", file=sys.stderr)
-        return 2
+        raise CliError(f"no benchmarks found in {bench_dir()}; run it from a source checkout "
+                       f"(pip install -e .)")
     names = args.names or list(benches)
     unknown = [n for n in names if n not in benches]
     if unknown:
-        print(f"xdna bench: unknown benchmark(s) {', '.join(unknown)}; available: "
-              f"{', '.join(benches)}", file=sys.stderr)
-        return 2
+        raise CliError(f"unknown benchmark(s) {', '.join(unknown)}; available: "
+                       f"{', '.join(benches)}")
+    out = output_file(args.out, "--out")
     results = {}
     for name in names:
         if not args.json:
@@ -52,8 +52,8 @@ def run(args: argparse.Namespace) -> int:
             print(json.dumps(results[name], indent=2))
     if args.json:
         print(json.dumps(results, indent=2))
-    if args.out:
-        Path(args.out).write_text(json.dumps(results, indent=2))
+    if out:
+        out.write_text(json.dumps(results, indent=2))
     return 0
 
 

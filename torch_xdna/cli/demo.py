@@ -5,6 +5,8 @@ import argparse
 import json
 import time
 
+from torch_xdna.cli.common import positive_int
+
 
 def run_demo(batch: int = 8, hidden: int = 256, layers: int = 4) -> dict:
     import torch
@@ -62,8 +64,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("demo", help="run a small model on the (simulated) NPU and print its cost",
                        description="Run an MLP stack on the xdna device in strict mode, compare "
                                    "with the CPU, and print launches and modeled NPU time.")
-    p.add_argument("--batch", type=int, default=8)
-    p.add_argument("--hidden", type=int, default=256)
-    p.add_argument("--layers", type=int, default=4)
+    p.add_argument("--batch", type=positive_int, default=8)
+    p.add_argument("--hidden", type=positive_int, default=256)
+    p.add_argument("--layers", type=positive_int, default=4)
     p.add_argument("--json", action="store_true", help="print JSON for scripts")
     p.set_defaults(func=run)

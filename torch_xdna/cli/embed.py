@@ -6,6 +6,8 @@ import argparse
 import json
 import sys
 
+from torch_xdna.cli.common import CliError
+
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("embed", help="print embeddings of texts",
@@ -38,16 +40,10 @@ def _short(vec: list[float]) -> str:
 
 def run(args: argparse.Namespace) -> int:
     from torch_xdna.engine.embedder import Embedder, EmbedStats
-    from torch_xdna.models.hf import ModelDirError
     texts = _texts(args)
     if not texts or any(not t for t in texts):
-        print("xdna embed: give non-empty texts (or '-' with lines on stdin)", file=sys.stderr)
-        return 2
-    try:
-        emb = Embedder.load(args.model)
-    except (ModelDirError, RuntimeError, OSError) as e:
-        print(f"xdna embed: {e}", file=sys.stderr)
-        return 2
+        raise CliError("give non-empty texts (or '-' with lines on stdin)")
+    emb = Embedder.load(args.model)
     ids = emb.tokenize(texts, truncate=False)
     cut = [i for i, x in enumerate(ids) if len(x) > emb.spec.max_seq_length]
     for i in cut:

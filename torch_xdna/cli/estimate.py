@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
+
+from torch_xdna.cli.common import positive_int
 
 
 def register(subparsers) -> None:
@@ -22,7 +23,7 @@ def register(subparsers) -> None:
     p.add_argument("--precision", action="append",
                    choices=("bf16", "int8", "int4", "bfp16"),
                    help="weight precision (repeatable; default bf16 and int4)")
-    p.add_argument("--context", type=int, default=1024, help="tokens already in the KV cache")
+    p.add_argument("--context", type=positive_int, default=1024, help="tokens already in the KV cache")
     p.add_argument("--layout", choices=LAYOUTS, default=DEFAULT_LAYOUT,
                    help=f"launches per layer: layer = 1, block = attention + MLP (2) "
                         f"(default {DEFAULT_LAYOUT})")
@@ -45,19 +46,9 @@ def table(rows: list[dict]) -> str:
 
 def run(args: argparse.Namespace) -> int:
     from torch_xdna.engine.estimate import estimate, resolve_spec
-    from torch_xdna.models.hf import ModelDirError
-    from torch_xdna.models.spec import UnsupportedModelError
-    from torch_xdna.runtime import PlanError
-    if args.context < 1:
-        print("xdna estimate: --context must be >= 1", file=sys.stderr)
-        return 2
-    try:
-        name, spec = resolve_spec(args.model)
-        rows = [estimate(spec, p, args.context, layout=args.layout)
-                for p in (args.precision or ["bf16", "int4"])]
-    except (ValueError, ModelDirError, UnsupportedModelError, PlanError) as e:
-        print(f"xdna estimate: {e}", file=sys.stderr)
-        return 2
+    name, spec = resolve_spec(args.model)
+    rows = [estimate(spec, p, args.context, layout=args.layout)
+            for p in (args.precision or ["bf16", "int4"])]
     if args.json:
         print(json.dumps({"model": name, "modeled": True, "results": rows}, indent=2))
         return 0

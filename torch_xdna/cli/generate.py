@@ -6,6 +6,8 @@ import argparse
 import json
 import sys
 
+from torch_xdna.cli.common import positive_int
+
 PRECISION_CHOICES = ("bf16", "int8", "int4", "bfp16", "fp32")
 
 
@@ -25,7 +27,7 @@ def register(subparsers) -> None:
     p.add_argument("--chat", action="store_true", help="wrap the prompt as a user message in the "
                                                        "model's chat template")
     p.add_argument("--system", help="system message (with --chat)")
-    p.add_argument("--max-tokens", type=int, default=256)
+    p.add_argument("--max-tokens", type=positive_int, default=256)
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     p.add_argument("--top-k", type=int, default=0)
     p.add_argument("--top-p", type=float, default=1.0)
@@ -34,7 +36,7 @@ def register(subparsers) -> None:
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     p.add_argument("--precision", default="bf16", choices=PRECISION_CHOICES,
                    help="weight precision (fp32 is a verification mode, not NPU numerics)")
-    p.add_argument("--max-context", type=int, help="KV cache capacity in tokens")
+    p.add_argument("--max-context", type=positive_int, help="KV cache capacity in tokens")
     p.add_argument("--layout", choices=LAYOUTS, default=DEFAULT_LAYOUT,
                    help=f"launches per layer: layer = 1, block = attention + MLP (2) "
                         f"(default {DEFAULT_LAYOUT})")
@@ -55,23 +57,18 @@ def _stats_line(stats, backend: str) -> str:
 
 def run(args: argparse.Namespace) -> int:
     from torch_xdna.engine.generate import GenerationConfig, load_decoder
-    from torch_xdna.models.hf import ModelDirError
-    from torch_xdna.models.spec import UnsupportedModelError
     prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
-    try:
-        engine = load_decoder(args.model, args.precision, max_context=args.max_context,
-                              quiet=args.quiet or args.json, layout=args.layout)
-    except (ModelDirError, UnsupportedModelError, OSError) as e:
-        print(f"xdna generate: {e}", file=sys.stderr)
-        return 2
-    if args.chat:
-        msgs = ([{"role": "system", "content": args.system}] if args.system else [])
-        msgs.append({"role": "user", "content": prompt})
-        prompt = msgs
     cfg = GenerationConfig(max_tokens=args.max_tokens, temperature=args.temperature,
                            top_k=args.top_k, top_p=args.top_p,
                            repetition_penalty=args.repetition_penalty, seed=args.seed,
                            stop=tuple(args.stop))
+    cfg.sampling().validate()            # refuse bad sampling options before loading weights
+    engine = load_decoder(args.model, args.precision, max_context=args.max_context,
+                          quiet=args.quiet or args.json, layout=args.layout)
+    if args.chat:
+        msgs = ([{"role": "system", "content": args.system}] if args.system else [])
+        msgs.append({"role": "user", "content": prompt})
+        prompt = msgs
     backend = engine.decoder.dev.backend
     try:
         if args.json:
@@ -100,8 +97,5 @@ def run(args: argparse.Namespace) -> int:
         if not args.quiet and last is not None and last.stats is not None:
             print(_stats_line(last.stats, backend), file=sys.stderr)
         return 0
-    except (ValueError, ModelDirError) as e:
-        print(f"xdna generate: {e}", file=sys.stderr)
-        return 2
     finally:
         engine.close()

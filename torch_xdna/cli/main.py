@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
+import traceback
 
 # subcommand modules, in the order `xdna --help` lists them
 COMMANDS = ("info", "demo", "doctor", "serve", "embed", "generate", "estimate", "profile", "bench")
@@ -23,7 +25,10 @@ examples:
 environment:
   TORCH_XDNA_BACKEND=auto|sim|xrt   which runtime backend (auto: xrt when an NPU and pyxrt exist)
   TORCH_XDNA_FALLBACK=warn|error|silent   what to do with ops that have no NPU kernel
+  XDNA_DEBUG=1                      show the Python traceback of an error (same as --debug)
 """
+
+DEBUG_HELP = "on an error, also print the Python traceback (or set XDNA_DEBUG=1)"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -32,6 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     from torch_xdna import __version__
     parser.add_argument("--version", action="version", version=f"torch-xdna {__version__}")
+    parser.add_argument("--debug", action="store_true", help=DEBUG_HELP)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMANDS:
         try:
@@ -41,7 +47,33 @@ def build_parser() -> argparse.ArgumentParser:
                 continue            # subcommand not built yet
             raise
         mod.register(sub)
+    for sp in sub.choices.values():
+        # `xdna CMD ... --debug` works too; SUPPRESS keeps a top-level --debug from being reset
+        sp.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=DEBUG_HELP)
     return parser
+
+
+def _user_errors() -> tuple[type[BaseException], ...]:
+    """Errors whose message is meant for the user: bad input, missing files, capacity limits.
+    XdnaError covers PlanError, DeviceOutOfMemory, BackendUnavailable, LaunchError,
+    ArtifactError; ValueError covers ModelDirError, UnsupportedModelError, ContextOverflow."""
+    from torch_xdna.cli.common import CliError
+    from torch_xdna.runtime.errors import XdnaError
+    return (CliError, XdnaError, ValueError, OSError, ImportError)
+
+
+def describe(e: BaseException) -> str:
+    """One line naming the problem and what to do."""
+    if isinstance(e, OSError) and e.filename is not None and e.strerror:
+        return f"{e.filename}: {e.strerror}; check the path"
+    if isinstance(e, ModuleNotFoundError) and e.name:
+        return f"missing Python package {e.name!r}; install it (pip install 'torch-xdna[serve]')"
+    text = " ".join(str(e).split()) or type(e).__name__
+    return text.removeprefix("xdna: ")
+
+
+def _debug_enabled(args: argparse.Namespace) -> bool:
+    return bool(getattr(args, "debug", False)) or os.environ.get("XDNA_DEBUG", "") not in ("", "0")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -54,6 +86,17 @@ def main(argv: list[str] | None = None) -> int:
         return int(args.func(args) or 0)
     except KeyboardInterrupt:
         return 130
+    except Exception as e:              # the one place errors reach the user
+        debug = _debug_enabled(args)
+        if debug:
+            traceback.print_exc()
+        if isinstance(e, _user_errors()):
+            print(f"xdna {args.command}: error: {describe(e)}", file=sys.stderr)
+            return 2
+        hint = "" if debug else "; rerun with --debug (or XDNA_DEBUG=1) for the traceback"
+        print(f"xdna {args.command}: error: unexpected {type(e).__name__}: {describe(e)}{hint}",
+              file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

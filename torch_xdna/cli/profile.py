@@ -10,6 +10,8 @@ from __future__ import annotations
 import argparse
 import json
 
+from torch_xdna.cli.common import positive_int
+
 DEFAULT_SHAPES = ((64, 512, 2048),)
 WEIGHT_GROUP = 32
 
@@ -59,13 +61,8 @@ def _weight(dev, w, dtype: str):
 
 
 def run(args: argparse.Namespace) -> int:
-    from torch_xdna.runtime import PlanError
     shapes = [tuple(s) for s in args.shape] if args.shape else list(DEFAULT_SHAPES)
-    try:
-        prof = run_workload(shapes, args.dtype)
-    except PlanError as e:
-        print(f"xdna profile: {e}")
-        return 2
+    prof = run_workload(shapes, args.dtype)      # a PlanError names the limit (cli/main.py)
     if args.trace:
         prof.export_chrome_trace(args.trace)
     if args.json:
@@ -83,7 +80,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("profile", help="profile a small MLP workload (modeled on the simulator)",
                        description="Run a small MLP on the NPU runtime and print per-design and "
                                    "per-op time. On the simulator all times are modeled.")
-    p.add_argument("--shape", nargs=3, type=int, action="append", metavar=("M", "K", "N"),
+    p.add_argument("--shape", nargs=3, type=positive_int, action="append", metavar=("M", "K", "N"),
                    help="MLP shape: M tokens, K hidden, N intermediate (repeatable; "
                         "default 64 512 2048)")
     p.add_argument("--dtype", default="bf16", choices=("bf16", "bfp16", "int8", "int4"),

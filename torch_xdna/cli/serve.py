@@ -7,7 +7,8 @@ import errno
 import logging
 import os
 import socket
-import sys
+
+from torch_xdna.cli.common import CliError, port_number, positive_int
 
 DESCRIPTION = """\
 OpenAI-compatible HTTP server on the (simulated by default) XDNA NPU.
@@ -29,7 +30,7 @@ def register(subparsers) -> None:
                               formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--host", default="127.0.0.1",
                    help="address to bind (default 127.0.0.1: this machine only)")
-    p.add_argument("--port", type=int, default=8000, help="port (default 8000)")
+    p.add_argument("--port", type=port_number, default=8000, help="port (default 8000)")
     p.add_argument("--api-key", default=os.environ.get("XDNA_API_KEY"),
                    help="require 'Authorization: Bearer KEY' on /v1 and /metrics "
                         "(default: $XDNA_API_KEY, else no key)")
@@ -38,14 +39,14 @@ def register(subparsers) -> None:
                         "repeatable")
     p.add_argument("--no-default-model", action="store_true",
                    help="do not serve the bundled all-MiniLM-L6-v2")
-    p.add_argument("--max-queue", type=int, default=64,
+    p.add_argument("--max-queue", type=positive_int, default=64,
                    help="requests waiting for the NPU before new ones get 429 (default 64)")
-    p.add_argument("--max-models", type=int, default=2,
+    p.add_argument("--max-models", type=positive_int, default=2,
                    help="models resident on the device at once; least recently used are unloaded "
                         "(default 2)")
-    p.add_argument("--max-inputs", type=int, default=2048,
+    p.add_argument("--max-inputs", type=positive_int, default=2048,
                    help="inputs per embeddings request (default 2048)")
-    p.add_argument("--max-body-bytes", type=int, default=4 << 20,
+    p.add_argument("--max-body-bytes", type=positive_int, default=4 << 20,
                    help="request body limit in bytes (default 4 MiB)")
     p.add_argument("--truncate", action="store_true",
                    help="truncate over-long embedding inputs instead of answering 400")
@@ -74,9 +75,8 @@ def run(args: argparse.Namespace) -> int:
         import uvicorn
         from torch_xdna.server.app import ServerConfig, backend_description, create_app
     except ImportError as e:
-        print(f"xdna serve: missing dependency ({e.name}); install with: pip install "
-              f"'torch-xdna[serve]'", file=sys.stderr)
-        return 2
+        raise CliError(f"missing dependency ({e.name}); install with: pip install "
+                       f"'torch-xdna[serve]'") from e
     logging.basicConfig(level=args.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     log = logging.getLogger("torch_xdna.server")
@@ -87,13 +87,11 @@ def run(args: argparse.Namespace) -> int:
                           truncate=args.truncate, preload=not args.no_preload)
     problem = _port_free(args.host, args.port)
     if problem:
-        print(f"xdna serve: {problem}", file=sys.stderr)
-        return 2
+        raise CliError(problem)
     try:
         app = create_app(config)
-    except (ValueError, RuntimeError, OSError) as e:
-        print(f"xdna serve: {e}", file=sys.stderr)
-        return 2
+    except RuntimeError as e:        # e.g. the bundled model's package is not installed
+        raise CliError(str(e)) from e
     srv = app.state.server
     log.info("starting torch-xdna server on %s (backend: %s)", config.url(),
              backend_description(srv.dev))

@@ -45,32 +45,70 @@ def storage_elems(size, stride, offset: int = 0) -> int:
     return offset + 1 + sum((int(s) - 1) * int(st) for s, st in zip(size, stride))
 
 
+class _Release(weakref.ref):
+    """A weak reference to a buffer that releases its device memory when the buffer dies.
+    (Lighter than weakref.finalize, which costs a registry entry and atexit bookkeeping on every
+    allocation of the eager hot path.)"""
+
+    __slots__ = ("dev", "buf_id", "nbytes", "handle")
+
+
+_live_refs: set[_Release] = set()       # keeps the refs (and so their callbacks) alive
+
+
+def _released(ref: _Release) -> None:
+    _live_refs.discard(ref)
+    ref.dev.release(ref.buf_id, ref.nbytes, ref.handle)
+
+
 def attach(t: torch.Tensor, buf: Buffer) -> None:
     """Bind a buffer to a tensor's storage; the buffer is released when the storage dies."""
-    st = t.untyped_storage()
-    st._xdna_buf = buf
-    dev = get_device()
-    weakref.finalize(buf, dev.release, buf.id, buf.nbytes, buf.handle)
+    t.untyped_storage()._xdna_buf = buf
+    r = _Release(buf, _released)
+    r.dev, r.buf_id, r.nbytes, r.handle = get_device(), buf.id, buf.nbytes, buf.handle
+    _live_refs.add(r)
+
+
+_set_storage = aten.set_.source_Storage_storage_offset.redispatch
+_checked_dtypes: set[torch.dtype] = set()
+
+
+def _new(size: list[int], stride: list[int], n: int, dtype: torch.dtype,
+         offset: int) -> torch.Tensor:
+    if dtype not in _checked_dtypes:
+        check_dtype(dtype)
+        _checked_dtypes.add(dtype)
+    buf = get_device().alloc(n * dtype.itemsize)
+    t = torch._C._acc.create_empty_tensor([n], dtype)
+    attach(t, buf)
+    if offset or len(size) != 1 or size[0] != n or stride[0] != 1:
+        _set_storage(META, t, t.untyped_storage(), offset, size, stride)
+    return t
 
 
 def new_tensor(size, stride, dtype: torch.dtype, offset: int = 0) -> torch.Tensor:
     """A fresh xdna tensor with its own buffer (uninitialized)."""
-    check_dtype(dtype)
     size = [int(s) for s in size]
     stride = [int(s) for s in stride]
-    n = storage_elems(size, stride, offset)
-    buf = get_device().alloc(n * dtype.itemsize)
-    t = torch._C._acc.create_empty_tensor([n], dtype)
-    attach(t, buf)
-    if size != [n] or stride != [1] or offset:
-        aten.set_.source_Storage_storage_offset.redispatch(META, t, t.untyped_storage(), offset,
-                                                           size, stride)
-    return t
+    return _new(size, stride, storage_elems(size, stride, offset), dtype, offset)
+
+
+def empty_with_arg(size, dtype: torch.dtype) -> tuple[torch.Tensor, TensorArg]:
+    """A fresh contiguous xdna tensor and its launch argument, built from the geometry just
+    computed (strides and element count in one pass: the eager hot path)."""
+    size = [int(s) for s in size]
+    stride = [1] * len(size)
+    acc = 1
+    for i in range(len(size) - 1, -1, -1):
+        stride[i] = acc
+        acc *= size[i] if size[i] > 1 else 1
+    n = acc if 0 not in size else 0
+    t = _new(size, stride, n, dtype, 0)
+    return t, TensorArg(t.untyped_storage()._xdna_buf, dtype, tuple(size), tuple(stride), 0)
 
 
 def empty(size, dtype: torch.dtype | None = None) -> torch.Tensor:
-    dtype = dtype or torch.get_default_dtype()
-    return new_tensor(size, contiguous_strides(size), dtype)
+    return empty_with_arg(size, dtype or torch.get_default_dtype())[0]
 
 
 def buffer_of(t: torch.Tensor) -> Buffer:
@@ -84,7 +122,7 @@ def buffer_of(t: torch.Tensor) -> Buffer:
 
 def arg(t: torch.Tensor) -> TensorArg:
     """The launch argument for an xdna tensor (a strided view of its buffer)."""
-    return TensorArg(buffer_of(t), t.dtype, tuple(t.shape), tuple(t.stride()), t.storage_offset())
+    return TensorArg(buffer_of(t), t.dtype, tuple(t.shape), t.stride(), t.storage_offset())
 
 
 def host_view(t: torch.Tensor, for_write: bool = False) -> torch.Tensor:

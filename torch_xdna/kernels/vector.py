@@ -89,11 +89,53 @@ OPS: dict[str, tuple[Callable, float]] = {
     "amax": (_reduce(torch.amax), 1),
     "copy": (lambda xs, **kw: xs[0], 0.5),
     "where": (lambda xs, **kw: torch.where(xs[0].bool(), xs[1], xs[2]), 1),
+    # comparisons and predicates (bool out): a compare/select per element, no rounding
+    "eq": (_binary(torch.eq), 1),
+    "ne": (_binary(torch.ne), 1),
+    "lt": (_binary(torch.lt), 1),
+    "le": (_binary(torch.le), 1),
+    "gt": (_binary(torch.gt), 1),
+    "ge": (_binary(torch.ge), 1),
+    "bitwise_and": (_binary(torch.bitwise_and), 1),
+    "bitwise_or": (_binary(torch.bitwise_or), 1),
+    "bitwise_xor": (_binary(torch.bitwise_xor), 1),
+    "bitwise_not": (lambda xs, **kw: torch.bitwise_not(xs[0]), 1),
+    "logical_and": (_binary(torch.logical_and), 1),
+    "logical_or": (_binary(torch.logical_or), 1),
+    "logical_xor": (_binary(torch.logical_xor), 1),
+    "logical_not": (lambda xs, **kw: torch.logical_not(xs[0]), 1),
+    "isnan": (lambda xs, **kw: torch.isnan(xs[0]), 1),
+    "isinf": (lambda xs, **kw: torch.isinf(xs[0]), 1),
+    "isneginf": (lambda xs, **kw: torch.isneginf(xs[0]), 1),
+    "isposinf": (lambda xs, **kw: torch.isposinf(xs[0]), 1),
+    "isfinite": (lambda xs, **kw: torch.isfinite(xs[0]), 1),
+    "all": (_reduce(torch.all), 1),
+    "any": (_reduce(torch.any), 1),
+    "abs": (lambda xs, **kw: torch.abs(xs[0]), 1),
+    "clamp": (lambda xs, min=None, max=None, **kw: torch.clamp(xs[0], min, max), 1),
+    "square": (lambda xs, **kw: xs[0] * xs[0], 1),
+    # x ** p as exp2(p * log2 x): two transcendentals and a multiply
+    "pow": (lambda xs, exponent, **kw: torch.pow(xs[0], exponent), 9),
+    "reciprocal": (lambda xs, **kw: torch.reciprocal(xs[0]), 4),
+    "log": (lambda xs, **kw: torch.log(xs[0]), 4),
+    "erf": (lambda xs, **kw: torch.erf(xs[0]), 5),
+    # sin/cos: range reduction on the fp32 operand, then a polynomial (see FP32_OPERAND)
+    "sin": (lambda xs, **kw: torch.sin(xs[0]), 6),
+    "cos": (lambda xs, **kw: torch.cos(xs[0]), 6),
+    "cumsum": (lambda xs, dim, **kw: torch.cumsum(xs[0], dim), 1),
 }
-ROW_OPS = ("softmax", "log_softmax", "layer_norm", "rms_norm")
+ROW_OPS = ("softmax", "log_softmax", "layer_norm", "rms_norm", "cumsum")
 FLAT_CHUNK_MAX = 2048         # elements per core per call for elementwise ops (fits L1 x 4 operands)
 # ops whose arithmetic is only adds, so fp32 operands stay exact (accumulator path)
-EXACT_FP32 = {"add", "sub", "neg", "relu", "maximum", "minimum", "copy", "where", "sum", "mean", "amax"}
+EXACT_FP32 = {"add", "sub", "neg", "relu", "maximum", "minimum", "copy", "where", "sum", "mean", "amax",
+              # compares, selects and sign/bit operations: no arithmetic to round
+              "eq", "ne", "lt", "le", "gt", "ge", "logical_and", "logical_or", "logical_xor",
+              "logical_not", "isnan", "isinf", "isneginf", "isposinf", "isfinite", "all", "any",
+              "abs", "clamp", "cumsum"}
+# ops that keep the fp32 operand though they compute: sin/cos reduce the angle modulo 2*pi on the
+# fp32 accumulator path first (a bf16 angle is off by up to 2^-9 * |x| rad, which ruins RoPE at
+# large positions); the polynomial that follows is exact enough at fp32
+FP32_OPERAND = {"sin", "cos"}
 
 
 @dataclass(frozen=True)
@@ -115,7 +157,7 @@ class VectorDesign(Design):
     def reference(self, inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor],
                   **scalars: Any) -> None:
         fn, _ = OPS[self.op]
-        exact = self.op in EXACT_FP32
+        exact = self.op in EXACT_FP32 or self.op in FP32_OPERAND
         xs = []
         for x in inputs:
             if x.dtype in numerics.FLOAT_DTYPES:
