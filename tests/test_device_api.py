@@ -241,3 +241,12 @@ def test_profiler_table_and_trace(tmp_path):
     prof.export_chrome_trace(path)
     events = json.loads(path.read_text())["traceEvents"]
     assert len([e for e in events if e.get("ph") == "X"]) >= 2
+
+
+def test_storage_level_cpu_copy_and_resize_keep_bytes():
+    x = torch.arange(5.0).to(X)
+    st = x.untyped_storage().cpu()                 # storage-level copy back to the host
+    assert st.nbytes() == 20
+    assert torch.equal(torch.empty(0).set_(st), torch.arange(5.0))
+    x.resize_(8)                                   # grows: the first 5 values survive
+    assert torch.equal(x.cpu()[:5], torch.arange(5.0))

@@ -74,7 +74,7 @@ def resize_(self: torch.Tensor, size, memory_format=None) -> torch.Tensor:
     stride = storage.contiguous_strides(size)
     need = storage.storage_elems(size, stride, self.storage_offset()) * self.dtype.itemsize
     old = storage.buffer_of(self)
-    if need > self.untyped_storage().nbytes():
+    if need > storage.storage_nbytes(self.untyped_storage()):
         fresh = storage.new_tensor([storage.storage_elems(size, stride, self.storage_offset())],
                                    [1], self.dtype)
         keep = min(old.nbytes, fresh.untyped_storage()._xdna_buf.nbytes)

@@ -41,7 +41,7 @@ def storage_to_cpu(st: torch.UntypedStorage) -> torch.UntypedStorage:
     buf = st._xdna_buf
     from torch_xdna.runtime import get_device
     get_device().read(buf)
-    n = st.nbytes()
+    n = storage.storage_nbytes(st)
     return buf.host[:n].clone().untyped_storage()
 
 

@@ -81,6 +81,9 @@ def _new(size: list[int], stride: list[int], n: int, dtype: torch.dtype,
     buf = get_device().alloc(n * dtype.itemsize)
     t = torch._C._acc.create_empty_tensor([n], dtype)
     attach(t, buf)
+    # the TensorImpl's storage may report 0 bytes (data_ptr 0 keeps torch.load happy); the
+    # logical size lives here
+    t.untyped_storage()._xdna_nbytes = n * dtype.itemsize
     if offset or len(size) != 1 or size[0] != n or stride[0] != 1:
         _set_storage(META, t, t.untyped_storage(), offset, size, stride)
     return t
@@ -109,6 +112,11 @@ def empty_with_arg(size, dtype: torch.dtype) -> tuple[torch.Tensor, TensorArg]:
 
 def empty(size, dtype: torch.dtype | None = None) -> torch.Tensor:
     return empty_with_arg(size, dtype or torch.get_default_dtype())[0]
+
+
+def storage_nbytes(st: torch.UntypedStorage) -> int:
+    """Logical byte size of an xdna storage."""
+    return getattr(st, "_xdna_nbytes", None) or st.nbytes()
 
 
 def buffer_of(t: torch.Tensor) -> Buffer:
