@@ -44,8 +44,12 @@ class Buffer:
         if flat is None:
             # cached for the hot path; built outside inference mode so that a view made while a
             # caller is in inference_mode is not an inference tensor for later in-place writes
-            with torch.inference_mode(False):
-                flat = self._flat[dtype] = self.host.view(dtype)
+            if torch.is_inference_mode_enabled():
+                with torch.inference_mode(False):
+                    flat = self.host.view(dtype)
+            else:
+                flat = self.host.view(dtype)
+            self._flat[dtype] = flat
         return flat.as_strided(shape, strides, offset)
 
     def rebind(self, host: torch.Tensor) -> None:

@@ -16,7 +16,7 @@ Every constant comes from the Generation (hw/), never from a literal here.
 from __future__ import annotations
 
 from collections import OrderedDict
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, fields
 
 from torch_xdna.hw import AIE2P, Generation
 from torch_xdna.runtime.plan import Plan
@@ -122,7 +122,8 @@ class CostModel:
             if len(self._transfer) > 4096:            # eager designs come and go
                 self._transfer.clear()
             memo = self._transfer[id(plan)] = (plan, transfer_terms(g, plan))
-        t = replace(memo[1])                          # a plan's own time never changes
+        m = memo[1]                                   # a plan's own time never changes
+        t = CostTerms(0.0, 0.0, 0.0, m.dma, m.onchip, m.compute, m.sync, m.overlap)
         t.dispatch = g.chained_dispatch_us.value if chained else g.dispatch_us.value
         ctx = design_key if context is None else context
         if not chained:
