@@ -5,7 +5,9 @@ rounded to nearest-even (what AIE2P kernels set; the hardware default truncates 
 subnormals are flushed to zero (the AIE-ML float path has no denormals); products and sums
 accumulate in fp32; the result is stored in the requested output dtype. So an fp32 tensor is
 computed as bf16 operands with fp32 accumulation. Pure additions/subtractions run on the fp32
-accumulator path and are exact in fp32. int8 x int8 accumulates in int32.
+accumulator path and are exact in fp32, as are ops that only compare, select or clamp
+(vector.EXACT_FP32); sin/cos keep the fp32 angle (vector.FP32_OPERAND) because a bf16 angle would
+ruin rotary embeddings at large positions. int8 x int8 accumulates in int32.
 
 Block floating point (bfp16) and int8/int4 weight quantization live in kernels/quant.py; which
 numerics a model site uses is chosen by a PrecisionPlan (kernels/precision.py).
