@@ -344,3 +344,18 @@ def test_lru_models_unload_and_reload_with_same_answers(tmp_path):
         assert reg.evictions >= 3
         assert dev.counters.allocated_bytes == allocated       # eviction frees device memory
     assert first["bert-a"] != first["bert-b"]
+
+
+def test_cors_is_off_by_default_and_allows_only_configured_origins(embedder, client):
+    pre = {"Origin": "http://localhost:3000", "Access-Control-Request-Method": "POST"}
+    r = client.options("/v1/embeddings", headers=pre)
+    assert "access-control-allow-origin" not in r.headers
+    with make_client(embedder, cors_origins=["http://localhost:3000"]) as c:
+        r = c.options("/v1/embeddings", headers=pre)
+        assert r.headers["access-control-allow-origin"] == "http://localhost:3000"
+        r = c.options("/v1/embeddings", headers={**pre, "Origin": "http://evil.example"})
+        assert r.headers.get("access-control-allow-origin") != "http://evil.example"
+        r = c.post("/v1/embeddings", json={"model": "all-MiniLM-L6-v2", "input": "hi"},
+                   headers={"Origin": "http://localhost:3000"})
+        assert r.status_code == 200
+        assert r.headers["access-control-allow-origin"] == "http://localhost:3000"

@@ -50,6 +50,9 @@ def register(subparsers) -> None:
                    help="request body limit in bytes (default 4 MiB)")
     p.add_argument("--truncate", action="store_true",
                    help="truncate over-long embedding inputs instead of answering 400")
+    p.add_argument("--cors-origin", action="append", default=[], metavar="ORIGIN",
+                   help="allow browser requests from this origin (e.g. http://localhost:3000; "
+                        "'*' for any); repeatable; default: none")
     p.add_argument("--no-preload", action="store_true",
                    help="load models on first request instead of at startup")
     p.add_argument("--log-level", default="info",
@@ -84,7 +87,8 @@ def run(args: argparse.Namespace) -> int:
                           models=args.model, default_model=not args.no_default_model,
                           max_queue=args.max_queue, max_models=args.max_models,
                           max_inputs=args.max_inputs, max_body_bytes=args.max_body_bytes,
-                          truncate=args.truncate, preload=not args.no_preload)
+                          truncate=args.truncate, preload=not args.no_preload,
+                          cors_origins=args.cors_origin)
     problem = _port_free(args.host, args.port)
     if problem:
         raise CliError(problem)

@@ -58,6 +58,7 @@ class ServerConfig:
     max_new_tokens: int = 2048            # completion tokens per request
     request_timeout_s: float = 300.0
     preload: bool = True                  # make the first models resident at startup
+    cors_origins: list[str] = field(default_factory=list)   # browser origins allowed (CORS)
 
     def url(self) -> str:
         host = f"[{self.host}]" if ":" in self.host else self.host
@@ -318,6 +319,13 @@ def create_app(config: ServerConfig | None = None, registry: ModelRegistry | Non
 
     app = FastAPI(title="torch-xdna", version="0.1.0", lifespan=lifespan)
     app.state.server = srv
+    if config.cors_origins:
+        # browser-based clients on other origins (web UIs, editor webviews) need CORS; off by
+        # default so a web page cannot call a local server unless the user allows its origin
+        from fastapi.middleware.cors import CORSMiddleware
+        app.add_middleware(CORSMiddleware, allow_origins=config.cors_origins,
+                           allow_methods=["GET", "POST", "OPTIONS"],
+                           allow_headers=["Authorization", "Content-Type"])
 
     @app.exception_handler(APIError)
     async def _api_error(request: Request, e: APIError):
