@@ -196,7 +196,64 @@ def test_gemm_that_exceeds_a_limit_is_split(tmp_path):
     close(y, fn(x, w, b))
 
 
-def test_dynamic_shapes_say_so_and_stay_correct(tmp_path):
+@pytest.mark.parametrize("dynamic", [None, True])
+def test_dynamic_shapes_specialize_per_signature_on_the_npu(tmp_path, dynamic):
+    """Batch 8, 4, 6: Dynamo's (automatic) dynamic graph is specialized per input shape at run
+    time; every call runs on the NPU as one dispatch, none falls back to the host."""
+    m = mlp()
+    c = torch.compile(m, backend="xdna", dynamic=dynamic,
+                      options={"cache_dir": tmp_path, "fallback": "warn"})
+    dev = get_device()
+    with torch.no_grad(), warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        for b in (8, 4, 6, 4):
+            x = torch.randn(b, 32)
+            dev.reset_counters()
+            close(c(x), m(x))
+            assert (dev.counters.launches, dev.counters.dispatches) == (2, 1), b
+    assert fallback.report() == {}
+    assert not [x for x in w if issubclass(x.category, RuntimeWarning)]
+    assert all((s.launches, s.nodes_host) == (2, 0) for s in B.HISTORY[-3:])
+
+
+@pytest.mark.parametrize("with_mask", [False, True])
+def test_dynamic_bert_specializes_per_batch_and_sequence(tmp_path, with_mask):
+    """3 (batch, seq) sizes: the first compile is static, later ones specializations of the
+    dynamic graph; all match CPU in one dispatch. Without a mask nothing runs on the host; with
+    one, exactly the static compile's host nodes (HF integer mask building, see Limits) do."""
+    bert, _ = _bert(2)
+    c = compile_(bert, tmp_path)
+    torch.manual_seed(0)
+    n0 = len(B.HISTORY)
+    with torch.no_grad():
+        for b, s in ((2, 8), (3, 12), (4, 5)):
+            kw = {"input_ids": torch.randint(0, 100, (b, s)),     # explicit token types: no
+                  "token_type_ids": torch.zeros(b, s, dtype=torch.long)}   # host gather
+            if with_mask:
+                kw["attention_mask"] = torch.ones(b, s, dtype=torch.long)
+                kw["attention_mask"][0, s - 2:] = 0
+            ref, out = bert(**kw), c(**kw)
+            close(out.last_hidden_state, ref.last_hidden_state)
+            close(out.pooler_output, ref.pooler_output)
+            assert B.HISTORY[-1].dispatches == 1
+    static, *specialized = B.HISTORY[n0:]
+    assert len(specialized) == 2
+    for st in specialized:
+        assert (st.nodes_npu, st.host_ops) == (static.nodes_npu, static.host_ops)
+        assert st.launches <= BOUNDS["bert"]
+    if not with_mask:
+        assert fallback.report() == {}
+    else:
+        assert fallback.report() == {k: 3 * v for k, v in static.host_ops.items()}
+
+
+def test_unspecializable_signature_runs_on_the_host(tmp_path, monkeypatch):
+    """A specialization that fails falls back to the host for that signature, with a warning."""
+    from torch_xdna.compiler import specialize
+
+    def broken(gm, args):
+        raise RuntimeError("test: tracing failed")
+    monkeypatch.setattr(specialize, "specialize", broken)
     m = mlp()
     c = compile_(m, tmp_path)
     with torch.no_grad(), warnings.catch_warnings(record=True) as w:
@@ -205,6 +262,7 @@ def test_dynamic_shapes_say_so_and_stay_correct(tmp_path):
             x = torch.randn(b, 32)
             close(c(x), m(x))
     assert any("dynamic=False" in str(x.message) for x in w)
+    assert B.HISTORY[-1].nodes_host > 0
     with torch.no_grad():
         torch._dynamo.reset()
         c = torch.compile(m, backend="xdna", dynamic=False, options={"cache_dir": tmp_path})
@@ -212,6 +270,17 @@ def test_dynamic_shapes_say_so_and_stay_correct(tmp_path):
             x = torch.randn(b, 32)
             close(c(x), m(x))
             assert B.HISTORY[-1].launches == 2
+
+
+def test_specializations_are_a_bounded_lru(tmp_path):
+    from torch_xdna.compiler.specialize import Specializer
+    built = []
+    sp = Specializer(None, compile_fn=None, max_signatures=2)
+    sp._build = lambda sig, args: built.append(sig) or (lambda a: sig)
+    for n in (1, 2, 1, 3, 2):
+        sp([torch.empty(n)])
+    assert [s[0][0] for s in built] == [(1,), (2,), (3,), (2,)]      # 2 was evicted by 3
+    assert [s[0][0] for s in sp.compiled] == [(3,), (2,)]
 
 
 def test_compiled_module_under_inference_mode():

@@ -10,16 +10,15 @@ from __future__ import annotations
 import functools
 import logging
 import time
-import warnings
 from collections import Counter
 from dataclasses import dataclass, field
 
 import torch
 from torch._functorch.aot_autograd import make_boxed_func
 
-from torch_xdna.compiler import cache, fusion, partition
+from torch_xdna.compiler import cache, partition, specialize
 from torch_xdna.compiler.capture import capture
-from torch_xdna.compiler.options import CompileOptions
+from torch_xdna.compiler.options import CompileOptions, FallbackRefused
 from torch_xdna.compiler.lowered import Lowered
 from torch_xdna.compiler.program import Unlowerable, lower
 from torch_xdna.compiler.runner import CompiledPartition
@@ -84,12 +83,6 @@ def wrap_host_nodes(gm: torch.fx.GraphModule) -> Counter:
 def compile_graph(gm: torch.fx.GraphModule, example_inputs, options: CompileOptions):
     from torch_xdna.runtime import get_device
     t0 = time.perf_counter()
-    if any(isinstance(v, torch.Tensor) and not fusion.static_shape(v)
-           for v in (n.meta.get("val") for n in gm.graph.nodes if n.op == "placeholder")):
-        warnings.warn("xdna compile: this graph has dynamic (symbolic) shapes; NPU designs need "
-                      "static shapes, so its nodes run on the host. Use torch.compile(..., "
-                      "dynamic=False) to get one NPU program per shape.", RuntimeWarning,
-                      stacklevel=2)
     name = f"graph{next(_counter)}"
     gen = get_device().gen
     stats = CompileStats()
@@ -144,7 +137,7 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs, options: CompileOpti
     stats.nodes_host = sum(host_ops.values())
     mode = options.fallback_mode()
     if mode == "error" and stats.host_ops:
-        raise NotImplementedError(
+        raise FallbackRefused(
             f"xdna compile: {stats.nodes_host} graph nodes have no NPU lowering "
             f"({', '.join(sorted(stats.host_ops))}) and the fallback policy is 'error'. Use "
             f"options={{'fallback': 'warn'}} (counted host runs) or change the model.")
@@ -164,13 +157,23 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs, options: CompileOpti
     return make_boxed_func(run)
 
 
+def forward_compiler(gm: torch.fx.GraphModule, example_inputs, options: CompileOptions):
+    """Static graphs compile now; symbolic ones compile per concrete input signature at run
+    time (specialize.py), falling back to the host for a signature that cannot be specialized."""
+    if not specialize.is_dynamic(gm):
+        return compile_graph(gm, example_inputs, options)
+    log.info("xdna: graph has dynamic shapes; NPU programs are specialized per input signature")
+    return specialize.Specializer(
+        gm, functools.partial(compile_graph, example_inputs=None, options=options))
+
+
 def xdna_backend(gm: torch.fx.GraphModule, example_inputs, options: dict | None = None,
                  mode: str | None = None):
     """The Dynamo backend registered as "xdna" (torch.compile passes `options`/`mode` as keywords)."""
     opts = CompileOptions.from_dict(options)
     if mode not in (None, "default"):
         log.info("xdna backend: mode=%r has no effect; use options={...}", mode)
-    return capture(gm, example_inputs, functools.partial(compile_graph, options=opts))
+    return capture(gm, example_inputs, functools.partial(forward_compiler, options=opts))
 
 
 def xdna_backend_with(**options):

@@ -20,6 +20,10 @@ def default_cache_dir() -> Path:
     return Path(env) if env else Path.home() / ".cache" / "torch_xdna"
 
 
+class FallbackRefused(NotImplementedError):
+    """Graph nodes have no NPU lowering and the fallback policy is 'error'."""
+
+
 @dataclass(frozen=True)
 class CompileOptions:
     """fallback: policy for graph nodes with no NPU kernel (None: TORCH_XDNA_FALLBACK).
