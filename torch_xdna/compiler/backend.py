@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import torch
 from torch._functorch.aot_autograd import make_boxed_func
 
-from torch_xdna.compiler import cache, partition, specialize
+from torch_xdna.compiler import cache, fold, partition, specialize
 from torch_xdna.compiler.capture import capture
 from torch_xdna.compiler.options import CompileOptions, FallbackRefused
 from torch_xdna.compiler.lowered import Lowered
@@ -87,6 +87,7 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs, options: CompileOpti
     gen = get_device().gen
     stats = CompileStats()
     key = cache.graph_key(gm, f"gen={gen.name};{options.cache_key_part()}")
+    fold.fold_constants(gm)        # deterministic: the key of the unfolded graph still fits
     entry = cache.load(options.cache_dir, key) if options.cache else None
     lowered: list[Lowered | None] = []
     parts = None

@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 from torch.fx import GraphModule, Node
 
-FORMAT = 2                  # 2: SDPA lowers to AttentionDesign (SdpaDesign removed)
+FORMAT = 3                  # 3: input-independent values folded before partitioning
 log = logging.getLogger("torch_xdna.compiler")
 
 

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 import torch
 from torch.fx import Node
 
+from torch_xdna.kernels.fused import strided_index
+
 aten = torch.ops.aten
 
 GEMM_OPS = {aten.mm.default, aten.addmm.default, aten.bmm.default}
@@ -30,7 +32,10 @@ VIEW_OPS = {aten.view.default, aten._unsafe_view.default, aten.reshape.default,
             aten.permute.default, aten.t.default, aten.transpose.int, aten.expand.default,
             aten.unsqueeze.default, aten.squeeze.dim, aten.squeeze.dims, aten.squeeze.default,
             aten.slice.Tensor, aten.select.int, aten.alias.default, aten.clone.default,
-            aten.detach.default, aten.lift_fresh_copy.default}
+            aten.detach.default, aten.lift_fresh_copy.default, strided_index}
+# index gathers the DMA does (kernels/dma.py GatherDesign); a constant affine index is a view
+GATHER_OPS = {aten.gather.default: "gather", aten.index.Tensor: "index",
+              aten.index_select.default: "index_select"}
 ACTIVATIONS = {aten.relu.default: "relu", aten.silu.default: "silu", aten.tanh.default: "tanh",
                aten.sigmoid.default: "sigmoid"}
 ELEMENTWISE = {
@@ -46,12 +51,32 @@ ELEMENTWISE = {
     aten.lt.Scalar: "lt", aten.lt.Tensor: "lt", aten.le.Scalar: "le", aten.le.Tensor: "le",
     aten.gt.Scalar: "gt", aten.gt.Tensor: "gt", aten.ge.Scalar: "ge", aten.ge.Tensor: "ge",
     aten.logical_not.default: "logical_not", aten._to_copy.default: "to",
+    aten.logical_and.default: "logical_and", aten.logical_or.default: "logical_or",
+    aten.logical_xor.default: "logical_xor", aten.bitwise_and.Tensor: "bitwise_and",
+    aten.bitwise_and.Scalar: "bitwise_and", aten.bitwise_or.Tensor: "bitwise_or",
+    aten.bitwise_or.Scalar: "bitwise_or", aten.bitwise_xor.Tensor: "bitwise_xor",
+    aten.bitwise_xor.Scalar: "bitwise_xor", aten.bitwise_not.default: "bitwise_not",
+    aten.isnan.default: "isnan", aten.isinf.default: "isinf", aten.isneginf.default: "isneginf",
+    aten.isposinf.default: "isposinf", aten.clamp.default: "clamp",
+    aten.masked_fill.Scalar: "masked_fill", aten.masked_fill.Tensor: "masked_fill",
+    aten.where.ScalarSelf: "where", aten.where.ScalarOther: "where", aten.where.Scalar: "where",
 }
+# ops whose integer/bool forms are exact on the array (compares, selects, bit operations and
+# integer add/sub/mul/min/max on the accumulator path; as VectorDesign computes them eagerly)
+INT_OPS = {"add", "sub", "mul", "neg", "abs", "maximum", "minimum", "where", "masked_fill", "to",
+           "eq", "ne", "lt", "le", "gt", "ge", "logical_not", "logical_and", "logical_or",
+           "logical_xor", "bitwise_and", "bitwise_or", "bitwise_xor", "bitwise_not", "isnan",
+           "isinf", "isneginf", "isposinf", "clamp", "sum", "amax", "any", "all", "cumsum", "cat"}
+NEW_STRICT = {"clamp", "masked_fill", "cumsum"}     # keyword arguments these do not take
 ROW_OPS = {aten.mean.dim: "mean", aten.sum.dim_IntList: "sum", aten.amax.default: "amax",
-           aten._softmax.default: "softmax", aten.native_layer_norm.default: "layer_norm"}
+           aten._softmax.default: "softmax", aten.native_layer_norm.default: "layer_norm",
+           aten.any.dim: "any", aten.any.dims: "any", aten.any.default: "any",
+           aten.all.dim: "all", aten.all.dims: "all", aten.all.default: "all",
+           aten.cumsum.default: "cumsum"}
 MULTI_OUTPUT = {aten.native_layer_norm.default, aten._scaled_dot_product_flash_attention_for_cpu.default}
 FLOAT = (torch.float32, torch.bfloat16, torch.float16)
 CHAIN_DTYPES = FLOAT + (torch.bool,)
+INT = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
 
 
 def val(node) -> torch.Tensor | None:
@@ -93,6 +118,9 @@ def view_step(node: Node) -> tuple[str, dict]:
         return "slice", {"dim": dim, "start": start, "end": end, "step": step}
     if t == aten.select.int:
         return "select", {"dim": args[1], "index": args[2]}
+    if t is strided_index:
+        return "strided_index", {"shape": tuple(args[1]), "coeffs": tuple(map(tuple, args[2])),
+                                 "consts": tuple(args[3])}
     return "copy", {}
 
 
@@ -114,6 +142,8 @@ def chain_step(node: Node) -> tuple[str, tuple, dict] | None:
             params["alpha"] = node.kwargs["alpha"]
         if op == "gelu":
             params["approximate"] = node.kwargs.get("approximate", "none")
+        if op in NEW_STRICT and node.kwargs:
+            return None
         if op == "to":
             if set(node.kwargs) - {"dtype", "layout", "device", "memory_format"}:
                 return None
@@ -123,7 +153,13 @@ def chain_step(node: Node) -> tuple[str, tuple, dict] | None:
         op = ROW_OPS[t]
         x = val(node.args[0])
         nd = x.dim()
-        if op in ("mean", "sum", "amax"):
+        if op == "cumsum":
+            if node.kwargs or node.args[1] % max(nd, 1) != nd - 1:
+                return None
+            return op, (node.args[0],), {}
+        if op in ("any", "all") and len(node.args) == 1:
+            return op, (node.args[0],), {"dim": tuple(range(nd)), "keepdim": False}
+        if op in ("mean", "sum", "amax", "any", "all"):
             dims = node.args[1] if len(node.args) > 1 else []
             dims = sorted(d % nd for d in (dims if isinstance(dims, (list, tuple)) else [dims]))
             if not dims or dims != list(range(nd - len(dims), nd)):

@@ -15,7 +15,7 @@ from torch.fx.passes.operator_support import OperatorSupport
 from torch.fx.passes.utils.fuser_utils import fuse_by_partitions
 
 from torch_xdna.compiler import fusion
-from torch_xdna.compiler.fusion import FLOAT, CHAIN_DTYPES, val
+from torch_xdna.compiler.fusion import CHAIN_DTYPES, FLOAT, INT, val
 
 aten = torch.ops.aten
 PREFIX = "xdna_partition_"
@@ -73,15 +73,35 @@ def why_unsupported(node: Node) -> str | None:
         return None if ok else "dtype"
     if t in FACTORY_OPS:
         return "host initialisation"
-    if fusion.chain_step(node) is None:
+    if t in fusion.GATHER_OPS:
+        return _why_gather(node)
+    step = fusion.chain_step(node)
+    if step is None:
         return "no NPU kernel"
     out = val(node) if t not in fusion.MULTI_OUTPUT else val(node.args[0])
-    if out is None or out.dtype not in CHAIN_DTYPES:
+    if out is None or out.dtype not in CHAIN_DTYPES + INT:
         return "dtype"
     if t in fusion.VIEW_OPS:
         return None
-    in_dtypes = CHAIN_DTYPES + ((torch.int32, torch.int64) if fusion.ELEMENTWISE.get(t) == "to" else ())
-    return None if _inputs_ok(node, in_dtypes) else "dtype"
+    ints = out.dtype in INT or any(v is not None and v.dtype in INT
+                                   for v in map(val, node.all_input_nodes))
+    if ints and step[0] not in fusion.INT_OPS:
+        return "dtype"                   # integer arithmetic the array does not do exactly
+    return None if _inputs_ok(node, CHAIN_DTYPES + INT) else "dtype"
+
+
+def _why_gather(node: Node) -> str | None:
+    """gather/index_select/index: one GatherDesign (DMA) launch over static int indices."""
+    idx = node.args[2] if node.target == aten.gather.default else node.args[1] \
+        if node.target == aten.index.Tensor else node.args[2]
+    idx = [i for i in (idx if isinstance(idx, (list, tuple)) else [idx]) if i is not None]
+    if not idx or not all(isinstance(i, Node) for i in idx):
+        return "index"
+    if any(val(i) is None or val(i).dtype not in (torch.int32, torch.int64) for i in idx):
+        return "dtype"                   # bool (masked) indices have data-dependent shapes
+    x = val(node.args[0])
+    return None if x is not None and x.dtype in CHAIN_DTYPES + INT and _inputs_ok(
+        node, CHAIN_DTYPES + INT) else "dtype"
 
 
 class XdnaSupport(OperatorSupport):
@@ -89,8 +109,8 @@ class XdnaSupport(OperatorSupport):
         return why_unsupported(node) is None
 
 
-NON_COMPUTE = [f"{op._schema.name.replace('::', '.')}.{op._overloadname}" if op._overloadname != "default"
-               else f"{op._schema.name.replace('::', '.')}.default" for op in fusion.VIEW_OPS]
+NON_COMPUTE = [torch.fx.node._get_qualified_name(op) if not isinstance(op, torch._ops.OpOverload)
+               else f"{op._schema.name.replace('::', '.')}.{op._overloadname}" for op in fusion.VIEW_OPS]
 NON_COMPUTE += ["_operator.getitem"]
 
 

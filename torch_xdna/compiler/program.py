@@ -25,7 +25,8 @@ from torch_xdna.hw import Generation
 from torch_xdna.kernels import EmbeddingDesign, GemmDesign
 from torch_xdna.kernels.attention import AttentionDesign
 from torch_xdna.kernels.base import Design
-from torch_xdna.kernels.fused import ChainDesign, GatedGemmDesign, PrologueGemmDesign
+from torch_xdna.kernels.dma import GatherDesign
+from torch_xdna.kernels.fused import ChainDesign, GatedGemmDesign, PrologueGemmDesign, strided_index
 from torch_xdna.runtime import PlanError
 
 aten = torch.ops.aten
@@ -95,6 +96,8 @@ class Lowerer:
                       + (slice(params["start"], params["end"], params["step"]),)]
             elif op == "select":
                 r = t.select(params["dim"], params["index"])
+            elif op == "strided_index":
+                r = strided_index(t, params["shape"], params["coeffs"], params["consts"])
             elif op == "copy":
                 r = t
             else:
@@ -171,11 +174,18 @@ class Lowerer:
             src = self.view_src[a][0]
             return src in in_idx or src in step_of or (src in self.view_src and derivable(src))
 
+        def in_chain_view(a) -> bool:
+            """A (possibly nested) lazy view of a value this chain computes."""
+            if a not in self.lazy or a in self.refs:
+                return False
+            src = self.lazy[a][0]
+            return src in step_of or in_chain_view(src)
+
         def conv(a):
             if isinstance(a, Node):
                 if a in step_of:
                     return ("s", step_of[a])
-                if a in self.lazy and a not in self.refs and self.lazy[a][0] in step_of:
+                if in_chain_view(a):
                     src, op, params = self.lazy[a]        # view of a value of this chain: a step
                     steps.append((op, (conv(src),), tuple(sorted(params.items()))))
                     step_of[a] = len(steps) - 1
@@ -207,6 +217,7 @@ class Lowerer:
             for a, p in self.aliases.items():
                 if p is n:
                     step_of[a] = step_of[n]
+        members |= set(step_of)          # views of chain values read inside the chain only
         outs = []
         for n in list(step_of):
             if n.target in fusion.MULTI_OUTPUT:
@@ -257,6 +268,8 @@ class Lowerer:
                 self.lower_sdpa(n)
             elif n.target in fusion.EMBEDDING_OPS:
                 self.lower_embedding(n)
+            elif n.target in fusion.GATHER_OPS:
+                self.lower_gather(n)
             elif n.target in fusion.VIEW_OPS:
                 self.lower_view(n)
             elif n.target is operator.getitem:
@@ -550,15 +563,46 @@ class Lowerer:
 
     def lower_embedding(self, n: Node) -> None:
         w, idx = n.args[:2]
-        wv, iv = val(w), val(idx)
-        idx_r = self.view_ref(self.ref(idx), "view", {"shape": (iv.numel(),)})
-        if idx_r is None:                      # e.g. an expanded index: gather it contiguous first
-            idx_r = self.copy(self.ref(idx), f"copy:{idx.name}")
-            idx_r = Ref(idx_r.slot, (iv.numel(),), (1,), 0)
+        wv = val(w)
+        full = self.ref(idx)
+        # an expanded index (stride 0, e.g. BERT's token types) gathers its distinct rows once;
+        # the result is the same expansion of those rows (a stride-0 view, no copy)
+        base = Ref(full.slot, tuple(1 if st == 0 else s for s, st in zip(full.shape, full.strides)),
+                   full.strides, full.offset)
+        n_idx = math.prod(base.shape)
+        idx_r = self.view_ref(base, "view", {"shape": (n_idx,)})
+        if idx_r is None:                      # not flat-viewable: gather it contiguous first
+            idx_r = self.copy(base, f"copy:{idx.name}")
+            idx_r = Ref(idx_r.slot, (n_idx,), (1,), 0)
+        shape = tuple(base.shape) + (wv.shape[1],)
+        s = self.slot("temp", val(n).dtype, n_idx * wv.shape[1])
+        out = Ref(s, shape, contiguous(shape), 0)
+        self.refs[n] = out if shape == tuple(val(n).shape) else \
+            Ref(s, tuple(val(n).shape), tuple(0 if st == 0 else c for st, c in
+                                              zip(full.strides + (1,), out.strides)), 0)
+        self.launch(EmbeddingDesign(wv.shape[0], wv.shape[1], n_idx, wv.dtype),
+                    [self.ref(w), idx_r], [Ref(s, (n_idx, wv.shape[1]), (wv.shape[1], 1), 0)],
+                    f"embedding:{n.name}")
+
+    def lower_gather(self, n: Node) -> None:
+        """gather/index_select/index with runtime indices: one GatherDesign (DMA) launch."""
+        mode = fusion.GATHER_OPS[n.target]
+        x = n.args[0]
+        if mode == "index":
+            slots = list(n.args[1])
+            idx = [i for i in slots if i is not None]
+            params = {"n_slots": len(slots),
+                      "none_slots": tuple(k for k, i in enumerate(slots) if i is None)}
+        else:
+            idx, params = [n.args[2]], {"dim": n.args[1] % max(val(x).dim(), 1)}
+        ins = [self.ref(x)] + [self.ref(i) for i in idx]
         out = self.new_value(n)
-        out_r = self.view_ref(out, "view", {"shape": (iv.numel(), wv.shape[1])})
-        self.launch(EmbeddingDesign(wv.shape[0], wv.shape[1], iv.numel(), wv.dtype),
-                    [self.ref(w), idx_r], [out_r], f"embedding:{n.name}")
+        design = GatherDesign(mode, tuple(r.shape for r in ins), val(x).dtype, tuple(out.shape),
+                              tuple(sorted(params.items())))
+        try:
+            self.launch(design, ins, [out], f"{mode}:{n.name}")
+        except PlanError as e:
+            raise Unlowerable(f"{n.name}: {e}") from None
 
     def copy(self, r: Ref, op: str) -> Ref:
         """A contiguous copy of a strided value (one launch)."""

@@ -46,6 +46,25 @@ def _where(c, a, b):
     return torch.where(c.bool(), a, b)
 
 
+def _masked_fill(x, mask, value):
+    return torch.where(mask.bool(), value, x)
+
+
+def _reduce(fn):
+    return lambda x, dim=(-1,), keepdim=False: fn(x, tuple(dim), keepdim=keepdim)
+
+
+def strided_index(x: torch.Tensor, shape: tuple, coeffs: tuple, consts: tuple) -> torch.Tensor:
+    """x[idx_0, ..., idx_{K-1}] for idx_k[o] = consts[k] + sum_d coeffs[k][d] * o[d] (o over the
+    broadcast index shape) as a view: output dims are the index dims, then x's dims >= K. The
+    compiler rewrites a constant affine `index` to this (the DMA reads it by strides)."""
+    k = len(consts)
+    offset = x.storage_offset() + sum(c * x.stride(i) for i, c in enumerate(consts))
+    strides = [sum(coeffs[i][d] * x.stride(i) for i in range(k)) for d in range(len(shape))]
+    return x.as_strided(tuple(shape) + tuple(x.shape[k:]), tuple(strides) + tuple(x.stride()[k:]),
+                        offset)
+
+
 def _to(x, dtype=None):
     return x.to(getattr(torch, dtype)) if dtype else x
 
@@ -64,10 +83,20 @@ CHAIN_OPS: dict[str, tuple[Callable, float, bool]] = {
     "eq": (torch.eq, 1, True), "ne": (torch.ne, 1, True), "lt": (torch.lt, 1, True),
     "le": (torch.le, 1, True), "gt": (torch.gt, 1, True), "ge": (torch.ge, 1, True),
     "logical_not": (torch.logical_not, 1, True),
+    # bool/int compares, selects and bit operations: exact (no arithmetic to round)
+    "logical_and": (torch.logical_and, 1, True), "logical_or": (torch.logical_or, 1, True),
+    "logical_xor": (torch.logical_xor, 1, True), "bitwise_and": (torch.bitwise_and, 1, True),
+    "bitwise_or": (torch.bitwise_or, 1, True), "bitwise_xor": (torch.bitwise_xor, 1, True),
+    "bitwise_not": (torch.bitwise_not, 1, True), "isnan": (torch.isnan, 1, True),
+    "isinf": (torch.isinf, 1, True), "isneginf": (torch.isneginf, 1, True),
+    "isposinf": (torch.isposinf, 1, True), "clamp": (torch.clamp, 1, True),
+    "masked_fill": (_masked_fill, 1, True),
     # row ops over trailing dims (a row must fit one core's L1)
     "mean": (lambda x, dim=(-1,), keepdim=False: x.mean(tuple(dim), keepdim=keepdim), 1, True),
     "sum": (lambda x, dim=(-1,), keepdim=False: x.sum(tuple(dim), keepdim=keepdim), 1, True),
     "amax": (lambda x, dim=(-1,), keepdim=False: x.amax(tuple(dim), keepdim=keepdim), 1, True),
+    "any": (_reduce(torch.any), 1, True), "all": (_reduce(torch.all), 1, True),
+    "cumsum": (lambda x: torch.cumsum(x, -1), 1, True),
     "softmax": (lambda x, dim=-1: torch.softmax(x, dim), 6, False),
     "layer_norm": (_layer_norm, 6, False),
     # layout: the DMA addresses these; no vector work
@@ -79,10 +108,11 @@ CHAIN_OPS: dict[str, tuple[Callable, float, bool]] = {
     "slice": (lambda x, dim=0, start=0, end=None, step=1: x[(slice(None),) * (dim % x.dim())
                                                            + (slice(start, end, step),)], 0, True),
     "select": (lambda x, dim=0, index=0: x.select(dim, index), 0, True),
+    "strided_index": (lambda x, shape=(), coeffs=(), consts=(): strided_index(x, shape, coeffs, consts), 0, True),
     "cat": (lambda *xs, dim=0: torch.cat(xs, dim), 0.5, True),
     "copy": (lambda x: x, 0.5, True),
 }
-ROW_OPS = {"mean", "sum", "amax", "softmax", "layer_norm"}
+ROW_OPS = {"mean", "sum", "amax", "softmax", "layer_norm", "any", "all", "cumsum"}
 
 
 def _is_ref(a) -> bool:
