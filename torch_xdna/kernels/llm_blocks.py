@@ -158,6 +158,13 @@ def _scalar(v: float) -> torch.Tensor:
     return t
 
 
+def _prologue(design, inputs, n: int | None):
+    """What every block's reference starts with: the valid row count, the verification-mode flag,
+    its rounding function, and the input rows with their (converted once) norm weight."""
+    exact = design.precision == "fp32"
+    return (design.rows if n is None else n), exact, _rnd(exact), inputs[0], _const(inputs[1], exact)
+
+
 def _const(t: torch.Tensor, exact: bool) -> torch.Tensor:
     """A resident float input (norm weight, RoPE table) as an operand, converted once."""
     return OPERANDS.get((t,), "fp32" if exact else "bf16", 0)
@@ -374,12 +381,9 @@ class AttentionBlockDesign(Design):
 
     @_inference
     def reference(self, inputs, outputs, pos: int = 0, n: int | None = None, **_: Any) -> None:
-        n = self.rows if n is None else n
-        exact = self.precision == "fp32"
-        rnd = _rnd(exact)
+        n, exact, rnd, x, ln = _prologue(self, inputs, n)
         nt = weight_tensors(self.precision)
         hq, hkv, d = self.heads, self.kv_heads, self.head_dim
-        x, ln = inputs[0], _const(inputs[1], exact)
         i = 2
         if self.qk_norm:
             qk_w = _qk_norm_weight(inputs[2], inputs[3], hq, hkv, exact)
@@ -480,11 +484,8 @@ class MlpBlockDesign(Design):
 
     @_inference
     def reference(self, inputs, outputs, pos: int = 0, n: int | None = None, **_: Any) -> None:
-        n = self.rows if n is None else n
-        exact = self.precision == "fp32"
-        rnd = _rnd(exact)
+        n, exact, rnd, x, ln = _prologue(self, inputs, n)
         nt = weight_tensors(self.precision)
-        x, ln = inputs[0], _const(inputs[1], exact)
         wgu, i = _take(inputs, 2, nt)
         wd, i = _take(inputs, i, nt)
         xs = x if n == x.shape[0] else x[:n]
@@ -535,10 +536,7 @@ class HeadDesign(Design):
 
     @_inference
     def reference(self, inputs, outputs, pos: int = 0, n: int | None = None, **_: Any) -> None:
-        n = self.rows if n is None else n
-        exact = self.precision == "fp32"
-        rnd = _rnd(exact)
-        x, ln = inputs[0], _const(inputs[1], exact)
+        n, _, rnd, x, ln = _prologue(self, inputs, n)
         w = OPERANDS.get(inputs[2:2 + weight_tensors(self.precision)], self.precision, self.group)
         h = _rms(x[n - 1:n], ln, self.eps, self.norm_offset, rnd)
         logits = _linear(h, w, rnd, self.precision)
