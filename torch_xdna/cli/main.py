@@ -9,7 +9,8 @@ import sys
 import traceback
 
 # subcommand modules, in the order `xdna --help` lists them
-COMMANDS = ("info", "demo", "doctor", "serve", "embed", "generate", "estimate", "profile", "bench")
+COMMANDS = ("info", "demo", "doctor", "serve", "embed", "generate", "estimate", "profile", "design",
+            "kernels", "selftest", "conformance", "bench")
 
 EPILOG = """\
 examples:

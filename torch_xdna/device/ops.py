@@ -7,6 +7,7 @@ so that is a host write plus a sync, not a kernel and not a fallback.
 """
 from __future__ import annotations
 
+import importlib
 import math
 from typing import Callable, Sequence
 
@@ -623,7 +624,19 @@ def register(lib: torch.library.Library) -> list[str]:
     reg(aten.where.self, where)
     reg(aten.where.self_out, where)
     _register_more(reg)
+    for module in EXTRA_OP_MODULES:
+        try:
+            mod = importlib.import_module(f"torch_xdna.device.{module}")
+        except ModuleNotFoundError as e:
+            if e.name != f"torch_xdna.device.{module}":
+                raise
+            continue                    # family not built yet
+        mod.register_ops(reg)
     return covered
+
+
+# op families kept in their own modules; each exposes `register_ops(reg)`
+EXTRA_OP_MODULES = ("ops_conv", "ops_reduce", "ops_train", "ops_misc")
 
 
 COMPARE = ("eq", "ne", "lt", "le", "gt", "ge")
