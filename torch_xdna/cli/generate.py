@@ -4,11 +4,23 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 
 from torch_xdna.cli.common import positive_int
 
 PRECISION_CHOICES = ("bf16", "int8", "int4", "bfp16", "fp32")
+
+
+def finite_float(text: str) -> float:
+    """argparse type: a finite number (nan and inf would reach the sampler as NaN probabilities)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"{text!r} is not allowed; give a finite number")
+    return value
 
 
 def register(subparsers) -> None:
@@ -28,11 +40,13 @@ def register(subparsers) -> None:
                                                        "model's chat template")
     p.add_argument("--system", help="system message (with --chat)")
     p.add_argument("--max-tokens", type=positive_int, default=256)
-    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
-    p.add_argument("--top-k", type=int, default=0)
-    p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--repetition-penalty", type=float, default=1.0)
-    p.add_argument("--seed", type=int)
+    p.add_argument("--temperature", type=finite_float, default=0.0,
+                   help="0 = greedy (default); >= 0")
+    p.add_argument("--top-k", type=int, default=0, help=">= 0; 0 = off (default)")
+    p.add_argument("--top-p", type=finite_float, default=1.0, help="in (0, 1]; 1 = off (default)")
+    p.add_argument("--repetition-penalty", type=finite_float, default=1.0,
+                   help="> 0; 1 = off (default)")
+    p.add_argument("--seed", type=int, help="an integer in [-2**63, 2**64 - 1]")
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     p.add_argument("--precision", default="bf16", choices=PRECISION_CHOICES,
                    help="weight precision (fp32 is a verification mode, not NPU numerics)")

@@ -15,7 +15,7 @@ import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Iterator, Mapping, Sequence
+from typing import Callable, Iterator, Mapping, Sequence
 
 import torch
 
@@ -181,10 +181,13 @@ class Engine:
         return self.tokenizer
 
     # -- generation ------------------------------------------------------------------------
-    def generate(self, prompt: Prompt, config: GenerationConfig | None = None) -> Iterator[Chunk]:
+    def generate(self, prompt: Prompt, config: GenerationConfig | None = None,
+                 cancelled: Callable[[], bool] | None = None) -> Iterator[Chunk]:
         """Stream the continuation of `prompt` as Chunks; the last one carries finish_reason and
         stats. Prompt and config errors raise here; EngineBusy at the first next() if another
-        generation is running. Close the iterator to stop early."""
+        generation is running. Close the iterator to stop early; or pass `cancelled`, checked
+        before every token (also ones that yield no text yet), which ends the stream with
+        finish_reason "cancelled" (the server's client went away, or it is shutting down)."""
         config = config or GenerationConfig()
         if config.max_tokens < 0:
             raise ValueError(f"max_tokens must be >= 0, got {config.max_tokens}")
@@ -196,19 +199,21 @@ class Engine:
             raise ContextOverflow(f"the prompt has {len(ids)} tokens; the KV cache holds "
                                   f"{self.decoder.capacity} (raise max_context, "
                                   f"or --max-context on the command line)")
-        return self._run(ids, config)
+        return self._run(ids, config, cancelled)
 
-    def _run(self, ids: list[int], config: GenerationConfig) -> Iterator[Chunk]:
+    def _run(self, ids: list[int], config: GenerationConfig,
+             cancelled: Callable[[], bool] | None = None) -> Iterator[Chunk]:
         # taken at the first next(), so an iterator that is never started holds nothing
         if not self._lock.acquire(blocking=False):
             raise EngineBusy("a generation is already running on this engine; finish or close "
                              "its iterator first (the engine serves one request at a time)")
         try:
-            yield from self._loop(ids, config)
+            yield from self._loop(ids, config, cancelled or (lambda: False))
         finally:
             self._lock.release()
 
-    def _loop(self, prompt: list[int], config: GenerationConfig) -> Iterator[Chunk]:
+    def _loop(self, prompt: list[int], config: GenerationConfig,
+              cancelled: Callable[[], bool]) -> Iterator[Chunk]:
         dec, tok = self.decoder, self.tokenizer
         stops = StopMatcher(config.stop)
         stop_ids = set(self.eos_token_ids if config.stop_token_ids is None else config.stop_token_ids)
@@ -226,10 +231,13 @@ class Engine:
         decode_c = {f: 0 for f in _Counters.FIELDS}
         t_first = t_last = None
         n_fwd = 0
-        logits = dec.forward(prompt) if budget > 0 else None
+        logits = dec.forward(prompt) if budget > 0 and not cancelled() else None
         pre = counters.take()
         stats.modeled_prefill_us = pre["modeled_us"]
         for step in range(budget):
+            if logits is None or cancelled():
+                finish = "cancelled"
+                break
             token = sampler(logits, context)
             now = time.perf_counter()
             if t_first is None:

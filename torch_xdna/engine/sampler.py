@@ -5,9 +5,13 @@ temperature 0 means greedy (argmax). The order of the transforms follows the com
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
+
+SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1      # what torch.Generator.manual_seed accepts
+MIN_TEMPERATURE = 1e-30     # smaller ones act as this: fp32 (normal down to 1.2e-38) can divide by it
 
 
 @dataclass(frozen=True)
@@ -19,14 +23,18 @@ class SamplingParams:
     seed: int | None = None
 
     def validate(self) -> None:
-        if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        # written so that NaN fails every check (NaN compares false to everything)
+        if not 0 <= self.temperature < math.inf:
+            raise ValueError(f"temperature must be a finite number >= 0, got {self.temperature}")
         if self.top_k < 0:
             raise ValueError(f"top_k must be >= 0, got {self.top_k}")
         if not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-        if self.repetition_penalty <= 0:
-            raise ValueError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
+        if not 0 < self.repetition_penalty < math.inf:
+            raise ValueError(f"repetition_penalty must be a finite number > 0, got "
+                             f"{self.repetition_penalty}")
+        if self.seed is not None and not SEED_MIN <= self.seed <= SEED_MAX:
+            raise ValueError(f"seed must be an integer in [-2**63, 2**64 - 1], got {self.seed}")
 
 
 class Sampler:
@@ -48,9 +56,13 @@ class Sampler:
             seen = torch.unique(context)
             s = x[seen]
             x[seen] = torch.where(s > 0, s / p.repetition_penalty, s * p.repetition_penalty)
+            x = x.clamp(max=torch.finfo(torch.float32).max)    # a tiny penalty: no inf logits
         if p.temperature == 0:
             return int(torch.argmax(x))
-        x = x / p.temperature
+        # shift so the largest logit is 0 before dividing, and keep the divisor a normal fp32
+        # number: a tiny temperature (1e-300) then sends the others to -inf (greedy in the limit;
+        # ties stay ties) instead of giving inf - inf = NaN probabilities
+        x = (x - x.max()) / max(p.temperature, MIN_TEMPERATURE)
         if p.top_k and p.top_k < x.numel():
             kth = torch.topk(x, p.top_k).values[-1]
             x = x.masked_fill(x < kth, float("-inf"))
@@ -59,7 +71,11 @@ class Sampler:
             probs = torch.softmax(sorted_x, -1)
             cum = torch.cumsum(probs, -1)
             drop = cum - probs >= p.top_p           # keep the smallest prefix reaching top_p
+            drop[0] = False                         # and always the top token (a top_p below
+            #                                         fp32's range would drop every token)
             sorted_x = sorted_x.masked_fill(drop, float("-inf"))
             x = torch.full_like(x, float("-inf")).scatter(0, order, sorted_x)
         probs = torch.softmax(x, -1)
+        if not bool(torch.isfinite(probs).all()):   # NaN logits from the model: fail loudly
+            raise ValueError("the model produced non-finite logits; the token cannot be sampled")
         return int(torch.multinomial(probs, 1, generator=self.gen))

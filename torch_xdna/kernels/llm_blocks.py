@@ -23,7 +23,6 @@ full cache, used for the capacity checks.
 from __future__ import annotations
 
 import functools
-import os
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Sequence
@@ -94,7 +93,10 @@ class _OperandCache:
         self.bytes = 0
 
     def budget(self) -> int:
-        return int(float(os.environ.get("TORCH_XDNA_SIM_WEIGHT_CACHE_MB", "3072")) * 2**20)
+        from torch_xdna.runtime.env import env_number
+        mb = env_number("TORCH_XDNA_SIM_WEIGHT_CACHE_MB", 3072.0, integer=False, allow_zero=True,
+                        unit="MiB; 0 disables the cache")
+        return int(mb * 2**20)
 
     def get(self, tensors: Sequence[torch.Tensor], precision: str, group: int) -> torch.Tensor:
         if precision == "fp32":

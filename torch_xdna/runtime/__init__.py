@@ -35,12 +35,10 @@ def backend_name() -> str:
 
 def default_memory_budget(gen: Generation) -> int:
     """NPU-reachable memory: TORCH_XDNA_MEMORY_BUDGET bytes, else the reachable share of RAM."""
-    env = os.environ.get("TORCH_XDNA_MEMORY_BUDGET")
-    if env:
-        try:
-            return int(float(env))
-        except ValueError:
-            raise XdnaError(f"TORCH_XDNA_MEMORY_BUDGET={env!r} is not a number of bytes") from None
+    from torch_xdna.runtime.env import env_number
+    env = env_number("TORCH_XDNA_MEMORY_BUDGET", unit="bytes, e.g. 4e9")
+    if env is not None:
+        return env
     try:
         total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError):

@@ -29,10 +29,11 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from torch_xdna.runtime import DeviceOutOfMemory, get_device
 from torch_xdna.server.chat import GenerationParams, run_generation
+from torch_xdna.server.http import HttpLimits
 from torch_xdna.server.metrics import Metrics
 from torch_xdna.server.registry import ModelEntry, ModelRegistry
 from torch_xdna.server.schemas import (APIError, ChatCompletionRequest, CompletionRequest,
-                                       EmbeddingRequest, error_body)
+                                       EmbeddingRequest, error_body, find_surrogate)
 from torch_xdna.server.worker import DeviceWorker, Job, QueueFull, WorkerStopped
 
 log = logging.getLogger("torch_xdna.server")
@@ -59,6 +60,7 @@ class ServerConfig:
     request_timeout_s: float = 300.0
     preload: bool = True                  # make the first models resident at startup
     cors_origins: list[str] = field(default_factory=list)   # browser origins allowed (CORS)
+    limits: HttpLimits = field(default_factory=HttpLimits)  # connections, timeouts, shutdown
 
     def url(self) -> str:
         host = f"[{self.host}]" if ":" in self.host else self.host
@@ -75,8 +77,8 @@ def backend_description(dev) -> str:
 class Guard:
     """Wraps the app: checks the API key, caps the body, times every request."""
 
-    def __init__(self, app, config: ServerConfig, metrics: Metrics):
-        self.app, self.config, self.metrics = app, config, metrics
+    def __init__(self, app, config: ServerConfig, metrics: Metrics, server: "Server"):
+        self.app, self.config, self.metrics, self.server = app, config, metrics, server
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
@@ -93,10 +95,15 @@ class Guard:
             await send(message)
 
         try:
-            error = self._check_auth(scope, path)
+            error = None
+            if self.server.shutting_down:
+                error = APIError(503, "The server is shutting down; retry on another instance or "
+                                      "after it restarts.", type="server_error",
+                                 code="shutting_down", headers={"Connection": "close"})
+            error = error or self._check_auth(scope, path)
             body = None
             if error is None and scope.get("method") in ("POST", "PUT", "PATCH"):
-                body, error = await self._read_body(scope, receive)
+                body, error = await self._read_body(scope, receive, t0)
             if error is not None:
                 await _send_json(send_wrapped, error)
                 return
@@ -120,20 +127,23 @@ class Guard:
         if not key or path == "/health":
             return None
         headers = dict(scope.get("headers") or [])
-        auth = headers.get(b"authorization", b"").decode("latin-1")
-        given = auth[7:].strip() if auth[:7].lower() == "bearer " else ""
+        # compare bytes: ASGI hands over the raw header bytes (a UTF-8 key arrives as its UTF-8
+        # bytes; decoding them as latin-1 and re-encoding as UTF-8 would never match)
+        auth = headers.get(b"authorization", b"")
+        given = auth[7:].strip() if auth[:7].lower() == b"bearer " else b""
         if not given:
             self.metrics.reject("auth")
             return APIError(401, "You didn't provide an API key. Send it as 'Authorization: "
                                  "Bearer KEY' (the --api-key given to xdna serve).",
                             type="invalid_request_error", code="invalid_api_key")
-        if not hmac.compare_digest(given.encode(), key.encode()):
+        if not hmac.compare_digest(given, key.encode("utf-8")):
             self.metrics.reject("auth")
             return APIError(401, "Incorrect API key provided. Use the --api-key given to "
                                  "xdna serve.", type="invalid_request_error", code="invalid_api_key")
         return None
 
-    async def _read_body(self, scope, receive) -> tuple[bytes | None, APIError | None]:
+    async def _read_body(self, scope, receive,
+                         t0: float) -> tuple[bytes | None, APIError | None]:
         limit = self.config.max_body_bytes
         too_big = APIError(413, f"Request body exceeds the server limit of {limit} bytes; "
                                 f"send fewer or shorter inputs per request.",
@@ -147,8 +157,16 @@ class Guard:
             self.metrics.reject("body_too_large")
             return None, too_big
         chunks, size = [], 0
+        deadline = t0 + self.config.limits.body_timeout_s       # a trickled body is cut off
         while True:
-            message = await receive()
+            try:
+                message = await asyncio.wait_for(receive(), max(0.0, deadline - time.perf_counter()))
+            except asyncio.TimeoutError:
+                self.metrics.reject("body_timeout")
+                return None, APIError(408, f"The request body did not arrive within "
+                                           f"{self.config.limits.body_timeout_s:g} s; send it "
+                                           f"promptly.", code="request_timeout",
+                                      headers={"Connection": "close"})
             if message["type"] == "http.disconnect":
                 return None, APIError(400, "client disconnected")
             chunk = message.get("body", b"")
@@ -166,6 +184,8 @@ async def _send_json(send, err: APIError) -> None:
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
     if err.status == 401:
         headers.append((b"www-authenticate", b"Bearer"))
+    for k, v in (err.headers or {}).items():
+        headers.append((k.lower().encode("latin-1"), v.encode("latin-1")))
     await send({"type": "http.response.start", "status": err.status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
 
@@ -189,6 +209,12 @@ async def parse(request: Request, model: type[BaseModel]) -> Any:
                             f"JSON object with Content-Type: application/json.") from None
     if not isinstance(data, dict):
         raise APIError(400, "The request body must be a JSON object.")
+    where = find_surrogate(data)
+    if where is not None:           # valid JSON ("\\ud800"), but no tokenizer can encode it
+        param = where.split(".")[0].split("[")[0]
+        raise APIError(400, f"'{where}' contains an unpaired UTF-16 surrogate (such as \\ud800), "
+                            f"which is not valid Unicode text; send well-formed UTF-8 or pair the "
+                            f"surrogates.", param=param, code="invalid_value")
     try:
         return model.model_validate(data)
     except ValidationError as e:
@@ -210,12 +236,47 @@ def validation_error(e: ValidationError) -> APIError:
     first = errs[0]
     name = str(first["loc"][0]) if first["loc"] else None
     msg = FRIENDLY.get(name or "") or f"Invalid value for '{name}': {first['msg']}"
-    if first["type"] == "value_error" and first["loc"] == ():
+    if first["type"] == "value_error" and (first["loc"] == ()
+                                           or first["msg"].startswith("Value error, '")):
         msg = first["msg"].removeprefix("Value error, ")
+    elif name == "seed":
+        msg = (f"Invalid value for 'seed': {first.get('input')!r}; it must be an integer in "
+               f"[-2**63, 2**64 - 1].")
     return APIError(400, msg, param=name, code="invalid_value")
 
 
 # --- the app --------------------------------------------------------------------------------------
+class Cancel:
+    """A generation's stop flag, checked before every token; `reason` says who stopped it."""
+
+    def __init__(self) -> None:
+        self._event = threading.Event()
+        self.reason: str | None = None          # "client" (went away) | "shutdown" | "done"
+
+    def set(self, reason: str) -> None:
+        if self.reason is None:
+            self.reason = reason
+        self._event.set()
+
+    def __call__(self) -> bool:
+        return self._event.is_set()
+
+
+def client_gone() -> APIError:
+    # 499 (nginx's "client closed request"): nobody reads it; it labels the metrics
+    return APIError(499, "the client closed the connection", code="client_closed_request")
+
+
+def shutting_down(tokens: int | None = None) -> APIError:
+    done = "" if tokens is None else f" after {tokens} token(s)"
+    return APIError(503, f"The server is shutting down; the request was stopped{done}. Retry it "
+                         f"after the server restarts.", type="server_error", code="shutting_down")
+
+
+class ModelLoadFailed(Exception):
+    """A served model could not be made resident (details in the server log, not the client's)."""
+
+
 class Server:
     """State shared by the routes: device, registry, worker, metrics."""
 
@@ -238,6 +299,10 @@ class Server:
         if not self.registry.entries:
             raise ValueError("no models to serve: give --model DIR or keep the default model")
         self.worker = DeviceWorker(config.max_queue)
+        self.shutting_down = False
+        self.preloaded = False
+        self._active: set[Cancel] = set()            # generations in flight
+        self._active_lock = threading.Lock()
         m = self.metrics
         m.gauge("xdna_queue_depth", "requests waiting for the device", lambda: self.worker.depth)
         m.gauge("xdna_models_resident", "models resident on the device",
@@ -258,17 +323,69 @@ class Server:
             raise APIError(503, str(e), type="server_error", code="shutting_down") from None
         return fut
 
-    async def wait(self, fut: Future) -> Any:
+    async def wait(self, fut: Future, request: Request | None = None) -> Any:
+        """The job's result; gives up (and drops the job if it has not started) when the
+        client disconnects or the device does not finish within request_timeout_s."""
+        wrapped = asyncio.wrap_future(fut)
+        watch = asyncio.ensure_future(until_disconnected(request)) if request else None
         try:
-            return await asyncio.wait_for(asyncio.wrap_future(fut), self.config.request_timeout_s)
-        except asyncio.TimeoutError:
-            fut.cancel()
-            self.metrics.reject("timeout")
-            raise APIError(503, f"The request did not finish within {self.config.request_timeout_s}"
-                                f" s on the device; retry later.", type="server_error",
-                           code="timeout") from None
-        except WorkerStopped as e:
-            raise APIError(503, str(e), type="server_error", code="shutting_down") from None
+            done, _ = await asyncio.wait({wrapped} | ({watch} if watch else set()),
+                                         timeout=self.config.request_timeout_s,
+                                         return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            if watch is not None:
+                watch.cancel()
+        if wrapped in done:
+            try:
+                return wrapped.result()
+            except WorkerStopped:
+                raise shutting_down() from None
+        fut.cancel()
+        if watch is not None and watch in done:
+            self.metrics.reject("client_gone")
+            raise client_gone()
+        self.metrics.reject("timeout")
+        raise APIError(503, f"The request did not finish within {self.config.request_timeout_s}"
+                            f" s on the device; retry later.", type="server_error",
+                       code="timeout")
+
+    def load(self, entry: ModelEntry) -> Any:
+        """The resident model of `entry` (worker thread). A load failure is logged here in full;
+        the client learns only that the model could not be loaded (no server paths)."""
+        try:
+            return self.registry.get(entry)
+        except DeviceOutOfMemory:
+            raise
+        except Exception as e:
+            log.error("loading model %r failed: %s: %s", entry.id, type(e).__name__, e)
+            raise ModelLoadFailed(entry.id) from e
+
+    # -- shutdown --
+    def track(self, cancel: Cancel) -> None:
+        with self._active_lock:
+            self._active.add(cancel)
+
+    def untrack(self, cancel: Cancel) -> None:
+        with self._active_lock:
+            self._active.discard(cancel)
+
+    def begin_shutdown(self, grace_s: float) -> None:
+        """SIGINT/SIGTERM (event loop): refuse new requests now; let the ones in flight run for
+        grace_s, then stop them at their next token (503 JSON / SSE error event + [DONE])."""
+        if self.shutting_down:
+            return
+        self.shutting_down = True
+        with self._active_lock:
+            n = len(self._active)
+        log.info("shutting down: %d generation(s) in flight get %g s to finish", n, grace_s)
+        asyncio.get_running_loop().call_later(grace_s, self.end_in_flight)
+
+    def end_in_flight(self) -> None:
+        with self._active_lock:
+            active = list(self._active)
+        for c in active:
+            c.set("shutdown")
+        self.worker.fail_pending()
 
     def npu_job(self, fn: Callable[[], Any]) -> Callable[[], Any]:
         """Wrap device work so its dispatches and modeled time land in the metrics."""
@@ -289,6 +406,7 @@ class Server:
             model = self.registry.get(entry)
             if entry.kind == "embedding":
                 model.embed(["warm up"])
+        self.preloaded = True
 
 
 def parse_model_arg(spec: str) -> tuple[str | None, str]:
@@ -306,7 +424,7 @@ def create_app(config: ServerConfig | None = None, registry: ModelRegistry | Non
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         srv.worker.start()
-        if config.preload:
+        if config.preload and not srv.preloaded:     # `xdna serve` preloads before uvicorn
             await asyncio.wrap_future(srv.worker.call(srv.npu_job(srv.preload)))
         entries = ", ".join(f"{e.id} ({e.kind})" for e in srv.registry.entries.values())
         log.info("torch-xdna server ready on %s  backend: %s  models: %s", config.url(),
@@ -339,14 +457,17 @@ def create_app(config: ServerConfig | None = None, registry: ModelRegistry | Non
         return JSONResponse(error_body(msg, code="not_found" if e.status_code == 404 else None),
                             status_code=e.status_code)
 
+    @app.exception_handler(ModelLoadFailed)
+    @app.exception_handler(DeviceOutOfMemory)
+    @app.exception_handler(WorkerStopped)
+    async def _known(request: Request, e: Exception):
+        err = _as_api_error(e)
+        return JSONResponse(err.body(), status_code=err.status, headers=err.headers)
+
     @app.exception_handler(Exception)
     async def _internal(request: Request, e: Exception):
-        log.exception("internal error on %s", request.url.path)
-        if isinstance(e, DeviceOutOfMemory):
-            return JSONResponse(error_body(str(e), "server_error", code="device_out_of_memory"),
-                                status_code=503)
-        return JSONResponse(error_body(f"internal server error: {type(e).__name__}: {e}",
-                                       "server_error"), status_code=500)
+        err = _as_api_error(e)
+        return JSONResponse(err.body(), status_code=err.status, headers=err.headers)
 
     @app.get("/health")
     async def health():
@@ -392,7 +513,7 @@ def create_app(config: ServerConfig | None = None, registry: ModelRegistry | Non
 
         def run_batch(payloads: list[list[list[int]]]) -> list[tuple[torch.Tensor, dict]]:
             from torch_xdna.engine.embedder import EmbedStats
-            model = srv.registry.get(entry)
+            model = srv.load(entry)
             stats = EmbedStats()
             flat = [s for p in payloads for s in p]
             vecs = model.embed_ids(flat, stats)
@@ -405,7 +526,7 @@ def create_app(config: ServerConfig | None = None, registry: ModelRegistry | Non
 
         job = Job(batch_key=("embed", entry.id), batch_fn=srv.npu_job(run_batch), payload=seqs,
                   size=len(seqs))
-        vecs, info = await srv.wait(srv.submit(job))
+        vecs, info = await srv.wait(srv.submit(job), request)
         if req.dimensions is not None and req.dimensions < vecs.shape[1]:
             vecs = torch.nn.functional.normalize(vecs[:, :req.dimensions], dim=-1)
         srv.metrics.add_tokens(entry.id, "prompt", n_tokens)
@@ -424,17 +545,18 @@ def create_app(config: ServerConfig | None = None, registry: ModelRegistry | Non
         req: ChatCompletionRequest = await parse(request, ChatCompletionRequest)
         entry = srv.registry.resolve(req.model, "chat")
         messages = [{"role": m.role, "content": m.text()} for m in req.messages]
-        return await generate(srv, entry, req, lambda model: model.chat_prompt(messages),
-                              req.token_limit(), chat=True)
+        return await generate(srv, request, entry, req,
+                              lambda model: model.chat_prompt(messages), req.token_limit(),
+                              chat=True)
 
     @app.post("/v1/completions")
     async def completions(request: Request):
         req: CompletionRequest = await parse(request, CompletionRequest)
         entry = srv.registry.resolve(req.model, "chat")
-        return await generate(srv, entry, req, lambda model: model.encode(req.prompt),
+        return await generate(srv, request, entry, req, lambda model: model.encode(req.prompt),
                               req.max_tokens, chat=False)
 
-    app.add_middleware(Guard, config=config, metrics=srv.metrics)
+    app.add_middleware(Guard, config=config, metrics=srv.metrics, server=srv)
     return app
 
 
@@ -496,21 +618,41 @@ def encode_vector(v: torch.Tensor, fmt: str):
 
 
 # --- generation -----------------------------------------------------------------------------------
-async def generate(srv: Server, entry: ModelEntry, req, prepare: Callable[[Any], list[int]],
-                   max_tokens: int | None, chat: bool):
-    """Run one generation on the worker; answer JSON, or SSE when req.stream."""
+async def until_disconnected(request: Request) -> None:
+    """Returns when the client has gone away. The body has been read by then, so the next ASGI
+    message can only be http.disconnect (uvicorn also sends it once the response is complete;
+    callers cancel this first)."""
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+async def generate(srv: Server, request: Request, entry: ModelEntry, req,
+                   prepare: Callable[[Any], list[int]], max_tokens: int | None, chat: bool):
+    """Run one generation on the worker; answer JSON, or SSE when req.stream. The generation
+    stops at its next token when the client disconnects (streaming or not) or when the server's
+    shutdown grace period ends."""
     loop = asyncio.get_running_loop()
     events: asyncio.Queue = asyncio.Queue()
-    cancel = threading.Event()
+    cancel = Cancel()
     config = srv.config
 
     def put(*event) -> None:
-        loop.call_soon_threadsafe(events.put_nowait, event)
+        try:
+            loop.call_soon_threadsafe(events.put_nowait, event)
+        except RuntimeError:           # the loop has closed (server stopped): nobody is waiting
+            pass
 
     def work():
         try:
-            model = srv.registry.get(entry)
+            if cancel():
+                return                     # the client left while the job waited in the queue
+            model = srv.load(entry)
             ids = list(prepare(model))
+            if not ids:
+                raise APIError(400, "the prompt encodes to zero tokens; send some text.",
+                               param="messages" if chat else "prompt", code="invalid_value")
             ctx = int(model.context_length)
             room = ctx - len(ids)
             if room <= 0:
@@ -530,49 +672,76 @@ async def generate(srv: Server, entry: ModelEntry, req, prepare: Callable[[Any],
             put("start", len(ids))
             params = GenerationParams(max_tokens=limit, temperature=req.temperature,
                                       top_p=req.top_p, seed=req.seed, stop=req.stop_list())
-            result = run_generation(model, ids, params, lambda t: put("delta", t), cancel.is_set)
-            put("end", result)
+            result = run_generation(model, ids, params, lambda t: put("delta", t), cancel)
+            if cancel.reason == "shutdown":
+                put("error", shutting_down(result.completion_tokens))
+            else:
+                put("end", result)
         except BaseException as e:        # noqa: BLE001 - handed to the request
             put("error", e)
 
-    fut = srv.submit(Job(fn=srv.npu_job(work)))
-    first = await _next_event(srv, events, fut)
-    if first[0] == "error":
-        raise _as_api_error(first[1])
-    prompt_tokens = first[1]
-    rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
-    created = int(time.time())
+    srv.track(cancel)
+    try:
+        fut = srv.submit(Job(fn=srv.npu_job(work)))
+    except BaseException:
+        srv.untrack(cancel)
+        raise
+    # a job that never ran (dropped at shutdown, cancelled) still ends the request
+    fut.add_done_callback(lambda f: (srv.untrack(cancel), put("done", f)))
 
-    def usage(completion: int) -> dict:
-        return {"prompt_tokens": prompt_tokens, "completion_tokens": completion,
-                "total_tokens": prompt_tokens + completion}
+    def gone(task: asyncio.Task) -> None:
+        if not task.cancelled():
+            cancel.set("client")
+            fut.cancel()
+            srv.metrics.reject("client_gone")
+            events.put_nowait(("error", client_gone()))
 
-    def finished(result) -> None:
-        srv.metrics.add_tokens(entry.id, "prompt", prompt_tokens)
-        srv.metrics.add_tokens(entry.id, "completion", result.completion_tokens)
+    watch = asyncio.ensure_future(until_disconnected(request))
+    watch.add_done_callback(gone)
+    try:
+        first = await _next_event(srv, events, fut)
+        if first[0] != "start":
+            raise _as_api_error(_event_error(first))
+        prompt_tokens = first[1]
+        rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
+        created = int(time.time())
 
-    if not req.stream:
-        parts = []
-        while True:
-            ev = await _next_event(srv, events, fut)
-            if ev[0] == "delta":
-                parts.append(ev[1])
-            elif ev[0] == "error":
-                raise _as_api_error(ev[1])
+        def usage(completion: int) -> dict:
+            return {"prompt_tokens": prompt_tokens, "completion_tokens": completion,
+                    "total_tokens": prompt_tokens + completion}
+
+        def finished(result) -> None:
+            srv.metrics.add_tokens(entry.id, "prompt", prompt_tokens)
+            srv.metrics.add_tokens(entry.id, "completion", result.completion_tokens)
+
+        if not req.stream:
+            parts = []
+            while True:
+                ev = await _next_event(srv, events, fut)
+                if ev[0] == "delta":
+                    parts.append(ev[1])
+                elif ev[0] == "end":
+                    result = ev[1]
+                    break
+                else:
+                    raise _as_api_error(_event_error(ev))
+            finished(result)
+            text = "".join(parts)
+            if chat:
+                choice = {"index": 0, "message": {"role": "assistant", "content": text},
+                          "logprobs": None, "finish_reason": result.finish_reason}
             else:
-                result = ev[1]
-                break
-        finished(result)
-        text = "".join(parts)
-        if chat:
-            choice = {"index": 0, "message": {"role": "assistant", "content": text},
-                      "logprobs": None, "finish_reason": result.finish_reason}
-        else:
-            choice = {"index": 0, "text": text, "logprobs": None,
-                      "finish_reason": result.finish_reason}
-        return {"id": rid, "object": "chat.completion" if chat else "text_completion",
-                "created": created, "model": entry.id, "choices": [choice],
-                "usage": usage(result.completion_tokens), "system_fingerprint": None}
+                choice = {"index": 0, "text": text, "logprobs": None,
+                          "finish_reason": result.finish_reason}
+            return {"id": rid, "object": "chat.completion" if chat else "text_completion",
+                    "created": created, "model": entry.id, "choices": [choice],
+                    "usage": usage(result.completion_tokens), "system_fingerprint": None}
+    except BaseException:
+        cancel.set("done")
+        raise
+    finally:
+        watch.remove_done_callback(gone)
+        watch.cancel()             # streaming: Starlette's response watches the client from here
 
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
     obj = "chat.completion.chunk" if chat else "text_completion"
@@ -596,11 +765,7 @@ async def generate(srv: Server, entry: ModelEntry, req, prepare: Callable[[Any],
                 ev = await _next_event(srv, events, fut)
                 if ev[0] == "delta":
                     yield chunk({"content": ev[1]}, text=ev[1])
-                elif ev[0] == "error":
-                    err = _as_api_error(ev[1])
-                    yield f"data: {json.dumps(err.body())}\n\n"
-                    break
-                else:
+                elif ev[0] == "end":
                     result = ev[1]
                     finished(result)
                     yield chunk({}, finish=result.finish_reason)
@@ -609,12 +774,27 @@ async def generate(srv: Server, entry: ModelEntry, req, prepare: Callable[[Any],
                                 "choices": [], "usage": usage(result.completion_tokens)}
                         yield f"data: {json.dumps(body)}\n\n"
                     break
+                else:                       # an error event, then [DONE], as OpenAI streams do
+                    err = _as_api_error(_event_error(ev))
+                    yield f"data: {json.dumps(err.body())}\n\n"
+                    break
             yield "data: [DONE]\n\n"
         finally:
-            cancel.set()          # client gone or done: stop generating
+            cancel.set("client")      # client gone (or done): stop generating
 
     return StreamingResponse(sse(), media_type="text/event-stream",
                              headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+
+def _event_error(ev: tuple) -> BaseException:
+    """The error an "error" or "done" event stands for ("done" before "end": the job never ran
+    or died without a word)."""
+    if ev[0] == "error":
+        return ev[1]
+    f: Future = ev[1]
+    if f.cancelled():
+        return client_gone()
+    return f.exception() or RuntimeError("the generation job ended without a result")
 
 
 async def _next_event(srv: Server, events: asyncio.Queue, fut) -> tuple:
@@ -630,14 +810,23 @@ async def _next_event(srv: Server, events: asyncio.Queue, fut) -> tuple:
 
 
 def _as_api_error(e: BaseException) -> APIError:
+    """Any failure -> the client's error. Messages never carry server paths (error_body scrubs
+    them); unexpected errors are logged in full and answered without their text."""
     if isinstance(e, APIError):
         return e
     if isinstance(e, WorkerStopped):
-        return APIError(503, str(e), type="server_error", code="shutting_down")
+        return shutting_down()
     if isinstance(e, DeviceOutOfMemory):
-        return APIError(503, str(e), type="server_error", code="device_out_of_memory")
+        return APIError(503, "The NPU is out of memory for this request; retry later or with "
+                             "fewer or shorter inputs.", type="server_error",
+                        code="device_out_of_memory")
+    if isinstance(e, ModelLoadFailed):
+        return APIError(500, f"The model '{e.args[0]}' could not be loaded on the server; the "
+                             f"server log has the details.", type="server_error",
+                        code="model_load_failed")
     if isinstance(e, ValueError):           # the engine's verdict on this request's input
         code = "context_length_exceeded" if type(e).__name__ == "ContextOverflow" else None
         return APIError(400, str(e), code=code)
-    log.error("generation failed: %r", e)
-    return APIError(500, f"generation failed: {type(e).__name__}: {e}", type="server_error")
+    log.error("request failed", exc_info=e)
+    return APIError(500, f"internal server error ({type(e).__name__}); the server log has the "
+                         f"details.", type="server_error")

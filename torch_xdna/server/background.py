@@ -10,10 +10,13 @@ class BackgroundServer:
     port 0 lets the OS pick a free port; leaving the block stops the server."""
 
     def __init__(self, app, host: str = "127.0.0.1", port: int = 0, start_timeout: float = 120.0):
-        import uvicorn
+        from torch_xdna.server.http import HttpLimits, XdnaServer, uvicorn_config
         self.app, self.start_timeout = app, start_timeout
-        self.server = uvicorn.Server(uvicorn.Config(app, host=host, port=port,
-                                                    log_level="warning", lifespan="on"))
+        srv = getattr(app.state, "server", None)
+        limits = srv.config.limits if srv is not None else HttpLimits()
+        # the same transport as `xdna serve`: limits, timeouts, graceful shutdown
+        self.server = XdnaServer(uvicorn_config(app, host, port, limits, log_level="warning",
+                                                lifespan="on"), limits.graceful_timeout_s)
         self.thread = threading.Thread(target=self.server.run, name="xdna-uvicorn", daemon=True)
         self.url = ""
 

@@ -151,7 +151,7 @@ class DecoderChatModel:
         from torch_xdna.engine.generate import GenerationConfig
         config = GenerationConfig(max_tokens=params.max_tokens, temperature=params.temperature,
                                   top_p=params.top_p, seed=params.seed, stop=tuple(params.stop))
-        for chunk in self.engine.generate(prompt_ids, config):
+        for chunk in self.engine.generate(prompt_ids, config, cancelled):
             if chunk.finish_reason is not None:
                 # the engine's own count includes tokens cut by a stop string
                 yield Piece(chunk.text, chunk.stats.generated_tokens if chunk.stats else 0,

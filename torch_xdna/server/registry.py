@@ -16,6 +16,7 @@ from typing import Any, Callable
 from torch_xdna.models.encoder import (ENCODER_TYPES, EncoderSpec, EncoderTokenizer, load_spec,
                                        transformer_dir)
 from torch_xdna.models.hf import ModelDirError, read_config
+from torch_xdna.runtime.errors import DeviceOutOfMemory
 from torch_xdna.server.schemas import APIError
 
 KINDS = ("embedding", "chat")
@@ -129,24 +130,34 @@ class ModelRegistry:
             if model is not None:
                 self.loaded.move_to_end(entry.id)
                 return model
-        self._evict_for_one_more()
-        model = entry.factory()
+        # Load first, evict after: a model that fails to load (bad directory, corrupt weights)
+        # must not cost a healthy resident model its place. Only when the device is out of
+        # memory is the least recently used model unloaded to make room, and the load retried.
+        while True:
+            try:
+                model = entry.factory()
+                break
+            except DeviceOutOfMemory:
+                if not self._evict_one():
+                    raise
         self.loads += 1
         with self._lock:
             self.loaded[entry.id] = model
+        while len(self.loaded) > self.max_models and self._evict_one(keep=entry.id):
+            pass
         return model
 
-    def _evict_for_one_more(self) -> None:
-        while True:
-            with self._lock:
-                if len(self.loaded) < self.max_models:
-                    return
-                victim = next((k for k in self.loaded if not self.entries[k].pinned), None)
-                if victim is None:
-                    return                            # only pinned models: allow one over
-                model = self.loaded.pop(victim)
-            self.evictions += 1
-            _close(model)
+    def _evict_one(self, keep: str | None = None) -> bool:
+        """Unload the least recently used unpinned model (never `keep`); False if none."""
+        with self._lock:
+            victim = next((k for k in self.loaded
+                           if k != keep and not self.entries[k].pinned), None)
+            if victim is None:
+                return False                          # only pinned models: allow one over
+            model = self.loaded.pop(victim)
+        self.evictions += 1
+        _close(model)
+        return True
 
     def close_all(self) -> None:
         with self._lock:

@@ -6,7 +6,8 @@ answer. Parameters OpenAI defines but we cannot honor are accepted only at their
 """
 from __future__ import annotations
 
-from typing import Literal
+import re
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -27,11 +28,27 @@ class APIError(Exception):
 
 def error_body(message: str, type: str = "invalid_request_error", param: str | None = None,
                code: str | None = None) -> dict:
-    return {"error": {"message": message, "type": type, "param": param, "code": code}}
+    return {"error": {"message": scrub_paths(message), "type": type, "param": param,
+                      "code": code}}
+
+
+# an absolute (or ~) filesystem path with at least two components; API routes (/v1/...) are kept
+_PATH = re.compile(r"(?<![\w.:/-])~?/(?!v1/)(?:[^\s'\"`()<>,;:/]+/)+([^\s'\"`()<>,;:/]*)")
+
+
+def scrub_paths(message: str) -> str:
+    """Drop server directories from a client-facing message, keeping the file name:
+    "/home/u/models/qwen/config.json: ..." -> ".../config.json: ..."."""
+    return _PATH.sub(lambda m: ".../" + m.group(1), message)
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # NaN/Infinity are JSON extensions Python's parser accepts; no parameter here means anything
+    # with them, and they would reach the sampler as non-finite probabilities
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+
+SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1      # what torch.Generator.manual_seed accepts
 
 
 TokenIds = list[int]
@@ -58,7 +75,7 @@ class _Sampling(_Strict):
     max_tokens: int | None = Field(default=None, ge=1)
     temperature: float = Field(default=1.0, ge=0.0, le=2.0)
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
-    seed: int | None = None
+    seed: int | None = Field(default=None, ge=SEED_MIN, le=SEED_MAX)
     stop: str | list[str] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
@@ -138,5 +155,34 @@ class CompletionRequest(_Sampling):
         if isinstance(v, list):
             if len(v) != 1:
                 raise ValueError("exactly one prompt per request is supported")
-            return v[0]
+            v = v[0]
+        if not v:
+            raise ValueError("'prompt' is an empty string; send the text to continue "
+                             "(at least one character)")
         return v
+
+
+def find_surrogate(data: Any, path: str = "") -> str | None:
+    """The JSON path of the first string (key or value) holding an unpaired UTF-16 surrogate
+    ("\\ud800" is valid JSON but not Unicode text: no tokenizer can encode it), else None."""
+    if isinstance(data, str):
+        try:
+            data.encode("utf-8")
+        except UnicodeEncodeError:
+            return path or "body"
+        return None
+    if isinstance(data, dict):
+        for k, v in data.items():
+            name = str(k).encode("utf-8", "backslashreplace").decode()
+            where = f"{path}.{name}" if path else name
+            if find_surrogate(k, where):
+                return where
+            hit = find_surrogate(v, where)
+            if hit:
+                return hit
+    elif isinstance(data, list):
+        for i, v in enumerate(data):
+            hit = find_surrogate(v, f"{path}[{i}]")
+            if hit:
+                return hit
+    return None

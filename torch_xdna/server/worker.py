@@ -62,6 +62,17 @@ class DeviceWorker:
     def stop(self, timeout: float = 10.0) -> None:
         """Finish the running job, fail the waiting ones, and end the thread."""
         self._stopping = True
+        self.fail_pending()
+        try:
+            self._q.put_nowait(None)
+        except queue.Full:
+            pass
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+
+    def fail_pending(self) -> None:
+        """Fail every job still waiting (WorkerStopped); the running one goes on. New jobs are
+        still accepted unless stop() was called."""
         pending = list(self._held)
         self._held.clear()
         while True:
@@ -74,12 +85,6 @@ class DeviceWorker:
         for job in pending:
             if job.future.set_running_or_notify_cancel():
                 job.future.set_exception(WorkerStopped("server is shutting down"))
-        try:
-            self._q.put_nowait(None)
-        except queue.Full:
-            pass
-        if self._thread.is_alive():
-            self._thread.join(timeout)
 
     @property
     def depth(self) -> int:
