@@ -10,6 +10,17 @@ import socket
 
 from torch_xdna.cli.common import CliError, port_number, positive_int
 
+
+def seconds(text: str) -> float:
+    """argparse type: a finite number of seconds > 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r} is not allowed; give a number of seconds > 0")
+    return value
+
 DESCRIPTION = """\
 OpenAI-compatible HTTP server on the (simulated by default) XDNA NPU.
 Routes: GET /v1/models, POST /v1/embeddings, POST /v1/chat/completions, POST /v1/completions,
@@ -53,6 +64,26 @@ def register(subparsers) -> None:
     p.add_argument("--cors-origin", action="append", default=[], metavar="ORIGIN",
                    help="allow browser requests from this origin (e.g. http://localhost:3000; "
                         "'*' for any); repeatable; default: none")
+    g = p.add_argument_group("connections and timeouts (docs/serving.md)")
+    g.add_argument("--max-connections", type=positive_int, default=1024,
+                   help="open connections at once (default 1024; kept below the open-file "
+                        "limit). At the limit the longest-idle connection is closed for a new "
+                        "one; when all are busy, new ones get 503")
+    g.add_argument("--header-timeout", type=seconds, default=10.0, metavar="SECONDS",
+                   help="a connection must send its complete request headers within this "
+                        "(default 10), else 408 and closed")
+    g.add_argument("--body-timeout", type=seconds, default=30.0, metavar="SECONDS",
+                   help="the request body must arrive within this after the headers "
+                        "(default 30), else 408")
+    g.add_argument("--keep-alive", type=seconds, default=5.0, metavar="SECONDS",
+                   help="idle keep-alive connections are closed after this (default 5)")
+    g.add_argument("--graceful-timeout", type=seconds, default=10.0, metavar="SECONDS",
+                   help="on SIGINT/SIGTERM, in-flight requests get this long to finish before "
+                        "they are ended with a 503 / an SSE error event (default 10)")
+    g.add_argument("--backlog", type=positive_int, default=2048,
+                   help="connections the kernel queues before accept (default 2048)")
+    g.add_argument("--max-header-bytes", type=positive_int, default=16 << 10,
+                   help="request line + headers (default 16 KiB), else 400")
     p.add_argument("--no-preload", action="store_true",
                    help="load models on first request instead of at startup")
     p.add_argument("--log-level", default="info",
@@ -75,33 +106,68 @@ def _port_free(host: str, port: int) -> str | None:
 
 def run(args: argparse.Namespace) -> int:
     try:
-        import uvicorn
         from torch_xdna.server.app import ServerConfig, backend_description, create_app
+        from torch_xdna.server.http import (HttpLimits, XdnaServer, connection_cap,
+                                            raise_nofile_limit, uvicorn_config)
     except ImportError as e:
         raise CliError(f"missing dependency ({e.name}); install with: pip install "
                        f"'torch-xdna[serve]'") from e
     logging.basicConfig(level=args.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     log = logging.getLogger("torch_xdna.server")
+    limits = HttpLimits(header_timeout_s=args.header_timeout, body_timeout_s=args.body_timeout,
+                        keep_alive_s=args.keep_alive, max_connections=args.max_connections,
+                        backlog=args.backlog, max_header_bytes=args.max_header_bytes,
+                        graceful_timeout_s=args.graceful_timeout)
     config = ServerConfig(host=args.host, port=args.port, api_key=args.api_key or None,
                           models=args.model, default_model=not args.no_default_model,
                           max_queue=args.max_queue, max_models=args.max_models,
                           max_inputs=args.max_inputs, max_body_bytes=args.max_body_bytes,
                           truncate=args.truncate, preload=not args.no_preload,
-                          cors_origins=args.cors_origin)
+                          cors_origins=args.cors_origin, limits=limits)
     problem = _port_free(args.host, args.port)
     if problem:
         raise CliError(problem)
+    nofile = raise_nofile_limit()
+    cap = connection_cap(limits.max_connections, nofile)
+    if cap < limits.max_connections:
+        log.warning("--max-connections %d lowered to %d: the open-file limit is %d (raise it "
+                    "with `ulimit -n`)", limits.max_connections, cap, nofile)
     try:
         app = create_app(config)
-    except RuntimeError as e:        # e.g. the bundled model's package is not installed
-        raise CliError(str(e)) from e
+    except Exception as e:           # a bad --model directory, the bundled model not installed
+        raise CliError(_one_line(e)) from e
     srv = app.state.server
     log.info("starting torch-xdna server on %s (backend: %s)", config.url(),
              backend_description(srv.dev))
+    if config.preload:
+        _preload(srv)                # a model that cannot load: one line and exit 2, not a traceback
     if args.host not in ("127.0.0.1", "localhost", "::1") and not config.api_key:
         log.warning("listening on %s without --api-key: anyone who can reach this address can "
                     "use the server", args.host)
-    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level,
-                timeout_graceful_shutdown=5)
+    server = XdnaServer(uvicorn_config(app, args.host, args.port, limits,
+                                       log_level=args.log_level), limits.graceful_timeout_s)
+    server.run()
+    if not server.started:
+        raise CliError(f"the server on {config.url()} did not start (see the log above)")
     return 0
+
+
+def _preload(srv) -> None:
+    """Make the first models resident before uvicorn starts, so that a model directory whose
+    weights or config cannot be loaded fails here with its own message."""
+    srv.worker.start()
+    try:
+        srv.worker.call(srv.npu_job(srv.preload)).result()
+    except Exception as e:
+        srv.worker.stop()
+        raise CliError(f"a model could not be loaded: {_one_line(e)}") from e
+
+
+def _one_line(e: BaseException) -> str:
+    """The error on one line; its type too when the message alone would not say what broke."""
+    from torch_xdna.runtime.errors import XdnaError
+    text = " ".join(str(e).split()).removeprefix("xdna: ")
+    if isinstance(e, (ValueError, OSError, XdnaError, RuntimeError)) and text:
+        return text
+    return f"{type(e).__name__}: {text}" if text else type(e).__name__

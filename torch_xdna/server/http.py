@@ -27,7 +27,8 @@ import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 log = logging.getLogger("torch_xdna.server")
-FD_RESERVE = 128            # descriptors kept for model files, threads, logs, the listening socket
+REFUSING_MAX = 64          # refused connections held (<= 1 s each) to answer them 503
+FD_RESERVE = 128 + REFUSING_MAX   # fds kept for model files, threads, logs, refusals, the listener
 
 
 @dataclass
@@ -106,6 +107,7 @@ class ConnectionPool:
         self.idle: OrderedDict[Any, None] = OrderedDict()     # oldest first
         self.evicted = 0
         self.refused = 0
+        self.refusing = 0                 # refused connections waiting for their request
         self.header_timeouts = 0
 
 
@@ -120,11 +122,9 @@ def protocol_class(limits: HttpLimits) -> type[H11Protocol]:
             self._header_timer = None
             self._last_cycle = None
             self._counted = False
+            self._refusing = False
             if pool.open >= pool.cap and not self._evict_one():
-                pool.refused += 1
-                transport.write(BUSY_503)
-                transport.close()
-                self.transport = transport
+                self._refuse(transport)
                 return
             pool.open += 1
             self._counted = True
@@ -142,6 +142,35 @@ def protocol_class(limits: HttpLimits) -> type[H11Protocol]:
                     return True
             return False
 
+        def _refuse(self, transport) -> None:
+            """Every connection is busy: answer this one 503 once its request arrives (a reply
+            before the request could be lost to a TCP reset), within one second."""
+            pool.refused += 1
+            self.transport = transport
+            if pool.refusing >= REFUSING_MAX:          # a flood: no answer, just close
+                transport.close()
+                return
+            pool.refusing += 1
+            self._refusing = True
+            self._header_timer = self.loop.call_later(1.0, self._refused_reply)
+
+        def _refused_reply(self) -> None:
+            self._header_timer = None
+            if self._refusing:
+                self._refusing = False
+                pool.refusing -= 1
+                if not self.transport.is_closing():
+                    self.transport.write(BUSY_503)
+                    self.transport.close()
+
+        def data_received(self, data: bytes) -> None:
+            if self.flow is None:                     # refused: super() never saw it
+                if self._refusing:
+                    self._cancel_header_timer()
+                    self._refused_reply()
+                return
+            super().data_received(data)
+
         def _close_now(self) -> None:
             self._cancel_header_timer()
             self._unset_keepalive_if_required()
@@ -151,8 +180,11 @@ def protocol_class(limits: HttpLimits) -> type[H11Protocol]:
             self._cancel_header_timer()
             pool.idle.pop(self, None)
             if not self._counted:
-                if self.cycle is None and self.flow is None:
-                    return                     # refused: super() never saw this connection
+                if self.flow is None:          # refused: super() never saw this connection
+                    if self._refusing:
+                        self._refusing = False
+                        pool.refusing -= 1
+                    return
             else:
                 pool.open -= 1
                 self._counted = False
@@ -201,7 +233,7 @@ def uvicorn_config(app, host: str, port: int, limits: HttpLimits, log_level: str
                    **kw) -> uvicorn.Config:
     limits.validate()
     return uvicorn.Config(app, host=host, port=port, log_level=log_level, http=protocol_class(limits),
-                          timeout_keep_alive=max(1, round(limits.keep_alive_s)),
+                          timeout_keep_alive=limits.keep_alive_s,  # type: ignore[arg-type]
                           backlog=limits.backlog,
                           h11_max_incomplete_event_size=limits.max_header_bytes,
                           timeout_graceful_shutdown=limits.graceful_timeout_s + 5.0, **kw)
