@@ -104,6 +104,7 @@ class ConnectionPool:
         self.limits = limits
         self.cap = connection_cap(limits.max_connections)
         self.open = 0
+        self.peak = 0                     # most connections open at once
         self.idle: OrderedDict[Any, None] = OrderedDict()     # oldest first
         self.evicted = 0
         self.refused = 0
@@ -127,6 +128,7 @@ def protocol_class(limits: HttpLimits) -> type[H11Protocol]:
                 self._refuse(transport)
                 return
             pool.open += 1
+            pool.peak = max(pool.peak, pool.open)
             self._counted = True
             super().connection_made(transport)
             self._mark_idle()
