@@ -238,3 +238,19 @@ def test_xdna_serve_rejects_bad_model_dir(tmp_path, capsys):
     from torch_xdna.cli.main import main
     assert main(["serve", "--model", str(tmp_path / "missing"), "--port", "0"]) == 2
     assert "not a directory" in capsys.readouterr().err
+
+
+def test_tiny_sampling_values_answer_200_with_a_real_model(live):
+    """temperature/top_p of 1e-300 made the sampler divide into inf/NaN probabilities (500); now
+    they act as greedy: the same text as temperature 0."""
+    auth = {"Authorization": f"Bearer {KEY}"}
+    body = {"model": "tiny-qwen3", "messages": [{"role": "user", "content": "hello"}],
+            "max_tokens": 4, "seed": 3}
+    greedy = httpx.post(live.url + "/v1/chat/completions", headers=auth, timeout=60,
+                        json={**body, "temperature": 0}).json()["choices"][0]["message"]
+    for extra in ({"temperature": 1e-300}, {"temperature": 1.0, "top_p": 1e-300},
+                  {"temperature": 1e-300, "top_p": 1e-300}):
+        r = httpx.post(live.url + "/v1/chat/completions", headers=auth, timeout=60,
+                       json={**body, **extra})
+        assert r.status_code == 200, (extra, r.text)
+        assert r.json()["choices"][0]["message"] == greedy, extra
