@@ -99,6 +99,23 @@ def test_partial_and_missing_headers_time_out_with_408():
         assert httpx.get(srv.url + "/health").status_code == 200
         pool = srv.server.config.http_protocol_class.connection_pool
         assert pool.header_timeouts >= 3
+        # headers over --max-header-bytes (16 KiB): 400 and closed, not buffered without end
+        big = socket.create_connection(addr)
+        big.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * (32 << 10))
+        got = _recv_all(big, 5)
+        assert got.startswith(b"HTTP/1.1 400 ") and not got.endswith(b"<still open>"), got[:80]
+
+
+def test_serve_options_are_checked(capsys):
+    from torch_xdna.cli.main import build_parser
+    args = build_parser().parse_args(["serve", "--header-timeout", "2.5", "--max-connections",
+                                      "50", "--graceful-timeout", "1"])
+    assert (args.header_timeout, args.max_connections, args.graceful_timeout) == (2.5, 50, 1.0)
+    for bad in (["--header-timeout", "nan"], ["--body-timeout", "0"], ["--keep-alive", "-1"],
+                ["--max-connections", "0"]):
+        with pytest.raises(SystemExit) as e:
+            build_parser().parse_args(["serve", *bad])
+        assert e.value.code == 2 and bad[0] in capsys.readouterr().err
 
 
 def test_trickled_body_times_out_with_408():
