@@ -99,6 +99,9 @@ def test_partial_and_missing_headers_time_out_with_408():
         assert httpx.get(srv.url + "/health").status_code == 200
         pool = srv.server.config.http_protocol_class.connection_pool
         assert pool.header_timeouts >= 3
+        metrics = httpx.get(srv.url + "/metrics").text
+        assert 'xdna_rejected_total{reason="header_timeout"} 3' in metrics, metrics
+        assert "xdna_connections_open" in metrics
         # headers over --max-header-bytes (16 KiB): 400 and closed, not buffered without end
         big = socket.create_connection(addr)
         big.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * (32 << 10))

@@ -20,7 +20,7 @@ import json
 import logging
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import h11
 import uvicorn
@@ -110,6 +110,7 @@ class ConnectionPool:
         self.refused = 0
         self.refusing = 0                 # refused connections waiting for their request
         self.header_timeouts = 0
+        self.on_reject: Callable[[str], None] = lambda reason: None     # the app's metrics
 
 
 def protocol_class(limits: HttpLimits) -> type[H11Protocol]:
@@ -148,6 +149,7 @@ def protocol_class(limits: HttpLimits) -> type[H11Protocol]:
             """Every connection is busy: answer this one 503 once its request arrives (a reply
             before the request could be lost to a TCP reset), within one second."""
             pool.refused += 1
+            pool.on_reject("too_many_connections")
             self.transport = transport
             if pool.refusing >= REFUSING_MAX:          # a flood: no answer, just close
                 transport.close()
@@ -210,6 +212,7 @@ def protocol_class(limits: HttpLimits) -> type[H11Protocol]:
                                                and not self.cycle.response_complete):
                 return
             pool.header_timeouts += 1
+            pool.on_reject("header_timeout")
             pool.idle.pop(self, None)
             self._unset_keepalive_if_required()
             if self.conn.their_state is h11.IDLE and self.conn.our_state in (h11.IDLE, h11.DONE):
@@ -234,7 +237,13 @@ def protocol_class(limits: HttpLimits) -> type[H11Protocol]:
 def uvicorn_config(app, host: str, port: int, limits: HttpLimits, log_level: str = "info",
                    **kw) -> uvicorn.Config:
     limits.validate()
-    return uvicorn.Config(app, host=host, port=port, log_level=log_level, http=protocol_class(limits),
+    http = protocol_class(limits)
+    srv = getattr(getattr(app, "state", None), "server", None)
+    if srv is not None:                      # connection figures in /metrics
+        pool = http.connection_pool
+        pool.on_reject = srv.metrics.reject
+        srv.metrics.gauge("xdna_connections_open", "open HTTP connections", lambda: pool.open)
+    return uvicorn.Config(app, host=host, port=port, log_level=log_level, http=http,
                           timeout_keep_alive=limits.keep_alive_s,  # type: ignore[arg-type]
                           backlog=limits.backlog,
                           h11_max_incomplete_event_size=limits.max_header_bytes,
