@@ -162,27 +162,24 @@ class CompletionRequest(_Sampling):
         return v
 
 
-def find_surrogate(data: Any, path: str = "") -> str | None:
+def find_surrogate(data: Any) -> str | None:
     """The JSON path of the first string (key or value) holding an unpaired UTF-16 surrogate
-    ("\\ud800" is valid JSON but not Unicode text: no tokenizer can encode it), else None."""
-    if isinstance(data, str):
-        try:
-            data.encode("utf-8")
-        except UnicodeEncodeError:
-            return path or "body"
-        return None
-    if isinstance(data, dict):
-        for k, v in data.items():
-            name = str(k).encode("utf-8", "backslashreplace").decode()
-            where = f"{path}.{name}" if path else name
-            if find_surrogate(k, where):
-                return where
-            hit = find_surrogate(v, where)
-            if hit:
-                return hit
-    elif isinstance(data, list):
-        for i, v in enumerate(data):
-            hit = find_surrogate(v, f"{path}[{i}]")
-            if hit:
-                return hit
+    ("\\ud800" is valid JSON but not Unicode text: no tokenizer can encode it), else None.
+    Iterative: a deeply nested body must not become a RecursionError."""
+    stack: list[tuple[Any, str]] = [(data, "")]
+    while stack:
+        item, path = stack.pop()
+        if isinstance(item, str):
+            try:
+                item.encode("utf-8")
+            except UnicodeEncodeError:
+                return path or "body"
+        elif isinstance(item, dict):
+            for k, v in reversed(list(item.items())):
+                name = str(k).encode("utf-8", "backslashreplace").decode()
+                where = f"{path}.{name}" if path else name
+                stack.append((v, where))
+                stack.append((k, where))
+        elif isinstance(item, list):
+            stack.extend((v, f"{path}[{i}]") for i, v in reversed(list(enumerate(item))))
     return None
