@@ -216,6 +216,33 @@ def test_shutdown_ends_in_flight_requests_with_json_and_sse_errors(running):
     assert chat.tokens < 2000
 
 
+def test_shutdown_answers_requests_whose_device_work_is_stuck():
+    """A job that does not reach its next token (a long prefill) still gets its 503 JSON at the
+    end of the grace period, instead of uvicorn cancelling it into a plain-text 500."""
+    class Stuck(CountingChat):
+        def stream(self, prompt_ids, params, cancelled):
+            time.sleep(3.0)
+            yield "late"
+    srv = BackgroundServer(chat_app(Stuck(), limits=HttpLimits(graceful_timeout_s=0.3)))
+    srv.__enter__()
+    out = {}
+
+    def ask():
+        r = httpx.post(srv.url + "/v1/chat/completions", timeout=30,
+                       json={"model": "chat", "messages": MSG, "max_tokens": 2})
+        out["r"] = (r.status_code, r.headers.get("content-type"), r.text, time.monotonic())
+    t = threading.Thread(target=ask)
+    t.start()
+    time.sleep(0.3)
+    t0 = time.monotonic()
+    srv.__exit__(None, None, None)
+    t.join(30)
+    code, ctype, text, t_answer = out["r"]
+    assert code == 503 and ctype == "application/json", text
+    assert json.loads(text)["error"]["code"] == "shutting_down"
+    assert t_answer - t0 < 2.0
+
+
 # --- 2. cancellation -----------------------------------------------------------------------------
 def test_abandoned_requests_stop_generating_and_do_not_delay_the_next():
     chat = CountingChat(delay=0.01)

@@ -301,8 +301,10 @@ class Server:
         self.worker = DeviceWorker(config.max_queue)
         self.shutting_down = False
         self.preloaded = False
-        self._active: set[Cancel] = set()            # generations in flight
+        # generations in flight -> how to end their request at the shutdown deadline
+        self._active: dict[Cancel, Callable[[], None]] = {}
         self._active_lock = threading.Lock()
+        self._waiters: set[asyncio.Future] = set()    # requests awaiting a job (event loop only)
         m = self.metrics
         m.gauge("xdna_queue_depth", "requests waiting for the device", lambda: self.worker.depth)
         m.gauge("xdna_models_resident", "models resident on the device",
@@ -328,11 +330,14 @@ class Server:
         client disconnects or the device does not finish within request_timeout_s."""
         wrapped = asyncio.wrap_future(fut)
         watch = asyncio.ensure_future(until_disconnected(request)) if request else None
+        ended = asyncio.get_running_loop().create_future()     # the shutdown deadline passed
+        self._waiters.add(ended)
         try:
-            done, _ = await asyncio.wait({wrapped} | ({watch} if watch else set()),
+            done, _ = await asyncio.wait({wrapped, ended} | ({watch} if watch else set()),
                                          timeout=self.config.request_timeout_s,
                                          return_when=asyncio.FIRST_COMPLETED)
         finally:
+            self._waiters.discard(ended)
             if watch is not None:
                 watch.cancel()
         if wrapped in done:
@@ -341,6 +346,8 @@ class Server:
             except WorkerStopped:
                 raise shutting_down() from None
         fut.cancel()
+        if ended in done:
+            raise shutting_down()
         if watch is not None and watch in done:
             self.metrics.reject("client_gone")
             raise client_gone()
@@ -361,13 +368,15 @@ class Server:
             raise ModelLoadFailed(entry.id) from e
 
     # -- shutdown --
-    def track(self, cancel: Cancel) -> None:
+    def track(self, cancel: Cancel, end_request: Callable[[], None]) -> None:
+        """A generation in flight; at the shutdown deadline it is cancelled and `end_request`
+        (event loop) answers its request at once, whatever the device is doing."""
         with self._active_lock:
-            self._active.add(cancel)
+            self._active[cancel] = end_request
 
     def untrack(self, cancel: Cancel) -> None:
         with self._active_lock:
-            self._active.discard(cancel)
+            self._active.pop(cancel, None)
 
     def begin_shutdown(self, grace_s: float) -> None:
         """SIGINT/SIGTERM (event loop): refuse new requests now; let the ones in flight run for
@@ -381,10 +390,16 @@ class Server:
         asyncio.get_running_loop().call_later(grace_s, self.end_in_flight)
 
     def end_in_flight(self) -> None:
+        """The grace period is over (event loop): answer every waiting request now, so none is
+        left for uvicorn to cancel into a plain-text 500."""
         with self._active_lock:
-            active = list(self._active)
-        for c in active:
-            c.set("shutdown")
+            active = list(self._active.items())
+        for cancel, end_request in active:
+            cancel.set("shutdown")
+            end_request()
+        for ended in list(self._waiters):
+            if not ended.done():
+                ended.set_result(None)
         self.worker.fail_pending()
 
     def npu_job(self, fn: Callable[[], Any]) -> Callable[[], Any]:
@@ -680,7 +695,7 @@ async def generate(srv: Server, request: Request, entry: ModelEntry, req,
         except BaseException as e:        # noqa: BLE001 - handed to the request
             put("error", e)
 
-    srv.track(cancel)
+    srv.track(cancel, lambda: events.put_nowait(("error", shutting_down())))
     try:
         fut = srv.submit(Job(fn=srv.npu_job(work)))
     except BaseException:
