@@ -52,6 +52,17 @@ FIXED_KERNEL_ARGS = Sourced(3, SRC_MLIR_AIE_RT + " (opcode, instr BO, instr leng
 # (the newer Python host runtime). One named choice, used in exactly one place.
 INSTR_LEN_UNIT_BYTES = Sourced(4, SRC_MLIR_AIE_TEST + " counts 32-bit words; " + SRC_MLIR_AIE_RT
                                + " passes insts.nbytes (bytes) -- unverified on hardware here")
+SRC_AIE_RT_GEN = "Xilinx/aie-rt driver/src/global/xaiegbl_defs.h (XAIE_DEV_GEN_*)"
+SRC_TXN_HEADER = ("Xilinx/mlir-aie lib/Targets/AIETargetNPU.cpp (header: word0 = major | minor<<8 | "
+                  "dev gen<<16 | rows<<24; word1 = cols | memtile rows<<8; word2 = op count; "
+                  "word3 = total bytes)")
+TXN_HEADER_WORDS = Sourced(4, SRC_TXN_HEADER)
+# transaction-header device generation per architecture: AIE2IPU=3 (npu1); AIE2P=4, and the Strix
+# A0/B0 steppings 8/9 (npu4/5/6)
+TXN_DEVICE_GENS = Sourced({"aie2": (3,), "aie2p": (4, 8, 9)}, SRC_AIE_RT_GEN)
+# pyxrt scalar arguments are C++ int: anything else is silently dropped by kernel(...)
+PYXRT_INT_RANGE = Sourced((-(1 << 31), (1 << 31) - 1), "Xilinx/XRT src/python/pybind11/src/pyxrt.cpp "
+                          "(kernel.__call__ casts each argument to xrt::bo, then int, and swallows failures)")
 DEFAULT_DATA_GROUP = Sourced(0, SRC_MLIR_AIE_RT + " (XRTTensor host_only BOs default to group 0)")
 
 
