@@ -46,18 +46,26 @@ class ContextPoolExhausted(LaunchError):
     """No hardware context could be created, even after releasing this process's own."""
 
 
-def capabilities(xrt) -> dict[str, bool | None]:
+def capability_facts(xrt) -> dict:
+    """The raw facts capabilities() reads: plain data, so a child interpreter can send them."""
+    run = getattr(xrt, "run", None)
+    init = getattr(getattr(xrt, "hw_context", None), "__init__", None)
+    return {"hw_context_doc": getattr(init, "__doc__", "") or "", "elf": hasattr(xrt, "elf"),
+            "ext": hasattr(xrt, "ext"), "run_abort": run is not None and hasattr(run, "abort"),
+            "run_state": run is not None and hasattr(run, "state")}
+
+
+def capabilities(xrt=None, facts: dict | None = None) -> dict[str, bool | None]:
     """What this pyxrt build can do, probed without touching a device (None: cannot tell).
 
     pybind11 lists constructor overloads in `__init__.__doc__`; XRT 2.20's hw_context has only
     (device, uuid), 2.23 adds (device, elf). `run.abort` is not bound in every release.
     """
-    doc = getattr(getattr(getattr(xrt, "hw_context", None), "__init__", None), "__doc__", "") or ""
+    f = facts if facts is not None else capability_facts(xrt)
+    doc = f.get("hw_context_doc", "")
     elf_ctx = bool(re.search(r"\bpyxrt\.elf\b", doc)) if "arg1" in doc else None
-    run = getattr(xrt, "run", None)
-    return {"elf_context": elf_ctx, "elf": hasattr(xrt, "elf"), "ext_kernel": hasattr(xrt, "ext"),
-            "run_abort": hasattr(run, "abort") if run is not None else False,
-            "run_state": hasattr(run, "state") if run is not None else False}
+    return {"elf_context": elf_ctx, "elf": bool(f.get("elf")), "ext_kernel": bool(f.get("ext")),
+            "run_abort": bool(f.get("run_abort")), "run_state": bool(f.get("run_state"))}
 
 
 def sync_direction(xrt, to_device: bool):
