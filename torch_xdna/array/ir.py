@@ -31,7 +31,9 @@ Types (all frozen dataclasses; only torch_xdna.hw is imported):
     SeqOp = DmaTask(...)  one shim BD + task-queue push: fifo (the shim fifo it feeds/drains),
               arg (HostArg name), offset, sizes, strides (4-D, outermost first, elements of the
               arg's dtype; innermost stride 1), direction "MM2S"|"S2MM", channel, column, bd_id,
-              issue_token, repeat (task-queue repeat count, 1 = once)
+              issue_token, repeat (task-queue repeat count, 1 = once), pad_after (zeros per
+              dim for edge tiles). Consecutive tasks on one fifo fill its element stream in
+              order (several host args may be packed into one fifo element that way).
           | Await(task ids)      wait for the tokens of S2MM/MM2S tasks (sync/TCT)
           | Free(task ids)       release BDs of tasks that issued no token (after a later await)
           | RtpWrite(buffer, index, value int|float|ScalarRef)  launch-time scalar patch
@@ -248,6 +250,21 @@ class DmaTask:
     bd_id: int
     issue_token: bool = False
     repeat: int = 1
+    pad_after: tuple[int, ...] = ()   # per dim (same length as sizes), see below
+
+    # pad_after (edge tiles): after the run of dimension d the stream carries pad_after[d]
+    # units of zeros (a unit = the full extent of the dims inside d, incl. their padding), as
+    # the AIE-ML mem tile DMA's zero padding does. A size may be 0 when its pad is > 0 (an
+    # all-padding tail). For S2MM the padded positions of the stream are dropped, not written.
+
+    @property
+    def stream_elements(self) -> int:
+        """Elements this task puts on (MM2S) or takes off (S2MM) the stream, incl. padding."""
+        pads = self.pad_after or (0,) * len(self.sizes)
+        n = 1
+        for s, p in zip(reversed(self.sizes), reversed(pads)):
+            n = n * s + p * n
+        return n * self.repeat
 
     @property
     def elements(self) -> int:
