@@ -339,14 +339,28 @@ class HwPattern:
     linear: bool
 
 
+def canonical_dims(sizes: Sequence[int], strides: Sequence[int], what: str = "dma task"
+                   ) -> tuple[list[int], list[int]]:
+    """4-D (outermost first) sizes/strides: leading size-1 dims dropped, and an outermost
+    zero-stride dim (a repeat, e.g. a broadcast row) moved to dimension 3, the only one whose
+    stride may be 0 (the BD then repeats via the task queue's repeat count)."""
+    sizes, strides = [int(s) for s in sizes], [int(s) for s in strides]
+    if len(sizes) != len(strides):
+        raise StreamError(f"{what}: {len(sizes)} sizes but {len(strides)} strides")
+    while len(sizes) > 1 and sizes[0] == 1:
+        sizes, strides = sizes[1:], strides[1:]
+    if len(sizes) > 4:
+        raise StreamError(f"{what}: {len(sizes)}-D pattern, the shim BD has 4 dimensions")
+    if len(sizes) > 1 and strides[0] == 0:
+        return [sizes[0]] + [1] * (4 - len(sizes)) + sizes[1:], [0] + [0] * (4 - len(sizes)) + strides[1:]
+    return [1] * (4 - len(sizes)) + sizes, [0] * (4 - len(strides)) + strides
+
+
 def hw_pattern(sizes: Sequence[int], strides: Sequence[int], elem_bits: int, repeat: int = 1,
                what: str = "dma task") -> HwPattern:
     """Convert a 4-D (outermost first, element units) pattern to shim BD fields, with mlir-aie's
     checks (verifyStridesWraps): sizes positive, innermost run whole words, fields in range."""
-    sizes = [1] * (4 - len(sizes)) + [int(s) for s in sizes]
-    strides = [0] * (4 - len(strides)) + [int(s) for s in strides]
-    if len(sizes) > 4:
-        raise StreamError(f"{what}: {len(sizes)}-D pattern, the shim BD has 4 dimensions")
+    sizes, strides = canonical_dims(sizes, strides, what)
     s = list(reversed(sizes))        # innermost first, as mlir-aie orders them
     t = list(reversed(strides))
     g = R.ADDRESS_GRANULARITY_BITS.value
@@ -545,6 +559,8 @@ def encode_sequence(program: ir.ArrayProgram, binding: LaunchBinding | None = No
     ops: list[Op] = []
     for op in seq.ops:
         if isinstance(op, ir.DmaTask):
+            if op.elements == 0:
+                continue      # all padding: the mem-tile DMA supplies (or drops) it, no shim BD
             if op.arg not in args:
                 raise StreamError(f"{program.name}: dma task {op.id} reads argument {op.arg!r}, not one "
                                   f"of {list(args)}")
@@ -571,6 +587,8 @@ def encode_sequence(program: ir.ArrayProgram, binding: LaunchBinding | None = No
                 t = tasks.get(tid)
                 if t is None:
                     raise StreamError(f"{program.name}: await of unknown dma task {tid}")
+                if t.elements == 0:
+                    continue
                 ops.append(Sync(t.column, 0, DIRECTION_CODE[t.direction], t.channel, 1, 1))
         elif isinstance(op, ir.Free):
             continue                                   # BD bookkeeping only: no register write
