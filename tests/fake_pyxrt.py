@@ -98,7 +98,13 @@ class FakeXrt:
 
         class xclbin:
             def __init__(self, path: str):
-                self.spec = json.loads(Path(path).read_text())
+                data = Path(path).read_bytes()
+                if data.startswith(b"xclbin2\0"):        # fake toolchain: axlf header + JSON
+                    import uuid as _uuid
+                    self.spec = json.loads(data.split(b"FAKEJSON", 1)[1])
+                    self.spec["uuid"] = str(_uuid.UUID(bytes=data[416:432]))
+                else:
+                    self.spec = json.loads(data)
                 self.uuid = self.spec["uuid"]
                 fx.calls.append(("xclbin", Path(path).name))
 

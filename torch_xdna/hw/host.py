@@ -86,6 +86,11 @@ TXN_DEVICE_GENS = Sourced({"aie2": (3,), "aie2p": (4, 8, 9)}, SRC_AIE_RT_GEN)
 # pyxrt scalar arguments are C++ int: anything else is silently dropped by kernel(...)
 PYXRT_INT_RANGE = Sourced((-(1 << 31), (1 << 31) - 1), "Xilinx/XRT src/python/pybind11/src/pyxrt.cpp "
                           "(kernel.__call__ casts each argument to xrt::bo, then int, and swallows failures)")
+SRC_XCLBIN_H = ("Xilinx/XRT src/runtime_src/core/include/xrt/detail/xclbin.h (struct axlf: magic 8, "
+                "signature length 4, reserved 28, key block 256, unique id 8, then axlf_header: 3 x "
+                "u64, version 4, mode/action 4, interface uuid 16, platform VBNV 64, uuid 16)")
+XCLBIN_MAGIC = Sourced(b"xclbin2\0", SRC_XCLBIN_H)
+XCLBIN_UUID_OFFSET = Sourced(416, SRC_XCLBIN_H)
 DEFAULT_DATA_GROUP = Sourced(0, SRC_MLIR_AIE_RT + " (XRTTensor host_only BOs default to group 0)")
 
 

@@ -113,3 +113,18 @@ def example(name: str, shape: str | tuple[int, ...], dtype: str | None = None) -
     build, default, _ = entry
     dims = parse_shape(shape) if isinstance(shape, str) else tuple(shape)
     return build(dims, _dtype(dtype or default))
+
+
+def example_for(design: Design) -> Example | None:
+    """An example launch for a design the engine or compiler made, where its operands follow
+    from its parameters alone (GEMMs and single vector ops); None otherwise."""
+    if isinstance(design, GemmDesign) and design.batch == 1 and not design.w_group and not design.residual:
+        dt = torch.int8 if design.dtype == "int8" else torch.float32
+        ins: tuple[Spec, ...] = (((design.m, design.k), dt), ((design.k, design.n), dt))
+        if design.bias:
+            ins += (((design.n,), design.out_dtype),)
+        return Example(design, ins, (((design.m, design.n), design.out_dtype),))
+    if isinstance(design, VectorDesign):
+        return Example(design, tuple(zip((tuple(s) for s in design.in_shapes), design.in_dtypes)),
+                       ((tuple(design.out_shape), design.out_dtype),))
+    return None
