@@ -123,7 +123,7 @@ def kernel_objects(program, arch: str) -> dict[str, tuple[Path, tuple[str, ...]]
         if spec is None:
             raise BuildError(f"{program.name}: core kernel {decl.symbol!r} has no C++ source in "
                              f"torch_xdna/kernels/aie/{arch}/ (known: {len(aie.KERNELS)} symbols)")
-        src = aie.AIE_DIR / arch / spec.source
+        src = Path(aie.__file__).resolve().parent / arch / spec.source
         defines = tuple(f"-D{k}={v}" for k, v in _defines(decl, spec))
         prev = out.get(decl.object_file)
         if prev is not None and prev != (src, defines):
