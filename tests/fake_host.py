@@ -75,9 +75,27 @@ class FakeHost:
     def system(self) -> HostSystem:
         return HostSystem(self.root, self.runner, user=USER)
 
-    def kernel(self, release: str = "7.0.0-27-generic") -> "FakeHost":
+    def kernel(self, release: str = "7.0.0-27-generic", accel: bool = True,
+               cmdline: str = "BOOT_IMAGE=/vmlinuz ro quiet splash") -> "FakeHost":
         self.release = release
         self._write("proc/sys/kernel/osrelease", release + "\n")
+        self._write("proc/cmdline", cmdline + "\n")
+        self._write(f"boot/config-{release}", ("CONFIG_DRM_ACCEL=y\nCONFIG_DRM_ACCEL_AMDXDNA=m\n" if accel
+                                               else "# CONFIG_DRM_ACCEL is not set\n"))
+        self.kernel_log("[    4.2] amdxdna 0000:67:00.1: enabling device (0000 -> 0002)\n")
+        return self
+
+    def kernel_log(self, text: str) -> "FakeHost":
+        self.runner.table[("dmesg",)] = (0, text, "")
+        return self
+
+    def npu_user(self, pid: int = 4242, comm: str = "llama-server") -> "FakeHost":
+        """Another process holding /dev/accel/accel0 open."""
+        fd = self.root / "proc" / str(pid) / "fd"
+        fd.mkdir(parents=True, exist_ok=True)
+        (fd / "7").symlink_to("/dev/accel/accel0")
+        (fd / "0").symlink_to("/dev/null")
+        self._write(f"proc/{pid}/comm", comm + "\n")
         return self
 
     def npu(self, device: str = "17f0", rev: int = 0x10, driver: str | None = "amdxdna",

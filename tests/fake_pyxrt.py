@@ -52,7 +52,9 @@ class FakeXrt:
     CONTEXT_LIMIT = 16
     INSTR_GROUP = 1
 
-    def __init__(self, data_group: int = 0):
+    def __init__(self, data_group: int = 0, elf_context: bool = True, external_contexts: int = 0):
+        self.elf_context = elf_context              # False: XRT 2.20 (no hw_context(device, elf))
+        self.external_contexts = external_contexts  # contexts other processes hold
         self.calls: list[tuple] = []
         self.computes: dict[str, Callable] = {}
         self.next_states: deque = deque()
@@ -96,7 +98,13 @@ class FakeXrt:
 
         class xclbin:
             def __init__(self, path: str):
-                self.spec = json.loads(Path(path).read_text())
+                data = Path(path).read_bytes()
+                if data.startswith(b"xclbin2\0"):        # fake toolchain: axlf header + JSON
+                    import uuid as _uuid
+                    self.spec = json.loads(data.split(b"FAKEJSON", 1)[1])
+                    self.spec["uuid"] = str(_uuid.UUID(bytes=data[416:432]))
+                else:
+                    self.spec = json.loads(data)
                 self.uuid = self.spec["uuid"]
                 fx.calls.append(("xclbin", Path(path).name))
 
@@ -113,6 +121,11 @@ class FakeXrt:
 
         class hw_context:
             def __init__(self, dev, what):
+                if isinstance(what, elf) and not fx.elf_context:
+                    # XRT 2.20's pybind overloads: (device, uuid) only
+                    raise TypeError("__init__(): incompatible constructor arguments. The following "
+                                    "argument types are supported:\n    1. pyxrt.hw_context()\n    "
+                                    "2. pyxrt.hw_context(arg0: pyxrt.device, arg1: pyxrt.uuid)")
                 if isinstance(what, elf):
                     self.kernels = {k["name"]: k for k in what.spec["kernels"]}
                     fx.calls.append(("hw_context", "elf"))
@@ -123,7 +136,7 @@ class FakeXrt:
                     self.kernels = None
                     self.uuid = u
                     fx.calls.append(("hw_context", u))
-                if fx.live_contexts >= fx.CONTEXT_LIMIT:
+                if fx.live_contexts + fx.external_contexts >= fx.CONTEXT_LIMIT:
                     raise RuntimeError("DRM_IOCTL_AMDXDNA_CREATE_HWCTX: no free hardware context")
                 fx.live_contexts += 1
                 self._counted = True
@@ -203,7 +216,13 @@ class FakeXrt:
                     raise ProtocolError("instruction BO not synced to the device")
                 declared = int(self.spec["num_args"]) - 3
                 fx._check_args(self, args, declared, first_group_arg=3)
-                return _Run(self, list(args))
+                for a in args:
+                    if not isinstance(a, bo):
+                        # what real pyxrt does with a float / huge int: drop it without a word
+                        fx.calls.append(("dropped_arg", a))
+                r = _Run(self, [a for a in args if isinstance(a, bo)])
+                r.instr = bytes(instr_bo.mem.device[instr_bo.off:instr_bo.off + instr_bo.size])
+                return r
 
         class _Run:
             def __init__(self, k, args=None):
@@ -220,6 +239,10 @@ class FakeXrt:
                 fx._check_args(self.k, self.args, int(self.k.spec["num_args"]), first_group_arg=None)
                 self.started = True
 
+            def abort(self):
+                fx.calls.append(("abort",))
+                self.aborted = True
+
             def wait(self, timeout_ms=0):
                 fx.calls.append(("wait", timeout_ms))
                 if not self.started:
@@ -227,8 +250,10 @@ class FakeXrt:
                 if not isinstance(timeout_ms, int) or timeout_ms <= 0:
                     raise ProtocolError("wait() without a positive timeout in ms")
                 state = fx.next_states.popleft() if fx.next_states else ert_cmd_state.ERT_CMD_STATE_COMPLETED
+                if isinstance(state, Exception):
+                    raise state
                 if state is ert_cmd_state.ERT_CMD_STATE_COMPLETED:
-                    fx.computes[self.k.spec["compute"]](self.args)
+                    fx.computes[self.k.spec["compute"]](self.args, getattr(self, "instr", None))
                 return state
 
         class ext:
@@ -273,13 +298,17 @@ class FakeXrt:
 
 # --- building artifacts for tests ---------------------------------------------------------------
 def reference_compute(design, abi) -> Callable:
-    """Run `design.reference` on the BOs' device memory, laid out as the ABI says."""
-    def compute(args):
+    """Run `design.reference` on the BOs' device memory, laid out as the ABI says; scalars are
+    read back from their patched words of the submitted instruction stream."""
+    def compute(args, instr=None):
         ins, outs, scalars = {}, {}, {}
-        for spec, a in zip(abi, args):
+        for spec in abi:
             if spec.role == "scalar":
-                scalars[spec.name] = a
-                continue
+                import struct
+                (w,) = struct.unpack_from("<I", instr, 4 * spec.patch)
+                fmt = {"int32": "<i", "uint32": "<I", "float32": "<f"}[spec.dtype]
+                scalars[spec.name] = struct.unpack(fmt, struct.pack("<I", w))[0]
+        for spec, a in zip([s for s in abi if s.role != "scalar"], args):
             dt = getattr(torch, spec.dtype)
             n = 1
             for s in spec.shape:
@@ -290,24 +319,45 @@ def reference_compute(design, abi) -> Callable:
     return compute
 
 
+def fake_stream(gen, ops: int = 3, scalars: int = 0, dev_gen: int | None = None) -> tuple[bytes, list[int]]:
+    """A well-formed transaction stream (header per mlir-aie AIETargetNPU.cpp): `ops` TCT syncs,
+    then one WRITE per scalar whose value word is that scalar's patch. Returns (bytes, patch words)."""
+    import struct
+    from torch_xdna.hw import host
+    if dev_gen is None:
+        dev_gen = host.TXN_DEVICE_GENS.value[gen.arch][0]
+    body, patches = [], []
+    for i in range(ops):
+        body += [0x80, 16, i, 1 << 8]
+    for i in range(scalars):
+        patches.append(4 + len(body) + 4)
+        body += [0x00, 0, 0x1D000 + 4 * i, 0, 0, 24]
+    words = [0x00000100 | (dev_gen << 16) | (6 << 24), gen.columns.value | (1 << 8), ops + scalars,
+             4 * (4 + len(body))] + body
+    return struct.pack(f"<{len(words)}I", *words), patches
+
+
 def make_artifact(root: Path, fx: FakeXrt, design, gen, inputs, outputs, *, flow: str = "xclbin",
-                  scalars=(), extra_bo_args: int = 0, instr_words: int = 16):
-    """Install an artifact whose fake xclbin/ELF makes `fx` run the design's reference."""
+                  scalars=(), extra_bo_args: int = 0, instr_words: int = 16, kernel_dtypes=None,
+                  insts: bytes | None = None):
+    """Install an artifact whose fake xclbin/ELF makes `fx` run the design's reference.
+    `scalars`: (name, dtype) pairs, each patched into its own stream word."""
     from torch_xdna.kernels.artifacts import abi_for, install_artifact
 
-    abi = abi_for(inputs, outputs, scalars)
+    stream, patches = fake_stream(gen, ops=max(1, (instr_words - 4) // 4), scalars=len(scalars))
+    abi = abi_for(inputs, outputs, [(n, d, p) for (n, d), p in zip(scalars, patches)], kernel_dtypes)
     key = design.artifact_key()
     fx.computes[key] = reference_compute(design, abi)
-    nargs = len(abi) + extra_bo_args
+    nargs = len([a for a in abi if a.role != "scalar"]) + extra_bo_args
     toolchain = {"name": "fake", "version": "0"}
     if flow == "elf":
         spec = {"kernels": [{"name": f"{gen.name}:sequence", "num_args": nargs, "compute": key}]}
         return install_artifact(root, design, gen, {"elf": ("design.elf", json.dumps(spec).encode())},
                                 flow="elf", kernel=f"{gen.name}:sequence", abi=abi, toolchain=toolchain)
-    uuid = hashlib.sha256(key.encode()).hexdigest()[:32]
+    h = hashlib.sha256(key.encode()).hexdigest()[:32]
+    uuid = f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"          # what uuid.to_string() gives
     spec = {"uuid": uuid, "kernels": [{"name": "MLIR_AIE", "num_args": 3 + nargs, "compute": key}]}
-    insts = bytes(range(instr_words * 4))
     return install_artifact(root, design, gen, {"xclbin": ("design.xclbin", json.dumps(spec).encode()),
-                                                "insts": ("insts.bin", insts)},
+                                                "insts": ("insts.bin", insts if insts is not None else stream)},
                             flow="xclbin", kernel="MLIR_AIE", abi=abi, xclbin_uuid=uuid,
                             toolchain=toolchain)

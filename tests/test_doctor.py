@@ -30,8 +30,9 @@ def check(report, name):
     return next(c for c in report.checks if c.name == name)
 
 
-ORDER = ["kernel", "npu", "driver", "firmware", "device-node", "memlock", "xrt", "xrt-driver", "pyxrt",
-         "xrt-smi", "xrt-smi validate", "artifacts"]
+ORDER = ["kernel", "kernel-config", "iommu", "npu", "driver", "firmware", "firmware-protocol",
+         "device-node", "npu-users", "memlock", "xrt", "xrt-driver", "pyxrt", "xrt-smi",
+         "xrt-smi validate", "artifacts"]
 
 
 def test_healthy_strix(tmp_path):
@@ -232,3 +233,94 @@ def test_this_machine_reports_no_npu():
     npu = next(c for c in out["checks"] if c["name"] == "npu")
     assert npu["status"] == "FAIL" and "no NPU found" in npu["summary"]
     assert "TORCH_XDNA_BACKEND=sim" in out["verdict"]
+
+
+# --- gaps from the hardware review (issue [kernels] item 5) ------------------------------------
+def test_iommu_off_hides_the_npu(tmp_path):
+    h = healthy_strix(tmp_path / "root")
+    h.kernel(cmdline="BOOT_IMAGE=/vmlinuz ro amd_iommu=off quiet")
+    c = check(run_doctor(h), "iommu")
+    assert c.status == "FAIL" and "amd_iommu=off" in c.summary and "amd_iommu=pt" in c.fix
+
+
+def test_kernel_without_drm_accel(tmp_path):
+    h = healthy_strix(tmp_path / "root")
+    h.kernel(accel=False)
+    r = run_doctor(h)
+    c = check(r, "kernel-config")
+    assert c.status == "FAIL" and "CONFIG_DRM_ACCEL" in c.summary and r.exit_code == 1
+
+
+def test_firmware_protocol_mismatch(tmp_path):
+    h = healthy_strix(tmp_path / "root")
+    h.kernel_log("amdxdna 0000:67:00.1: [drm] *ERROR* aie2_check_protocol: Incompatible firmware "
+                 "protocol major 7 minor 2\namdxdna 0000:67:00.1: [drm] *ERROR* aie2_hw_start: "
+                 "firmware is not alive\n")
+    c = check(run_doctor(h), "firmware-protocol")
+    assert c.status == "FAIL" and "major 7 minor 2" in c.summary
+    assert "ERT_CMD_STATE_ABORT" in c.fix and "modprobe -r amdxdna" in c.fix
+
+
+def test_xrt_226_on_any_in_tree_driver(tmp_path):
+    h = FakeHost(tmp_path / "root").kernel("6.18.9-generic").npu().module(in_tree=True).firmware()
+    h.node(mode=0o666).memlock().xrt(version="2.26.1")
+    c = check(run_doctor(h), "xrt-driver")
+    assert c.status == "FAIL" and "32 KiB" in c.summary and "6.18" in c.summary
+
+
+def test_large_finite_memlock_is_accepted(tmp_path):
+    h = healthy_strix(tmp_path / "root").memlock(soft=str(1 << 40), hard=str(1 << 40))
+    c = check(run_doctor(h), "memlock")
+    assert c.status == "PASS" and "1024 GiB" in c.summary
+
+
+def test_xrt_installed_under_usr(tmp_path):
+    from fake_host import EXAMINE_OK
+    h = FakeHost(tmp_path / "root").kernel().npu().module().firmware().node(mode=0o666).memlock()
+    h._write("usr/bin/xrt-smi", "#!/bin/sh\n", 0o755)
+    h._write("usr/lib/x86_64-linux-gnu/libxrt_driver_xdna.so", "")
+    h.runner.table[("xrt-smi", "examine")] = (0, EXAMINE_OK.format(kernel="7.0.0-27-generic",
+                                                                   xrt="2.20.0"), "")
+    c = check(run_doctor(h), "xrt")
+    assert c.status == "PASS" and "/usr" in c.summary
+
+
+def test_other_processes_holding_the_npu(tmp_path):
+    h = healthy_strix(tmp_path / "root").npu_user(4242, "llama-server")
+    c = check(run_doctor(h), "npu-users")
+    assert c.status == "WARN" and "4242 (llama-server)" in c.summary and "16" in c.fix
+
+
+FAKE_PYXRT_220 = '''
+class hw_context:
+    def __init__(self, *a):
+        """__init__(*args, **kwargs)
+Overloaded function.
+
+1. __init__(self: pyxrt.hw_context, arg0: pyxrt.device, arg1: pyxrt.uuid) -> None"""
+class run:
+    def wait(self):
+        pass
+'''
+
+
+def test_pyxrt_really_imported_and_probed(tmp_path, monkeypatch):
+    """The default importer runs `import pyxrt` in a child Python: a fake pyxrt module on the
+    child's path is imported and its capabilities reported; a broken one is a FAIL naming the error."""
+    import os
+    from torch_xdna.cli.doctor_checks import import_pyxrt_subprocess
+    good, bad = tmp_path / "good", tmp_path / "bad"
+    good.mkdir()
+    bad.mkdir()
+    (good / "pyxrt.py").write_text(FAKE_PYXRT_220)
+    (bad / "pyxrt.py").write_text("raise ImportError('undefined symbol: _ZN3xrt6deviceC1Ej')\n")
+    base = os.environ.get("PYTHONPATH", "")
+    monkeypatch.setenv("PYTHONPATH", f"{good}{os.pathsep}{base}")
+    ok, origin, caps = import_pyxrt_subprocess(sys.executable)
+    assert ok and origin.endswith("pyxrt.py") and caps["elf_context"] is False
+    h = healthy_strix(tmp_path / "root")
+    c = check(Doctor(h.system()).run(), "pyxrt")
+    assert c.status == "PASS" and "XRT < 2.23" in c.summary and "cannot be aborted" in c.summary
+    monkeypatch.setenv("PYTHONPATH", f"{bad}{os.pathsep}{base}")
+    c = check(Doctor(h.system()).run(), "pyxrt")
+    assert c.status == "FAIL" and "undefined symbol" in c.summary

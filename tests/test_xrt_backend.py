@@ -126,8 +126,7 @@ def test_missing_sync_would_be_caught(tmp_path):
     assert isinstance(e.value.__cause__, ProtocolError)
 
 
-@pytest.mark.parametrize("state", [ert_cmd_state.ERT_CMD_STATE_ABORT, ert_cmd_state.ERT_CMD_STATE_TIMEOUT,
-                                   ert_cmd_state.ERT_CMD_STATE_ERROR])
+@pytest.mark.parametrize("state", [ert_cmd_state.ERT_CMD_STATE_ABORT, ert_cmd_state.ERT_CMD_STATE_ERROR])
 def test_non_completed_state_raises(tmp_path, state):
     dev, fx = xrt_device(tmp_path)
     design, _, ins, out = gemm_case(dev)
@@ -325,7 +324,7 @@ def test_backend_does_not_import_upper_layers():
     import ast
     from pathlib import Path
     import torch_xdna.runtime.xrt as pkg
-    allowed = ("torch_xdna.hw", "torch_xdna.runtime")
+    allowed = ("torch_xdna.hw", "torch_xdna.runtime", "torch_xdna.array")
     for f in Path(pkg.__file__).parent.glob("*.py"):
         for node in ast.walk(ast.parse(f.read_text())):
             mods = ([a.name for a in node.names] if isinstance(node, ast.Import)
@@ -342,3 +341,223 @@ def test_view_outliving_free_keeps_bo_alive(tmp_path):
     dev.free(arg.buffer)
     assert dev.counters.allocated_bytes == 0 and arg.buffer.host.numel() == 0
     assert view.view(torch.float32).tolist() == [0.0, 1.0]     # still backed by the (kept) mapping
+
+
+# --- hardware-path fixes (issue [kernels] item 4), each against the fake pyxrt -------------------
+def test_timeout_aborts_and_marks_device_unusable(tmp_path):
+    dev, fx = xrt_device(tmp_path)
+    design, _, ins, out = gemm_case(dev)
+    install(tmp_path, fx, design, ins, [out])
+    fx.next_states.append(ert_cmd_state.ERT_CMD_STATE_TIMEOUT)
+    with pytest.raises(LaunchError, match="ERT_CMD_STATE_TIMEOUT") as e:
+        dev.run(Launch(design, ins, [out]))
+    assert "was aborted" in str(e.value) and "unusable" in str(e.value)
+    assert ("abort",) in fx.calls
+    fx.calls.clear()
+    with pytest.raises(LaunchError, match="unusable until it is reset"):   # never treated as free
+        dev.run(Launch(design, ins, [out]))
+    assert "launch" not in fx.names()
+    held = out.buffer.handle
+    dev.free(out.buffer)                        # the hung command may still write this BO: kept
+    assert held in dev._held_after_timeout
+
+
+def test_timeout_without_run_abort_still_refuses(tmp_path):
+    dev, fx = xrt_device(tmp_path)
+    design, _, ins, out = gemm_case(dev)
+    install(tmp_path, fx, design, ins, [out])
+    fx.next_states.append(RuntimeError("wait timed out"))     # some releases raise instead
+    with pytest.raises(LaunchError, match="waiting for the command failed"):
+        dev.run(Launch(design, ins, [out]))
+    assert dev.unusable
+
+
+def test_context_creation_error_is_a_launch_error(tmp_path):
+    dev, fx = xrt_device(tmp_path)
+    design, _, ins, out = gemm_case(dev)
+    install(tmp_path, fx, design, ins, [out])
+
+    def broken_kernel(ctx, name):
+        raise RuntimeError("DRM_IOCTL_AMDXDNA_CREATE_HWCTX IOCTL failed (err=-22)")
+    fx.kernel = broken_kernel
+    with pytest.raises(LaunchError, match="CREATE_HWCTX") as e:
+        dev.run(Launch(design, ins, [out]))
+    assert "xdna doctor" in str(e.value)
+
+
+def test_binding_error_is_a_launch_error(tmp_path):
+    dev, fx = xrt_device(tmp_path)
+    design, _, ins, out = gemm_case(dev)
+    install(tmp_path, fx, design, ins, [out])
+    dev.run(Launch(design, ins, [out]))
+    lk = next(iter(dev.kernels._kernels.values()))
+    lk._groups.clear()
+
+    def bad_group(i):
+        raise RuntimeError("bad argument index")
+    lk.kernel.group_id = bad_group
+    with pytest.raises(LaunchError, match="binding its arguments failed: bad argument index"):
+        dev.run(Launch(design, ins, [out]))
+
+
+def test_context_pool_exhausted_by_others_evicts_own_and_retries(tmp_path):
+    fx = FakeXrt(external_contexts=14)          # other processes hold 14 of the 16
+    dev, _ = xrt_device(tmp_path, fx)
+    x = dev.upload(torch.randn(4, 8))
+    cases = []
+    for i in range(3):
+        d = VectorDesign("relu", ((4, 8),), (torch.float32,), (4, 8), torch.float32, params=(("i", i),))
+        o = dev.empty((4, 8), torch.float32)
+        install(tmp_path, fx, d, [x], [o])
+        cases.append((d, o))
+    for d, o in cases:
+        dev.run(Launch(d, [x], [o]))            # the third fails once, ours are released, retried
+    assert dev.kernels.pool_retries == 1 and fx.live_contexts == 1
+    torch.testing.assert_close(dev.download(cases[2][1]), dev.download(x).clamp_min(0))
+
+
+def test_context_pool_exhausted_names_the_limit(tmp_path):
+    from torch_xdna.runtime.xrt.session import ContextPoolExhausted
+    fx = FakeXrt(external_contexts=16)
+    dev, _ = xrt_device(tmp_path, fx)
+    design, _, ins, out = gemm_case(dev)
+    install(tmp_path, fx, design, ins, [out])
+    with pytest.raises(ContextPoolExhausted, match="16 hardware contexts shared by all processes"):
+        dev.run(Launch(design, ins, [out]))
+
+
+def test_elf_flow_on_xrt_220_is_explained(tmp_path):
+    fx = FakeXrt(elf_context=False)
+    dev, _ = xrt_device(tmp_path, fx)
+    design, _, ins, out = gemm_case(dev, m=4, k=16, n=8)
+    install(tmp_path, fx, design, ins, [out], flow="elf")
+    with pytest.raises(BackendUnavailable, match=r"hw_context\(device, elf\).*XRT 2.23"):
+        dev.run(Launch(design, ins, [out]))
+
+
+def test_capabilities_probe_reads_pybind_overloads():
+    from torch_xdna.runtime.xrt.session import capabilities
+
+    class Doc220:
+        class hw_context:
+            def __init__(self, *a):
+                """__init__(*args, **kwargs)\nOverloaded function.\n\n1. __init__(self: pyxrt.hw_context) -> None\n\n2. __init__(self: pyxrt.hw_context, arg0: pyxrt.device, arg1: pyxrt.uuid) -> None"""
+        class run:
+            def wait(self):
+                pass
+    class Doc223(Doc220):
+        class hw_context:
+            def __init__(self, *a):
+                """__init__(*args, **kwargs)\nOverloaded function.\n\n1. __init__(self: pyxrt.hw_context, arg0: pyxrt.device, arg1: pyxrt.uuid) -> None\n\n2. __init__(self: pyxrt.hw_context, arg0: pyxrt.device, arg1: pyxrt.elf) -> None"""
+        elf = object
+    assert capabilities(Doc220)["elf_context"] is False and capabilities(Doc220)["run_abort"] is False
+    assert capabilities(Doc223)["elf_context"] is True
+    assert capabilities(FakeXrt())["elf_context"] is None          # no pybind docs: unknown
+
+
+def test_scalars_travel_in_the_stream_never_as_kernel_args(tmp_path):
+    from torch_xdna.kernels.dma import GatherDesign
+    dev, fx = xrt_device(tmp_path)
+    design, _, ins, out = gemm_case(dev)
+    install(tmp_path, fx, design, ins, [out], scalars=[("alpha", "float32"), ("rows", "int32")])
+    fx.calls.clear()
+    dev.run(Launch(design, ins, [out], scalars={"alpha": 0.5, "rows": 8}))
+    assert not [c for c in fx.calls if c[0] == "dropped_arg"]
+    launch = next(c for c in fx.calls if c[0] == "launch")
+    assert launch[3] == 4                                   # 4 BOs, no scalar argument
+    n_bo = len([c for c in fx.calls if c[0] == "bo"])
+    dev.run(Launch(design, ins, [out], scalars={"alpha": 0.5, "rows": 8}))
+    assert len([c for c in fx.calls if c[0] == "bo"]) == n_bo      # patched stream cached
+    for bad, msg in [({"alpha": 0.5, "rows": 2 ** 31}, "outside int32"),
+                     ({"alpha": 0.5, "rows": 1.5}, "must be an integer"),
+                     ({"alpha": 1e39, "rows": 1}, "does not fit float32"),
+                     ({"rows": 1}, "'alpha' required")]:
+        with pytest.raises(LaunchError, match=msg):
+            dev.run(Launch(design, ins, [out], scalars=bad))
+
+
+def test_scalar_patch_value_reaches_the_kernel(tmp_path):
+    dev, fx = xrt_device(tmp_path)
+    x = dev.upload(torch.tensor([1.0, -2.0, 3.0]))
+    o = dev.empty((3,), torch.float32)
+    d = VectorDesign("relu", ((3,),), (torch.float32,), (3,), torch.float32)
+    install(tmp_path, fx, d, [x], [o], scalars=[("n", "int32")])
+    seen = []
+    ref = fx.computes[d.artifact_key()]
+    fx.computes[d.artifact_key()] = lambda args, instr: (seen.append(instr), ref(args, instr))
+    dev.run(Launch(d, [x], [o], scalars={"n": 7}))
+    dev.run(Launch(d, [x], [o], scalars={"n": -3}))
+    import struct
+    art = dev.artifacts.lookup(d.artifact_key(), "npu4")
+    w = art.abi[-1].patch
+    assert [struct.unpack_from("<i", s, 4 * w)[0] for s in seen] == [7, -3]
+
+
+def test_scalar_without_patch_refused_at_validation(tmp_path):
+    import json
+    fx = FakeXrt()
+    dev, _ = xrt_device(tmp_path, fx)
+    design, _, ins, out = gemm_case(dev)
+    d = install(tmp_path, fx, design, ins, [out], scalars=[("alpha", "float32")])
+    m = json.loads((d / "manifest.json").read_text())
+    m["abi"][-1].pop("patch")
+    (d / "manifest.json").write_text(json.dumps(m))
+    with pytest.raises(ArtifactError, match="no instruction-stream patch word"):
+        dev.run(Launch(design, ins, [out], scalars={"alpha": 1.0}))
+
+
+def test_operands_converted_to_the_kernels_dtype(tmp_path):
+    dev, fx = xrt_device(tmp_path)
+    design, (a, b, bias), ins, out = gemm_case(dev)
+    # the kernel takes bf16 A and B (float32 tensors in the launch), bias as float32
+    install(tmp_path, fx, design, ins, [out], kernel_dtypes={0: torch.bfloat16, 1: torch.bfloat16})
+    art = dev.artifacts.lookup(design.artifact_key(), "npu4")
+    assert [s.dtype for s in art.abi] == ["bfloat16", "bfloat16", "float32", "float32"]
+    fx.calls.clear()
+    seen = {}
+    ref = fx.computes[design.artifact_key()]
+
+    def spy(args, instr):
+        seen["sizes"] = [a.size for a in args]
+        ref(args, instr)
+    fx.computes[design.artifact_key()] = spy
+    dev.run(Launch(design, ins, [out]))
+    assert seen["sizes"][:2] == [8 * 32 * 2, 32 * 16 * 2]        # bf16 BOs handed to the kernel
+    torch.testing.assert_close(dev.download(out), bf16(a) @ bf16(b) + bf16(bias), rtol=1e-5, atol=1e-5)
+
+
+def test_uuid_forms_compared_canonically(tmp_path):
+    import json
+    from torch_xdna.runtime.xrt.artifacts import canonical_uuid
+    assert canonical_uuid("0123456789ABCDEF0123456789abcdef") == "01234567-89ab-cdef-0123-456789abcdef"
+    assert canonical_uuid("{01234567-89AB-CDEF-0123-456789ABCDEF}") == "01234567-89ab-cdef-0123-456789abcdef"
+    assert canonical_uuid("not-a-uuid") is None
+    for form in (str.upper, lambda u: u.replace("-", "")):
+        fx = FakeXrt()
+        dev, _ = xrt_device(tmp_path / form.__name__, fx)
+        design, _, ins, out = gemm_case(dev)
+        d = make_artifact(tmp_path / form.__name__ / "art", fx, design, NPU4, ins, [out])
+        m = json.loads((d / "manifest.json").read_text())
+        m["xclbin_uuid"] = form(m["xclbin_uuid"])
+        (d / "manifest.json").write_text(json.dumps(m))
+        dev.run(Launch(design, ins, [out]))                 # accepted: same UUID, other spelling
+
+
+@pytest.mark.parametrize("corrupt,msg", [("size", "header says"), ("gen", "device generation 3"),
+                                         ("short", "too short")])
+def test_stream_header_checked_before_submission(tmp_path, corrupt, msg):
+    import struct
+    from fake_pyxrt import fake_stream
+    fx = FakeXrt()
+    dev, _ = xrt_device(tmp_path, fx)
+    design, _, ins, out = gemm_case(dev)
+    stream, _ = fake_stream(NPU4, dev_gen=3 if corrupt == "gen" else None)
+    if corrupt == "size":
+        stream = stream + b"\0" * 8
+    if corrupt == "short":
+        stream = stream[:8]
+    install(tmp_path, fx, design, ins, [out], insts=stream)
+    fx.calls.clear()
+    with pytest.raises(ArtifactError, match=msg):
+        dev.run(Launch(design, ins, [out]))
+    assert "hw_context" not in fx.names() and "launch" not in fx.names()

@@ -6,7 +6,10 @@ fix. All file reads and commands go through a HostSystem, so tests run against f
 from __future__ import annotations
 
 import importlib.util
+import json
+import os
 import re
+import subprocess
 import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -70,12 +73,35 @@ def _fmt_bytes(n: int) -> str:
     return f"{n} bytes"
 
 
-PyxrtImporter = Callable[[], tuple[bool, str]]
+PyxrtImporter = Callable[[], tuple]
+
+# run in a child interpreter: a pyxrt built for another XRT or Python can crash on import
+def _pyxrt_probe_source() -> str:
+    """Child-interpreter code: import pyxrt and print capability_facts(pyxrt) as JSON. The
+    function's own source is sent, so the child imports neither torch nor torch_xdna."""
+    import inspect
+    from torch_xdna.runtime.xrt.session import capability_facts
+    return ("import json, pyxrt\n" + inspect.getsource(capability_facts)
+            + "print(json.dumps({'origin': getattr(pyxrt, '__file__', ''), "
+              "'facts': capability_facts(pyxrt)}))\n")
 
 
-def _import_pyxrt_here() -> tuple[bool, str]:
-    spec = importlib.util.find_spec("pyxrt")
-    return (spec is not None, spec.origin if spec is not None else "")
+def import_pyxrt_subprocess(python: str, timeout_s: float = 60.0) -> tuple[bool, str, dict | None]:
+    """(imported, origin or the error, capabilities): really imports pyxrt in `python`."""
+    try:
+        p = subprocess.run([python, "-c", _pyxrt_probe_source()], capture_output=True, text=True,
+                           timeout=timeout_s, stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return False, f"importing pyxrt failed: {e}", None
+    if p.returncode != 0:
+        tail = (p.stderr.strip().splitlines() or [f"exit {p.returncode}"])[-1]
+        return False, f"import pyxrt fails: {tail[:200]}", None
+    try:
+        info = json.loads(p.stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        return True, "", None
+    from torch_xdna.runtime.xrt.session import capabilities
+    return True, info.get("origin", ""), capabilities(facts=info.get("facts") or {})
 
 
 class Doctor:
@@ -86,8 +112,8 @@ class Doctor:
                  artifact_dir: Path | None = None):
         self.sys = system or HostSystem()
         self.validate = validate
-        self.import_pyxrt = import_pyxrt or _import_pyxrt_here
         self.python = python or sys.executable
+        self.import_pyxrt = import_pyxrt or (lambda: import_pyxrt_subprocess(self.python))
         self.artifact_dir = artifact_dir
         self.npu: PciNpu | None = None
         self.kernel: tuple[int, ...] | None = None
@@ -96,10 +122,11 @@ class Doctor:
         self._examine: tuple[int, str, str] | None = None
 
     def run(self) -> Report:
-        checks = [self.check_kernel(), self.check_npu(), self.check_driver(), self.check_firmware(),
-                  self.check_device_node(), self.check_memlock(), self.check_xrt(),
-                  self.check_combo(), self.check_pyxrt(), self.check_examine(), self.check_validate(),
-                  self.check_artifacts()]
+        checks = [self.check_kernel(), self.check_kernel_config(), self.check_iommu(),
+                  self.check_npu(), self.check_driver(), self.check_firmware(),
+                  self.check_firmware_protocol(), self.check_device_node(), self.check_npu_users(),
+                  self.check_memlock(), self.check_xrt(), self.check_combo(), self.check_pyxrt(),
+                  self.check_examine(), self.check_validate(), self.check_artifacts()]
         gen = self.npu.generation.name if self.npu and self.npu.generation else None
         return Report(checks, self.npu is not None, gen)
 
@@ -117,6 +144,37 @@ class Doctor:
                          "driver), e.g. Ubuntu 24.04 HWE: sudo apt install linux-generic-hwe-24.04",
                          {"release": release})
         return Check("kernel", PASS, f"Linux {release} (needs {need[0]}.{need[1]}+)", details={"release": release})
+
+    def check_kernel_config(self) -> Check:
+        release = (self.sys.read(host.PROC_OSRELEASE) or "").strip()
+        cfg = self.sys.read(host.BOOT_CONFIG.format(release=release)) if release else None
+        if cfg is None:
+            return Check("kernel-config", SKIP, f"no /boot/config-{release or '<release>'} to read")
+        opts = dict(re.findall(r"^(CONFIG_\w+)=(\S+)", cfg, re.M))
+        missing = [o for o in host.KERNEL_CONFIG_NEEDED.value if opts.get(o) not in ("y", "m")]
+        drv = opts.get(host.KERNEL_CONFIG_DRIVER.value)
+        if missing:
+            return Check("kernel-config", FAIL, f"this kernel is built without {', '.join(missing)}: "
+                         "there is no accel subsystem, so no /dev/accel device can exist",
+                         "boot a kernel with CONFIG_DRM_ACCEL=y (every distribution kernel 6.10+ for "
+                         "x86_64 has it; custom kernels: enable Device Drivers > Compute Acceleration "
+                         "Framework)", {"missing": missing})
+        where = (f"{host.KERNEL_CONFIG_DRIVER.value}={drv}" if drv in ("y", "m")
+                 else "amdxdna not built in-tree (needs the DKMS module from amd/xdna-driver)")
+        return Check("kernel-config", PASS, f"CONFIG_DRM_ACCEL={opts['CONFIG_DRM_ACCEL']}; {where}",
+                     details={"amdxdna": drv})
+
+    def check_iommu(self) -> Check:
+        cmdline = (self.sys.read(host.PROC_CMDLINE) or "").split()
+        off = [a for a in cmdline if a in host.IOMMU_OFF_ARGS.value]
+        if off:
+            return Check("iommu", FAIL, f"the IOMMU is disabled on the kernel command line ({off[0]}): "
+                         "amdxdna needs it (SVA/PASID), so the NPU gets no /dev/accel node",
+                         f"replace {off[0]} with amd_iommu=pt in GRUB_CMDLINE_LINUX "
+                         "(/etc/default/grub), run sudo update-grub, and reboot", {"cmdline": off})
+        if not cmdline:
+            return Check("iommu", SKIP, f"could not read /{host.PROC_CMDLINE}")
+        return Check("iommu", PASS, "the IOMMU is not disabled on the kernel command line")
 
     def check_npu(self) -> Check:
         npus = find_npus(self.sys)
@@ -177,6 +235,64 @@ class Doctor:
         return Check("firmware", PASS, f"{', '.join(found)} in {rel}{loaded}",
                      details={"dir": rel, "files": found, "fw_version": fw})
 
+    def _kernel_log(self) -> str:
+        for argv in (["dmesg"], ["journalctl", "-k", "-b", "--no-pager", "-q"]):
+            rc, out, _ = self.sys.run(argv)
+            if rc == 0 and out.strip():
+                return out
+        return ""
+
+    def check_firmware_protocol(self) -> Check:
+        if self.npu is None:
+            return Check("firmware-protocol", SKIP, "no NPU")
+        log = [ln for ln in self._kernel_log().splitlines() if "amdxdna" in ln]
+        if not log:
+            return Check("firmware-protocol", SKIP, "no amdxdna lines in the kernel log (dmesg may "
+                         "need privileges: sudo dmesg | grep amdxdna)")
+        for pattern in host.FIRMWARE_PROTOCOL_ERRORS.value:
+            hit = next((ln for ln in reversed(log) if re.search(pattern, ln, re.I)), None)
+            if hit is not None:
+                return Check("firmware-protocol", FAIL,
+                             "the NPU firmware and the amdxdna driver disagree: " + hit.strip()[-160:],
+                             f"use firmware whose protocol this driver speaks: keep the linux-firmware "
+                             f"release that matches your kernel's driver in /lib/firmware/amdnpu/"
+                             f"{self.npu.pci_id}/ (remove a newer npu_7.sbin / npu.dev.sbin copied "
+                             f"from elsewhere), or install the amdxdna DKMS driver from amd/xdna-driver "
+                             f"that matches the newer firmware; then sudo modprobe -r amdxdna && "
+                             f"sudo modprobe amdxdna. This mismatch is the usual cause of "
+                             f"ERT_CMD_STATE_ABORT and mailbox timeouts.", {"line": hit.strip()})
+        return Check("firmware-protocol", PASS, "no firmware/driver protocol errors in the kernel log")
+
+    def check_npu_users(self) -> Check:
+        """Other processes with /dev/accel/accel0 open: hardware contexts are a system-wide pool."""
+        node = "/" + host.DEVICE_NODE.value
+        me, users = str(os.getpid()), []
+        proc = self.sys.path(host.PROC_DIR)
+        try:
+            pids = [p for p in proc.iterdir() if p.name.isdigit() and p.name != me]
+        except OSError:
+            pids = []
+        for pid in pids:
+            try:
+                fds = list((pid / "fd").iterdir())
+            except OSError:
+                continue                 # other users' processes: not visible, not ours to judge
+            for fd in fds:
+                try:
+                    target = os.readlink(fd)
+                except OSError:
+                    continue
+                if target == node or target.endswith(host.DEVICE_NODE.value):
+                    comm = (self.sys.read(pid / "comm") or "?").strip()
+                    users.append(f"{pid.name} ({comm})")
+                    break
+        if not users:
+            return Check("npu-users", PASS, f"no other process has {node} open")
+        return Check("npu-users", WARN, f"{len(users)} other process(es) have {node} open: "
+                     f"{', '.join(users[:8])}",
+                     "hardware contexts are a system-wide pool of 16; if launches fail creating one, "
+                     "stop these processes (kill PID) or let them finish", {"processes": users})
+
     def check_device_node(self) -> Check:
         node = device_node(self.sys)
         rel = f"/{host.DEVICE_NODE.value}"
@@ -212,6 +328,10 @@ class Doctor:
         details = {"soft": soft, "hard": hard}
         if soft == "unlimited":
             return Check("memlock", PASS, "locked-memory limit is unlimited", details=details)
+        need = self._memlock_needed()
+        if soft.isdigit() and int(soft) >= need:
+            return Check("memlock", PASS, f"locked-memory limit is {_fmt_bytes(int(soft))}, at least "
+                         f"the device memory budget ({_fmt_bytes(need)})", details=details)
         size = _fmt_bytes(int(soft)) if soft.isdigit() else soft
         conf = self.sys.read(host.LIMITS_CONF) or ""
         configured = bool(re.search(r"^\s*\S+\s+(soft|hard|-)\s+memlock\s+unlimited", conf, re.M))
@@ -226,15 +346,40 @@ class Doctor:
         return Check("memlock", FAIL, f"locked-memory limit is {size}, must be unlimited (BO allocation "
                      f"fails with 'failed to allocate BO' / 'Lock limit exceeded')", fix, details)
 
+    def _memlock_needed(self) -> int:
+        """Every BO is pinned: the limit must cover the device memory budget (what torch-xdna may
+        allocate), i.e. the NPU-reachable share of RAM unless TORCH_XDNA_MEMORY_BUDGET says less."""
+        from torch_xdna.hw import NPU4
+        from torch_xdna.runtime import default_memory_budget
+        gen = self.npu.generation if self.npu is not None and self.npu.generation else NPU4
+        try:
+            return int(default_memory_budget(gen))
+        except Exception:
+            return 1 << 62
+
     # --- userspace --------------------------------------------------------------------------------
     def _run_examine(self) -> tuple[int, str, str]:
         if self._examine is None:
             self._examine = self.sys.run(["xrt-smi", "examine"])
         return self._examine
 
+    def _xrt_prefix(self) -> tuple[str, Path | None]:
+        """(prefix, shim library) of the XRT install: /opt/xilinx/xrt or /usr."""
+        for rel in host.XRT_PREFIXES.value:
+            prefix = self.sys.path(rel)
+            shims = [prefix / d / host.XRT_SHIM_LIB.value for d in host.XRT_LIB_DIRS]
+            shim = next((x for x in shims if x.exists()), None)
+            marker = (prefix / "bin" / "xrt-smi").exists() or (prefix / "setup.sh").exists()
+            if rel == host.XRT_PREFIX.value and prefix.exists():
+                return rel, shim
+            if marker or shim is not None:
+                return rel, shim
+        return host.XRT_PREFIX.value, None
+
     def check_xrt(self) -> Check:
         rc, out, err = self._run_examine()
-        prefix = self.sys.path(host.XRT_PREFIX.value)
+        rel, shim = self._xrt_prefix()
+        prefix = self.sys.path(rel)
         m = re.search(r"^XRT\s*\n\s+Version\s*:\s*(\S+)", out, re.M)
         version = m.group(1) if m else ""
         if not version:
@@ -243,23 +388,25 @@ class Doctor:
                 if prc == 0 and _version_tuple(pout):
                     version = pout.strip()
                     break
-        if rc == NOT_FOUND and not prefix.exists() and not version:
-            return Check("xrt", FAIL, "XRT is not installed (no xrt-smi, no /opt/xilinx/xrt)",
+        installed = prefix.exists() if rel == host.XRT_PREFIX.value else (shim is not None
+                                                                         or (prefix / "bin/xrt-smi").exists())
+        if rc == NOT_FOUND and not installed and not version:
+            return Check("xrt", FAIL, "XRT is not installed (no xrt-smi, no /opt/xilinx/xrt, none under /usr)",
                          "install XRT and the XDNA plugin: on Ubuntu 24.04 the AMD Ryzen AI packages "
                          "(xrt-base, xrt-npu, xrt_plugin-amdxdna); elsewhere build amd/xdna-driver "
                          "(xrt/build/build.sh -npu -opt, then build/build.sh -release -nokmod)")
         self.xrt_version = _version_tuple(version, 3)
-        shim = prefix / "lib" / host.XRT_SHIM_LIB.value
-        details = {"version": version, "prefix": f"/{host.XRT_PREFIX.value}", "shim": shim.exists()}
-        if prefix.exists() and not shim.exists():
-            return Check("xrt", FAIL, f"XRT {version or '(version unknown)'} has no XDNA plugin "
+        details = {"version": version, "prefix": f"/{rel}", "shim": shim is not None}
+        if installed and shim is None:
+            return Check("xrt", FAIL, f"XRT {version or '(version unknown)'} in /{rel} has no XDNA plugin "
                          f"({host.XRT_SHIM_LIB.value})",
                          "install the plugin built for this XRT version (xrt_plugin-amdxdna package, or "
                          "amd/xdna-driver build/build.sh -release -nokmod)", details)
         if not version:
             return Check("xrt", WARN, "XRT is installed but its version is unknown",
-                         "run `source /opt/xilinx/xrt/setup.sh && xrt-smi examine`", details)
-        return Check("xrt", PASS, f"XRT {version} with the XDNA plugin", details=details)
+                         f"run `xrt-smi examine`{' after source /opt/xilinx/xrt/setup.sh' if rel != 'usr' else ''}",
+                         details)
+        return Check("xrt", PASS, f"XRT {version} with the XDNA plugin (/{rel})", details=details)
 
     def check_combo(self) -> Check:
         if self.xrt_version is None or self.kernel is None:
@@ -281,13 +428,28 @@ class Doctor:
                      f"(mismatch symptoms to watch for: {', '.join(host.MISMATCH_SYMPTOMS.value)})")
 
     def check_pyxrt(self) -> Check:
-        ok, where = self.import_pyxrt()
+        ok, where, *rest = self.import_pyxrt()
+        caps = rest[0] if rest else None
         here = f"{sys.version_info.major}.{sys.version_info.minor}"
         if ok:
-            return Check("pyxrt", PASS, f"pyxrt importable from this Python ({self.python}, {here})",
-                         details={"origin": where})
-        pydir = self.sys.path(host.XRT_PREFIX.value) / "python"
-        builds = sorted(p.name for p in pydir.glob("pyxrt*.so")) if pydir.is_dir() else []
+            summary = f"pyxrt imports in this Python ({self.python}, {here})"
+            if caps:
+                elf = caps.get("elf_context")
+                summary += ("; hw_context(device, elf): " + {True: "yes (full-ELF artifacts work)",
+                            False: "no (XRT < 2.23: xclbin artifacts only)", None: "unknown"}[elf])
+                summary += "; run.abort: " + ("yes" if caps.get("run_abort") else
+                                              "no (a timed-out command cannot be aborted)")
+            return Check("pyxrt", PASS, summary, details={"origin": where, "capabilities": caps})
+        if where:
+            return Check("pyxrt", FAIL, f"pyxrt is found but does not import in {self.python}: {where}",
+                         "pyxrt must be built against this XRT and this Python: rebuild XRT's Python "
+                         "binding (or reinstall the matching xrt-base package)", {"error": where})
+        builds = []
+        for rel in host.XRT_PREFIXES.value:
+            for sub in host.XRT_PYTHON_DIRS:
+                pydir = self.sys.path(rel) / sub
+                if pydir.is_dir():
+                    builds += sorted(p.name for p in pydir.glob("pyxrt*.so"))
         tag = sys.implementation.cache_tag or ""
         if any(tag in b for b in builds):
             return Check("pyxrt", PASS, f"pyxrt for {tag} is in /{host.XRT_PREFIX.value}/python (the xrt "

@@ -33,11 +33,34 @@ FIRMWARE_DIR = Sourced("lib/firmware/amdnpu", SRC_FW)
 FIRMWARE_FILES = Sourced(("npu.sbin", "npu_7.sbin", "npu.dev.sbin"), SRC_FW)
 FIRMWARE_COMPRESSED_SUFFIXES = ("", ".zst", ".xz")
 PROC_LIMITS = "proc/self/limits"
+PROC_CMDLINE = "proc/cmdline"
+PROC_DIR = "proc"
+BOOT_CONFIG = "boot/config-{release}"          # the running kernel's build configuration
+SYS_IOMMU_DIR = "sys/class/iommu"
+# XRT installs under /opt/xilinx/xrt (AMD's packages, source builds) or /usr (distribution packages)
+XRT_PREFIXES = Sourced(("opt/xilinx/xrt", "usr"), "xdna2-facts.md host facts (XRT under /usr as well)")
+XRT_LIB_DIRS = ("lib", "lib/x86_64-linux-gnu", "lib64")
+XRT_PYTHON_DIRS = ("python", "lib/python3/dist-packages")
 PROC_OSRELEASE = "proc/sys/kernel/osrelease"
 LIMITS_CONF = "etc/security/limits.conf"
 XRT_PREFIX = Sourced("opt/xilinx/xrt", "XRT install layout (setup.sh, bin/, lib/, python/)")
 XRT_SHIM_LIB = Sourced("libxrt_driver_xdna.so", "amd/xdna-driver XRT plugin package (xrt_plugin-amdxdna)")
 SYSTEM_PYTHON = "usr/bin/python3"
+
+SRC_XDNA_PROTOCOL = ("amd/xdna-driver src/driver/amdxdna/aie2_message.c aie2_check_protocol "
+                     "(\"Incompatible firmware protocol ... major %d minor %d\", \"Firmware minor "
+                     "version smaller than supported\"); aie2_pci.c \"firmware is not alive\"")
+# kernel-log lines that mean the firmware speaks another protocol than the driver (the driver then
+# does not bind: no /dev/accel; later symptoms are ERT_CMD_STATE_ABORT and mailbox timeouts)
+FIRMWARE_PROTOCOL_ERRORS = Sourced(
+    (r"Incompatible firmware protocol(?: version)? major (\d+) minor (\d+)",
+     r"Firmware minor version smaller than supported", r"firmware is not alive",
+     r"aie2_send_mgmt_msg_wait.*timeout|mailbox.*time(?:d )?out"), SRC_XDNA_PROTOCOL)
+IOMMU_OFF_ARGS = Sourced(("amd_iommu=off", "iommu=off"),
+                         "xdna2-facts.md host facts (amd_iommu=off hides the NPU; use amd_iommu=pt)")
+KERNEL_CONFIG_NEEDED = Sourced(("CONFIG_DRM_ACCEL",), "Linux drivers/accel/Kconfig (the accel "
+                               "subsystem that provides /dev/accel/accel*)")
+KERNEL_CONFIG_DRIVER = Sourced("CONFIG_DRM_ACCEL_AMDXDNA", "Linux drivers/accel/amdxdna/Kconfig (6.14+)")
 
 # --- resource limits ------------------------------------------------------------------------
 MEMLOCK_REQUIRED = Sourced("unlimited", SRC_RYZENAI_LINUX + "; symptoms: 'failed to allocate BO', "
@@ -52,6 +75,22 @@ FIXED_KERNEL_ARGS = Sourced(3, SRC_MLIR_AIE_RT + " (opcode, instr BO, instr leng
 # (the newer Python host runtime). One named choice, used in exactly one place.
 INSTR_LEN_UNIT_BYTES = Sourced(4, SRC_MLIR_AIE_TEST + " counts 32-bit words; " + SRC_MLIR_AIE_RT
                                + " passes insts.nbytes (bytes) -- unverified on hardware here")
+SRC_AIE_RT_GEN = "Xilinx/aie-rt driver/src/global/xaiegbl_defs.h (XAIE_DEV_GEN_*)"
+SRC_TXN_HEADER = ("Xilinx/mlir-aie lib/Targets/AIETargetNPU.cpp (header: word0 = major | minor<<8 | "
+                  "dev gen<<16 | rows<<24; word1 = cols | memtile rows<<8; word2 = op count; "
+                  "word3 = total bytes)")
+TXN_HEADER_WORDS = Sourced(4, SRC_TXN_HEADER)
+# transaction-header device generation per architecture: AIE2IPU=3 (npu1); AIE2P=4, and the Strix
+# A0/B0 steppings 8/9 (npu4/5/6)
+TXN_DEVICE_GENS = Sourced({"aie2": (3,), "aie2p": (4, 8, 9)}, SRC_AIE_RT_GEN)
+# pyxrt scalar arguments are C++ int: anything else is silently dropped by kernel(...)
+PYXRT_INT_RANGE = Sourced((-(1 << 31), (1 << 31) - 1), "Xilinx/XRT src/python/pybind11/src/pyxrt.cpp "
+                          "(kernel.__call__ casts each argument to xrt::bo, then int, and swallows failures)")
+SRC_XCLBIN_H = ("Xilinx/XRT src/runtime_src/core/include/xrt/detail/xclbin.h (struct axlf: magic 8, "
+                "signature length 4, reserved 28, key block 256, unique id 8, then axlf_header: 3 x "
+                "u64, version 4, mode/action 4, interface uuid 16, platform VBNV 64, uuid 16)")
+XCLBIN_MAGIC = Sourced(b"xclbin2\0", SRC_XCLBIN_H)
+XCLBIN_UUID_OFFSET = Sourced(416, SRC_XCLBIN_H)
 DEFAULT_DATA_GROUP = Sourced(0, SRC_MLIR_AIE_RT + " (XRTTensor host_only BOs default to group 0)")
 
 
@@ -61,7 +100,7 @@ class KnownCombo:
 
     xrt_min: tuple[int, int]           # XRT major.minor at or above which this applies
     xrt_max: tuple[int, int] | None    # inclusive upper bound, None = open
-    kernel: tuple[int, int]            # kernel major.minor of the in-tree driver
+    kernel: tuple[int, int] | None     # kernel major.minor of the in-tree driver (None: any)
     in_tree_driver: bool | None        # None: either
     works: bool
     symptom: str
@@ -71,16 +110,17 @@ class KnownCombo:
     def matches(self, xrt: tuple[int, int], kernel: tuple[int, int], in_tree: bool | None) -> bool:
         if xrt < self.xrt_min or (self.xrt_max is not None and xrt > self.xrt_max):
             return False
-        if kernel != self.kernel:
+        if self.kernel is not None and kernel != self.kernel:
             return False
         return self.in_tree_driver is None or in_tree is None or in_tree == self.in_tree_driver
 
 
 KNOWN_COMBOS: tuple[KnownCombo, ...] = (
     KnownCombo(
-        xrt_min=(2, 26), xrt_max=None, kernel=(7, 0), in_tree_driver=True, works=False,
-        symptom="DRM_IOCTL_AMDXDNA_EXEC_CMD fails with EINVAL: the in-tree 7.0 driver rejects command "
-                "BOs over 32 KiB and this XRT issues larger ones",
+        xrt_min=(2, 26), xrt_max=None, kernel=None, in_tree_driver=True, works=False,
+        symptom="DRM_IOCTL_AMDXDNA_EXEC_CMD fails with EINVAL: in-tree drivers reject command "
+                "BOs over 32 KiB and this XRT issues larger ones (seen on 7.0; assumed for every in-tree "
+                "driver until one is known to accept them)",
         fix="install XRT 2.20 with the XRT shim built from amd/xdna-driver branch 1.6 "
             "(build.sh -release -nokmod; keep the in-tree kernel module)",
         source=SRC_HOST_FINDINGS),

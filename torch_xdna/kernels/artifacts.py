@@ -16,7 +16,7 @@ from torch_xdna.hw import Generation
 from torch_xdna.kernels.base import Design
 from torch_xdna.runtime.xrt.artifacts import (
     ENV_DIR, FLOWS, MANIFEST, SCHEMA, ArgSpec, Artifact, ArtifactError, ArtifactStore,
-    default_artifact_dir,
+    canonical_uuid, default_artifact_dir,
 )
 
 __all__ = ["ArgSpec", "Artifact", "ArtifactError", "ArtifactStore", "ENV_DIR", "MANIFEST",
@@ -26,13 +26,23 @@ FILE_MODE = 0o644
 DIR_MODE = 0o755
 
 
-def abi_for(inputs: Sequence, outputs: Sequence, scalars: Sequence[tuple[str, str]] = ()) -> list[ArgSpec]:
-    """The ABI of a launch: inputs then outputs (tensors or TensorArgs), then named scalars."""
+def abi_for(inputs: Sequence, outputs: Sequence, scalars: Sequence[tuple[str, str, int]] = (),
+            kernel_dtypes: Mapping[int, object] | None = None) -> list[ArgSpec]:
+    """The ABI of a launch: inputs then outputs (tensors or TensorArgs), then named scalars
+    (name, dtype, instruction-stream word that carries it). `kernel_dtypes` maps an input index to
+    the dtype the kernel takes when it differs from the tensor's (e.g. bf16 operands of a float32
+    GEMM: the backend rounds them on the host, as the array would)."""
+    kd = dict(kernel_dtypes or {})
+
+    def name(dt) -> str:
+        return str(dt).removeprefix("torch.")
+
     def spec(role, i, t):
-        return ArgSpec(role, i, dtype=str(t.dtype).removeprefix("torch."), shape=tuple(t.shape))
+        dt = kd.get(i, t.dtype) if role == "input" else t.dtype
+        return ArgSpec(role, i, dtype=name(dt), shape=tuple(t.shape))
     return ([spec("input", i, t) for i, t in enumerate(inputs)]
             + [spec("output", i, t) for i, t in enumerate(outputs)]
-            + [ArgSpec("scalar", name=n, dtype=d) for n, d in scalars])
+            + [ArgSpec("scalar", name=n, dtype=d, patch=p) for n, d, p in scalars])
 
 
 def write_manifest(directory: Path, design: Design, gen: Generation, files: Mapping[str, str], *,
@@ -55,7 +65,7 @@ def write_manifest(directory: Path, design: Design, gen: Generation, files: Mapp
         "generation": gen.name,
         "flow": flow,
         "kernel": kernel,
-        "xclbin_uuid": xclbin_uuid.lower(),
+        "xclbin_uuid": canonical_uuid(xclbin_uuid) or xclbin_uuid if xclbin_uuid else "",
         "num_bo_args": nbuf if num_bo_args is None else num_bo_args,
         "files": entries,
         "abi": [a.to_json() for a in abi],

@@ -30,13 +30,19 @@ def load_pyxrt(system=None):
     except ImportError as e:
         first = e
     if system is not None and system.is_real:
-        xrt_py = system.path(host.XRT_PREFIX.value) / "python"
-        if xrt_py.is_dir() and str(xrt_py) not in sys.path:
-            sys.path.append(str(xrt_py))
-            try:
-                return importlib.import_module("pyxrt"), None
-            except ImportError as e:
-                first = e
+        tag = sys.implementation.cache_tag or ""
+        for rel in host.XRT_PREFIXES.value:          # /opt/xilinx/xrt/python, then /usr's dist-packages
+            for sub in host.XRT_PYTHON_DIRS:
+                xrt_py = system.path(rel) / sub
+                has_build = xrt_py.is_dir() and any(tag in p.name or p.name == "pyxrt.so"
+                                                    for p in xrt_py.glob("pyxrt*.so"))
+                if not has_build or str(xrt_py) in sys.path:
+                    continue
+                sys.path.append(str(xrt_py))       # appended: never shadows this environment
+                try:
+                    return importlib.import_module("pyxrt"), None
+                except ImportError as e:
+                    first = e
     return None, (f"pyxrt is not importable from {sys.executable} ({first}); it is built per Python "
                   f"version (source /opt/xilinx/xrt/setup.sh, or build XRT's Python binding for "
                   f"Python {sys.version_info.major}.{sys.version_info.minor})")

@@ -11,9 +11,11 @@ import hashlib
 import json
 import os
 import stat
+import struct
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from torch_xdna.hw import GENERATIONS, host
 from torch_xdna.runtime.errors import XdnaError
 
 MANIFEST = "manifest.json"
@@ -21,11 +23,26 @@ SCHEMA = 1
 ENV_DIR = "TORCH_XDNA_ARTIFACT_DIR"
 FLOWS = {"xclbin": ("xclbin", "insts"), "elf": ("elf",)}   # flow -> file roles it needs
 ROLES = ("input", "output", "scalar")
+SCALAR_DTYPES = ("int32", "uint32", "float32")     # 32-bit words patched into the stream
+STREAM_HEADER_WORDS = 4                            # the transaction header precedes every op
 _CHUNK = 1 << 20
 
 
 class ArtifactError(XdnaError):
     """An artifact is missing or failed validation; nothing was loaded onto the NPU."""
+
+
+_HEX = frozenset("0123456789abcdef")
+
+
+def canonical_uuid(text: str) -> str | None:
+    """The one form UUIDs are compared in: 36-char dashed lower case, as XRT's
+    `uuid.to_string()` returns it (uuid_unparse_lower, Xilinx/XRT xrt_uuid.h). Accepts the dashed
+    and the undashed (32 hex digit) forms, any case, optional braces; None when it is not a UUID."""
+    h = str(text).strip().strip("{}").replace("-", "").lower()
+    if len(h) != 32 or not set(h) <= _HEX:
+        return None
+    return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
 
 
 def default_artifact_dir() -> Path:
@@ -43,8 +60,9 @@ class ArgSpec:
     role: str
     index: int = 0              # position in launch.inputs / launch.outputs
     name: str = ""              # scalar name in launch.scalars
-    dtype: str = ""             # torch dtype name without "torch." (tensors)
+    dtype: str = ""             # the dtype the *kernel* takes (torch name without "torch.")
     shape: tuple[int, ...] = ()
+    patch: int = -1             # scalars: 32-bit word of the instruction stream that carries it
 
     @property
     def is_buffer(self) -> bool:
@@ -53,7 +71,7 @@ class ArgSpec:
     def to_json(self) -> dict:
         d = {"role": self.role, "index": self.index, "dtype": self.dtype, "shape": list(self.shape)}
         if self.role == "scalar":
-            d = {"role": "scalar", "name": self.name, "dtype": self.dtype}
+            d = {"role": "scalar", "name": self.name, "dtype": self.dtype, "patch": self.patch}
         return d
 
 
@@ -125,6 +143,28 @@ def _read_fd(fd: int) -> bytes:
     while chunk := os.read(fd, _CHUNK):
         chunks.append(chunk)
     return b"".join(chunks)
+
+
+def check_stream_header(key: str, path: Path, insts: bytes, generation: str) -> None:
+    """Refuse an instruction stream whose transaction header disagrees with its size or with this
+    NPU's generation, before anything is submitted (the firmware would reject or misread it)."""
+    hw = host.TXN_HEADER_WORDS.value
+    if len(insts) < 4 * hw or len(insts) % 4:
+        raise _fail(key, str(path), f"is {len(insts)} bytes: too short for the {hw}-word transaction "
+                    "header, or not whole 32-bit words", "rebuild the artifact")
+    w0, _w1, n_ops, size = struct.unpack_from("<4I", insts)
+    if size != len(insts):
+        raise _fail(key, str(path), f"header says {size} bytes, the stream is {len(insts)}",
+                    "the stream is truncated or was edited: rebuild the artifact")
+    gen = GENERATIONS.get(generation)
+    allowed = host.TXN_DEVICE_GENS.value.get(gen.arch, ()) if gen is not None else ()
+    dev_gen = (w0 >> 16) & 0xFF
+    if allowed and dev_gen not in allowed:
+        raise _fail(key, str(path), f"header device generation {dev_gen} is not {generation}'s "
+                    f"({'/'.join(map(str, allowed))} for {gen.arch})",
+                    f"rebuild the artifact for {generation}")
+    if n_ops == 0:
+        raise _fail(key, str(path), "header counts no operations", "rebuild the artifact")
 
 
 class ArtifactStore:
@@ -209,9 +249,28 @@ class ArtifactStore:
                 insts = data
         uuid = ""
         if flow == "xclbin":
-            uuid = need("xclbin_uuid", str).lower()
+            raw_uuid = need("xclbin_uuid", str)
+            uuid = canonical_uuid(raw_uuid)
+            if uuid is None:
+                raise _fail(key, mpath, f"xclbin_uuid {raw_uuid!r} is not a UUID (32 hex digits, "
+                            "dashed or not)", "regenerate the manifest from the build's xclbin")
+            check_stream_header(key, paths["insts"], insts, gen)
         nbo = m.get("num_bo_args", 0)
         abi = tuple(self._arg(key, mpath, a) for a in need("abi", list))
+        words = len(insts) // 4
+        for a in abi:
+            if a.role != "scalar":
+                continue
+            if a.dtype not in SCALAR_DTYPES:
+                raise _fail(key, mpath, f"scalar {a.name!r} has dtype {a.dtype!r}, not one of "
+                            f"{', '.join(SCALAR_DTYPES)}", "rebuild the artifact")
+            # pyxrt's kernel(...) silently drops arguments it cannot convert, and aiecc kernels
+            # take no scalars at all: a runtime parameter must be patched into the stream
+            if flow != "xclbin" or not STREAM_HEADER_WORDS <= a.patch < words:
+                raise _fail(key, mpath, f"scalar {a.name!r} has no instruction-stream patch word "
+                            f"(patch={a.patch}, stream has {words} words); pyxrt would drop it "
+                            "silently", "rebuild the artifact with `xdna kernels build` (runtime "
+                            "parameters are patched into the instruction stream)")
         if flow == "elf" and (not isinstance(nbo, int) or nbo < len([a for a in abi if a.is_buffer])):
             raise _fail(key, mpath, "num_bo_args must be an int >= the number of buffer arguments "
                         "in abi", "regenerate the manifest")
@@ -249,6 +308,8 @@ class ArtifactStore:
         if not isinstance(a, dict) or a.get("role") not in ROLES:
             raise _fail(key, mpath, f"abi entry {a!r} needs a role in {ROLES}", "regenerate the manifest")
         if a["role"] == "scalar":
-            return ArgSpec("scalar", name=str(a.get("name", "")), dtype=str(a.get("dtype", "")))
+            patch = a.get("patch", -1)
+            return ArgSpec("scalar", name=str(a.get("name", "")), dtype=str(a.get("dtype", "")),
+                           patch=patch if isinstance(patch, int) and not isinstance(patch, bool) else -1)
         return ArgSpec(a["role"], int(a.get("index", 0)), dtype=str(a.get("dtype", "")),
                        shape=tuple(int(s) for s in a.get("shape", ())))

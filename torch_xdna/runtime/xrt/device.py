@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import struct
 import time
 from dataclasses import dataclass, field
 
@@ -24,6 +25,35 @@ from torch_xdna.runtime.xrt.session import KernelCache, LoadedKernel, acquire_de
 
 log = logging.getLogger("torch_xdna.xrt")
 ENV_TIMEOUT = "TORCH_XDNA_TIMEOUT_MS"
+# (launch dtype, kernel dtype) an input may be converted between on the host: float -> bf16 rounds
+# to nearest even, which is what the numerics policy says operands entering the array are
+INPUT_CONVERSIONS = frozenset({("float32", "bfloat16"), ("float16", "bfloat16")})
+PATCHED_STREAMS_KEPT = 8             # instruction BOs kept per kernel, one per distinct scalar set
+_MISSING = object()
+
+
+def scalar_word(design: str, spec, scalars: dict) -> int:
+    """A launch scalar as the 32-bit word its stream patch carries; refuses what would not fit."""
+    v = scalars.get(spec.name, _MISSING)
+    if v is _MISSING:
+        raise LaunchError(f"xrt: {design}: scalar {spec.name!r} required by the artifact is missing")
+    if hasattr(v, "item") and callable(v.item):
+        v = v.item()
+    if spec.dtype == "float32":
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise LaunchError(f"xrt: {design}: scalar {spec.name!r} must be a number, got {v!r}")
+        try:
+            return struct.unpack("<I", struct.pack("<f", float(v)))[0]
+        except OverflowError:
+            raise LaunchError(f"xrt: {design}: scalar {spec.name!r}={v!r} does not fit float32") from None
+    lo, hi = host.PYXRT_INT_RANGE.value if spec.dtype == "int32" else (0, (1 << 32) - 1)
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise LaunchError(f"xrt: {design}: scalar {spec.name!r} must be an integer ({spec.dtype}), "
+                          f"got {type(v).__name__} {v!r}")
+    if not lo <= v <= hi:
+        raise LaunchError(f"xrt: {design}: scalar {spec.name!r}={v} is outside {spec.dtype} "
+                          f"[{lo}, {hi}]")
+    return v & 0xFFFFFFFF
 
 
 @dataclass(eq=False)
@@ -59,6 +89,8 @@ class XrtDevice(Device):
         self.data_group = host.DEFAULT_DATA_GROUP.value
         self.staged_bytes = 0
         self._completed = xrt.ert_cmd_state.ERT_CMD_STATE_COMPLETED
+        self.unusable = ""                   # why launches are refused (a command timed out)
+        self._held_after_timeout: list[BoHandle] = []
 
     # --- memory -----------------------------------------------------------------------------
     def _new_bo(self, nbytes: int, group: int) -> tuple[object, torch.Tensor]:
@@ -81,7 +113,10 @@ class XrtDevice(Device):
         return Buffer(nbytes=nbytes, host=view, handle=BoHandle(bo, self.data_group))
 
     def _free(self, buf: Buffer) -> None:
-        # the BO is released when the last tensor viewing its mapping is gone (see _new_bo)
+        # the BO is released when the last tensor viewing its mapping is gone (see _new_bo); after
+        # a timeout a hung command may still write to it, so it is kept for the process lifetime
+        if self.unusable and buf.handle is not None:
+            self._held_after_timeout.append(buf.handle)
         buf.handle = None
         buf.rebind(torch.empty(0, dtype=torch.uint8))
 
@@ -111,15 +146,20 @@ class XrtDevice(Device):
             sub = h.subs[(off, n)] = self.xrt.bo(h.bo, n, off)
         return sub
 
-    def _stage(self, arg: TensorArg, output: bool, group: int) -> _Staged:
-        """Copy a strided view into a contiguous scratch BO (the artifact's ABI is contiguous)."""
+    def _stage(self, arg: TensorArg, output: bool, group: int,
+               kernel_dtype: torch.dtype | None = None) -> _Staged:
+        """Copy a strided view (or one the kernel takes in another dtype) into a contiguous
+        scratch BO: the artifact's ABI is contiguous, in the kernel's own dtype."""
         self.sync_from_device(arg.buffer)
-        bo, view = self._new_bo(max(arg.nbytes, 1), group)
-        buf = Buffer(nbytes=arg.nbytes, host=view, handle=BoHandle(bo, group))
+        dt = kernel_dtype or arg.dtype
+        nbytes = arg.numel * dt.itemsize
+        bo, view = self._new_bo(max(nbytes, 1), group)
+        buf = Buffer(nbytes=nbytes, host=view, handle=BoHandle(bo, group))
         if not output:
-            view[:arg.nbytes].view(arg.dtype).copy_(arg.host_view().reshape(-1))
+            # float32 -> bfloat16 rounds to nearest even: the operand the array would see anyway
+            view[:nbytes].view(dt).copy_(arg.host_view().reshape(-1))
             bo.sync(sync_direction(self.xrt, True))
-        self.staged_bytes += arg.nbytes
+        self.staged_bytes += nbytes
         return _Staged(arg, buf, output)
 
     def _unstage(self, staged: list[_Staged]) -> None:
@@ -129,7 +169,7 @@ class XrtDevice(Device):
             s.buf.handle.bo.sync(sync_direction(self.xrt, False))
             parent = s.arg.buffer
             self.sync_from_device(parent)
-            src = s.buf.host[:s.arg.nbytes].view(s.arg.dtype).reshape(s.arg.shape)
+            src = s.buf.host[:s.buf.nbytes].view(s.arg.dtype).reshape(s.arg.shape)
             s.arg.host_view().copy_(src)
             parent.handle.bo.sync(sync_direction(self.xrt, True))   # the device copy is current
 
@@ -146,10 +186,7 @@ class XrtDevice(Device):
                               f"{lk.declared_bos}; passing more would crash XRT. Rebuild the artifact.")
         args, staged, bo_index = [], [], 0
         for spec in art.abi:
-            if spec.role == "scalar":
-                if spec.name not in launch.scalars:
-                    raise LaunchError(f"xrt: {name}: scalar {spec.name!r} required by {art.key} is missing")
-                args.append(launch.scalars[spec.name])
+            if spec.role == "scalar":       # carried by the instruction stream, never by kernel(...)
                 continue
             group_of = launch.inputs if spec.role == "input" else launch.outputs
             if spec.index >= len(group_of):
@@ -157,32 +194,65 @@ class XrtDevice(Device):
                                   f"{len(group_of)}")
             arg = group_of[spec.index]
             got = (str(arg.dtype).removeprefix("torch."), tuple(arg.shape))
-            if got != (spec.dtype, spec.shape):
+            convert = (spec.role == "input" and got[1] == spec.shape
+                       and (got[0], spec.dtype) in INPUT_CONVERSIONS)
+            if got != (spec.dtype, spec.shape) and not convert:
                 raise LaunchError(f"xrt: {name}: {spec.role} {spec.index} is {got[0]}{list(got[1])}, the "
                                   f"artifact {art.key} was built for {spec.dtype}{list(spec.shape)}")
             want = (lk.group_id(host.FIRST_DATA_ARG.value + bo_index) if art.flow == "xclbin"
                     else arg.buffer.handle.group)
-            if arg.is_contiguous():
+            if arg.is_contiguous() and not convert:
                 if arg.buffer.handle.group != want:
                     self._regroup(arg.buffer, want)
                 args.append(self._bo_for(arg))
             else:
-                s = self._stage(arg, spec.role == "output", want)
+                kernel_dtype = getattr(torch, spec.dtype) if convert else None
+                s = self._stage(arg, spec.role == "output", want, kernel_dtype)
                 staged.append(s)
                 args.append(s.buf.handle.bo)
             bo_index += 1
         return args, staged
 
+    def _instructions(self, art: Artifact, lk: LoadedKernel, launch: Launch):
+        """The instruction BO for this launch: the artifact's stream, with each runtime scalar
+        patched into its word (pyxrt would silently drop a scalar passed to kernel(...))."""
+        specs = [a for a in art.abi if a.role == "scalar"]
+        if not specs:
+            return lk.instr_bo
+        words = tuple(scalar_word(launch.design.name, s, launch.scalars) for s in specs)
+        bo = lk.patched.get(words)
+        if bo is not None:
+            lk.patched.move_to_end(words)
+            return bo
+        data = bytearray(art.insts)
+        for s, w in zip(specs, words):
+            struct.pack_into("<I", data, 4 * s.patch, w)
+        bo = lk.patched[words] = self.kernels.instruction_bo(lk, bytes(data))
+        if len(lk.patched) > PATCHED_STREAMS_KEPT:
+            lk.patched.popitem(last=False)
+        return bo
+
     # --- execution ---------------------------------------------------------------------------
     def _run(self, launch: Launch, chained: bool, program: str = "") -> None:
         design = launch.design
+        if self.unusable:
+            raise LaunchError(f"xrt: the NPU is unusable until it is reset: {self.unusable}. Fix: end "
+                              f"this process; if the NPU still hangs, reload the driver (sudo modprobe -r "
+                              f"amdxdna && sudo modprobe amdxdna) and run `xdna doctor`.")
         t0 = time.perf_counter()
         art = self.artifacts.lookup(design.artifact_key(), self.gen.name, design.name)
         opened = self.kernels.opened
-        lk = self.kernels.get(art)
-        if self.kernels.opened != opened:
-            self.counters.reconfigurations += 1      # a new hardware context (and its PDI)
-        args, staged = self._bind(art, lk, launch)
+        try:
+            lk = self.kernels.get(art)
+            if self.kernels.opened != opened:
+                self.counters.reconfigurations += 1      # a new hardware context (and its PDI)
+            args, staged = self._bind(art, lk, launch)
+            instr_bo = self._instructions(art, lk, launch) if art.flow == "xclbin" else None
+        except XdnaError:
+            raise
+        except Exception as e:      # pyxrt raises RuntimeError/TypeError with the driver's text
+            raise LaunchError(f"xrt: {design.name} ({art.key}): creating its hardware context or "
+                              f"binding its arguments failed: {e}. Run `xdna doctor`.") from e
         x = self.xrt
         try:
             if art.flow == "elf":
@@ -191,13 +261,25 @@ class XrtDevice(Device):
                     run.set_arg(i, a)
                 run.start()
             else:
-                run = lk.kernel(host.OPCODE_TRANSACTION.value, lk.instr_bo, lk.instr_len, *args)
-            state = run.wait(self.timeout_ms)
-        except XdnaError:
-            raise
+                run = lk.kernel(host.OPCODE_TRANSACTION.value, instr_bo, lk.instr_len, *args)
         except Exception as e:
             raise LaunchError(f"xrt: {design.name} ({art.key}) failed to launch: {e}. Run `xdna doctor` "
                               f"(a driver/XRT mismatch shows up here).") from e
+        try:
+            state = run.wait(self.timeout_ms)
+        except Exception as e:      # the command's fate is unknown: it may still be running
+            self._mark_unusable(run, f"waiting for {design.name} ({art.key}) failed: {e}")
+            raise LaunchError(f"xrt: {design.name} ({art.key}): waiting for the command failed: {e}; "
+                              f"the NPU is marked unusable until it is reset. Run `xdna doctor`.") from e
+        if _state_name(state) == "ERT_CMD_STATE_TIMEOUT":
+            aborted = self._mark_unusable(
+                run, f"{design.name} ({art.key}) did not complete within {self.timeout_ms} ms")
+            raise LaunchError(
+                f"xrt: {design.name} ({art.key}) ended in state ERT_CMD_STATE_TIMEOUT (timeout "
+                f"{self.timeout_ms} ms): the command was still running and "
+                f"{'was aborted' if aborted else 'could not be aborted (this pyxrt has no run.abort)'}"
+                f". Outputs are invalid and the NPU is marked unusable until it is reset. Run `xdna "
+                f"doctor`; raise {ENV_TIMEOUT} if the design is just slow.")
         if state != self._completed:
             raise LaunchError(
                 f"xrt: {design.name} ({art.key}) ended in state {_state_name(state)}, not "
@@ -213,6 +295,21 @@ class XrtDevice(Device):
                 design=design.name, op=launch.op or design.name, plan=f"artifact {art.key}",
                 bytes_in=nin, bytes_out=nout, terms={}, modeled_us=0.0, start_us=0.0,
                 host_us=host_us, program=program))
+
+    def _mark_unusable(self, run, why: str) -> bool:
+        """A command that may still be running owns the array and its buffers: abort it if this
+        pyxrt can, refuse every later launch, and never hand its BOs back for reuse."""
+        aborted = False
+        abort = getattr(run, "abort", None)
+        if callable(abort):
+            try:
+                abort()
+                aborted = True
+            except Exception as e:
+                log.warning("xrt: aborting the timed-out command failed: %s", e)
+        self.unusable = why + ("; the command was aborted" if aborted else "")
+        log.error("xrt: %s; the NPU is unusable until it is reset", why)
+        return aborted
 
     def properties(self) -> dict:
         p = super().properties()

@@ -6,13 +6,15 @@ created twice while it is cached.
 """
 from __future__ import annotations
 
+import gc
+import re
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
 from torch_xdna.hw import host
-from torch_xdna.runtime.errors import BackendUnavailable
-from torch_xdna.runtime.xrt.artifacts import Artifact, ArtifactError
+from torch_xdna.runtime.errors import BackendUnavailable, LaunchError, XdnaError
+from torch_xdna.runtime.xrt.artifacts import Artifact, ArtifactError, canonical_uuid
 
 _devices: dict[tuple[object, int], object] = {}   # keyed by the module itself (no id reuse)
 _devices_lock = threading.Lock()
@@ -40,6 +42,32 @@ def release_devices() -> None:
         _devices.clear()
 
 
+class ContextPoolExhausted(LaunchError):
+    """No hardware context could be created, even after releasing this process's own."""
+
+
+def capability_facts(xrt) -> dict:
+    """The raw facts capabilities() reads: plain data, so a child interpreter can send them."""
+    run = getattr(xrt, "run", None)
+    init = getattr(getattr(xrt, "hw_context", None), "__init__", None)
+    return {"hw_context_doc": getattr(init, "__doc__", "") or "", "elf": hasattr(xrt, "elf"),
+            "ext": hasattr(xrt, "ext"), "run_abort": run is not None and hasattr(run, "abort"),
+            "run_state": run is not None and hasattr(run, "state")}
+
+
+def capabilities(xrt=None, facts: dict | None = None) -> dict[str, bool | None]:
+    """What this pyxrt build can do, probed without touching a device (None: cannot tell).
+
+    pybind11 lists constructor overloads in `__init__.__doc__`; XRT 2.20's hw_context has only
+    (device, uuid), 2.23 adds (device, elf). `run.abort` is not bound in every release.
+    """
+    f = facts if facts is not None else capability_facts(xrt)
+    doc = f.get("hw_context_doc", "")
+    elf_ctx = bool(re.search(r"\bpyxrt\.elf\b", doc)) if "arg1" in doc else None
+    return {"elf_context": elf_ctx, "elf": bool(f.get("elf")), "ext_kernel": bool(f.get("ext")),
+            "run_abort": bool(f.get("run_abort")), "run_state": bool(f.get("run_state"))}
+
+
 def sync_direction(xrt, to_device: bool):
     d = xrt.xclBOSyncDirection
     return d.XCL_BO_SYNC_BO_TO_DEVICE if to_device else d.XCL_BO_SYNC_BO_FROM_DEVICE
@@ -56,6 +84,7 @@ class LoadedKernel:
     instr_len: int = 0
     declared_bos: int = 0
     _groups: dict = field(default_factory=dict)
+    patched: OrderedDict = field(default_factory=OrderedDict)   # scalar words -> instruction BO
 
     def group_id(self, arg: int) -> int:
         g = self._groups.get(arg)
@@ -74,6 +103,7 @@ class KernelCache:
         self._registered: set[str] = set()
         self.opened = 0          # contexts created (a context switch on the NPU each time it is new)
         self.evicted = 0
+        self.pool_retries = 0    # times the system-wide pool was full and ours were released
 
     def __len__(self) -> int:
         return len(self._contexts)
@@ -89,21 +119,59 @@ class KernelCache:
         else:
             while len(self._contexts) >= self.capacity:
                 self._evict_lru()
-            self._contexts[ctx_key] = self._open_context(art)
+            self._contexts[ctx_key] = self._open_context_retrying(art)
             self.opened += 1
         ctx, xclbin = self._contexts[ctx_key]
         lk = self._load_kernel(art, ctx_key, ctx, xclbin)
         self._kernels[art.key] = lk
         return lk
 
+    def _open_context_retrying(self, art: Artifact):
+        """Hardware contexts are a system-wide pool (16 on XDNA2, shared by every process): when
+        creation fails, give back this process's idle contexts and retry once, as mlir-aie's host
+        runtime does; then fail naming the limit."""
+        try:
+            return self._open_context(art)
+        except XdnaError:
+            raise
+        except Exception as first:
+            held = len(self._contexts)
+            if held == 0:
+                raise ContextPoolExhausted(self._pool_message(art, first, held)) from first
+            self.close()
+            gc.collect()                 # pyxrt releases a context when its object is destroyed
+            self.pool_retries += 1
+            try:
+                return self._open_context(art)
+            except XdnaError:
+                raise
+            except Exception as e:
+                raise ContextPoolExhausted(self._pool_message(art, e, held)) from e
+
+    def _pool_message(self, art: Artifact, e: Exception, held: int) -> str:
+        return (f"xrt: creating a hardware context for {art.key} failed: {e}. The NPU has "
+                f"{self.capacity} hardware contexts shared by all processes; this process held "
+                f"{held}{' and released them before retrying' if held else ''}. Fix: close other "
+                f"programs using the NPU (`xdna doctor` lists them), or run on the simulator "
+                f"(TORCH_XDNA_BACKEND=sim).")
+
     def _open_context(self, art: Artifact):
         x = self.xrt
         if art.flow == "elf":
             elf = x.elf(str(art.files["elf"]))
-            return x.hw_context(self.device, elf), None
+            try:
+                return x.hw_context(self.device, elf), None
+            except TypeError as e:
+                # pybind's overload resolution: hw_context(device, elf) arrived in XRT 2.23
+                raise BackendUnavailable(
+                    f"xrt: artifact {art.key} is a full-ELF design, but this pyxrt has no "
+                    f"hw_context(device, elf) (XRT 2.23 or newer is needed; XRT 2.20 has only the "
+                    f"xclbin flow): {e}. Fix: rebuild the artifact for the xclbin flow "
+                    f"(`xdna kernels build`), or upgrade XRT and its pyxrt.") from e
         xclbin = x.xclbin(str(art.files["xclbin"]))
         uuid = xclbin.get_uuid()
-        got = str(uuid.to_string() if hasattr(uuid, "to_string") else uuid).lower()
+        raw = str(uuid.to_string() if hasattr(uuid, "to_string") else uuid)
+        got = canonical_uuid(raw) or raw
         if got != art.xclbin_uuid:
             raise ArtifactError(
                 f"xdna artifact {art.key}: {art.files['xclbin']} has UUID {got}, the manifest says "
@@ -129,16 +197,22 @@ class KernelCache:
                                 f"manifest or rebuild the artifact.")
         kernel = x.kernel(ctx, art.kernel)
         lk = LoadedKernel(art, ctx_key, kernel, declared_bos=declared)
-        n = len(art.insts)
+        lk.instr_bo = self.instruction_bo(lk, art.insts)
+        lk.instr_len = len(art.insts) // host.INSTR_LEN_UNIT_BYTES.value
+        return lk
+
+    def instruction_bo(self, lk: LoadedKernel, data: bytes):
+        """An instruction stream in its own BO: cacheable, in the kernel's instruction group, synced."""
+        x = self.xrt
+        n = len(data)
         unit = host.INSTR_LEN_UNIT_BYTES.value
         if n == 0 or n % unit:
-            raise ArtifactError(f"xdna artifact {art.key}: instruction stream is {n} bytes, not a "
-                                f"positive multiple of {unit}. Fix: rebuild the artifact.")
+            raise ArtifactError(f"xdna artifact {lk.artifact.key}: instruction stream is {n} bytes, not "
+                                f"a positive multiple of {unit}. Fix: rebuild the artifact.")
         bo = x.bo(self.device, n, x.bo.cacheable, lk.group_id(host.INSTR_GROUP_ARG.value))
-        memoryview(bo.map()).cast("B")[:n] = art.insts
+        memoryview(bo.map()).cast("B")[:n] = data
         bo.sync(sync_direction(x, True))
-        lk.instr_bo, lk.instr_len = bo, n // unit
-        return lk
+        return bo
 
     def _evict_lru(self) -> None:
         ctx_key, _ = self._contexts.popitem(last=False)
@@ -146,6 +220,7 @@ class KernelCache:
         for key in [k for k, lk in self._kernels.items() if lk.context_key == ctx_key]:
             lk = self._kernels.pop(key)
             lk.instr_bo = lk.kernel = None
+            lk.patched.clear()
         self.evicted += 1
 
     def close(self) -> None:

@@ -1,0 +1,80 @@
+"""A fake AIE toolchain on PATH (aiecc.py, Peano's clang++, xclbinutil): each records its argv
+and writes the outputs the real one would, so `xdna kernels build` is tested up to the toolchain
+call. The fake xclbin has a real axlf header (magic, UUID at the offset XRT reads) followed by a
+JSON trailer that tests/fake_pyxrt.py reads for the kernel list."""
+from __future__ import annotations
+
+import json
+import os
+import stat
+import sys
+from pathlib import Path
+
+AIECC = r'''#!{python}
+import json, os, sys, uuid
+from pathlib import Path
+log = Path(os.environ["FAKE_TOOLCHAIN_LOG"])
+with log.open("a") as f:
+    f.write(json.dumps(["aiecc.py"] + sys.argv[1:]) + "\n")
+if "--version" in sys.argv:
+    print("aiecc.py fake 1.2.3"); sys.exit(0)
+if os.environ.get("FAKE_AIECC_FAIL"):
+    print("error: 'aie.objectfifo' op failed to allocate", file=sys.stderr); sys.exit(1)
+mlir = Path(sys.argv[-1]).read_text()
+assert "aie.device" in mlir, "not an aie module"
+cwd = Path.cwd().name                      # .build-<artifact key>-<random>
+key = cwd[len(".build-"):].rsplit("-", 1)[0]
+u = uuid.uuid5(uuid.NAMESPACE_URL, key + mlir)
+hdr = bytearray(b"xclbin2\0") + bytearray(452 - 8)
+hdr[416:432] = u.bytes
+spec = {{"uuid": str(u), "kernels": [{{"name": "MLIR_AIE", "num_args": 3 + 8, "compute": key}}]}}
+name = next(a.split("=", 1)[1] for a in sys.argv if a.startswith("--xclbin-name="))
+Path(name).write_bytes(bytes(hdr) + b"FAKEJSON" + json.dumps(spec).encode())
+'''
+
+CLANG = r'''#!{python}
+import json, os, sys
+from pathlib import Path
+with Path(os.environ["FAKE_TOOLCHAIN_LOG"]).open("a") as f:
+    f.write(json.dumps(["clang++"] + sys.argv[1:]) + "\n")
+if "--version" in sys.argv:
+    print("clang version 19.0.0 (llvm-aie fake)"); sys.exit(0)
+src = sys.argv[sys.argv.index("-c") + 1]
+assert Path(src).is_file(), src
+Path(sys.argv[sys.argv.index("-o") + 1]).write_bytes(b"\x7fELF fake object for " + src.encode())
+'''
+
+XCLBINUTIL = r'''#!{python}
+import json, os, sys
+from pathlib import Path
+with Path(os.environ["FAKE_TOOLCHAIN_LOG"]).open("a") as f:
+    f.write(json.dumps(["xclbinutil"] + sys.argv[1:]) + "\n")
+print("XRT Build Version: 2.20.0 (fake)")
+'''
+
+
+def _script(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text.format(python=sys.executable))
+    path.chmod(path.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
+
+
+def install(root: Path, monkeypatch, with_peano: bool = True) -> Path:
+    """Put the fake tools on PATH (and PEANO_INSTALL_DIR); returns the argv log file."""
+    bin_dir, peano = root / "bin", root / "peano"
+    _script(bin_dir / "aiecc.py", AIECC)
+    _script(bin_dir / "xclbinutil", XCLBINUTIL)
+    if with_peano:
+        _script(peano / "bin" / "clang++", CLANG)
+        monkeypatch.setenv("PEANO_INSTALL_DIR", str(peano))
+    else:
+        monkeypatch.delenv("PEANO_INSTALL_DIR", raising=False)
+    log = root / "argv.log"
+    log.write_text("")
+    monkeypatch.setenv("FAKE_TOOLCHAIN_LOG", str(log))
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}")
+    return log
+
+
+def calls(log: Path) -> list[list[str]]:
+    return [json.loads(line) for line in log.read_text().splitlines() if line.strip()]

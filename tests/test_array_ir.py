@@ -1,0 +1,94 @@
+"""Array IR: every lowered design fits the generation and agrees with its plan's capacities."""
+import pytest
+import torch
+
+from torch_xdna.array import ir
+from torch_xdna.array.validate import ArrayIRError, usage, validate
+from torch_xdna.hw import NPU4
+from torch_xdna.kernels.gemm import GemmDesign
+from torch_xdna.kernels.lower import lower
+from torch_xdna.kernels.lower.gemm import pack_weight_tiles
+from torch_xdna.kernels.vector import VectorDesign
+from torch_xdna.kernels import quant
+
+F32, BF16 = torch.float32, torch.bfloat16
+DESIGNS = [
+    GemmDesign(64, 64, 64),
+    GemmDesign(100, 70, 130),                                  # M, N, K edges
+    GemmDesign(256, 256, 256, dtype="int8", out_dtype=torch.int32),
+    GemmDesign(64, 128, 64, dtype="bfp16"),
+    GemmDesign(1, 1024, 3072, dtype="int4", w_group=32),       # GEMV, int4 weight groups
+    GemmDesign(3, 256, 200, dtype="int8", w_group=128),
+    GemmDesign(8, 64, 96, bias=True, residual=True, epilogue="gelu"),
+    VectorDesign("add", ((1000,), (1000,)), (F32, F32), (1000,), F32),
+    VectorDesign("silu", ((4096,),), (BF16,), (4096,), F32),
+    VectorDesign("softmax", ((64, 500),), (BF16,), (64, 500), F32),
+    VectorDesign("rms_norm", ((8, 1024), (1024,)), (F32, F32), (8, 1024), F32,
+                 (("eps", 1e-6), ("has_weight", True))),
+    VectorDesign("layer_norm", ((16, 768), (768,), (768,)), (F32,) * 3, (16, 768), F32,
+                 (("eps", 1e-5), ("has_bias", True), ("has_weight", True), ("norm_dims", 1))),
+]
+
+
+@pytest.mark.parametrize("d", DESIGNS, ids=lambda d: d.name)
+def test_ir_fits_and_agrees_with_plan(d):
+    plan = d.plan(NPU4)
+    progs = lower(d, NPU4)
+    main = progs[0]
+    u = validate(main, NPU4)
+    cores = [t for t in main.tiles if t.kind == "compute"]
+    # the plan's L1 figure is exactly the IR's per-core buffers (fifo depth x element + static)
+    assert max(u.memory[t.name] for t in cores) == plan.l1_bytes
+    # what the plan proved available covers what the IR uses on every core
+    assert max(u.bds[t.name] for t in cores) <= plan.core_bds
+    assert max(u.locks[t.name] for t in cores) <= max(plan.core_locks, 2 * plan.core_bds)
+    assert len(cores) == plan.cores
+    assert len({t.col for t in cores}) == plan.columns
+    for p in progs[1:]:
+        validate(p, NPU4)
+
+
+def test_gemm_grid_and_tile_are_the_plans():
+    d = GemmDesign(256, 512, 384)
+    plan = d.plan(NPU4)
+    prog = lower(d, NPU4)[0]
+    tm, tk, tn = plan.tile
+    mm = prog.kernel("matmul_bf16_f32")
+    assert mm.arg_types[0].shape == (tm, tk) and mm.arg_types[1].shape == (tk, tn)
+    assert mm.arg_types[2].shape == (tm, tn)
+    # every byte of A, B is read, and C written, at least once; C exactly once
+    u = usage(prog)
+    c_bytes = 256 * 384 * 4
+    assert u.bytes_out == c_bytes
+    assert u.bytes_in >= (256 * 512 + 512 * 384) * 2
+
+
+def test_weight_tiles_pack_exactly():
+    d = GemmDesign(1, 256, 200, dtype="int4", w_group=32)
+    w = torch.randn(200, 256)
+    q, s = quant.quantize_int4(w, 32)
+    packed = pack_weight_tiles(d, NPU4, q, s)
+    prog = lower(d, NPU4)[0]
+    arg = next(a for a in prog.sequence.args if a.name == "B")
+    assert packed.dtype == torch.uint8 and packed.numel() == arg.type.numel
+    tm, tk, tn = d.plan(NPU4).tile
+    tile0 = packed[: tn * tk // 2 + tn * (tk // 32) * 2]
+    assert torch.equal(tile0[: tk // 2], q[0, : tk // 2])          # row 0 of W tile (0, 0)
+
+
+def test_validator_names_the_limit():
+    d = GemmDesign(64, 64, 64)
+    prog = lower(d, NPU4)[0]
+    f = prog.fifos[0]
+    big = ir.ObjectFifo(f.name, f.producer, f.consumers, 64, ir.TensorType((64, 1024), "bf16"))
+    bad = ir.ArrayProgram(prog.name, prog.generation, prog.tiles,
+                          (big,) + prog.fifos[1:], prog.links, prog.buffers, prog.kernels,
+                          prog.cores, prog.sequence)
+    with pytest.raises(ArrayIRError, match="mem tile memory"):
+        validate(bad, NPU4)
+    task = prog.sequence.tasks[0]
+    import dataclasses
+    oob = dataclasses.replace(task, offset=10 ** 9)
+    seq = dataclasses.replace(prog.sequence, ops=(oob,) + prog.sequence.ops[1:])
+    with pytest.raises(ArrayIRError, match="host buffer has"):
+        validate(dataclasses.replace(prog, sequence=seq), NPU4)

@@ -1,0 +1,201 @@
+"""`xdna kernels build` and `xdna selftest` against a fake AIE toolchain and the fake pyxrt: the
+argv each tool gets, the artifact and manifest written (accepted by the xrt backend, tampering
+refused), atomic installs, and clear exits without the toolchain or the NPU."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+import fake_toolchain
+from fake_host import healthy_strix
+from fake_pyxrt import FakeXrt, make_artifact, reference_compute
+from torch_xdna.cli.main import main
+from torch_xdna.hw import NPU4
+from torch_xdna.kernels import catalog
+from torch_xdna.runtime import Launch
+from torch_xdna.runtime.sim import SimDevice
+from torch_xdna.runtime.xrt.artifacts import ArtifactError, ArtifactStore
+from torch_xdna.runtime.xrt.device import XrtDevice
+from torch_xdna.runtime.xrt.session import release_devices
+
+BUDGET = 64 << 20
+GEMM = ["--design", "gemm", "--shape", "64x64x64"]
+
+
+@pytest.fixture(autouse=True)
+def _fresh(monkeypatch, tmp_path):
+    release_devices()
+    monkeypatch.setenv("TORCH_XDNA_ARTIFACT_DIR", str(tmp_path / "store"))
+    yield
+    release_devices()
+
+
+def test_without_toolchain_exit_2_and_nothing_installed(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    monkeypatch.delenv("PEANO_INSTALL_DIR", raising=False)
+    assert main(["kernels", "build", *GEMM]) == 2
+    err = capsys.readouterr().err
+    assert "aiecc.py" in err and "pip install mlir_aie" in err and "PEANO_INSTALL_DIR" in err
+    assert not (tmp_path / "store").exists() or not any((tmp_path / "store").iterdir())
+    assert main(["kernels", "build", "--check"]) == 2
+
+
+def test_check_reports_versions(tmp_path, monkeypatch, capsys):
+    fake_toolchain.install(tmp_path / "tc", monkeypatch)
+    assert main(["kernels", "build", "--check", "--json"]) == 0
+    v = json.loads(capsys.readouterr().out)
+    assert v["aiecc"] == "aiecc.py fake 1.2.3" and "llvm-aie" in v["peano"]
+
+
+def built_gemm(tmp_path, monkeypatch, capsys):
+    log = fake_toolchain.install(tmp_path / "tc", monkeypatch)
+    assert main(["kernels", "build", *GEMM, "--json"]) == 0, capsys.readouterr().err
+    out = json.loads(capsys.readouterr().out)
+    return log, out
+
+
+def test_build_writes_an_artifact_the_backend_accepts(tmp_path, monkeypatch, capsys):
+    log, out = built_gemm(tmp_path, monkeypatch, capsys)
+    (b,) = out["built"]
+    ex = catalog.example("gemm", "64x64x64")
+    assert b["key"] == ex.design.artifact_key() and len(b["xclbin_uuid"]) == 36
+    argv = fake_toolchain.calls(log)
+    clang = [a for a in argv if a[0] == "clang++" and "-c" in a]
+    assert clang and all("--target=aie2p-none-unknown-elf" in a for a in clang)
+    assert any(a[-1] == "matmul_bf16_f32.o" or "-DDIM_M=" in " ".join(a) for a in clang)
+    aiecc = next(a for a in argv if a[0] == "aiecc.py" and "design.mlir" in a)
+    assert "--aie-generate-xclbin" in aiecc and "--no-xchesscc" in aiecc
+    m = json.loads((tmp_path / "store" / b["key"] / "manifest.json").read_text())
+    assert m["toolchain"]["aiecc"] == "aiecc.py fake 1.2.3" and m["generation"] == "npu4"
+    assert [a["dtype"] for a in m["abi"]] == ["bfloat16", "bfloat16", "float32"]
+    assert not [p for p in (tmp_path / "store").iterdir() if p.name.startswith(".")]
+
+    # the xrt backend (fake pyxrt) loads it and computes what the simulator computes
+    fx = FakeXrt()
+    store = ArtifactStore(tmp_path / "store")
+    dev = XrtDevice(NPU4, BUDGET, fx, store)
+    art = store.lookup(b["key"], "npu4")
+    fx.computes[b["key"]] = reference_compute(ex.design, art.abi)
+    ins, outs = ex.tensors(seed=3)
+    a_in = [dev.upload(t) for t in ins]
+    o = dev.empty((64, 64), torch.float32)
+    dev.run(Launch(ex.design, a_in, [o]))
+    sim = SimDevice(NPU4, BUDGET)
+    so = sim.empty((64, 64), torch.float32)
+    sim.run(Launch(ex.design, [sim.upload(t) for t in ins], [so]))
+    assert torch.equal(dev.download(o), sim.download(so))
+
+
+def test_tampered_artifact_refused(tmp_path, monkeypatch, capsys):
+    _, out = built_gemm(tmp_path, monkeypatch, capsys)
+    d = tmp_path / "store" / out["built"][0]["key"]
+    data = bytearray((d / "insts.bin").read_bytes())
+    data[-1] ^= 1
+    (d / "insts.bin").write_bytes(bytes(data))
+    with pytest.raises(ArtifactError, match="SHA-256"):
+        ArtifactStore(tmp_path / "store").validate(d.name, "npu4")
+
+
+def test_failed_toolchain_step_installs_nothing(tmp_path, monkeypatch, capsys):
+    fake_toolchain.install(tmp_path / "tc", monkeypatch)
+    monkeypatch.setenv("FAKE_AIECC_FAIL", "1")
+    assert main(["kernels", "build", *GEMM, "--json"]) == 1
+    out = json.loads(capsys.readouterr().out)
+    assert out["built"] == [] and "failed to allocate" in out["failed"][0]["error"]
+    assert list((tmp_path / "store").iterdir()) == []          # no partial store, no temp dirs
+
+
+def test_rebuild_replaces_atomically(tmp_path, monkeypatch, capsys):
+    _, first = built_gemm(tmp_path, monkeypatch, capsys)
+    assert main(["kernels", "build", *GEMM, "--json"]) == 0
+    second = json.loads(capsys.readouterr().out)
+    assert first["built"][0]["key"] == second["built"][0]["key"]
+    assert [p.name for p in (tmp_path / "store").iterdir()] == [first["built"][0]["key"]]
+
+
+def test_dry_run_needs_no_toolchain(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    assert main(["kernels", "build", *GEMM, "--dry-run", "--out", str(tmp_path / "out"), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    (d,) = out["written"]
+    from pathlib import Path
+    files = {p.name for p in Path(d).iterdir()}
+    assert {"design.mlir", "design.insts.bin", "mm.cc"} <= files
+    assert "aie.device" in (Path(d) / "design.mlir").read_text()
+
+
+def test_model_designs_are_listed_with_reasons(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    assert main(["kernels", "build", "--all-for", "qwen3-0.6b", "--dry-run", "--out",
+                 str(tmp_path / "out"), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert any("llm.layer" in s for s in out["skipped"])
+
+
+def test_unknown_design_is_a_clear_error(capsys):
+    assert main(["kernels", "build", "--design", "nope", "--shape", "8"]) == 2
+    assert "unknown design 'nope'" in capsys.readouterr().err
+    assert main(["kernels", "build", "--design", "gemm", "--shape", "8x0"]) == 2
+    assert main(["kernels", "build", "--design", "gemm"]) == 2
+
+
+# --- xdna selftest ------------------------------------------------------------------------------
+def test_selftest_here_is_hardware_unavailable(capsys):
+    assert main(["selftest"]) == 2
+    assert "hardware unavailable" in capsys.readouterr().err
+
+
+def _selftest_store(tmp_path, fx):
+    store = tmp_path / "art"
+    for name, shape in (("add_one", "1024"), ("gemm", "64x64x64")):
+        ex = catalog.example(name, shape)
+        ins, outs = ex.tensors()
+        make_artifact(store, fx, ex.design, NPU4, ins, outs)
+    return ArtifactStore(store)
+
+
+def test_selftest_on_a_fake_npu_prints_a_receipt(tmp_path, capsys):
+    import argparse
+    from torch_xdna.cli import selftest
+    h = healthy_strix(tmp_path / "root")
+    fx = FakeXrt()
+    store = _selftest_store(tmp_path, fx)
+    receipt = tmp_path / "receipt.json"
+    args = argparse.Namespace(json=False, receipt=receipt)
+    assert selftest.run(args, system=h.system(), pyxrt=fx, artifacts=store) == 0
+    text = capsys.readouterr().out
+    assert text.count("bit-exact") == 2 and "selftest passed" in text
+    r = json.loads(receipt.read_text())
+    assert r["ok"] and [c["design"] for c in r["checks"]] == ["add_one", "gemm"]
+    assert all(c["bit_exact"] and c["max_abs_diff"] == 0.0 for c in r["checks"])
+
+
+def test_selftest_reports_a_mismatch(tmp_path, capsys):
+    import argparse
+    from torch_xdna.cli import selftest
+    h = healthy_strix(tmp_path / "root")
+    fx = FakeXrt()
+    store = _selftest_store(tmp_path, fx)
+    key = catalog.example("gemm", "64x64x64").design.artifact_key()
+    real = fx.computes[key]
+
+    def off_by_one_ulp(args, instr):
+        real(args, instr)
+        out = args[-1].device_tensor().view(torch.int32)
+        out[0] += 1
+    fx.computes[key] = off_by_one_ulp
+    rc = selftest.run(argparse.Namespace(json=True, receipt=None), system=h.system(), pyxrt=fx,
+                      artifacts=store)
+    r = json.loads(capsys.readouterr().out)
+    assert rc == 1 and not r["ok"] and r["checks"][1]["bit_exact"] is False
+
+
+def test_selftest_without_artifacts_is_unavailable(tmp_path, capsys):
+    import argparse
+    from torch_xdna.cli import selftest
+    h = healthy_strix(tmp_path / "root")
+    rc = selftest.run(argparse.Namespace(json=False, receipt=None), system=h.system(),
+                      pyxrt=FakeXrt(), artifacts=ArtifactStore(tmp_path / "none"))
+    assert rc == 2 and "xdna kernels build" in capsys.readouterr().err

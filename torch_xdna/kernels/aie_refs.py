@@ -1,0 +1,124 @@
+"""Core-kernel references: what each external core kernel (kernels/aie/, by the symbols the
+lowerings in kernels/lower/ declare) computes on one tile, with the NPU's numerics.
+
+The transaction-level simulator calls these per kernel call on the core's tile buffers; the
+functional level calls the designs' whole-tensor references. Both use kernels/numerics.py, so
+integer, data-movement and elementwise designs agree bit for bit; float GEMMs differ only by the
+order of the fp32 accumulation (K tile by K tile here, one matmul there).
+
+Symbols (see kernels/lower/gemm.py, vector.py):
+  zero_<acc>                        acc = 0
+  matmul_bf16_f32 / matmul_i8_i32   acc += A @ B
+  matmul_<int8|int4>_bf16, gemv_*   acc += A @ dequant(W, scales)^T   (weight-only)
+  store_<act>_<acc>_<out>           C = act(alpha * acc) in C's dtype
+  <op>_<in>_<out>                   one unit of a vector op (kernels/vector.py OPS)
+"""
+from __future__ import annotations
+
+import torch
+
+from torch_xdna.kernels import numerics, quant
+from torch_xdna.kernels.activations import ACTIVATIONS, apply_epilogue
+from torch_xdna.runtime.sim import core_kernels as ck
+
+
+def _ftz(x: torch.Tensor) -> torch.Tensor:
+    """bf16 operands as the float units see them: subnormals flushed (numerics.operand)."""
+    return numerics.operand(x) if x.dtype.is_floating_point else x
+
+
+@ck.register("zero_f32")
+@ck.register("zero_i32")
+def zero(acc: torch.Tensor) -> None:
+    acc.zero_()
+
+
+@ck.register("matmul_bf16_f32")
+def matmul_bf16_f32(a: torch.Tensor, b: torch.Tensor, acc: torch.Tensor) -> None:
+    acc += torch.matmul(_ftz(a), _ftz(b))
+
+
+@ck.register("matmul_i8_i32")
+def matmul_i8_i32(a: torch.Tensor, b: torch.Tensor, acc: torch.Tensor) -> None:
+    acc += torch.matmul(a.to(torch.int32), b.to(torch.int32))
+
+
+def _weight_only(int4: bool):
+    def mm(a, w, s, wdq, acc, group):
+        q = quant.unpack_int4(w) if int4 else w
+        tk = q.shape[-1]
+        g = group if tk >= group else tk            # a K tile inside one group: one scale per row
+        deq = numerics.bf16_round(quant.dequantize(q, s.reshape(q.shape[0], -1)[:, :tk // g], g))
+        wdq.copy_(deq.transpose(0, 1).to(wdq.dtype))
+        acc += torch.matmul(_ftz(a), deq.transpose(0, 1))
+    return mm
+
+
+for _kind in ("matmul", "gemv"):
+    ck.register(f"{_kind}_int8_bf16", _weight_only(False))
+    ck.register(f"{_kind}_int4_bf16", _weight_only(True))
+
+
+def _store(act: str):
+    def store(acc: torch.Tensor, c: torch.Tensor, alpha: float = 1.0) -> None:
+        r = acc
+        if alpha != 1.0:
+            r = r * alpha
+        r = apply_epilogue(act, r) if act != "none" else r
+        numerics.store(r, c)
+    return store
+
+
+# -- vector ops: one unit per call ----------------------------------------------------------------
+_PARAM_NAMES = {"add": ("alpha",), "sub": ("alpha",), "pow": ("exponent",)}
+
+
+def _vector(op: str):
+    from torch_xdna.kernels.vector import EXACT_FP32, FP32_OPERAND, OPS, ROW_OPS
+    fn, _ = OPS[op]
+    exact = op in EXACT_FP32 or op in FP32_OPERAND
+
+    def run(*args) -> None:
+        tensors = [a for a in args if isinstance(a, torch.Tensor)]
+        consts = [a for a in args if not isinstance(a, torch.Tensor)]
+        work = int(consts[0]) if consts else 0
+        params = dict(zip(_PARAM_NAMES.get(op, ()), consts[1:]))
+        if op in ROW_OPS:
+            raise ck.UnknownCoreKernel(f"{op} (row-op unit references are not implemented)")
+        out = tensors[-1]
+        u = out.numel()
+        ins = []
+        for t in tensors[:-1]:
+            if t.dim() == 1 and t.numel() > u and t.numel() % u == 0 and t.numel() != work:
+                ins.extend(t.reshape(-1, u).unbind(0))      # several inputs packed in one element
+            else:
+                ins.append(t.reshape(-1))
+        xs = []
+        for x in ins:
+            if x.dtype in numerics.FLOAT_DTYPES:
+                xs.append(x.float() if exact else numerics.operand(x))
+            elif x.dtype == torch.bool or not out.dtype.is_floating_point:
+                xs.append(x)
+            else:
+                xs.append(x.float() if out.dtype.is_floating_point else x)
+        numerics.store(fn(xs, **params), out)
+    return run
+
+
+def _resolve(symbol: str):
+    from torch_xdna.kernels.vector import OPS
+    if symbol.startswith("store_"):
+        parts = symbol.split("_")[1:]
+        act = "_".join(parts[:-2])
+        if act in ACTIVATIONS or act == "none":
+            return _store(act)
+        return None
+    parts = symbol.split("_")
+    for cut in range(len(parts) - 2, 0, -1):
+        op = "_".join(parts[:cut])
+        if op in OPS and len(parts) - cut == 2:
+            return _vector(op)
+    return None
+
+
+ck.register_resolver(_resolve)

@@ -1,0 +1,226 @@
+"""Builder for ArrayPrograms: placement helpers, fifo channel assignment, and a runtime-sequence
+writer that keeps every shim inside its task-queue depth and BD count.
+
+Sequence discipline (why designs cannot deadlock): a lowering issues its work in rounds; in a
+round the S2MM tasks that drain the round's outputs are queued first, then the MM2S tasks that
+feed it. When a channel's queue is full or the shim has no free BD, the writer awaits that
+channel's oldest task, which always completes because its consumers can drain into the already
+queued outputs. `end_round()` awaits everything still in flight. Every task issues a token.
+"""
+from __future__ import annotations
+
+from collections import defaultdict, deque
+
+import torch
+
+from torch_xdna.array import ir
+from torch_xdna.hw import Generation
+
+TORCH_TO_IR = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "bf16",
+               torch.int8: "i8", torch.uint8: "u8", torch.bool: "u8", torch.int16: "i16",
+               torch.int32: "i32", torch.int64: "i32"}
+SHIM_BDS = 16      # AIE-ML shim NOC tile BDs (mlir-aie AIETargetModel: getNumBDs for shim = 16)
+
+
+class LoweringError(ValueError):
+    """A design cannot be expressed as an ArrayProgram: names the design and the reason."""
+
+
+def ir_dtype(dt) -> str:
+    if isinstance(dt, str):
+        return dt if dt in ir.DTYPE_BITS else TORCH_TO_IR[getattr(torch, dt)]
+    return TORCH_TO_IR[dt]
+
+
+def tt(shape, dtype) -> ir.TensorType:
+    shape = tuple(int(s) for s in (shape if isinstance(shape, (tuple, list)) else (shape,)))
+    return ir.TensorType(shape or (1,), ir_dtype(dtype))
+
+
+class Builder:
+    def __init__(self, name: str, gen: Generation):
+        self.name, self.gen = name, gen
+        self.tiles: dict[tuple[int, int], ir.Tile] = {}
+        self.fifos: list[ir.ObjectFifo] = []
+        self.links: list[ir.FifoLink] = []
+        self.buffers: list[ir.Buffer] = []
+        self.kernels: dict[str, ir.KernelDecl] = {}
+        self.cores: list[ir.CoreBody] = []
+        self.args: list[ir.HostArg] = []
+        self.scalars: list[ir.ScalarArg] = []
+        self.ops: list = []
+        self.notes: dict[str, object] = {}
+        self._chan: dict[str, tuple[int, str, int]] = {}          # shim fifo -> (col, dir, ch)
+        self._next_ch: dict[tuple[int, str], int] = defaultdict(int)
+        self._queue: dict[tuple[int, str, int], deque] = defaultdict(deque)
+        self._free_bds: dict[int, list[int]] = {}
+        self._task_bd: dict[int, tuple[int, int, tuple]] = {}
+        self._next_task = 0
+
+    # -- placement -------------------------------------------------------------------------
+    def _tile(self, col: int, row: int, kind: str) -> ir.Tile:
+        if not 0 <= col < self.gen.columns.value:
+            raise LoweringError(f"{self.name}: column {col} outside the array's "
+                                f"{self.gen.columns.value} columns")
+        t = self.tiles.setdefault((col, row), ir.Tile(col, row, kind))
+        return t
+
+    def shim(self, col: int) -> ir.Tile:
+        return self._tile(col, 0, "shim")
+
+    def mem(self, col: int) -> ir.Tile:
+        return self._tile(col, 1, "mem")
+
+    def core(self, col: int, row: int) -> ir.Tile:
+        """Compute tile `row` (0-based) of a column: array row 2 + row."""
+        if not 0 <= row < self.gen.core_rows.value:
+            raise LoweringError(f"{self.name}: core row {row} outside the array's "
+                                f"{self.gen.core_rows.value} core rows")
+        return self._tile(col, 2 + row, "compute")
+
+    # -- static configuration --------------------------------------------------------------
+    def fifo(self, name: str, producer: ir.Tile, consumers, depth: int, elem: ir.TensorType,
+             dims=(), dims_from=()) -> ir.ObjectFifo:
+        consumers = tuple(consumers) if isinstance(consumers, (list, tuple)) else (consumers,)
+        f = ir.ObjectFifo(name, producer, consumers, depth, elem, tuple(dims), tuple(dims_from))
+        self.fifos.append(f)
+        for end, direction in ((producer, "MM2S"),) + tuple((c, "S2MM") for c in consumers):
+            if end.kind == "shim":
+                key = (end.col, direction)
+                self._chan[name] = (end.col, direction, self._next_ch[key])
+                self._next_ch[key] += 1
+        return f
+
+    def link(self, srcs, dsts, src_offsets=(), dst_offsets=()) -> None:
+        self.links.append(ir.FifoLink(tuple(srcs), tuple(dsts), tuple(src_offsets), tuple(dst_offsets)))
+
+    def buffer(self, name: str, tile: ir.Tile, type_: ir.TensorType, rtp: bool = False) -> str:
+        self.buffers.append(ir.Buffer(name, tile, type_, "L2" if tile.kind == "mem" else "L1", rtp))
+        return name
+
+    def kernel(self, symbol: str, arg_types, object_file: str | None = None) -> str:
+        if symbol not in self.kernels:
+            self.kernels[symbol] = ir.KernelDecl(symbol, object_file or f"{symbol}.o", tuple(arg_types))
+        return symbol
+
+    def core_body(self, tile: ir.Tile, body, link_with=()) -> None:
+        objs = tuple(dict.fromkeys(link_with or (self.kernels[s].object_file for s in _calls(body))))
+        self.cores.append(ir.CoreBody(tile, tuple(body), objs))
+
+    def arg(self, name: str, shape, dtype) -> str:
+        n = 1
+        for s in (shape if isinstance(shape, (tuple, list)) else (shape,)):
+            n *= int(s)
+        self.args.append(ir.HostArg(name, tt((max(1, n),), dtype)))
+        return name
+
+    def scalar(self, name: str, dtype: str = "i32") -> ir.ScalarRef:
+        self.scalars.append(ir.ScalarArg(name, dtype))
+        return ir.ScalarRef(name)
+
+    # -- runtime sequence ------------------------------------------------------------------
+    def task(self, fifo: str, arg: str, offset: int, sizes, strides, pad_after=()) -> int:
+        """Queue one shim BD on the channel of `fifo`; awaits the channel's oldest task first
+        when its queue or the shim's BDs are full."""
+        if fifo not in self._chan:
+            raise LoweringError(f"{self.name}: fifo {fifo!r} has no shim endpoint")
+        col, direction, ch = self._chan[fifo]
+        key = (col, direction, ch)
+        depth = self.gen.shim_task_queue_depth.value
+        free = self._free_bds.setdefault(col, list(range(SHIM_BDS)))
+        while len(self._queue[key]) >= depth or not free:
+            victim_key = key if self._queue[key] else self._oldest_on(col)
+            self._await((self._queue[victim_key][0],))
+        bd = free.pop(0)
+        tid = self._next_task
+        self._next_task += 1
+        sizes, strides = tuple(int(s) for s in sizes), tuple(int(s) for s in strides)
+        pads = tuple(int(p) for p in pad_after)
+        if pads and not any(pads):
+            pads = ()
+        self.ops.append(ir.DmaTask(tid, fifo, arg, int(offset), sizes, strides, direction, ch, col,
+                                   bd, issue_token=True, pad_after=pads))
+        self._queue[key].append(tid)
+        self._task_bd[tid] = (col, bd, key)
+        return tid
+
+    def _oldest_on(self, col: int) -> tuple:
+        keys = [k for k, q in self._queue.items() if k[0] == col and q]
+        return min(keys, key=lambda k: self._queue[k][0])
+
+    def _await(self, tids) -> None:
+        self.ops.append(ir.Await(tuple(tids)))
+        for t in tids:
+            col, bd, key = self._task_bd.pop(t)
+            self._queue[key].remove(t)
+            self._free_bds[col].append(bd)
+            self._free_bds[col].sort()
+
+    def end_round(self) -> None:
+        pending = sorted(self._task_bd)
+        if pending:
+            self._await(pending)
+
+    def rtp(self, buffer: str, index: int, value) -> None:
+        self.ops.append(ir.RtpWrite(buffer, index, value))
+
+    def build(self) -> ir.ArrayProgram:
+        self.end_round()
+        return ir.ArrayProgram(
+            name=self.name, generation=self.gen.name,
+            tiles=tuple(sorted(self.tiles.values(), key=lambda t: (t.col, t.row))),
+            fifos=tuple(self.fifos), links=tuple(self.links), buffers=tuple(self.buffers),
+            kernels=tuple(self.kernels.values()), cores=tuple(self.cores),
+            sequence=ir.RuntimeSequence(tuple(self.args), tuple(self.ops), tuple(self.scalars)),
+            notes=tuple(sorted((k, v) for k, v in self.notes.items())))
+
+
+def _calls(body):
+    for op in body:
+        if isinstance(op, ir.Call):
+            yield op.kernel
+        elif isinstance(op, ir.Loop):
+            yield from _calls(op.body)
+
+
+def forever(*body) -> ir.Loop:
+    return ir.Loop(ir.FOREVER, tuple(body))
+
+
+def loop(count: int, *body):
+    """A counted loop; a count of 1 is flattened (no scf.for for one trip)."""
+    if count == 1:
+        return body
+    return (ir.Loop(int(count), tuple(body)),)
+
+
+def flat(*parts) -> tuple:
+    out = []
+    for p in parts:
+        if isinstance(p, (list, tuple)):
+            out.extend(flat(*p))
+        else:
+            out.append(p)
+    return tuple(out)
+
+
+def acq(fifo, port="consume", n=1):
+    return ir.Acquire(fifo, port, n)
+
+
+def rel(fifo, port="consume", n=1):
+    return ir.Release(fifo, port, n)
+
+
+def call(kernel, *args):
+    return ir.Call(kernel, tuple(args))
+
+
+def elem(fifo, i=0):
+    return ir.FifoElem(fifo, i)
+
+
+def spread(n: int, parts: int) -> list[int]:
+    """n items over `parts` bins, the first bins one larger."""
+    base, extra = divmod(n, parts)
+    return [base + (1 if i < extra else 0) for i in range(parts)]

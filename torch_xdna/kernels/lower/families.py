@@ -1,0 +1,11 @@
+"""Design kind -> lowering function (one table, so `xdna design show` lists what lowers)."""
+from __future__ import annotations
+
+from torch_xdna.kernels.lower.gemm import gemm_programs
+from torch_xdna.kernels.lower.vector import chain_program, vector_program
+
+LOWERINGS = {
+    "gemm": lambda d, gen, **kw: gemm_programs(d, gen),
+    "vector": lambda d, gen, **kw: vector_program(d, gen),
+    "chain": lambda d, gen, **kw: chain_program(d, gen),
+}

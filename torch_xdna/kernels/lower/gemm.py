@@ -1,0 +1,282 @@
+"""GEMM / GEMV -> ArrayProgram, with the tiling GemmDesign.plan chose.
+
+Layout (after mlir-aie's whole-array matmul, written independently): the plan's gm x gn core grid
+sits as core (col c, row r) = m-slice r // per_col, n-slice c * per_col + r % per_col.
+  A   per A column: shim -> mem tile (spc m-slices of tm x tk per K step) -> split, each slice
+      broadcast to the cores of its m-slice in every column
+  B   per column: shim -> mem tile (tk x per_col*tn per K step, row-major so an N edge is one
+      padded run) -> per n-slice a tk x tn tile (mem-tile access pattern), broadcast down the
+      column; weight-only W [N, K] and bfp16 B^T arrive n-major (per_col*tn x tk)
+  S   weight-only scales: per group of columns, from a shim channel that carries no A
+  C   per core: tm x tn -> mem tile join -> shim
+Each core: forever { tiles_per_core x { zero acc; K/tk x { matmul(A, B, acc) }; store(acc, C) } }.
+A round of the runtime sequence is one output block (every active core's next tile): its C
+drains are queued first, then the A, B (and S) feeds. Edge tiles (M, N, K not multiples of the
+tile) are zero-padded in the stream and dropped on the way out (DmaTask.pad_after).
+Bias and residual become an epilogue stage (kernels/lower/vector.py) after the GEMM stage.
+"""
+from __future__ import annotations
+
+import torch
+
+from torch_xdna.array import ir
+from torch_xdna.hw import Generation
+from torch_xdna.kernels.base import ceil_div
+from torch_xdna.kernels.lower.builder import Builder, LoweringError, acq, call, elem, flat, \
+    forever, loop, rel, spread, tt
+
+
+def _divisor_at_most(n: int, cap: int) -> int:
+    return max(d for d in range(1, n + 1) if n % d == 0 and d <= cap)
+
+
+def gemm_program(d, gen: Generation, name: str | None = None, args=("A", "B", "C"),
+                 store_act: str | None = None, out_dtype=None) -> ir.ArrayProgram:
+    """One GEMM stage. `args` names the host arguments (A, B, C[, scales])."""
+    plan = d.plan(gen)
+    tm, tk, tn = plan.tile
+    gm, gn = plan.notes["grid"]
+    cols = plan.columns
+    rows_max = gen.core_rows.value
+    per_col = rows_max // gm
+    wo, cdt = d.weight_only, d.compute_dtype
+    bfp = d.dtype == "bfp16"
+    m_total = d.batch * d.m if wo else d.m
+    nb_batch = 1 if wo else d.batch
+    K, N = d.k, d.n
+    kt = ceil_div(K, tk)
+    mt, nt = ceil_div(m_total, tm), ceil_div(N, tn)
+    mblocks, nblocks = ceil_div(mt, gm), ceil_div(nt, gn)
+    act = store_act if store_act is not None else d.epilogue
+    b = Builder(name or f"{d.name}_{d.batch}x{d.m}x{d.k}x{d.n}", gen)
+    b.notes.update({"design": d.name, "tile": plan.tile, "grid": (gm, gn), "columns": cols,
+                    "l2_factors_lowered": (1, 1), "plan_l2_factors": plan.notes["l2_factors"]})
+
+    a_dt = "i8" if cdt == "int8" else "bf16"
+    acc_dt = "i32" if cdt == "int8" else "f32"
+    out_dt = tt((1,), out_dtype or d.out_dtype).dtype
+    # B as the host stores it: [K, N] (bf16/int8), W [N, K] int8, packed int4 [N, K/2], or the
+    # bfp16 encoding of B^T along K [N, ceil(K/8)*9]
+    if wo and d.dtype == "int4":
+        b_dt, b_num, b_den, n_major = "u8", 1, 2, True
+    elif wo:
+        b_dt, b_num, b_den, n_major = "i8", 1, 1, True
+    elif bfp:
+        b_dt, b_num, b_den, n_major = "u8", 9, 8, True
+    else:
+        b_dt, b_num, b_den, n_major = a_dt, 1, 1, False
+    kb = lambda kk: kk * b_num // b_den          # K elements -> B row elements
+    if bfp and (tk % 8):
+        raise LoweringError(f"{b.name}: bfp16 K tile {tk} is not a whole number of 8-blocks")
+    k_row = kb(-(-K // 8) * 8) if bfp else kb(K)  # host B row length (n-major layouts)
+    g = d.w_group
+    if wo and not (tk % g == 0 or g % tk == 0):
+        raise LoweringError(f"{b.name}: K tile {tk} and weight group {g} do not nest")
+    sg = max(1, tk // g) if wo else 0             # scale columns per K step
+
+    # -- host arguments -------------------------------------------------------------------------
+    a_name, b_name, c_name = args[:3]
+    b.arg(a_name, (nb_batch, m_total, K), a_dt)
+    b.arg(b_name, (nb_batch, N, k_row) if n_major else (nb_batch, K, N), b_dt)
+    tile_b = tn * kb(tk) + tn * sg * 2           # weight-only: one packed [W | scales] tile
+    if wo:
+        b.notes["host_layout"] = (("B", "pack_weight_tiles(W, scales): [n tile][k step][W tile | "
+                                   "scale tile] bytes, zero-padded"),)
+        b.args.pop()
+        b.arg(b_name, (nblocks * gn * kt * tile_b,), "u8")
+    b.arg(c_name, (nb_batch, m_total, N), out_dt)
+
+    # -- placement -------------------------------------------------------------------------
+    pcs = [max(0, min(per_col, gn - c * per_col)) for c in range(cols)]
+    cores = {}
+    for c in range(cols):
+        b.shim(c), b.mem(c)
+        for i in range(gm):
+            for jj in range(pcs[c]):
+                cores[(i, c, jj)] = b.core(c, i * per_col + jj)
+    a_cols = _divisor_at_most(gm, cols)
+    spc = gm // a_cols
+
+    # -- kernels -----------------------------------------------------------------------------
+    a_t = tt((tm, tk), a_dt)
+    b_t = tt((tn, kb(tk)), b_dt) if n_major else tt((tk, tn), b_dt)
+    acc_t, c_t = tt((tm, tn), acc_dt), tt((tm, tn), out_dt)
+    zero = b.kernel(f"zero_{acc_dt}", (acc_t,))
+    if wo:
+        b_t = tt((tile_b,), "u8")
+        kind = "gemv" if d.m == 1 else "matmul"
+        mm = b.kernel(f"{kind}_{d.dtype}_bf16", (a_t, b_t, tt((tk, tn), "bf16"), acc_t, "i32", "i32"))
+    elif bfp:
+        mm = b.kernel("matmul_bf16_bfp16_f32", (a_t, b_t, acc_t))
+    else:
+        mm = b.kernel(f"matmul_{'i8_i32' if cdt == 'int8' else 'bf16_f32'}", (a_t, b_t, acc_t))
+    store = b.kernel(f"store_{act}_{acc_dt}_{out_dt}", (acc_t, c_t, "f32"))
+
+    # -- fifos -------------------------------------------------------------------------------
+    for ac in range(a_cols):
+        src = f"A{ac}"
+        b.fifo(src, b.shim(ac), b.mem(ac), 2, tt((spc * tm, tk), a_dt))
+        outs = []
+        for s in range(spc):
+            i = ac * spc + s
+            outs.append(f"A{ac}_{s}")
+            b.fifo(outs[-1], b.mem(ac), [cores[k] for k in sorted(cores) if k[0] == i], 2, a_t)
+        b.link([src], outs, (), tuple(s * tm * tk for s in range(spc)) if spc > 1 else ())
+    for c in range(cols):
+        pc = pcs[c]
+        if not pc:
+            continue
+        if wo:
+            b.fifo(f"B{c}", b.shim(c), b.mem(c), 2, tt((pc * tile_b,), "u8"))
+        elif n_major:
+            b.fifo(f"B{c}", b.shim(c), b.mem(c), 2, tt((pc * tn, kb(tk)), b_dt))
+        else:
+            b.fifo(f"B{c}", b.shim(c), b.mem(c), 2, tt((tk, pc * tn), b_dt))
+        outs = []
+        for jj in range(pc):
+            outs.append(f"B{c}_{jj}")
+            dims = () if n_major or pc == 1 else ((tk, pc * tn), (tn, 1))
+            b.fifo(outs[-1], b.mem(c), [cores[(i, c, jj)] for i in range(gm)], 2, b_t, dims=dims)
+        offs = tuple(jj * (tile_b if wo else tn * kb(tk) if n_major else tn) for jj in range(pc))
+        b.link([f"B{c}"], outs, (), offs if pc > 1 else ())
+    for c in range(cols):
+        if not pcs[c]:
+            continue
+        ins, offs = [], []
+        for i in range(gm):
+            for jj in range(pcs[c]):
+                ins.append(f"C{c}_{i}_{jj}")
+                b.fifo(ins[-1], cores[(i, c, jj)], b.mem(c), 2, c_t)
+                offs.append((i * pcs[c] + jj) * tm * tn)
+        b.fifo(f"C{c}", b.mem(c), b.shim(c), 2, tt((gm * pcs[c] * tm * tn,), out_dt))
+        b.link(ins, [f"C{c}"], tuple(offs) if len(ins) > 1 else (), ())
+
+    # -- core programs -------------------------------------------------------------------------
+    tiles_per_core = nb_batch * mblocks * nblocks
+    for (i, c, jj), tile in sorted(cores.items()):
+        af = f"A{i // spc}_{i % spc}"
+        bf, cf = f"B{c}_{jj}", f"C{c}_{i}_{jj}"
+        acc = b.buffer(f"acc_{c}_{tile.row}", tile, acc_t)
+        feeds = [af, bf]
+        if wo:
+            wdq = b.buffer(f"wdq_{c}_{tile.row}", tile, tt((tk, tn), "bf16"))
+            mm_call = call(mm, elem(af), elem(bf), ir.BufferRef(wdq), ir.BufferRef(acc),
+                           ir.Const(g, "i32"), ir.Const(sg, "i32"))
+        else:
+            mm_call = call(mm, elem(af), elem(bf), ir.BufferRef(acc))
+        kloop = loop(kt, *[acq(f) for f in feeds], mm_call, *[rel(f) for f in feeds])
+        body = flat(acq(cf, "produce"), call(zero, ir.BufferRef(acc)), kloop,
+                    call(store, ir.BufferRef(acc), elem(cf), ir.Const(float(d.alpha), "f32")),
+                    rel(cf, "produce"))
+        b.core_body(tile, (forever(*loop(tiles_per_core, *body)),))
+
+    # -- runtime sequence ----------------------------------------------------------------------
+    k_last = K - (kt - 1) * tk
+    for bb in range(nb_batch):
+        for bm in range(mblocks):
+            for bn in range(nblocks):
+                m0 = bm * gm * tm
+                for c in range(cols):                     # drains first
+                    if pcs[c]:
+                        _c_tasks(b, f"C{c}", c_name, bb * m_total * N, m0, (bn * gn + c * per_col) * tn,
+                                 gm, pcs[c], tm, tn, m_total, N)
+                for ac in range(a_cols):
+                    r0 = m0 + ac * spc * tm
+                    mv = max(0, min(spc * tm, m_total - r0))
+                    base = bb * m_total * K + min(r0, m_total) * K
+                    _k_tasks(b, f"A{ac}", a_name, base, kt, tk, k_last, mv, spc * tm, K, 1, 1)
+                for c in range(cols):
+                    if not pcs[c]:
+                        continue
+                    n0 = (bn * gn + c * per_col) * tn
+                    nv = max(0, min(pcs[c] * tn, N - n0))
+                    if wo:
+                        j0 = bn * gn + c * per_col
+                        b.task(f"B{c}", b_name, j0 * kt * tile_b, (kt, pcs[c], tile_b),
+                               (tile_b, kt * tile_b, 1))
+                    elif n_major:
+                        base = bb * N * k_row + min(n0, N) * k_row
+                        _k_tasks(b, f"B{c}", b_name, base, kt, kb(tk), kb(k_last), nv, pcs[c] * tn,
+                                 k_row, 1, 1)
+                    else:
+                        base = bb * K * N + min(n0, N)
+                        _b_rowmajor(b, f"B{c}", b_name, base, kt, tk, k_last, nv, pcs[c] * tn, N)
+                b.end_round()
+    return b.build()
+
+
+def _c_tasks(b, fifo, arg, base, m0, n0, gm, pc, tm, tn, M, N):
+    """Drain one column's joined output block; one 4-D task, or per-tile tasks at an edge."""
+    if m0 + gm * tm <= M and n0 + pc * tn <= N:
+        b.task(fifo, arg, base + m0 * N + n0, (gm, pc, tm, tn), (tm * N, tn, N, 1))
+        return
+    for i in range(gm):
+        for jj in range(pc):
+            r, cc = m0 + i * tm, n0 + jj * tn
+            mv, nv = max(0, min(tm, M - r)), max(0, min(tn, N - cc))
+            if mv == 0 or nv == 0:
+                mv, nv = 0, tn
+            b.task(fifo, arg, base + (r * N + cc if mv else 0), (mv, nv), (N, 1),
+                   (tm - mv, tn - nv))
+
+
+def _k_tasks(b, fifo, arg, base, kt, tk, k_last, rows_valid, rows, row_len, _a, _b):
+    """Feed `rows` x tk tiles per K step from a row-major [.., row_len] operand (A, W, B^T):
+    full K steps in one task, the partial last step in a second; missing rows are zeros."""
+    pad_rows = rows - rows_valid
+    full = kt if k_last == tk else kt - 1
+    if full:
+        b.task(fifo, arg, base, (full, rows_valid, tk), (tk, row_len, 1), (0, pad_rows, 0))
+    if full < kt:
+        b.task(fifo, arg, base + full * tk, (rows_valid, k_last), (row_len, 1),
+               (pad_rows, tk - k_last))
+
+
+def _b_rowmajor(b, fifo, arg, base, kt, tk, k_last, nv, ncols, N):
+    """Feed tk x ncols row-major B panels per K step ([K, N] operand)."""
+    full = kt if k_last == tk else kt - 1
+    if full:
+        b.task(fifo, arg, base, (full, tk, nv), (tk * N, N, 1), (0, 0, ncols - nv))
+    if full < kt:
+        b.task(fifo, arg, base + full * tk * N, (k_last, nv), (N, 1), (tk - k_last, ncols - nv))
+
+
+def pack_weight_tiles(d, gen: Generation, q: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """Host layout of a weight-only GEMM's B: W [N, K] int8 (or packed int4 [N, K/2]) and its
+    bf16 scales [N, K/g] as the array streams them, [n tile][k step][W tile | scale tile]
+    bytes, zero-padded at the edges. Done once per weight (like any weight repacking), so each
+    core receives its weights and their scales on one channel."""
+    plan = d.plan(gen)
+    tm, tk, tn = plan.tile
+    gm, gn = plan.notes["grid"]
+    N, K, g = d.n, d.k, d.w_group
+    kt, nt = ceil_div(K, tk), ceil_div(N, tn)
+    ntp = ceil_div(nt, gn) * gn
+    per = 2 if d.dtype == "int4" else 1
+    tkb = tk // per
+    qb = q.contiguous().view(torch.uint8).reshape(N, -1)
+    w = torch.zeros(ntp * tn, kt * tkb, dtype=torch.uint8)
+    w[:N, :qb.shape[1]] = qb
+    w = w.reshape(ntp, tn, kt, tkb).permute(0, 2, 1, 3).reshape(ntp, kt, tn * tkb)
+    sg = max(1, tk // g)
+    if tk >= g:
+        s = torch.zeros(ntp * tn, kt * sg, dtype=torch.bfloat16)
+        s[:N, :scales.shape[1]] = scales.to(torch.bfloat16)
+    else:
+        cols = torch.tensor([min(k * tk // g, K // g - 1) for k in range(kt)])
+        s = torch.zeros(ntp * tn, kt, dtype=torch.bfloat16)
+        s[:N] = scales.to(torch.bfloat16)[:, cols]
+    s = s.reshape(ntp, tn, kt, sg).permute(0, 2, 1, 3).contiguous().view(torch.uint8)
+    s = s.reshape(ntp, kt, tn * sg * 2)
+    return torch.cat([w, s], dim=-1).reshape(-1).contiguous()
+
+
+def gemm_programs(d, gen: Generation) -> tuple[ir.ArrayProgram, ...]:
+    """The GEMM stage, then (bias / residual) an epilogue stage on the vector unit."""
+    if not (d.bias or d.residual):
+        return (gemm_program(d, gen),)
+    from torch_xdna.kernels.lower.vector import epilogue_program
+    names = ("A", "B", "T")
+    acc = torch.int32 if d.compute_dtype == "int8" else torch.float32
+    main = gemm_program(d, gen, args=names, store_act="none", out_dtype=acc)
+    return (main, epilogue_program(d, gen, scratch="T"))
