@@ -47,7 +47,8 @@ from typing import Union
 
 TILE_KINDS = ("shim", "mem", "compute")
 LEVELS = ("L1", "L2", "L3")
-DTYPE_BITS = {"bf16": 16, "f32": 32, "i8": 8, "i16": 16, "i32": 32, "u8": 8, "i4": 4, "u32": 32}
+DTYPE_BITS = {"bf16": 16, "f32": 32, "i8": 8, "i16": 16, "i32": 32, "u8": 8, "i4": 4, "u32": 32,
+              "f16": 16, "i64": 64}
 DIRECTIONS = ("MM2S", "S2MM")
 PORTS = ("consume", "produce")
 FOREVER = None                       # Loop.count of a core's outer loop (mlir-aie: run forever)

@@ -20,7 +20,7 @@ from torch_xdna.array import ir
 DEVICE = {"aie2p": "npu2", "aie2": "npu1"}
 FOREVER_COUNT = 9223372036854775807          # mlir-aie python: sys.maxsize
 _MLIR_DT = {"bf16": "bf16", "f32": "f32", "i8": "i8", "i16": "i16", "i32": "i32", "u8": "ui8",
-            "i4": "i4", "u32": "ui32"}
+            "i4": "i4", "u32": "ui32", "f16": "f16", "i64": "i64"}
 KNOWN_OPS = {"module", "aie.device", "aie.tile", "aie.objectfifo", "aie.objectfifo.link",
              "aie.buffer", "aie.core", "aie.end", "aie.objectfifo.acquire",
              "aie.objectfifo.subview.access", "aie.objectfifo.release", "aie.dma_bd",

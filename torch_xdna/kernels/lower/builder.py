@@ -16,9 +16,9 @@ import torch
 from torch_xdna.array import ir
 from torch_xdna.hw import Generation
 
-TORCH_TO_IR = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "bf16",
+TORCH_TO_IR = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16",
                torch.int8: "i8", torch.uint8: "u8", torch.bool: "u8", torch.int16: "i16",
-               torch.int32: "i32", torch.int64: "i32"}
+               torch.int32: "i32", torch.int64: "i64"}
 SHIM_BDS = 16      # AIE-ML shim NOC tile BDs (mlir-aie AIETargetModel: getNumBDs for shim = 16)
 
 
