@@ -122,3 +122,12 @@ def _resolve(symbol: str):
 
 
 ck.register_resolver(_resolve)
+
+
+def _register_lowering() -> None:
+    from torch_xdna.kernels.lower import lower
+    from torch_xdna.runtime.sim import txn_level
+    txn_level.set_lowerer(lower)
+
+
+_register_lowering()

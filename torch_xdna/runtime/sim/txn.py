@@ -130,6 +130,7 @@ class _Task:
     ir_task: ir.DmaTask | None
     done: bool = False
     freed: bool = False
+    synced: bool = False
     stream: torch.Tensor | None = None     # MM2S: bytes still to emit
     pos: int = 0
     taken: list = field(default_factory=list)   # S2MM: stream pieces received
@@ -210,6 +211,8 @@ class TxnExecutor:
             buf = program.buffer(name)
             for i in range(max(1, buf.type.nbytes // 4)):
                 self.rtp_addr[R.tile_address(tile.col, tile.row, base + 4 * i)] = (name, i)
+        for chan in self.ir_tasks:
+            self._flush_pads(chan)
         self.cores = [_Core(self, c) for c in program.cores]
         self.links = [_Link(self, ln) for ln in program.links]
         self.op_index = -1
@@ -311,13 +314,12 @@ class TxnExecutor:
         if chan not in self.chan_fifo:
             raise PatternFault(f"xdna txn: op {k} (task-queue push): column {p.column} {p.direction} channel "
                                f"{p.channel} carries no object FIFO of design {self.p.name!r}")
-        irq = self.ir_tasks.get(chan)
         ir_task = self._next_ir_task(chan)
         q = self.queues.setdefault(chan, deque())
-        outstanding = sum(1 for t in q if not t.done)
+        outstanding = sum(1 for t in q if not t.done and t.bd_id >= 0)
         if outstanding >= self.queue_depth:
             self._quiesce()
-            outstanding = sum(1 for t in q if not t.done)
+            outstanding = sum(1 for t in q if not t.done and t.bd_id >= 0)
             if outstanding >= self.queue_depth:
                 raise TaskQueueOverflow(
                     f"xdna txn: op {k} (task-queue push): column {p.column} {p.direction} channel "
@@ -336,20 +338,25 @@ class TxnExecutor:
                     f"bytes (buffer_length={bd.buffer_length} words x {p.repeat_count + 1} runs) but dma task "
                     f"{ir_task.id} of fifo {ir_task.fifo!r} carries {want}: field buffer_length/repeat_count "
                     f"disagrees with the design")
-        del irq
         self.busy[key] = task
         q.append(task)
+        self._flush_pads(chan)
         self.tasks.append(task)
         self.counts["pushes"] += 1
 
     def _next_ir_task(self, chan) -> ir.DmaTask | None:
+        self._flush_pads(chan)
+        q = self.ir_tasks.get(chan)
+        return q.popleft() if q else None
+
+    def _flush_pads(self, chan) -> None:
+        """All-padding tasks next in a channel's order: the mem-tile DMA emits (or drops) their
+        zeros with no shim BD, so they queue without a push."""
         q = self.ir_tasks.get(chan)
         while q and _data_elems(q[0]) == 0:
-            # an all-padding task: the mem-tile DMA emits its zeros, no shim BD runs
             pad = q.popleft()
             self.queues.setdefault(chan, deque()).append(_Task(
                 self.op_index, chan[0], chan[1], chan[2], -1, T.ShimBD(0), 0, 0, 0, False, pad))
-        return q.popleft() if q else None
 
     def _arg_dtype(self, t: ir.DmaTask) -> str:
         for a in self.p.sequence.args:
@@ -388,13 +395,15 @@ class TxnExecutor:
                 for t in self.tasks:          # the host saw completion: finished BDs may be reused
                     if t.done:
                         t.freed = True
+                        if (t.column, t.direction, t.channel) in keys:
+                            t.synced = True   # its own channel's token: its data has landed
                 return
             if not self._step():
                 self._diagnose(k, op, keys)
 
     def _finish(self, n_ops: int) -> None:
         self._quiesce()
-        pending = [t for t in self.tasks if t.direction == "S2MM" and not t.freed]
+        pending = [t for t in self.tasks if t.direction == "S2MM" and not t.synced]
         if pending:
             t = pending[0]
             state = "finished, but" if t.done else "unfinished and"
@@ -810,7 +819,15 @@ def execute(program: ir.ArrayProgram, words: Sequence[int], host: Sequence[torch
             scalars: dict | None = None, **kw) -> dict:
     """Run one launch's stream against its host buffers (flat uint8 or typed tensors, in the
     runtime sequence's argument order). Returns counts (BD writes, patches, bytes, calls)."""
-    return TxnExecutor(program, words, host, scalars, **kw).run()
+    # a launch is thousands of tile-sized kernel calls: intra-op threads only add overhead
+    threads = torch.get_num_threads()
+    if threads != 1:
+        torch.set_num_threads(1)
+    try:
+        return TxnExecutor(program, words, host, scalars, **kw).run()
+    finally:
+        if threads != 1:
+            torch.set_num_threads(threads)
 
 
 __all__ = ["execute", "TxnExecutor", "TxnFault", "BdBusy", "BdExhausted", "TaskQueueOverflow",

@@ -1,0 +1,140 @@
+"""Selecting and running the transaction level of the `sim` backend.
+
+TORCH_XDNA_SIM_LEVEL=functional (default) | txn picks the level per process; `use("txn")`
+(a context manager) or `SimDevice(level="txn")` per test. At the txn level a launch of a design
+that lowers to one ArrayProgram is: lower (cached per design), encode its runtime sequence bound
+to the launch's buffer sizes and scalars (cached per binding: a new shape is a new stream, never
+a rebuild), and execute the stream (runtime/sim/txn.py). Designs without a single-program
+lowering run at the functional level and are counted (`fallbacks`).
+
+The lowering itself lives in kernels/ (upper layer); it registers here with `set_lowerer`.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+from collections import OrderedDict
+from typing import Callable, Sequence
+
+import torch
+
+from torch_xdna.array import ir
+from torch_xdna.array import txn as T
+from torch_xdna.runtime.errors import XdnaError
+from torch_xdna.runtime.sim import txn as sim_txn
+
+LEVELS = ("functional", "txn")
+_override = threading.local()
+_lowerer: Callable | None = None
+
+
+def set_lowerer(fn: Callable) -> None:
+    """fn(design, gen, **scalars) -> tuple[ArrayProgram, ...] (kernels/lower.lower)."""
+    global _lowerer
+    _lowerer = fn
+
+
+def level(default: str | None = None) -> str:
+    o = getattr(_override, "level", None)
+    if o:
+        return o
+    name = (os.environ.get("TORCH_XDNA_SIM_LEVEL") or default or "functional").strip().lower()
+    if name not in LEVELS:
+        raise XdnaError(f"TORCH_XDNA_SIM_LEVEL={name!r} is not a simulation level; use one of "
+                        f"{', '.join(LEVELS)}")
+    return name
+
+
+@contextlib.contextmanager
+def use(name: str):
+    """Run the enclosed launches at simulation level `name` (this thread)."""
+    if name not in LEVELS:
+        raise XdnaError(f"simulation level {name!r} unknown; use one of {', '.join(LEVELS)}")
+    prev = getattr(_override, "level", None)
+    _override.level = name
+    try:
+        yield
+    finally:
+        _override.level = prev
+
+
+TORCH_OF = {"bf16": torch.bfloat16, "f32": torch.float32, "i8": torch.int8, "i16": torch.int16,
+            "i32": torch.int32, "u8": torch.uint8, "u32": torch.int32}
+
+
+class Unlowered(XdnaError):
+    """The design has no single-program array lowering: the launch runs functionally."""
+
+
+class TxnRunner:
+    """Per device: lowered programs and encoded streams, cached; executes launches."""
+
+    def __init__(self, gen, max_streams: int = 256):
+        self.gen = gen
+        self.programs: dict[tuple, tuple[ir.ArrayProgram, ...] | Exception] = {}
+        self.streams: OrderedDict[tuple, tuple[list[int], T.StreamStats]] = OrderedDict()
+        self.max_streams = max_streams
+        self.fallbacks = 0
+        self.launches = 0
+        self.last: dict = {}
+
+    def program(self, design, scalars: dict) -> ir.ArrayProgram:
+        if _lowerer is None:
+            raise Unlowered("no array lowering registered (import torch_xdna.kernels.aie_refs)")
+        key = (design.key, tuple(sorted(scalars.items())))
+        hit = self.programs.get(key)
+        if hit is None:
+            try:
+                hit = tuple(_lowerer(design, self.gen, **scalars))
+            except Exception as e:          # LoweringError and friends: the design stays functional
+                hit = e
+            if len(self.programs) > 1024:
+                self.programs.clear()
+            self.programs[key] = hit
+        if isinstance(hit, Exception):
+            raise Unlowered(str(hit))
+        if len(hit) != 1:
+            raise Unlowered(f"{design.name}: lowers to {len(hit)} programs (staged designs run "
+                            f"functionally at the txn level for now)")
+        return hit[0]
+
+    def stream(self, program: ir.ArrayProgram, binding: T.LaunchBinding) -> tuple[list[int], T.StreamStats]:
+        key = (id(program), binding)
+        hit = self.streams.get(key)
+        if hit is None:
+            words = T.encode_sequence(program, binding)
+            hit = (words, T.stream_stats(words))
+            self.streams[key] = hit
+            if len(self.streams) > self.max_streams:
+                self.streams.popitem(last=False)
+        else:
+            self.streams.move_to_end(key)
+        return hit
+
+    def run(self, design, inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor],
+            scalars: dict) -> T.StreamStats:
+        """Execute one launch at the transaction level; raises Unlowered to fall back."""
+        prog = self.program(design, scalars)
+        args = prog.sequence.args
+        tensors = list(inputs) + list(outputs)
+        if len(args) != len(tensors):
+            raise Unlowered(f"{design.name}: runtime sequence takes {len(args)} buffers, the launch "
+                            f"binds {len(tensors)}")
+        host = []
+        for a, t in zip(args, tensors):
+            dt = TORCH_OF.get(a.type.dtype)
+            if dt is None or t.numel() != a.type.numel:
+                raise Unlowered(f"{design.name}: argument {a.name} ({a.type}) does not match the launch "
+                                f"tensor {tuple(t.shape)} {t.dtype}")
+            host.append(t.detach().reshape(-1).to(dt).contiguous().view(torch.uint8).clone())
+        binding = T.LaunchBinding.of([h.numel() for h in host], **scalars)
+        words, stats = self.stream(prog, binding)
+        counts = sim_txn.execute(prog, words, host, scalars, queue_depth=self.gen.shim_task_queue_depth.value,
+                                 timeout_ms=self.gen.job_timeout_ms.value)
+        n_in = len(inputs)
+        for a, t, h in zip(args[n_in:], outputs, host[n_in:]):
+            t.copy_(h.view(TORCH_OF[a.type.dtype]).reshape(t.shape).to(t.dtype))
+        self.launches += 1
+        self.last = dict(counts, words=stats.words)
+        return stats
