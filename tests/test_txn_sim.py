@@ -80,6 +80,45 @@ def test_elementwise_bit_identical(op, n, dt):
     assert torch.equal(func, txn)
 
 
+ROW_CASES = [
+    ("softmax", (("dim", -1),), [((6, 50), torch.float32)]),
+    ("softmax", (("dim", -1),), [((37, 64), torch.bfloat16)]),
+    ("rms_norm", (("eps", 1e-6), ("has_weight", True)), [((19, 1024), torch.float32), ((1024,), torch.float32)]),
+    ("rms_norm", (("eps", 1e-6), ("has_weight", True)), [((6, 64), torch.bfloat16), ((64,), torch.bfloat16)]),
+    ("layer_norm", (("eps", 1e-5), ("has_bias", True), ("has_weight", True), ("norm_dims", 1)),
+     [((6, 64), torch.float32), ((64,), torch.float32), ((64,), torch.float32)]),
+]
+
+
+@pytest.mark.parametrize("op,params,ins", ROW_CASES, ids=[f"{c[0]}-{c[2][0][0]}" for c in ROW_CASES])
+def test_row_ops_bit_identical(op, params, ins):
+    """Softmax and norms reduce each row on one core in one call: the functional level's row
+    reductions are the same order, so results are bit-identical."""
+    g = torch.Generator().manual_seed(len(op))
+    xs = [torch.randn(s, generator=g).to(t) for s, t in ins]
+    d = VectorDesign(op, tuple(s for s, _ in ins), tuple(t for _, t in ins), ins[0][0], ins[0][1], params)
+    func, txn = _both(d, xs, ins[0][0], ins[0][1])
+    assert torch.equal(func, txn)
+
+
+def test_dma_designs_bit_identical():
+    from torch_xdna.kernels.dma import ConcatDesign, GatherDesign
+    from torch_xdna.kernels.vector import EmbeddingDesign
+    cases = [
+        (ConcatDesign(((3, 8), (5, 8)), torch.float32, 0, (8, 8)), [torch.randn(3, 8), torch.randn(5, 8)]),
+        (ConcatDesign(((4, 6), (4, 10)), torch.bfloat16, 1, (4, 16)),
+         [torch.randn(4, 6).bfloat16(), torch.randn(4, 10).bfloat16()]),
+        (EmbeddingDesign(100, 64, 7, torch.bfloat16),
+         [torch.randn(100, 64).bfloat16(), torch.tensor([3, 1, 99, 0, 5, 5, 42])]),
+        (GatherDesign("index_select", ((10, 12), (4,)), torch.float32, (10, 4), (("dim", 1),)),
+         [torch.randn(10, 12), torch.tensor([11, 0, 3, 3])]),
+    ]
+    for d, ins in cases:
+        shape = getattr(d, "out_shape", None) or (ins[1].numel(), ins[0].shape[1])
+        func, txn = _both(d, ins, shape, ins[0].dtype)
+        assert torch.equal(func, txn), d.name
+
+
 def test_sim_device_level_switch_and_stream_costs():
     """The same launch at both levels of one SimDevice: identical output; at the txn level the
     DMA term is counted from the stream (its BDs' bytes), a new shape is a new stream."""

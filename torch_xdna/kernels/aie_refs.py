@@ -70,29 +70,47 @@ def _store(act: str):
 
 
 # -- vector ops: one unit per call ----------------------------------------------------------------
-_PARAM_NAMES = {"add": ("alpha",), "sub": ("alpha",), "pow": ("exponent",)}
+_PARAM_NAMES = {"add": ("alpha",), "sub": ("alpha",), "pow": ("exponent",), "layer_norm": ("eps",),
+                "rms_norm": ("eps", "weight_offset")}
 
 
 def _vector(op: str):
+    """One unit of a vector op. Arguments (kernels/lower/vector.py): streamed input elements
+    (several inputs of one channel packed in one element), the resident operands, the outputs,
+    a scratch buffer (ignored), Const(work), the op's float parameters in name order."""
     from torch_xdna.kernels.vector import EXACT_FP32, FP32_OPERAND, OPS, ROW_OPS
     fn, _ = OPS[op]
     exact = op in EXACT_FP32 or op in FP32_OPERAND
+    row = op in ROW_OPS
 
-    def run(*args) -> None:
-        tensors = [a for a in args if isinstance(a, torch.Tensor)]
-        consts = [a for a in args if not isinstance(a, torch.Tensor)]
-        work = int(consts[0]) if consts else 0
+    def run(*args, call, program) -> None:
+        kinds = [type(a).__name__ for a in call.args]
+        tensors = [x for x, k in zip(args, kinds) if k == "FifoElem"]
+        consts = [x for x, k in zip(args, kinds) if k == "Const"]
         params = dict(zip(_PARAM_NAMES.get(op, ()), consts[1:]))
-        if op in ROW_OPS:
-            raise ck.UnknownCoreKernel(f"{op} (row-op unit references are not implemented)")
         out = tensors[-1]
         u = out.numel()
         ins = []
         for t in tensors[:-1]:
-            if t.dim() == 1 and t.numel() > u and t.numel() % u == 0 and t.numel() != work:
+            if not row and t.dim() == 1 and t.numel() > u and t.numel() % u == 0:
                 ins.extend(t.reshape(-1, u).unbind(0))      # several inputs packed in one element
             else:
                 ins.append(t.reshape(-1))
+        notes = dict(program.notes)
+        if row:
+            n = int(notes.get("row_len") or u)
+            x = ins[0].reshape(-1, n)
+            rest = ins[1:]
+            if op in ("softmax", "log_softmax", "cumsum"):
+                params["dim"] = -1
+            elif op == "rms_norm":
+                params["has_weight"] = bool(rest)
+            elif op == "layer_norm":
+                par = rest[0] if rest else None
+                both = par is not None and par.numel() >= 2 * n
+                params.update(has_weight=par is not None, has_bias=both, norm_dims=1)
+                rest = list(par.reshape(-1, n)[:2].unbind(0)) if par is not None else []
+            ins = [x] + [r.reshape(-1)[:n] for r in rest]
         xs = []
         for x in ins:
             if x.dtype in numerics.FLOAT_DTYPES:
@@ -101,7 +119,8 @@ def _vector(op: str):
                 xs.append(x)
             else:
                 xs.append(x.float() if out.dtype.is_floating_point else x)
-        numerics.store(fn(xs, **params), out)
+        numerics.store(fn(xs, **params).reshape(out.shape), out)
+    run.wants_call = True
     return run
 
 

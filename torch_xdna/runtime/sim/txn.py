@@ -31,7 +31,8 @@ from torch_xdna.runtime.sim.txn_faults import (AddressFault, BdBusy, BdExhausted
                                                TaskQueueOverflow, TxnFault)
 
 TORCH_DTYPE = {"bf16": torch.bfloat16, "f32": torch.float32, "i8": torch.int8, "i16": torch.int16,
-               "i32": torch.int32, "u8": torch.uint8, "u32": torch.int32, "i4": torch.uint8}
+               "i32": torch.int32, "u8": torch.uint8, "u32": torch.int32, "i4": torch.uint8,
+               "f16": torch.float16, "i64": torch.int64}
 QUEUE_DEPTH = 4          # hw Generation.shim_task_queue_depth (passed in by the device)
 
 
@@ -793,7 +794,10 @@ class _Core:
                 args.append(a.value)
             elif isinstance(a, ir.ScalarRef):
                 args.append(self._scalar(a.name))
-        fn(*args)
+        if getattr(fn, "wants_call", False):     # references that need the call's argument kinds
+            fn(*args, call=op, program=self.ex.p)
+        else:
+            fn(*args)
         self.ex.counts["kernel_calls"] += 1
 
     def _scalar(self, name: str):

@@ -60,7 +60,8 @@ def use(name: str):
 
 
 TORCH_OF = {"bf16": torch.bfloat16, "f32": torch.float32, "i8": torch.int8, "i16": torch.int16,
-            "i32": torch.int32, "u8": torch.uint8, "u32": torch.int32}
+            "i32": torch.int32, "u8": torch.uint8, "u32": torch.int32, "f16": torch.float16,
+            "i64": torch.int64}
 
 
 class Unlowered(XdnaError):
@@ -79,19 +80,24 @@ class TxnRunner:
         self.launches = 0
         self.last: dict = {}
 
-    def program(self, design, scalars: dict) -> ir.ArrayProgram:
+    def program(self, design, scalars: dict, inputs=()) -> ir.ArrayProgram:
+        """The design's program for this launch. Lowerings that read input values (gather BDs
+        from the indices) are not cached: each index set is a new stream of the same design."""
         if _lowerer is None:
             raise Unlowered("no array lowering registered (import torch_xdna.kernels.aie_refs)")
         key = (design.key, tuple(sorted(scalars.items())))
         hit = self.programs.get(key)
         if hit is None:
             try:
-                hit = tuple(_lowerer(design, self.gen, **scalars))
+                hit = tuple(_lowerer(design, self.gen, inputs=list(inputs), **scalars))
             except Exception as e:          # LoweringError and friends: the design stays functional
                 hit = e
+            per_launch = not isinstance(hit, Exception) and any(
+                dict(p.notes).get("indices_read_at_stream_generation") for p in hit)
             if len(self.programs) > 1024:
                 self.programs.clear()
-            self.programs[key] = hit
+            if not per_launch:
+                self.programs[key] = hit
         if isinstance(hit, Exception):
             raise Unlowered(str(hit))
         if len(hit) != 1:
@@ -100,7 +106,7 @@ class TxnRunner:
         return hit[0]
 
     def stream(self, program: ir.ArrayProgram, binding: T.LaunchBinding) -> tuple[list[int], T.StreamStats]:
-        key = (id(program), binding)
+        key = (id(program), binding)       # id: a cached program object lives as long as its entry
         hit = self.streams.get(key)
         if hit is None:
             words = T.encode_sequence(program, binding)
@@ -115,7 +121,7 @@ class TxnRunner:
     def run(self, design, inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor],
             scalars: dict) -> T.StreamStats:
         """Execute one launch at the transaction level; raises Unlowered to fall back."""
-        prog = self.program(design, scalars)
+        prog = self.program(design, scalars, inputs)
         args = prog.sequence.args
         tensors = list(inputs) + list(outputs)
         if len(args) != len(tensors):
