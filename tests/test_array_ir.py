@@ -8,7 +8,10 @@ from torch_xdna.hw import NPU4
 from torch_xdna.kernels.gemm import GemmDesign
 from torch_xdna.kernels.lower import lower
 from torch_xdna.kernels.lower.gemm import pack_weight_tiles
-from torch_xdna.kernels.vector import VectorDesign
+from torch_xdna.kernels.vector import EmbeddingDesign, VectorDesign
+from torch_xdna.kernels.attention import AttentionDesign
+from torch_xdna.kernels.dma import ConcatDesign, GatherDesign
+from torch_xdna.kernels.fused import ChainDesign
 from torch_xdna.kernels import quant
 
 F32, BF16 = torch.float32, torch.bfloat16
@@ -17,7 +20,7 @@ DESIGNS = [
     GemmDesign(100, 70, 130),                                  # M, N, K edges
     GemmDesign(256, 256, 256, dtype="int8", out_dtype=torch.int32),
     GemmDesign(64, 128, 64, dtype="bfp16"),
-    GemmDesign(1, 1024, 3072, dtype="int4", w_group=32),       # GEMV, int4 weight groups
+    GemmDesign(1, 512, 1000, dtype="int4", w_group=32),        # GEMV, int4 weight groups, N edge
     GemmDesign(3, 256, 200, dtype="int8", w_group=128),
     GemmDesign(8, 64, 96, bias=True, residual=True, epilogue="gelu"),
     VectorDesign("add", ((1000,), (1000,)), (F32, F32), (1000,), F32),
@@ -27,18 +30,49 @@ DESIGNS = [
                  (("eps", 1e-6), ("has_weight", True))),
     VectorDesign("layer_norm", ((16, 768), (768,), (768,)), (F32,) * 3, (16, 768), F32,
                  (("eps", 1e-5), ("has_bias", True), ("has_weight", True), ("norm_dims", 1))),
+    ChainDesign(((64, 96), (96,)), ("float32", "float32"),
+                (("add", (("in", 0), ("in", 1)), ()), ("silu", (("s", 0),), ())), (1,), ("float32",)),
+    AttentionDesign(1, 4, 2, 1, 256, 64, causal=True),                 # GQA decode
+    AttentionDesign(1, 4, 4, 20, 20, 32, causal=True, top_left=True),  # prefill, edge q tile
+    ConcatDesign(((4, 3, 5), (4, 2, 5), (4, 0, 5)), torch.float32, 1, (4, 5, 5)),
+    GatherDesign("index_select", ((10, 6), (4,)), torch.bfloat16, (4, 6), (("dim", 0),)),
+    EmbeddingDesign(100, 64, 5, torch.float32),
 ]
+# launch-time values a lowering reads (gathers: the indices; attention: the valid KV length)
+LAUNCH = {
+    "concat": {},
+    "gather": {"inputs": [torch.zeros(10, 6), torch.tensor([3, 1, 1, 7])]},
+    "embedding": {"inputs": [torch.zeros(100, 64), torch.tensor([1, 2, 99, 0, 5])]},
+}
+# static buffers a plan does not count: attention's per-core state (2 x i32) and its two
+# runtime-parameter slots (kv_len, q_offset)
+PLAN_UNCOUNTED_L1 = {"attention": 16}
+
+
+def lowered(d):
+    if d.kind == "attention":
+        return lower(d, NPU4, kv_len=min(100, d.kv_len))
+    return lower(d, NPU4, **LAUNCH.get(d.kind, {}))
 
 
 @pytest.mark.parametrize("d", DESIGNS, ids=lambda d: d.name)
 def test_ir_fits_and_agrees_with_plan(d):
     plan = d.plan(NPU4)
-    progs = lower(d, NPU4)
+    progs = lowered(d)
     main = progs[0]
     u = validate(main, NPU4)
     cores = [t for t in main.tiles if t.kind == "compute"]
+    if not plan.cores:                      # data movement: the mem tile's ping-pong buffer
+        assert not cores and u.max_of("memory", "mem", main) <= plan.memtile_bytes
+        assert u.max_of("bds", "mem", main) <= max(plan.memtile_bds, 4)
+        return
     # the plan's L1 figure is exactly the IR's per-core buffers (fifo depth x element + static)
-    assert max(u.memory[t.name] for t in cores) == plan.l1_bytes
+    extra = PLAN_UNCOUNTED_L1.get(d.kind, 0)
+    l1 = max(u.memory[t.name] for t in cores)
+    if d.kind == "chain":               # a chain's unit shrinks to tile a broadcast operand
+        assert l1 <= plan.l1_bytes
+    else:
+        assert l1 == plan.l1_bytes + extra
     # what the plan proved available covers what the IR uses on every core
     assert max(u.bds[t.name] for t in cores) <= plan.core_bds
     assert max(u.locks[t.name] for t in cores) <= max(plan.core_locks, 2 * plan.core_bds)

@@ -9,7 +9,7 @@ from torch_xdna.array.mlir import check_structure, emit, parse_generic, to_mlir
 from torch_xdna.hw import NPU4
 from torch_xdna.kernels.lower import lower
 from torch_xdna.kernels.vector import VectorDesign
-from tests.test_array_ir import DESIGNS
+from tests.test_array_ir import DESIGNS, lowered
 
 GOLDEN = Path(__file__).parent / "golden"
 
@@ -35,7 +35,7 @@ def test_gemm_module_shape():
 
 @pytest.mark.parametrize("d", DESIGNS, ids=lambda d: d.name)
 def test_every_design_parses(d):
-    for prog in lower(d, NPU4):
+    for prog in lowered(d):
         pretty, generic = emit(prog)
         counts = check_structure(pretty)
         assert counts["ops"] > 10

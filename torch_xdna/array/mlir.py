@@ -26,7 +26,7 @@ KNOWN_OPS = {"module", "aie.device", "aie.tile", "aie.objectfifo", "aie.objectfi
              "aie.objectfifo.subview.access", "aie.objectfifo.release", "aie.dma_bd",
              "func.func", "func.call", "arith.constant", "scf.for", "aiex.runtime_sequence",
              "aiex.dma_configure_task_for", "aiex.dma_start_task", "aiex.dma_await_task",
-             "aiex.npu.rtp_write"}
+             "aiex.npu.rtp_write", "memref.load"}
 
 
 def memref(t: ir.TensorType) -> str:
@@ -199,7 +199,14 @@ def _body(o, names, prog, kernels, bv, body, held):
                     vals.append(bv[a.name])
                 elif isinstance(a, ir.Const):
                     vals.append(_const(o, names, a.value, _scalar_type(at)))
-                else:                                   # a launch scalar read from an RTP slot
+                elif a.name in bv:                      # a runtime parameter: load slot 0
+                    i0 = _const(o, names, 0, "index")
+                    v = names.new()
+                    bt = memref(prog.buffer(a.name).type)
+                    o.line(f"{v} = memref.load {bv[a.name]}[{i0}] : {bt}",
+                           f'{v} = "memref.load"({bv[a.name]}, {i0}) : ({bt}, index) -> {_scalar_type(at)}')
+                    vals.append(v)
+                else:                                   # a launch scalar with no RTP slot
                     vals.append(_const(o, names, 0, _scalar_type(at)))
             types = ", ".join(_arg_type(t) for t in k.arg_types)
             o.line(f"func.call @{k.symbol}({', '.join(vals)}) : ({types}) -> ()",

@@ -1,6 +1,7 @@
 """Design kind -> lowering function (one table, so `xdna design show` lists what lowers)."""
 from __future__ import annotations
 
+from torch_xdna.kernels.lower.attention import attention_program
 from torch_xdna.kernels.lower.dma import concat_program, embedding_program, gather_program
 from torch_xdna.kernels.lower.gemm import gemm_programs
 from torch_xdna.kernels.lower.vector import chain_program, vector_program
@@ -9,6 +10,7 @@ LOWERINGS = {
     "gemm": lambda d, gen, **kw: gemm_programs(d, gen),
     "vector": lambda d, gen, **kw: vector_program(d, gen),
     "chain": lambda d, gen, **kw: chain_program(d, gen),
+    "attention": attention_program,
     "concat": concat_program,
     "gather": gather_program,
     "embedding": embedding_program,

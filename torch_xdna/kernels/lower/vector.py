@@ -232,6 +232,13 @@ def chain_program(d, gen: Generation) -> ir.ArrayProgram:
             raise LoweringError(f"{d.name}: output {k} has {counts[i]} elements, not the chain's "
                                 f"{n}; reducing chain outputs are not lowered")
         outs.append(Operand(f"out{k}", tt((1,), dt).dtype, n, chunk))
+    # a broadcast operand must tile the unit: shrink the unit to a multiple of its length
+    # (fewer bytes per core than the plan's unit, never more)
+    for s, dt in zip(d.in_shapes, d.in_dtypes):
+        m = numel(s)
+        if m != n and m and chunk % m and m < chunk and (chunk // m) * m >= max(rows or [1]):
+            chunk = (chunk // m) * m
+    outs = [Operand(o.arg, o.dtype, o.elems, chunk) for o in outs]
     streamed, resident = [], []
     for i, (s, dt) in enumerate(zip(d.in_shapes, d.in_dtypes)):
         m = numel(s)
@@ -248,8 +255,9 @@ def chain_program(d, gen: Generation) -> ir.ArrayProgram:
     return stream_program(
         f"{d.name}_{n}", gen, work=chunk, n_units=n_units, cores=plan.cores, cols=plan.columns,
         depth=2, streamed=streamed, resident=resident, outputs=outs, kernel=sym,
-        notes={"design": d.name, "chain_steps": len(d.steps),
-               "kernel_source": "generated from the chain's steps"})
+        notes={"design": d.name, "plan_unit": plan.tile[0],
+               "kernel_source": "generated from the chain's steps",
+               "chain": (d.in_shapes, d.in_dtypes, d.steps, d.outputs, d.out_dtypes)})
 
 
 def epilogue_program(d, gen: Generation, scratch: str = "T") -> ir.ArrayProgram:
