@@ -126,3 +126,23 @@ def test_validator_names_the_limit():
     seq = dataclasses.replace(prog.sequence, ops=(oob,) + prog.sequence.ops[1:])
     with pytest.raises(ArrayIRError, match="host buffer has"):
         validate(dataclasses.replace(prog, sequence=seq), NPU4)
+
+
+def test_multi_stage_designs_lower_stage_by_stage():
+    from torch_xdna.kernels.fused import GatedGemmDesign
+    from torch_xdna.kernels.llm_blocks import AttentionBlockDesign, DecoderLayerDesign, MlpBlockDesign
+    gg = lower(GatedGemmDesign(4, 256, 128), NPU4)
+    assert [dict(p.notes).get("stage") for p in gg] == ["gate_proj", "up_proj", "gate"]
+    assert dict(gg[0].notes)["launch_args"] == ("A", "Wg", "Wu", "out")
+    for p in gg:
+        validate(p, NPU4)
+    a = AttentionBlockDesign(256, 1, "int4", 32, 1e-6, 0.0, 4, 2, 64, 256)
+    m = MlpBlockDesign(256, 1, "int4", 32, 1e-6, 0.0, 512)
+    progs = lower(DecoderLayerDesign(a, m), NPU4)
+    stages = [dict(p.notes)["stage"] for p in progs]
+    assert stages[0] == "llm_attention.attn_norm" and stages[-1] == "llm_mlp.down"
+    for p in progs:
+        validate(p, NPU4)
+        assert dict(p.notes)["executable"] is False
+    # every stage's args are the block's operands or named scratch buffers
+    assert {a.name for a in progs[1].sequence.args} == {"T_norm", "w_qkv", "T_qkv"}

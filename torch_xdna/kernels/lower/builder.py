@@ -121,7 +121,20 @@ class Builder:
     # -- runtime sequence ------------------------------------------------------------------
     def task(self, fifo: str, arg: str, offset: int, sizes, strides, pad_after=()) -> int:
         """Queue one shim BD on the channel of `fifo`; awaits the channel's oldest task first
-        when its queue or the shim's BDs are full."""
+        when its queue or the shim's BDs are full. An outer dimension whose stride is beyond
+        the DMA's limit is unrolled into one task per step (same stream)."""
+        limit = self.gen.max_dma_stride.value
+        if len(sizes) > 1 and strides[0] > limit and sizes[0] > 1:
+            pads = tuple(pad_after) or (0,) * len(sizes)
+            tid = -1
+            for i in range(int(sizes[0])):
+                tid = self.task(fifo, arg, offset + i * strides[0], sizes[1:], strides[1:], pads[1:])
+            if pads[0]:
+                inner = 1
+                for sz, pd in zip(reversed(sizes[1:]), reversed(pads[1:])):
+                    inner = inner * sz + pd * inner
+                tid = self.task(fifo, arg, 0, (0,), (1,), (pads[0] * inner,))
+            return tid
         if fifo not in self._chan:
             raise LoweringError(f"{self.name}: fifo {fifo!r} has no shim endpoint")
         col, direction, ch = self._chan[fifo]

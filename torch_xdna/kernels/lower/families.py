@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from torch_xdna.kernels.lower.attention import attention_program
 from torch_xdna.kernels.lower.dma import concat_program, embedding_program, gather_program
+from torch_xdna.kernels.lower.fused import gated_gemm_programs, llm_block_programs, \
+    prologue_gemm_programs
 from torch_xdna.kernels.lower.gemm import gemm_programs
 from torch_xdna.kernels.lower.vector import chain_program, vector_program
 
@@ -14,4 +16,10 @@ LOWERINGS = {
     "concat": concat_program,
     "gather": gather_program,
     "embedding": embedding_program,
+    "gated_gemm": gated_gemm_programs,
+    "prologue_gemm": prologue_gemm_programs,
+    "llm_attention": llm_block_programs,
+    "llm_mlp": llm_block_programs,
+    "llm_head": llm_block_programs,
+    "llm_layer": llm_block_programs,
 }
