@@ -119,6 +119,32 @@ def test_dma_designs_bit_identical():
         assert torch.equal(func, txn), d.name
 
 
+ATTN_CASES = [
+    (dict(batch=1, heads=4, kv_heads=2, q_len=5, kv_len=40, head_dim=64, causal=True), {}),
+    (dict(batch=1, heads=16, kv_heads=8, q_len=1, kv_len=256, head_dim=128, causal=True), {"kv_len": 100}),
+    (dict(batch=2, heads=2, kv_heads=2, q_len=33, kv_len=33, head_dim=32), {}),
+]
+
+
+@pytest.mark.parametrize("kw,scalars", ATTN_CASES, ids=["gqa-causal", "decode-kv100", "prefill-edge"])
+def test_attention_within_bound(kw, scalars):
+    """Flash-style attention rounds P = exp(s - m) to bf16 against the running max per key tile;
+    the functional level rounds the normalized softmax once. Each P carries <= 2^-9 relative
+    rounding error in either order and the output is a convex combination of V rows, so
+    |txn - functional| <= 2 * 2^-9 * max|v| plus fp32 noise: asserted <= 2^-7 * max|v|."""
+    from torch_xdna.kernels.attention import AttentionDesign
+    g = torch.Generator().manual_seed(kw["kv_len"])
+    d = AttentionDesign(**kw)
+    q = torch.randn(kw["batch"], kw["heads"], kw["q_len"], kw["head_dim"], generator=g).bfloat16()
+    k = torch.randn(kw["batch"], kw["kv_heads"], kw["kv_len"], kw["head_dim"], generator=g).bfloat16()
+    v = torch.randn(kw["batch"], kw["kv_heads"], kw["kv_len"], kw["head_dim"], generator=g).bfloat16()
+    func = torch.zeros(q.shape)
+    d.reference([q, k, v], [func], **scalars)
+    txn = torch.zeros(q.shape)
+    txn_level.TxnRunner(NPU4).run(d, [q, k, v], [txn], scalars)
+    assert float((func - txn).abs().max()) <= 2 ** -7 * float(v.float().abs().max())
+
+
 def test_sim_device_level_switch_and_stream_costs():
     """The same launch at both levels of one SimDevice: identical output; at the txn level the
     DMA term is counted from the stream (its BDs' bytes), a new shape is a new stream."""

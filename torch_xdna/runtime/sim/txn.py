@@ -449,7 +449,10 @@ class TxnExecutor:
             while carry.n >= fifo.nbytes and fifo.can_produce():
                 fifo.push(carry.take(fifo.nbytes))
                 progress = True
-            while q and q[0].pos <= carry.total_out:
+            # bytes of a partly filled element already sit in the consumer's free buffer (its
+            # DMA writes as they arrive; the lock is released once the element is whole)
+            absorbed = carry.total_out + (carry.n if carry.n < fifo.nbytes and fifo.can_produce() else 0)
+            while q and q[0].pos <= absorbed:
                 self._complete(q.popleft())
                 progress = True
             return progress
