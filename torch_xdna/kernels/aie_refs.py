@@ -124,8 +124,15 @@ def _vector(op: str):
     return run
 
 
+def _gate_mul(t0: torch.Tensor, t1: torch.Tensor, out: torch.Tensor, work: int = 0) -> None:
+    """gated GEMM's last stage: the two fp32 accumulators multiplied, stored (GatedGemmDesign)."""
+    numerics.store(t0.float() * t1.float(), out)
+
+
 def _resolve(symbol: str):
     from torch_xdna.kernels.vector import OPS
+    if symbol.startswith("gate_mul_f32_"):
+        return _gate_mul
     if symbol.startswith("store_"):
         parts = symbol.split("_")[1:]
         act = "_".join(parts[:-2])

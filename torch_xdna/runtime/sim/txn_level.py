@@ -100,10 +100,21 @@ class TxnRunner:
                 self.programs[key] = hit
         if isinstance(hit, Exception):
             raise Unlowered(str(hit))
-        if len(hit) != 1:
-            raise Unlowered(f"{design.name}: lowers to {len(hit)} programs (staged designs run "
-                            f"functionally at the txn level for now)")
-        return hit[0]
+        return hit
+
+    def _stages(self, design, progs) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        """(launch arg names in launch order, scratch arg names) of a staged launch."""
+        if len(progs) == 1:
+            return tuple(a.name for a in progs[0].sequence.args), ()
+        notes = [dict(p.notes) for p in progs]
+        if any(n.get("executable") is False for n in notes):
+            raise Unlowered(f"{design.name}: its stage programs are structural only (not executable "
+                            f"at the transaction level)")
+        launch = notes[0].get("launch_args")
+        if not launch:
+            raise Unlowered(f"{design.name}: {len(progs)} stages but no launch_args note to bind them")
+        scratch = tuple(dict.fromkeys(x for n in notes for x in n.get("scratch_args", ())))
+        return tuple(launch), scratch
 
     def stream(self, program: ir.ArrayProgram, binding: T.LaunchBinding) -> tuple[list[int], T.StreamStats]:
         key = (id(program), binding)       # id: a cached program object lives as long as its entry
@@ -120,27 +131,51 @@ class TxnRunner:
 
     def run(self, design, inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor],
             scalars: dict) -> T.StreamStats:
-        """Execute one launch at the transaction level; raises Unlowered to fall back."""
-        prog = self.program(design, scalars, inputs)
-        args = prog.sequence.args
+        """Execute one launch at the transaction level (each stage's stream in order, through
+        scratch host buffers); raises Unlowered to fall back. Returns the launch's stream counts."""
+        progs = self.program(design, scalars, inputs)
+        launch, scratch = self._stages(design, progs)
         tensors = list(inputs) + list(outputs)
-        if len(args) != len(tensors):
-            raise Unlowered(f"{design.name}: runtime sequence takes {len(args)} buffers, the launch "
+        if len(launch) != len(tensors):
+            raise Unlowered(f"{design.name}: runtime sequence takes {len(launch)} buffers, the launch "
                             f"binds {len(tensors)}")
-        host = []
-        for a, t in zip(args, tensors):
-            dt = TORCH_OF.get(a.type.dtype)
-            if dt is None or t.numel() != a.type.numel:
-                raise Unlowered(f"{design.name}: argument {a.name} ({a.type}) does not match the launch "
+        types = {a.name: a.type for p in progs for a in p.sequence.args}
+        host: dict[str, torch.Tensor] = {}
+        for name, t in zip(launch, tensors):
+            ty = types.get(name)
+            dt = TORCH_OF.get(ty.dtype) if ty else None
+            if dt is None or t.numel() != ty.numel:
+                raise Unlowered(f"{design.name}: argument {name} ({ty}) does not match the launch "
                                 f"tensor {tuple(t.shape)} {t.dtype}")
-            host.append(t.detach().reshape(-1).to(dt).contiguous().view(torch.uint8).clone())
-        binding = T.LaunchBinding.of([h.numel() for h in host], **scalars)
-        words, stats = self.stream(prog, binding)
-        counts = sim_txn.execute(prog, words, host, scalars, queue_depth=self.gen.shim_task_queue_depth.value,
-                                 timeout_ms=self.gen.job_timeout_ms.value)
+            host[name] = t.detach().reshape(-1).to(dt).contiguous().view(torch.uint8).clone()
+        for name in scratch:
+            host[name] = torch.zeros(int(types[name].nbytes), dtype=torch.uint8)
+        total = None
+        counts_all: dict = {}
+        for prog in progs:
+            bufs = [host[a.name] for a in prog.sequence.args]
+            binding = T.LaunchBinding.of([h.numel() for h in bufs], **scalars)
+            words, stats = self.stream(prog, binding)
+            counts = sim_txn.execute(prog, words, bufs, scalars,
+                                     queue_depth=self.gen.shim_task_queue_depth.value,
+                                     timeout_ms=self.gen.job_timeout_ms.value)
+            for k, v in counts.items():
+                counts_all[k] = counts_all.get(k, 0) + v
+            total = stats if total is None else _add_stats(total, stats)
         n_in = len(inputs)
-        for a, t, h in zip(args[n_in:], outputs, host[n_in:]):
-            t.copy_(h.view(TORCH_OF[a.type.dtype]).reshape(t.shape).to(t.dtype))
+        for name, t in zip(launch[n_in:], outputs):
+            t.copy_(host[name].view(TORCH_OF[types[name].dtype]).reshape(t.shape).to(t.dtype))
         self.launches += 1
-        self.last = dict(counts, words=stats.words)
-        return stats
+        self.last = dict(counts_all, words=total.words, stages=len(progs))
+        return total
+
+
+def _add_stats(a: T.StreamStats, b: T.StreamStats) -> T.StreamStats:
+    """Counts of a staged launch: the stages' streams together."""
+    cols = dict(a.bds_by_column)
+    for c, n in b.bds_by_column:
+        cols[c] = cols.get(c, 0) + n
+    return T.StreamStats(a.words + b.words, a.ops + b.ops, a.bd_writes + b.bd_writes, a.patches + b.patches,
+                         a.pushes + b.pushes, a.syncs + b.syncs, a.other_writes + b.other_writes,
+                         a.mm2s_bytes + b.mm2s_bytes, a.s2mm_bytes + b.s2mm_bytes,
+                         tuple(sorted(cols.items())), a.sync_groups + b.sync_groups)
