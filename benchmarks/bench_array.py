@@ -16,7 +16,6 @@ import torch
 import torch_xdna.kernels.aie_refs  # noqa: F401  (core-kernel references + lowering hook)
 from torch_xdna.hw import NPU4
 from torch_xdna.kernels.gemm import GemmDesign
-from torch_xdna.kernels.lower import families
 from torch_xdna.kernels.vector import VectorDesign
 from torch_xdna.runtime.sim.txn_level import TxnRunner
 
@@ -76,13 +75,35 @@ def decode_layer_launches() -> list[tuple[str, object]]:
             ("down_proj", gemv(I, H))]
 
 
+def fused_layer_streams(precision: str = "bf16", capacity: int = 1024) -> dict:
+    """Stream words and BDs of the fused Qwen3-0.6B decode-layer launch (one token), summed over
+    its stage programs. Its stages are structural only (not executed at the txn level)."""
+    from torch_xdna.array import txn
+    from torch_xdna.engine.decoder import PrecisionPolicy, step_designs
+    from torch_xdna.kernels.lower import lower
+    from torch_xdna.models.families import BUILTIN_CONFIGS, spec_from_config
+    spec = spec_from_config(BUILTIN_CONFIGS["qwen3-0.6b"])
+    layer = next(d for role, _, d in step_designs(spec, PrecisionPolicy.parse(precision), 1, capacity, False)
+                 if role == "layer")
+    progs = lower(layer, NPU4)
+    words = bds = syncs = 0
+    for p in progs:
+        st = txn.stream_stats(txn.encode_sequence(p))
+        words, bds, syncs = words + st.words, bds + st.bd_writes, syncs + st.syncs
+    return {"design": layer.name, "precision": precision, "kv_capacity": capacity, "stages": len(progs),
+            "stream_words": words, "bds": bds, "syncs": syncs}
+
+
 def run(quick: bool = True) -> dict:
     g = torch.Generator().manual_seed(0)
     gemm_dtypes = ("int8",) if quick else ("int8", "bf16")
     gemms = [measure(GemmDesign(m=1024, k=1024, n=1024, dtype=dt,
                                 out_dtype=torch.int32 if dt == "int8" else torch.bfloat16),
                      f"gemm 1024^3 {dt}", g) for dt in gemm_dtypes]
-    fused = "llm_layer" in families.LOWERINGS
+    try:
+        fused = [fused_layer_streams(p) for p in (("bf16",) if quick else ("bf16", "int4"))]
+    except Exception as e:                       # the fused lowering is still moving
+        fused = [{"error": f"{type(e).__name__}: {e}"}]
     layer = [measure(d, name, g) for name, d in decode_layer_launches()]
     total = {k: sum(r[k] for r in layer) for k in ("stream_words", "bds", "ddr_patches", "syncs",
                                                   "txn_host_ms", "functional_host_ms")}
@@ -91,8 +112,9 @@ def run(quick: bool = True) -> dict:
                 "measured on this host; nothing ran on an NPU",
         "gemm_1024": gemms,
         "qwen3_0.6b_decode_layer": {
-            "measured_as": "fused layer design" if fused else
-            "its 9 launches (the fused llm_layer design has no array lowering yet)",
+            "fused_layer_launch": fused,
+            "measured_as": "host times: the layer's 9 launches run separately at the txn level (the "
+                           "fused layer's stage programs are structural only, not executable)",
             "per_layer": {k: round(v, 2) for k, v in total.items()},
             "txn_vs_functional_host_x": round(total["txn_host_ms"] / max(total["functional_host_ms"], 1e-3), 1),
             "launches": layer,
