@@ -27,3 +27,14 @@ def test_design_show_json(capsys):
 def test_design_show_bad_name(capsys):
     assert main(["design", "show", "nosuch", "--shape", "8"]) != 0
     assert "unknown design" in capsys.readouterr().err
+
+
+def test_design_show_decode_layer_and_attention(capsys):
+    assert main(["design", "show", "decode_layer", "--shape", "256x512x4x2x64x256",
+                 "--dtype", "int4", "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    stages = [p["stage"] for p in info["programs"]]
+    assert stages[0] == "llm_attention.attn_norm" and stages[-1] == "llm_mlp.down"
+    assert main(["design", "show", "attention", "--shape", "1x4x2x1x256x64", "--causal",
+                 "--kv-len", "100"]) == 0
+    assert "attn_tile_bf16" in capsys.readouterr().out

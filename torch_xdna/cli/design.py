@@ -23,9 +23,14 @@ def register(subparsers) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="design_cmd", metavar="show")
     s = sub.add_parser("show", help="show one design")
-    s.add_argument("name", help="gemm | gemv | softmax | rms_norm | layer_norm | an elementwise "
-                                "op (add, mul, silu, ...)")
-    s.add_argument("--shape", required=True, help="MxKxN for gemm/gemv, RxC (or N) otherwise")
+    s.add_argument("name", help="gemm | gemv | attention | decode_layer | softmax | rms_norm | "
+                                "layer_norm | an elementwise op (add, mul, silu, ...)")
+    s.add_argument("--shape", required=True,
+                   help="MxKxN for gemm/gemv; BxHqxHkvxLqxSxD for attention; "
+                        "HIDDENxINTERMEDIATExHEADSxKV_HEADSxHEAD_DIMxCAPACITY for decode_layer "
+                        "(Qwen3-0.6B: 1024x3072x16x8x128x1024); RxC (or N) otherwise")
+    s.add_argument("--causal", action="store_true", help="attention: causal mask")
+    s.add_argument("--kv-len", type=int, help="attention: valid keys of this launch")
     s.add_argument("--dtype", default="bf16", help="gemm operand dtype: bf16 | int8 | bfp16 | "
                    "int4 (weights); vector input dtype: float32 | bfloat16")
     s.add_argument("--group", type=int, default=0, help="weight group along K (int8/int4 weights)")
@@ -47,11 +52,26 @@ def _shape(text: str) -> tuple[int, ...]:
     return dims
 
 
-def build_design(name: str, shape: tuple[int, ...], dtype: str = "bf16", group: int = 0):
-    """A design from a CLI name and shape (the same designs the compiler creates)."""
+def build_design(name: str, shape: tuple[int, ...], dtype: str = "bf16", group: int = 0,
+                 causal: bool = False):
+    """A design from a CLI name and shape (the same designs the compiler and engine create)."""
     import torch
 
     from torch_xdna.cli.common import CliError
+    if name == "attention":
+        from torch_xdna.kernels.attention import AttentionDesign
+        if len(shape) != 6:
+            raise CliError(f"attention needs --shape BxHqxHkvxLqxSxD, got {shape}")
+        return AttentionDesign(*shape, causal=causal)
+    if name == "decode_layer":
+        from torch_xdna.kernels.llm_blocks import AttentionBlockDesign, DecoderLayerDesign, \
+            MlpBlockDesign, default_group
+        if len(shape) != 6:
+            raise CliError(f"decode_layer needs --shape HIDDENxINTERxHEADSxKVxHEAD_DIMxCAPACITY, got {shape}")
+        h, f, hq, hkv, hd, cap = shape
+        g = group or default_group(dtype)
+        a = AttentionBlockDesign(h, 1, dtype, g, 1e-6, 0.0, hq, hkv, hd, cap, qk_norm=True)
+        return DecoderLayerDesign(a, MlpBlockDesign(h, 1, dtype, g, 1e-6, 0.0, f))
     from torch_xdna.kernels.gemm import GemmDesign
     from torch_xdna.kernels.vector import OPS, VectorDesign
     if name in GEMM_NAMES:
@@ -83,19 +103,19 @@ def build_design(name: str, shape: tuple[int, ...], dtype: str = "bf16", group: 
     return VectorDesign(name, (shape,) * n_in, (tdt,) * n_in, shape, f32)
 
 
-def describe(design, gen) -> dict:
+def describe(design, gen, **launch) -> dict:
     """Tiles, FIFOs, BDs and stream size of each program of one launch."""
     from torch_xdna.array.validate import validate
     from torch_xdna.kernels.lower import lower
     plan = design.plan(gen)
     out = {"design": design.name, "generation": gen.name, "plan": plan.summary(), "programs": []}
-    for prog in lower(design, gen):
+    for prog in lower(design, gen, **launch):
         u = validate(prog, gen)
         kinds = {}
         for t in prog.tiles:
             kinds[t.kind] = kinds.get(t.kind, 0) + 1
         entry = {
-            "name": prog.name, "tiles": kinds, "columns": sorted({t.col for t in prog.tiles}),
+            "name": prog.name, "stage": dict(prog.notes).get("stage"), "tiles": kinds, "columns": sorted({t.col for t in prog.tiles}),
             "fifos": [{"name": f.name, "from": f.producer.name, "to": [c.name for c in f.consumers],
                        "depth": f.depth, "elem": f"{'x'.join(map(str, f.elem.shape))}x{f.elem.dtype}"}
                       for f in prog.fifos],
@@ -127,8 +147,8 @@ def run(args: argparse.Namespace) -> int:
     if getattr(args, "design_cmd", None) != "show":
         raise CliError("use: xdna design show NAME --shape ...")
     gen = get_generation(args.generation)
-    d = build_design(args.name, _shape(args.shape), args.dtype, args.group)
-    info = describe(d, gen)
+    d = build_design(args.name, _shape(args.shape), args.dtype, args.group, args.causal)
+    info = describe(d, gen, **({"kv_len": args.kv_len} if args.kv_len else {}))
     progs = info.pop("programs")
     if args.mlir:
         from torch_xdna.array.mlir import to_mlir
@@ -148,8 +168,13 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(info, indent=2))
         return 0
     print(f"{info['design']} on {gen.name} (plan: {info['plan']})")
+    if len(entries) > 1:
+        words = sum(e.get("stream", {}).get("words", 0) for e in entries)
+        print(f"{len(entries)} programs per launch, {sum(e['tasks'] for e in entries)} shim tasks, "
+              f"{words} stream words in all")
     for e in entries:
-        print(f"program {e['name']}: tiles {e['tiles']} in columns {e['columns']}, "
+        stage = f" [{e['stage']}]" if e.get("stage") else ""
+        print(f"program {e['name']}{stage}: tiles {e['tiles']} in columns {e['columns']}, "
               f"{len(e['fifos'])} fifos, {e['links']} mem-tile links, kernels {', '.join(e['kernels'])}")
         print(f"  L1 {e['l1_bytes_max']} B/core, mem tile {e['memtile_bytes_max']} B, BDs core "
               f"{e['core_bds_max']} / mem tile {e['memtile_bds_max']} / shim in flight "
