@@ -80,6 +80,9 @@ def test_ir_fits_and_agrees_with_plan(d):
     assert len({t.col for t in cores}) == plan.columns
     for p in progs[1:]:
         validate(p, NPU4)
+    from torch_xdna.array import txn
+    for p in progs:                      # every task fits the shim BD fields
+        assert len(txn.encode_sequence(p)) > 0
 
 
 def test_gemm_grid_and_tile_are_the_plans():
@@ -141,8 +144,10 @@ def test_multi_stage_designs_lower_stage_by_stage():
     progs = lower(DecoderLayerDesign(a, m), NPU4)
     stages = [dict(p.notes)["stage"] for p in progs]
     assert stages[0] == "llm_attention.attn_norm" and stages[-1] == "llm_mlp.down"
+    from torch_xdna.array import txn
     for p in progs:
         validate(p, NPU4)
+        txn.encode_sequence(p)
         assert dict(p.notes)["executable"] is False
     # every stage's args are the block's operands or named scratch buffers
     assert {a.name for a in progs[1].sequence.args} == {"T_norm", "w_qkv", "T_qkv"}

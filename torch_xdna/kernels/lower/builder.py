@@ -124,7 +124,13 @@ class Builder:
         when its queue or the shim's BDs are full. An outer dimension whose stride is beyond
         the DMA's limit is unrolled into one task per step (same stream)."""
         limit = self.gen.max_dma_stride.value
-        if len(sizes) > 1 and strides[0] > limit and sizes[0] > 1:
+        sizes, strides = tuple(int(x) for x in sizes), tuple(int(x) for x in strides)
+        if len(sizes) > 1 and sizes[-1] > 0 and strides[-1] == 1 and not self._legal(arg, sizes, strides):
+            refit = _refactor_inner(sizes, strides, pad_after, self._bits(arg))
+            if refit is not None and self._legal(arg, refit[0], refit[1]):
+                sizes, strides, pad_after = refit
+        if len(sizes) > 1 and sizes[0] > 1 and (
+                strides[0] > limit or not self._legal(arg, sizes, strides)):
             pads = tuple(pad_after) or (0,) * len(sizes)
             tid = -1
             for i in range(int(sizes[0])):
@@ -157,6 +163,26 @@ class Builder:
         self._task_bd[tid] = (col, bd, key)
         return tid
 
+    def _bits(self, arg: str) -> int:
+        for a in self.args:
+            if a.name == arg:
+                return ir.DTYPE_BITS[a.type.dtype]
+        raise LoweringError(f"{self.name}: task on unknown host arg {arg!r}")
+
+    def _legal(self, arg: str, sizes, strides) -> bool:
+        """Whether the shim BD fields can hold this pattern (the stream encoder's own check)."""
+        if not all(sizes):
+            return True
+        try:
+            from torch_xdna.array import txn
+        except ImportError:
+            return True
+        try:
+            txn.hw_pattern(sizes, strides, self._bits(arg))
+        except txn.StreamError:
+            return False
+        return True
+
     def _oldest_on(self, col: int) -> tuple:
         keys = [k for k, q in self._queue.items() if k[0] == col and q]
         return min(keys, key=lambda k: self._queue[k][0])
@@ -186,6 +212,21 @@ class Builder:
             kernels=tuple(self.kernels.values()), cores=tuple(self.cores),
             sequence=ir.RuntimeSequence(tuple(self.args), tuple(self.ops), tuple(self.scalars)),
             notes=tuple(sorted((k, v) for k, v in self.notes.items())))
+
+
+def _refactor_inner(sizes, strides, pads, bits: int):
+    """Split a contiguous innermost run too long for the BD's wrap field into (n/a, a)."""
+    n = sizes[-1]
+    pads = tuple(pads) or (0,) * len(sizes)
+    if len(sizes) >= 4:
+        return None
+    from torch_xdna.hw import aie2p_regs
+    wrap = (1 << aie2p_regs.SHIM_WRAP_BITS.value) - 1            # words
+    for a in range(min(n, wrap * 32 // bits), 0, -1):
+        if n % a == 0 and a * bits % 32 == 0 and pads[-1] % a == 0:
+            return (sizes[:-1] + (n // a, a), strides[:-1] + (a, 1),
+                    pads[:-1] + (pads[-1] // a, 0))
+    return None
 
 
 def _calls(body):
