@@ -7,7 +7,7 @@ from torch_xdna.array.validate import ArrayIRError, usage, validate
 from torch_xdna.hw import NPU4
 from torch_xdna.kernels.gemm import GemmDesign
 from torch_xdna.kernels.lower import lower
-from torch_xdna.kernels.lower.gemm import pack_weight_tiles
+from torch_xdna.kernels.lower.gemm import pack_bfp16_tiles, pack_weight_tiles
 from torch_xdna.kernels.vector import EmbeddingDesign, VectorDesign
 from torch_xdna.kernels.attention import AttentionDesign
 from torch_xdna.kernels.dma import ConcatDesign, GatherDesign
@@ -151,3 +151,61 @@ def test_multi_stage_designs_lower_stage_by_stage():
         assert dict(p.notes)["executable"] is False
     # every stage's args are the block's operands or named scratch buffers
     assert {a.name for a in progs[1].sequence.args} == {"T_norm", "w_qkv", "T_qkv"}
+
+
+SWEEP = [(m, k, n, dt, g) for (m, k, n) in ((1, 64, 8), (5, 72, 36), (17, 200, 44), (64, 136, 96),
+                                            (130, 40, 260), (3, 1024, 1000))
+         for dt, g in (("bf16", 0), ("int8", 0), ("int4", 8), ("int8", 8), ("bfp16", 0))]
+
+
+@pytest.mark.parametrize("m,k,n,dt,g", SWEEP)
+def test_gemm_shape_sweep_fits_and_encodes(m, k, n, dt, g):
+    """Edge tiles in M, N and K (K not a multiple of the K tile) for every GEMM dtype."""
+    from torch_xdna.array import txn
+    if dt == "bfp16" and k % 8:
+        pytest.skip("bfp16 blocks need K % 8 == 0")
+    d = GemmDesign(m, k, n, dtype=dt, w_group=g,
+                   out_dtype=torch.int32 if dt == "int8" and not g else torch.float32)
+    (prog,) = lower(d, NPU4)
+    u = validate(prog, NPU4)
+    cores = [t for t in prog.tiles if t.kind == "compute"]
+    assert max(u.memory[t.name] for t in cores) == d.plan(NPU4).l1_bytes
+    assert u.bytes_out == m * n * (4 if dt != "int8" or not g else 4)
+    txn.encode_sequence(prog)
+
+
+@pytest.mark.parametrize("op,shape,n_in", [("add", (999,), 2), ("mul", (3, 70001), 2),
+                                            ("exp", (4097,), 1), ("softmax", (7, 333), 1),
+                                            ("rms_norm", (5, 2048), 2)])
+def test_vector_shape_sweep(op, shape, n_in):
+    from torch_xdna.array import txn
+    if op == "rms_norm":
+        d = VectorDesign(op, (shape, shape[-1:]), (F32, F32), shape, F32,
+                         (("eps", 1e-6), ("has_weight", True)))
+    else:
+        d = VectorDesign(op, (shape,) * n_in, (F32,) * n_in, shape, F32)
+    (prog,) = lower(d, NPU4)
+    u = validate(prog, NPU4)
+    n = 1
+    for s in shape:
+        n *= s
+    assert u.bytes_out == n * 4
+    txn.encode_sequence(prog)
+
+
+def test_unaligned_rows_are_named():
+    from torch_xdna.kernels.lower import LoweringError
+    with pytest.raises(LoweringError, match="32-bit words"):
+        lower(GemmDesign(5, 64, 30, dtype="int8", out_dtype=torch.int32), NPU4)
+
+
+def test_bfp16_tiles_pack_exactly():
+    d = GemmDesign(16, 72, 40, dtype="bfp16")
+    b = torch.randn(72, 40)
+    packed = pack_bfp16_tiles(d, NPU4, b)
+    (prog,) = lower(d, NPU4)
+    arg = next(a for a in prog.sequence.args if a.name == "B")
+    assert packed.numel() == arg.type.numel
+    tm, tk, tn = d.plan(NPU4).tile
+    first = quant.encode_bfp16(torch.nn.functional.pad(b.t()[0, :min(tk, 72)], (0, max(0, tk - 72))))
+    assert torch.equal(packed[:tk // 8 * 9], first)

@@ -150,6 +150,7 @@ class Builder:
         while len(self._queue[key]) >= depth or not free:
             victim_key = key if self._queue[key] else self._oldest_on(col)
             self._await((self._queue[victim_key][0],))
+        self._check_words(fifo, arg, offset, sizes, strides)
         bd = free.pop(0)
         tid = self._next_task
         self._next_task += 1
@@ -162,6 +163,27 @@ class Builder:
         self._queue[key].append(tid)
         self._task_bd[tid] = (col, bd, key)
         return tid
+
+    def _check_words(self, fifo, arg, offset, sizes, strides) -> None:
+        """The shim DMA addresses 32-bit words: base, runs and strides must be whole words."""
+        bits = self._bits(arg)
+        if not all(int(x) for x in sizes):
+            return
+        bad = None
+        if int(offset) * bits % 32:
+            bad = f"offset {offset}"
+        elif int(sizes[-1]) * bits % 32:
+            bad = f"run of {sizes[-1]} elements"
+        else:
+            for sz, st in zip(sizes[:-1], strides[:-1]):
+                if int(sz) > 1 and int(st) * bits % 32:
+                    bad = f"stride {st}"
+                    break
+        if bad:
+            raise LoweringError(
+                f"{self.name}: task on {arg!r} ({fifo}): {bad} is not a whole number of 32-bit "
+                f"words ({bits}-bit elements); the shim DMA addresses words, so this operand's "
+                f"rows must be a multiple of {32 // bits} elements (pad them on the host)")
 
     def _bits(self, arg: str) -> int:
         for a in self.args:

@@ -78,12 +78,17 @@ def gemm_program(d, gen: Generation, name: str | None = None, args=("A", "B", "C
     a_name, b_name, c_name = args[:3]
     b.arg(a_name, (nb_batch, m_total, K), a_dt)
     b.arg(b_name, (nb_batch, N, k_row) if n_major else (nb_batch, K, N), b_dt)
-    tile_b = tn * kb(tk) + tn * sg * 2           # weight-only: one packed [W | scales] tile
-    if wo:
+    # weight-only and bfp16 B stream as contiguous tiles (word-aligned runs for the shim BDs)
+    packed = wo or bfp
+    tile_b = tn * kb(tk) + tn * sg * 2           # one [W | scales] (or bfp16 B^T) tile, bytes
+    b_batch = nblocks * gn * kt * tile_b
+    if packed:
         b.notes["host_layout"] = (("B", "pack_weight_tiles(W, scales): [n tile][k step][W tile | "
-                                   "scale tile] bytes, zero-padded"),)
+                                   "scale tile] bytes, zero-padded" if wo else
+                                   "pack_bfp16_tiles(B): [batch][n tile][k step][bfp16 B^T tile]"
+                                   " bytes, zero-padded"),)
         b.args.pop()
-        b.arg(b_name, (nblocks * gn * kt * tile_b,), "u8")
+        b.arg(b_name, (nb_batch * b_batch,), "u8")
     b.arg(c_name, (nb_batch, m_total, N), out_dt)
 
     # -- placement -------------------------------------------------------------------------
@@ -107,6 +112,7 @@ def gemm_program(d, gen: Generation, name: str | None = None, args=("A", "B", "C
         kind = "gemv" if d.m == 1 else "matmul"
         mm = b.kernel(f"{kind}_{d.dtype}_bf16", (a_t, b_t, tt((tk, tn), "bf16"), acc_t, "i32", "i32"))
     elif bfp:
+        b_t = tt((tile_b,), "u8")
         mm = b.kernel("matmul_bf16_bfp16_f32", (a_t, b_t, acc_t))
     else:
         mm = b.kernel(f"matmul_{'i8_i32' if cdt == 'int8' else 'bf16_f32'}", (a_t, b_t, acc_t))
@@ -126,7 +132,7 @@ def gemm_program(d, gen: Generation, name: str | None = None, args=("A", "B", "C
         pc = pcs[c]
         if not pc:
             continue
-        if wo:
+        if packed:
             b.fifo(f"B{c}", b.shim(c), b.mem(c), 2, tt((pc * tile_b,), "u8"))
         elif n_major:
             b.fifo(f"B{c}", b.shim(c), b.mem(c), 2, tt((pc * tn, kb(tk)), b_dt))
@@ -137,7 +143,7 @@ def gemm_program(d, gen: Generation, name: str | None = None, args=("A", "B", "C
             outs.append(f"B{c}_{jj}")
             dims = () if n_major or pc == 1 else ((tk, pc * tn), (tn, 1))
             b.fifo(outs[-1], b.mem(c), [cores[(i, c, jj)] for i in range(gm)], 2, b_t, dims=dims)
-        offs = tuple(jj * (tile_b if wo else tn * kb(tk) if n_major else tn) for jj in range(pc))
+        offs = tuple(jj * (tile_b if packed else tn * kb(tk) if n_major else tn) for jj in range(pc))
         b.link([f"B{c}"], outs, (), offs if pc > 1 else ())
     for c in range(cols):
         if not pcs[c]:
@@ -190,10 +196,10 @@ def gemm_program(d, gen: Generation, name: str | None = None, args=("A", "B", "C
                         continue
                     n0 = (bn * gn + c * per_col) * tn
                     nv = max(0, min(pcs[c] * tn, N - n0))
-                    if wo:
+                    if packed:
                         j0 = bn * gn + c * per_col
-                        b.task(f"B{c}", b_name, j0 * kt * tile_b, (kt, pcs[c], tile_b),
-                               (tile_b, kt * tile_b, 1))
+                        b.task(f"B{c}", b_name, bb * b_batch + j0 * kt * tile_b,
+                               (kt, pcs[c], tile_b), (tile_b, kt * tile_b, 1))
                     elif n_major:
                         base = bb * N * k_row + min(n0, N) * k_row
                         _k_tasks(b, f"B{c}", b_name, base, kt, kb(tk), kb(k_last), nv, pcs[c] * tn,
@@ -269,6 +275,26 @@ def pack_weight_tiles(d, gen: Generation, q: torch.Tensor, scales: torch.Tensor)
     s = s.reshape(ntp, tn, kt, sg).permute(0, 2, 1, 3).contiguous().view(torch.uint8)
     s = s.reshape(ntp, kt, tn * sg * 2)
     return torch.cat([w, s], dim=-1).reshape(-1).contiguous()
+
+
+def pack_bfp16_tiles(d, gen: Generation, b: torch.Tensor) -> torch.Tensor:
+    """Host layout of a bfp16 GEMM's B [.., K, N] (floats): per batch, [n tile][k step] tiles of
+    B^T (tn rows of tk values) encoded as bfp16 blocks along K (quant.encode_bfp16), zero-padded
+    at the edges; every tile is a whole number of 32-bit words."""
+    from torch_xdna.kernels import quant
+    plan = d.plan(gen)
+    tm, tk, tn = plan.tile
+    gm, gn = plan.notes["grid"]
+    K, N = d.k, d.n
+    kt, nt = ceil_div(K, tk), ceil_div(N, tn)
+    ntp = ceil_div(nt, gn) * gn
+    bt = b.float().reshape(-1, K, N).transpose(-1, -2)          # [batch, N, K]
+    full = torch.zeros(bt.shape[0], ntp * tn, kt * tk)
+    full[:, :N, :K] = bt
+    enc = quant.encode_bfp16(full)                               # [batch, ntp*tn, kt*tk/8*9]
+    kb = tk // 8 * 9
+    enc = enc.reshape(-1, ntp, tn, kt, kb).permute(0, 1, 3, 2, 4)
+    return enc.reshape(-1).contiguous()
 
 
 def gemm_programs(d, gen: Generation) -> tuple[ir.ArrayProgram, ...]:
