@@ -80,8 +80,9 @@ class SimDevice(Device):
         if (self.level or txn_level.level()) == "txn":
             try:
                 stream = self.txn.run(design, ins, outs, launch.scalars)
-            except txn_level.Unlowered:
+            except txn_level.Unlowered as e:
                 self.txn.fallbacks += 1
+                self.txn.fallback_reasons[design.name] = str(e)
                 design.reference(ins, outs, **launch.scalars)
         else:
             design.reference(ins, outs, **launch.scalars)

@@ -77,6 +77,7 @@ class TxnRunner:
         self.streams: OrderedDict[tuple, tuple[list[int], T.StreamStats]] = OrderedDict()
         self.max_streams = max_streams
         self.fallbacks = 0
+        self.fallback_reasons: dict[str, str] = {}    # design name -> why it ran functionally
         self.launches = 0
         self.last: dict = {}
 
@@ -144,10 +145,14 @@ class TxnRunner:
         for name, t in zip(launch, tensors):
             ty = types.get(name)
             dt = TORCH_OF.get(ty.dtype) if ty else None
+            if ty is not None and t.numel() != ty.numel:
+                t = _compact(t)          # a broadcast (stride-0) view: the buffer holds its base
             if dt is None or t.numel() != ty.numel:
                 raise Unlowered(f"{design.name}: argument {name} ({ty}) does not match the launch "
                                 f"tensor {tuple(t.shape)} {t.dtype}")
-            host[name] = t.detach().reshape(-1).to(dt).contiguous().view(torch.uint8).clone()
+            flat = torch.empty(t.numel(), dtype=dt)
+            flat.copy_(t.detach().reshape(-1))
+            host[name] = flat.view(torch.uint8)
         for name in scratch:
             host[name] = torch.zeros(int(types[name].nbytes), dtype=torch.uint8)
         total = None
@@ -168,6 +173,14 @@ class TxnRunner:
         self.launches += 1
         self.last = dict(counts_all, words=total.words, stages=len(progs))
         return total
+
+
+def _compact(t: torch.Tensor) -> torch.Tensor:
+    """A broadcast view without its stride-0 dimensions (what its host buffer holds)."""
+    for d in range(t.dim() - 1, -1, -1):
+        if t.stride(d) == 0 and t.shape[d] > 1:
+            t = t.narrow(d, 0, 1)
+    return t.contiguous()
 
 
 def _add_stats(a: T.StreamStats, b: T.StreamStats) -> T.StreamStats:
