@@ -56,3 +56,10 @@ def test_structure_checker_catches_errors():
         check_structure(text.replace("(%6, %8, %10", "(%99, %8, %10"))
     with pytest.raises(ValueError, match="left open"):
         check_structure(text.rsplit("}", 1)[0])
+
+
+def test_older_sequence_spelling():
+    d = VectorDesign("mul", ((256,), (256,)), (torch.float32,) * 2, (256,), torch.float32)
+    text = to_mlir(lower(d, NPU4)[0], sequence_op="aiex.runtime_sequence")
+    assert "aiex.runtime_sequence(" in text and "aie.runtime_sequence(" not in text
+    check_structure(text)

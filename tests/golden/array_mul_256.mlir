@@ -32,7 +32,7 @@ module {
       }
       aie.end
     } {link_with = "mul_f32_f32.o"}
-    aiex.runtime_sequence(%in0: memref<256xf32>, %in1: memref<256xf32>, %out0: memref<256xf32>) {
+    aie.runtime_sequence(%in0: memref<256xf32>, %in1: memref<256xf32>, %out0: memref<256xf32>) {
       %t12 = aiex.dma_configure_task_for @out0_0 {
         aie.dma_bd(%out0 : memref<256xf32>, 0, 256, [<size = 1, stride = 256>, <size = 256, stride = 1>]) {bd_id = 0 : i32}
         aie.end

@@ -4,8 +4,11 @@ and in generic form for parsing with a generic MLIR parser.
 The structure follows mlir-aie's programming_examples (aie.device, aie.tile, aie.objectfifo with
 dimensionsToStream, aie.objectfifo.link for mem-tile split/join, aie.core with scf.for loops,
 objectfifo acquire / subview.access / release, func.call to external kernels with link_with,
-aiex.runtime_sequence with dma_configure_task_for / dma_start_task / dma_await_task); the
-printer is ours. Edge-tile padding (DmaTask.pad_after) has no shim BD field on AIE-ML: it is
+a runtime sequence with dma_configure_task_for / dma_start_task / dma_await_task); the
+printer is ours. The runtime sequence is spelled `aie.runtime_sequence`, its name since
+Xilinx/mlir-aie PR #2708 (merged 2025-11, "Promote runtime_sequence to aie dialect");
+`sequence_op="aiex.runtime_sequence"` prints the older spelling for older toolchains.
+Edge-tile padding (DmaTask.pad_after) has no shim BD field on AIE-ML: it is
 printed as a `pad_after` attribute on the aie.dma_bd, which the upstream tools do not act on
 (a chip build of a design with edge tiles needs mem-tile padding; see docs/array.md).
 `check_structure` is our own checker of the custom form (regions balanced, SSA values defined
@@ -25,6 +28,7 @@ KNOWN_OPS = {"module", "aie.device", "aie.tile", "aie.objectfifo", "aie.objectfi
              "aie.buffer", "aie.core", "aie.end", "aie.objectfifo.acquire",
              "aie.objectfifo.subview.access", "aie.objectfifo.release", "aie.dma_bd",
              "func.func", "func.call", "arith.constant", "scf.for", "aiex.runtime_sequence",
+             "aie.runtime_sequence",
              "aiex.dma_configure_task_for", "aiex.dma_start_task", "aiex.dma_await_task",
              "aiex.npu.rtp_write", "memref.load"}
 
@@ -74,7 +78,11 @@ class _Names:
         return f"%{hint}{self.n}"
 
 
-def emit(prog: ir.ArrayProgram, arch: str = "aie2p") -> tuple[str, str]:
+SEQUENCE_OP = "aie.runtime_sequence"
+
+
+def emit(prog: ir.ArrayProgram, arch: str = "aie2p",
+         sequence_op: str = SEQUENCE_OP) -> tuple[str, str]:
     """(custom form, generic form) of one program."""
     o, names = _Out(), _Names()
     dev = DEVICE[arch]
@@ -131,7 +139,7 @@ def emit(prog: ir.ArrayProgram, arch: str = "aie2p") -> tuple[str, str]:
         o.ind -= 1
         lw = " ".join(core.link_with)
         o.line(f'}} {{link_with = "{lw}"}}', f'}}) {{link_with = "{lw}"}} : (index) -> index')
-    _sequence(o, names, prog)
+    _sequence(o, names, prog, sequence_op)
     o.line(None, '"aie.end"() : () -> ()')
     o.ind -= 1
     o.line("}", f'}}) {{device = "{dev}"}} : () -> ()')
@@ -140,9 +148,9 @@ def emit(prog: ir.ArrayProgram, arch: str = "aie2p") -> tuple[str, str]:
     return "\n".join(o.p) + "\n", "\n".join(o.g) + "\n"
 
 
-def to_mlir(prog: ir.ArrayProgram, arch: str = "aie2p") -> str:
+def to_mlir(prog: ir.ArrayProgram, arch: str = "aie2p", sequence_op: str = SEQUENCE_OP) -> str:
     """The custom-form module aiecc.py takes."""
-    return emit(prog, arch)[0]
+    return emit(prog, arch, sequence_op)[0]
 
 
 def _const(o, names, value, type_: str) -> str:
@@ -213,11 +221,11 @@ def _body(o, names, prog, kernels, bv, body, held):
                    f'"func.call"({", ".join(vals)}) <{{callee = @{k.symbol}}}> : ({types}) -> ()')
 
 
-def _sequence(o, names, prog):
+def _sequence(o, names, prog, sequence_op: str = SEQUENCE_OP):
     seq = prog.sequence
     av = {a.name: f"%{a.name}" for a in seq.args}
     sig = ", ".join(f"{av[a.name]}: {memref(a.type)}" for a in seq.args)
-    o.line(f"aiex.runtime_sequence({sig}) {{", '"aiex.runtime_sequence"() ({')
+    o.line(f"{sequence_op}({sig}) {{", f'"{sequence_op}"() ({{')
     o.ind += 1
     if seq.args:
         o.line(None, f"^bb0({sig}):")
@@ -299,7 +307,7 @@ def check_structure(text: str) -> dict:
                     raise ValueError(f"mlir line {no}: {u} used before definition")
             defined.add(iv)
             continue
-        if opname == "aiex.runtime_sequence":
+        if opname in ("aiex.runtime_sequence", "aie.runtime_sequence"):
             defined.update(re.findall(r"(%[A-Za-z_][A-Za-z0-9_]*):", line))
             continue
         for u in _SSA.findall(rhs):
