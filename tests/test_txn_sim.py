@@ -165,6 +165,29 @@ def test_staged_gated_gemm_bit_identical(m, k, n, dt):
     assert torch.equal(func, txn)
 
 
+@pytest.mark.parametrize("kw", [dict(bias=True, epilogue="gelu"), dict(bias=True, residual=True, epilogue="silu")])
+def test_gemm_epilogue_stage_bit_identical(kw, monkeypatch):
+    """GEMM + bias/activation/residual: the GEMM stage writes fp32 to scratch T, the epilogue
+    stage finishes the rows. gemm_programs does not name its launch_args yet, so the test adds
+    them the way fused.py's staged lowerings do."""
+    from torch_xdna.kernels.lower.fused import rename_args
+
+    def lowerer(d, gen, **launch):
+        progs = lower(d, gen, **launch)
+        la = ("A", "B") + (("bias",) if d.bias else ()) + (("R",) if d.residual else ()) + ("C",)
+        return (rename_args(progs[0], {}, {"launch_args": la, "scratch_args": ("T",)}),) + progs[1:]
+
+    monkeypatch.setattr(txn_level, "_lowerer", lowerer)
+    m, k, n = 8, 64, 96
+    g = torch.Generator().manual_seed(n)
+    d = GemmDesign(m=m, k=k, n=n, dtype="bf16", out_dtype=torch.float32, **kw)
+    ins = [torch.randn(m, k, generator=g), torch.randn(k, n, generator=g), torch.randn(n, generator=g)]
+    if d.residual:
+        ins.append(torch.randn(m, n, generator=g))
+    func, txn = _both(d, ins, (m, n), torch.float32)
+    assert torch.equal(func, txn)
+
+
 def test_sim_device_level_switch_and_stream_costs():
     """The same launch at both levels of one SimDevice: identical output; at the txn level the
     DMA term is counted from the stream (its BDs' bytes), a new shape is a new stream."""
