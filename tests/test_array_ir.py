@@ -78,6 +78,15 @@ def test_ir_fits_and_agrees_with_plan(d):
     assert max(u.locks[t.name] for t in cores) <= max(plan.core_locks, 2 * plan.core_bds)
     assert len(cores) == plan.cores
     assert len({t.col for t in cores}) == plan.columns
+    # DMA channels: within the plan's per-core and per-shim figures where it states them (the
+    # plan counts shim channels as (into the array, out of it): MM2S, S2MM)
+    for key, kind in (("core_dma", "compute"), ("shim_dma", "shim")):
+        if key in plan.notes:
+            cin, cout = plan.notes[key]
+            used = [u.channels[t.name] for t in main.tiles if t.kind == kind]
+            if kind == "shim":
+                used = [(o, i) for i, o in used]
+            assert max(i for i, _ in used) <= cin and max(o for _, o in used) <= cout, key
     for p in progs[1:]:
         validate(p, NPU4)
     from torch_xdna.array import txn
