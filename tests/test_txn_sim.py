@@ -188,6 +188,26 @@ def test_gemm_epilogue_stage_bit_identical(kw, monkeypatch):
     assert torch.equal(func, txn)
 
 
+@pytest.mark.parametrize("m,k,n,dt,grp", [(1, 256, 128, "int8", 32), (1, 256, 96, "int4", 32),
+                                         (4, 128, 64, "int8", 64)])
+def test_weight_only_gemm_within_reordering_bound(m, k, n, dt, grp):
+    """Weight-only GEMV/GEMM: W and scales packed per tile on the host (pack_weight_tiles), each
+    core dequantizes its tile to bf16 and accumulates in fp32 K tile by K tile. Against the
+    functional level's one matmul: |diff| <= 2 * K * 2^-24 * (|A| @ |W * s|^T)."""
+    from torch_xdna.kernels import quant
+    g = torch.Generator().manual_seed(k + n)
+    lo, hi = (-8, 8) if dt == "int4" else (-128, 128)
+    w = torch.randint(lo, hi, (n, k), dtype=torch.int8, generator=g)
+    wq = quant.pack_int4(w) if dt == "int4" else w
+    sc = (torch.rand(n, k // grp, generator=g) * 0.1).to(torch.bfloat16)
+    a = torch.randn(m, k, generator=g)
+    d = GemmDesign(m=m, k=k, n=n, dtype=dt, w_group=grp, out_dtype=torch.float32)
+    func, txn = _both(d, [a, wq, sc], (m, n), torch.float32)
+    deq = quant.dequantize(w, sc, grp).abs()
+    bound = 2 * k * 2 ** -24 * (a.abs() @ deq.transpose(0, 1))
+    assert bool(((func - txn).abs() <= bound).all())
+
+
 def test_sim_device_level_switch_and_stream_costs():
     """The same launch at both levels of one SimDevice: identical output; at the txn level the
     DMA term is counted from the stream (its BDs' bytes), a new shape is a new stream."""

@@ -44,11 +44,15 @@ def matmul_i8_i32(a: torch.Tensor, b: torch.Tensor, acc: torch.Tensor) -> None:
 
 
 def _weight_only(int4: bool):
-    def mm(a, w, s, wdq, acc, group):
-        q = quant.unpack_int4(w) if int4 else w
-        tk = q.shape[-1]
-        g = group if tk >= group else tk            # a K tile inside one group: one scale per row
-        deq = numerics.bf16_round(quant.dequantize(q, s.reshape(q.shape[0], -1)[:, :tk // g], g))
+    """P = [W tile (tn x tk int8, or tn x tk/2 packed int4) | scales (tn x sg bf16)] bytes."""
+    def mm(a, packed, wdq, acc, group, sg):
+        tk, tn = wdq.shape
+        wb = tn * (tk // 2 if int4 else tk)
+        w = packed[:wb].reshape(tn, -1)
+        q = quant.unpack_int4(w) if int4 else w.view(torch.int8)
+        s = packed[wb:wb + tn * sg * 2].view(torch.bfloat16).reshape(tn, sg)
+        deq = (q.float().reshape(tn, sg, tk // sg) * s.float().reshape(tn, sg, 1)).reshape(tn, tk)
+        deq = numerics.bf16_round(deq)
         wdq.copy_(deq.transpose(0, 1).to(wdq.dtype))
         acc += torch.matmul(_ftz(a), deq.transpose(0, 1))
     return mm
@@ -190,10 +194,20 @@ def _resolve(symbol: str):
 ck.register_resolver(_resolve)
 
 
+def _gemm_host_layout(d, gen, inputs):
+    """Weight-only GEMM: W and its scales become the per-tile runs the array streams."""
+    if not d.weight_only:
+        return None
+    from torch_xdna.kernels.lower.gemm import pack_weight_tiles
+    a, w, s, *rest = inputs
+    return [a, pack_weight_tiles(d, gen, w, s), *rest]
+
+
 def _register_lowering() -> None:
     from torch_xdna.kernels.lower import lower
     from torch_xdna.runtime.sim import txn_level
     txn_level.set_lowerer(lower)
+    txn_level.register_host_layout("gemm", _gemm_host_layout)
 
 
 _register_lowering()

@@ -29,6 +29,15 @@ _override = threading.local()
 _lowerer: Callable | None = None
 
 
+_host_layouts: dict[str, Callable] = {}
+
+
+def register_host_layout(kind: str, fn: Callable) -> None:
+    """fn(design, gen, inputs) -> the inputs as the program's host arguments expect them (e.g.
+    weights packed into per-tile runs, kernels/lower/gemm.pack_weight_tiles), or None."""
+    _host_layouts[kind] = fn
+
+
 def set_lowerer(fn: Callable) -> None:
     """fn(design, gen, **scalars) -> tuple[ArrayProgram, ...] (kernels/lower.lower)."""
     global _lowerer
@@ -135,6 +144,13 @@ class TxnRunner:
         """Execute one launch at the transaction level (each stage's stream in order, through
         scratch host buffers); raises Unlowered to fall back. Returns the launch's stream counts."""
         progs = self.program(design, scalars, inputs)
+        if any(dict(p.notes).get("host_layout") for p in progs):
+            packer = _host_layouts.get(design.kind)
+            packed = packer(design, self.gen, list(inputs)) if packer else None
+            if packed is None:
+                raise Unlowered(f"{design.name}: its host layout ({dict(progs[0].notes)['host_layout']}) "
+                                f"has no packer registered")
+            inputs = packed
         launch, scratch = self._stages(design, progs)
         tensors = list(inputs) + list(outputs)
         if len(launch) != len(tensors):
