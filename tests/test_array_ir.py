@@ -34,6 +34,8 @@ DESIGNS = [
                 (("add", (("in", 0), ("in", 1)), ()), ("silu", (("s", 0),), ())), (1,), ("float32",)),
     AttentionDesign(1, 4, 2, 1, 256, 64, causal=True),                 # GQA decode
     AttentionDesign(1, 4, 4, 20, 20, 32, causal=True, top_left=True),  # prefill, edge q tile
+    AttentionDesign(2, 4, 4, 16, 16, 32, mask=True, mask_shape=(2, 1, 1, 16)),   # padding mask
+    AttentionDesign(1, 2, 2, 8, 8, 64, mask=True, mask_bool=True, mask_shape=(1, 1, 8, 8)),
     ConcatDesign(((4, 3, 5), (4, 2, 5), (4, 0, 5)), torch.float32, 1, (4, 5, 5)),
     GatherDesign("index_select", ((10, 6), (4,)), torch.bfloat16, (4, 6), (("dim", 0),)),
     EmbeddingDesign(100, 64, 5, torch.float32),
@@ -71,6 +73,8 @@ def test_ir_fits_and_agrees_with_plan(d):
     l1 = max(u.memory[t.name] for t in cores)
     if d.kind == "chain":               # a chain's unit shrinks to tile a broadcast operand
         assert l1 <= plan.l1_bytes
+    elif d.kind == "attention" and d.mask_bool:   # the plan counts a bool mask at 4 bytes
+        assert l1 <= plan.l1_bytes + extra
     else:
         assert l1 == plan.l1_bytes + extra
     # what the plan proved available covers what the IR uses on every core
