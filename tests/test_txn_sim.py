@@ -208,6 +208,19 @@ def test_weight_only_gemm_within_reordering_bound(m, k, n, dt, grp):
     assert bool(((func - txn).abs() <= bound).all())
 
 
+@pytest.mark.parametrize("shape,w", [((300, 70), (70,)), ((1000,), (1000,))], ids=["bcast-row", "flat"])
+def test_fused_chain_bit_identical(shape, w):
+    """silu(x * 2 + y) * w as one generated kernel per unit (w broadcast over rows: resident)."""
+    from torch_xdna.kernels.fused import ChainDesign
+    steps = (("mul", (("in", 0), 2.0), ()), ("add", (("s", 0), ("in", 1)), ()), ("silu", (("s", 1),), ()),
+             ("mul", (("s", 2), ("in", 2)), ()))
+    d = ChainDesign((shape, shape, w), ("float32",) * 3, steps, (3,), ("float32",))
+    g = torch.Generator().manual_seed(7)
+    ins = [torch.randn(shape, generator=g), torch.randn(shape, generator=g), torch.randn(w, generator=g)]
+    func, txn = _both(d, ins, shape, torch.float32)
+    assert torch.equal(func, txn)
+
+
 def test_sim_device_level_switch_and_stream_costs():
     """The same launch at both levels of one SimDevice: identical output; at the txn level the
     DMA term is counted from the stream (its BDs' bytes), a new shape is a new stream."""

@@ -166,8 +166,46 @@ def _epilogue(act: str, bias: bool, res: bool):
     return run
 
 
+_LAYOUT_STEPS = {"view", "permute", "expand", "unsqueeze", "squeeze", "slice", "select",
+                 "strided_index", "cat"}
+
+
+def _chain(*args, call, program) -> None:
+    """One unit of a fused elementwise chain (program notes["chain"]: in_shapes, in_dtypes,
+    steps, outputs, out_dtypes): streamed inputs are this unit's contiguous chunk, broadcast
+    inputs arrive repeated to the unit in the resident element, in input order."""
+    import dataclasses as _dc
+    from torch_xdna.kernels.fused import ROW_OPS as CHAIN_ROW_OPS, ChainDesign
+    in_shapes, in_dtypes, steps, outputs, out_dtypes = dict(program.notes)["chain"]
+    if any(st[0] in CHAIN_ROW_OPS or st[0] in _LAYOUT_STEPS for st in steps):
+        raise ck.UnknownCoreKernel(f"{call.kernel} (chains with row or layout steps have no unit reference)")
+    kinds = [type(a).__name__ for a in call.args]
+    tensors = [x for x, k in zip(args, kinds) if k == "FifoElem"]
+    outs = tensors[len(tensors) - len(outputs):]
+    u = outs[0].numel()
+    sizes = [int(torch.Size(sh).numel()) for sh in in_shapes]
+    n = max(sizes + [1])
+    streamed = [i for i, m in enumerate(sizes) if m == n]
+    resident = [i for i, m in enumerate(sizes) if m != n]
+    parts = [t.reshape(-1) for t in tensors[:len(tensors) - len(outputs)]]
+    flat: list = []
+    for t in parts:                 # packed channels hold equal-length parts in order
+        flat.extend(t.reshape(-1, u).unbind(0) if t.numel() % u == 0 else [t])
+    xs = [None] * len(sizes)
+    for i, t in zip(streamed + resident, flat):
+        xs[i] = t.view(getattr(torch, in_dtypes[i])) if t.dtype == torch.uint8 else t
+    unit = ChainDesign(tuple((u,) for _ in sizes), in_dtypes, steps, outputs, out_dtypes)
+    for val, out in zip(unit.chain_outputs(xs), outs):
+        numerics.store(val.reshape(out.shape) if val.numel() == out.numel() else val.expand(out.shape), out)
+
+
+_chain.wants_call = True
+
+
 def _resolve(symbol: str):
     from torch_xdna.kernels.vector import OPS
+    if symbol.startswith("chain_"):
+        return _chain
     if symbol.startswith("gate_mul_f32_"):
         return _gate_mul
     if symbol.startswith("epilogue_"):

@@ -22,6 +22,7 @@ import torch
 from torch_xdna.array import ir
 from torch_xdna.array import txn as T
 from torch_xdna.runtime.errors import XdnaError
+from torch_xdna.runtime.sim import core_kernels
 from torch_xdna.runtime.sim import txn as sim_txn
 
 LEVELS = ("functional", "txn")
@@ -152,6 +153,12 @@ class TxnRunner:
                                 f"has no packer registered")
             inputs = packed
         launch, scratch = self._stages(design, progs)
+        for p in progs:                  # every core kernel needs a reference at this level
+            for k in p.kernels:
+                try:
+                    core_kernels.lookup(k.symbol)
+                except core_kernels.UnknownCoreKernel as e:
+                    raise Unlowered(str(e)) from None
         tensors = list(inputs) + list(outputs)
         if len(launch) != len(tensors):
             raise Unlowered(f"{design.name}: runtime sequence takes {len(launch)} buffers, the launch "
