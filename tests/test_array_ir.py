@@ -222,3 +222,18 @@ def test_bfp16_tiles_pack_exactly():
     tm, tk, tn = d.plan(NPU4).tile
     first = quant.encode_bfp16(torch.nn.functional.pad(b.t()[0, :min(tk, 72)], (0, max(0, tk - 72))))
     assert torch.equal(packed[:tk // 8 * 9], first)
+
+
+@pytest.mark.parametrize("prec", ["bf16", "int8", "int4"])
+def test_llm_embed_rows_lower(prec):
+    from torch_xdna.array import txn
+    from torch_xdna.kernels.llm_blocks import EmbedDesign
+    w = torch.randn(100, 64)
+    tables = {"bf16": [w.bfloat16()], "int8": list(quant.quantize_int8(w, 32)),
+              "int4": list(quant.quantize_int4(w, 32))}[prec]
+    d = EmbedDesign(100, 64, 4, prec, 0 if prec == "bf16" else 32)
+    (prog,) = lower(d, NPU4, inputs=[*tables, torch.tensor([3, 99, 0, 5], dtype=torch.int32)], n=3)
+    u = validate(prog, NPU4)
+    assert u.bytes_out == 3 * 64 * 4
+    assert u.tasks == 1 + 3 * len(tables)             # one drain, one BD per row and table
+    txn.encode_sequence(prog)

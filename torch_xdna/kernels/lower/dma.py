@@ -124,3 +124,57 @@ def embedding_program(d, gen: Generation, inputs=None, **_) -> ir.ArrayProgram:
             raise LoweringError(f"embedding: index {i} outside 0..{d.vocab - 1}")
         b.task("in", "weight", i * d.dim, (d.dim,), (1,))
     return b.build()
+
+
+def llm_embed_program(d, gen: Generation, inputs=None, n: int | None = None, **_) -> ir.ArrayProgram:
+    """EmbedDesign: gathered table rows (one BD per id; with int8/int4 weights the row's scales
+    follow on the same channel) -> one core dequantizes and scales each row to fp32 -> out.
+    The plan counts no core (its rows are DMA traffic); the dequantizing core is this
+    lowering's, at one kernel call per row."""
+    from torch_xdna.kernels import llm_blocks as L
+    if inputs is None:
+        raise LoweringError(f"{d.name}: pass inputs=[*table, ids] to lower(); the row BDs are "
+                            "generated from the ids")
+    nt = L.weight_tensors(d.precision)
+    ids = inputs[nt].reshape(-1).long().tolist()[: d.rows if n is None else int(n)]
+    tables = list(inputs[:nt])
+    h = d.hidden
+    g = d.group or L.default_group(d.precision) or h
+    row_dt = {"fp32": "f32", "bf16": "bf16", "int8": "i8", "int4": "u8", "bfp16": "u8"}[d.precision]
+    row_n = {"int4": h // 2, "bfp16": tables[0].shape[-1]}.get(d.precision, h)
+    parts = [("table", row_dt, row_n)]
+    if nt > 1:
+        parts.append(("scales", "bf16", h // g))
+    row_bytes = sum(k * ir.DTYPE_BITS[dt] // 8 for _, dt, k in parts)
+    b = Builder(f"{d.name}_{len(ids)}of{d.vocab}", gen)
+    b.arg("table", (d.vocab * row_n,), row_dt)
+    if nt > 1:
+        b.arg("scales", (d.vocab * (h // g),), "bf16")
+    b.arg("ids", (max(1, d.rows),), "i32")
+    b.arg("out", (d.rows * h,), "f32")
+    shim, mem, core = b.shim(0), b.mem(0), b.core(0, 0)
+    et = tt((row_bytes,), "u8") if nt > 1 or row_dt != "f32" else tt((h,), "f32")
+    b.fifo("rows", shim, mem, 2, tt((et.numel,), et.dtype))
+    b.fifo("rows_c", mem, core, 2, et)
+    b.link(["rows"], ["rows_c"])
+    o_t = tt((h,), "f32")
+    b.fifo("out_c", core, mem, 2, o_t)
+    b.fifo("out", mem, shim, 2, o_t)
+    b.link(["out_c"], ["out"])
+    from torch_xdna.kernels.lower.builder import acq, call, elem, forever, loop, rel
+    k = b.kernel(f"embed_{d.precision}_f32", (et, o_t, "i32", "f32"))
+    one = (acq("rows_c"), acq("out_c", "produce"),
+           call(k, elem("rows_c"), elem("out_c"), ir.Const(g, "i32"), ir.Const(float(d.scale), "f32")),
+           rel("rows_c"), rel("out_c", "produce"))
+    b.core_body(core, (forever(*loop(len(ids), *one)),))
+    b.notes.update({"design": d.name, "indices_read_at_stream_generation": True,
+                    "plan_cores": 0, "rows": len(ids)})
+    if ids:
+        b.task("out", "out", 0, (len(ids) * h,), (1,))
+    for i in ids:
+        if not 0 <= i < d.vocab:
+            raise LoweringError(f"{d.name}: id {i} outside 0..{d.vocab - 1}")
+        b.task("rows", "table", i * row_n, (row_n,), (1,))
+        if nt > 1:
+            b.task("rows", "scales", i * (h // g), (h // g,), (1,))
+    return b.build()

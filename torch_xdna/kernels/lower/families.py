@@ -2,7 +2,8 @@
 from __future__ import annotations
 
 from torch_xdna.kernels.lower.attention import attention_program
-from torch_xdna.kernels.lower.dma import concat_program, embedding_program, gather_program
+from torch_xdna.kernels.lower.dma import concat_program, embedding_program, gather_program, \
+    llm_embed_program
 from torch_xdna.kernels.lower.fused import gated_gemm_programs, llm_block_programs, \
     prologue_gemm_programs
 from torch_xdna.kernels.lower.gemm import gemm_programs
@@ -16,6 +17,7 @@ LOWERINGS = {
     "concat": concat_program,
     "gather": gather_program,
     "embedding": embedding_program,
+    "llm_embed": llm_embed_program,
     "gated_gemm": gated_gemm_programs,
     "prologue_gemm": prologue_gemm_programs,
     "llm_attention": llm_block_programs,
