@@ -188,6 +188,19 @@ def test_gemm_epilogue_stage_bit_identical(kw, monkeypatch):
     assert torch.equal(func, txn)
 
 
+@pytest.mark.parametrize("m,k,n", [(64, 96, 80), (33, 72, 50), (1, 256, 128)])
+def test_gemm_bfp16(m, k, n):
+    """bfp16: B^T packed per tile as bfp16 blocks on the host (pack_bfp16_tiles), A block-
+    quantized on the core. Asserted within the fp32 reordering bound; these shapes come out
+    bit-identical."""
+    g = torch.Generator().manual_seed(m + n)
+    a, b = torch.randn(m, k, generator=g), torch.randn(k, n, generator=g)
+    func, txn = _both(GemmDesign(m=m, k=k, n=n, dtype="bfp16", out_dtype=torch.float32), [a, b], (m, n),
+                      torch.float32)
+    bound = 2 * k * 2 ** -24 * (a.abs() @ b.abs()) * 1.01
+    assert bool(((func - txn).abs() <= bound).all())
+
+
 @pytest.mark.parametrize("m,k,n,dt,grp", [(1, 256, 128, "int8", 32), (1, 256, 96, "int4", 32),
                                          (4, 128, 64, "int8", 64)])
 def test_weight_only_gemm_within_reordering_bound(m, k, n, dt, grp):

@@ -63,6 +63,16 @@ for _kind in ("matmul", "gemv"):
     ck.register(f"{_kind}_int4_bf16", _weight_only(True))
 
 
+@ck.register("matmul_bf16_bfp16_f32")
+def matmul_bfp16(a: torch.Tensor, bt: torch.Tensor, acc: torch.Tensor) -> None:
+    """acc += bfp16(A) @ B, B^T's tile arriving bfp16-encoded along K (quant.encode_bfp16 rows);
+    A is block-quantized along K here, on the core (blocks of 8 never straddle a K tile)."""
+    tn = acc.shape[1]
+    b = quant.decode_bfp16(bt.reshape(tn, -1))                  # [tn, tk]
+    qa = quant.quantize_bfp16(_ftz(a), dim=-1)
+    acc += torch.matmul(qa, b.transpose(0, 1))
+
+
 def _store(act: str):
     def store(acc: torch.Tensor, c: torch.Tensor, alpha: float = 1.0) -> None:
         r = acc
@@ -234,11 +244,14 @@ ck.register_resolver(_resolve)
 
 def _gemm_host_layout(d, gen, inputs):
     """Weight-only GEMM: W and its scales become the per-tile runs the array streams."""
-    if not d.weight_only:
-        return None
-    from torch_xdna.kernels.lower.gemm import pack_weight_tiles
-    a, w, s, *rest = inputs
-    return [a, pack_weight_tiles(d, gen, w, s), *rest]
+    from torch_xdna.kernels.lower.gemm import pack_bfp16_tiles, pack_weight_tiles
+    if d.weight_only:
+        a, w, s, *rest = inputs
+        return [a, pack_weight_tiles(d, gen, w, s), *rest]
+    if d.dtype == "bfp16":
+        a, b, *rest = inputs
+        return [a, pack_bfp16_tiles(d, gen, numerics.operand(b)), *rest]
+    return None
 
 
 def _register_lowering() -> None:
