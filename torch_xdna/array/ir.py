@@ -26,6 +26,7 @@ Types (all frozen dataclasses; only torch_xdna.hw is imported):
     CoreOp = Loop(count, body) | Acquire(fifo, port, n) | Release(fifo, port, n)
            | Call(kernel, args tuple[KernelArg])
     KernelArg = FifoElem(fifo, index) | BufferRef(name) | Const(value, dtype) | ScalarRef(name)
+      (ScalarRef names a launch scalar, or an rtp Buffer whose element 0 the core reads)
   KernelDecl     (symbol, object_file, arg_types: tuple[TensorType | str scalar dtype])
   RuntimeSequence(args tuple[HostArg], scalars tuple[ScalarArg], ops tuple[SeqOp])
     SeqOp = DmaTask(...)  one shim BD + task-queue push: fifo (the shim fifo it feeds/drains),
@@ -39,6 +40,8 @@ Types (all frozen dataclasses; only torch_xdna.hw is imported):
           | RtpWrite(buffer, index, value int|float|ScalarRef)  launch-time scalar patch
 
 Nothing here is callable on data: core kernel references live in kernels/ under the symbol name.
+A launch may be several programs run in order (kernels/lower): host args are matched by name
+across them; notes carry "launch_args" / "scratch_args" / "host_layout" where they apply.
 """
 from __future__ import annotations
 
