@@ -234,6 +234,20 @@ def test_fused_chain_bit_identical(shape, w):
     assert torch.equal(func, txn)
 
 
+@pytest.mark.parametrize("mask_bool", [False, True], ids=["additive", "bool"])
+def test_masked_attention_within_bound(mask_bool):
+    """The mask tile rides after K and V in the core's byte element; same bound as above."""
+    from torch_xdna.kernels.attention import AttentionDesign
+    g = torch.Generator().manual_seed(11)
+    d = AttentionDesign(batch=1, heads=2, kv_heads=2, q_len=7, kv_len=40, head_dim=32, mask=True,
+                        mask_shape=(1, 1, 7, 40), mask_bool=mask_bool)
+    q = torch.randn(1, 2, 7, 32, generator=g).bfloat16()
+    k, v = (torch.randn(1, 2, 40, 32, generator=g).bfloat16() for _ in range(2))
+    m = torch.rand(1, 1, 7, 40, generator=g) > 0.3 if mask_bool else torch.randn(1, 1, 7, 40, generator=g)
+    func, txn = _both(d, [q, k, v, m], tuple(q.shape), torch.float32)
+    assert float((func - txn).abs().max()) <= 2 ** -7 * float(v.float().abs().max())
+
+
 def test_sim_device_level_switch_and_stream_costs():
     """The same launch at both levels of one SimDevice: identical output; at the txn level the
     DMA term is counted from the stream (its BDs' bytes), a new shape is a new stream."""

@@ -275,12 +275,34 @@ def attn_init(o: torch.Tensor, ml: torch.Tensor, state: torch.Tensor) -> None:
 
 @ck.register("attn_q_bf16")
 def attn_q(kv: torch.Tensor, q: torch.Tensor, state: torch.Tensor) -> None:
-    q.copy_(kv.reshape(-1)[:q.numel()].reshape(q.shape))
+    flat = kv.reshape(-1)
+    if flat.dtype == torch.uint8:                 # masked designs: the element is bytes
+        flat = flat[:q.numel() * 2].view(torch.bfloat16)
+    q.copy_(flat[:q.numel()].reshape(q.shape))
+
+
+@ck.register("attn_tile_masked_bf16")
+def attn_tile_masked(q, kvm, s, p, o, ml, state, kv_len, q_offset, scale, core, cores, q_tiles, tq,
+                     group, causal, window, softcap, mask_kind) -> None:
+    """attn_tile with the element as bytes [K | V | mask tile (rows x tkv; fp32 additive, or
+    bool with True = attend)]."""
+    rows, tkv = s.shape
+    dp = q.shape[1]
+    nb = tkv * dp * 2
+    kv = kvm[:2 * nb].view(torch.bfloat16).reshape(2, tkv, dp)
+    mt = kvm[2 * nb:]
+    if int(mask_kind) == 1:
+        add = mt[:rows * tkv * 4].view(torch.float32).reshape(rows, tkv)
+    else:
+        keep = mt[:rows * tkv].reshape(rows, tkv) != 0
+        add = torch.zeros(rows, tkv).masked_fill(~keep, float("-inf"))
+    attn_tile(q, kv, s, p, o, ml, state, kv_len, q_offset, scale, core, cores, q_tiles, tq, group,
+              causal, window, softcap, mask=add)
 
 
 @ck.register("attn_tile_bf16")
 def attn_tile(q, kv, s, p, o, ml, state, kv_len, q_offset, scale, core, cores, q_tiles, tq, group,
-              causal, window, softcap) -> None:
+              causal, window, softcap, mask=None) -> None:
     """One key tile: scores in fp32, masked, online-softmax update with P rounded to bf16."""
     j = int(state[0])
     state[0] += 1
@@ -299,6 +321,8 @@ def attn_tile(q, kv, s, p, o, ml, state, kv_len, q_offset, scale, core, cores, q
     if window:
         allowed = allowed & (kp > qp - int(window))
     sc = sc.masked_fill(~allowed, float("-inf"))
+    if mask is not None:
+        sc = sc + mask
     s.copy_(sc)
     m_old, l_old = ml[:, 0].clone(), ml[:, 1].clone()
     m_new = torch.maximum(m_old, sc.amax(dim=-1))

@@ -480,8 +480,9 @@ class TxnExecutor:
             self.tokens[key] = self.tokens.get(key, 0) + 1
 
     def _mm2s_stream(self, t: _Task, dtype: str) -> torch.Tensor:
-        if t.bd_id < 0:                       # all-padding task
-            return torch.zeros(int(t.ir_task.stream_elements * elem_bytes(dtype)), dtype=torch.uint8)
+        if t.bd_id < 0:                       # all-padding task: zeros in its argument's units
+            return torch.zeros(int(t.ir_task.stream_elements * elem_bytes(self._arg_dtype(t.ir_task))),
+                               dtype=torch.uint8)
         data = self.host[t.arg_idx][_byte_offsets(t)]
         self.counts["mm2s_bytes"] += data.numel()
         if t.ir_task is not None:
