@@ -237,3 +237,28 @@ def test_llm_embed_rows_lower(prec):
     assert u.bytes_out == 3 * 64 * 4
     assert u.tasks == 1 + 3 * len(tables)             # one drain, one BD per row and table
     txn.encode_sequence(prog)
+
+
+@pytest.mark.parametrize("shape,dims", [((16, 768), (-1,)), ((4, 8, 96), (1, 2)), ((6, 256), (1,))])
+def test_row_reductions_lower(shape, dims):
+    from torch_xdna.array import txn
+    out_shape = shape[:len(shape) - len(dims)]
+    d = VectorDesign("sum", (shape,), (F32,), out_shape, F32, (("dims", dims), ("keepdim", False)))
+    (prog,) = lower(d, NPU4)
+    u = validate(prog, NPU4)
+    n_out = 1
+    for s in out_shape:
+        n_out *= s
+    assert u.bytes_out == n_out * 4
+    row = 1
+    for s in shape:
+        row *= s
+    assert dict(prog.notes)["work"] % (row // n_out) == 0           # units of whole rows
+    txn.encode_sequence(prog)
+
+
+def test_non_trailing_reduction_is_named():
+    from torch_xdna.kernels.lower import LoweringError
+    d = VectorDesign("sum", ((16, 64),), (F32,), (64,), F32, (("dims", (0,)), ("keepdim", False)))
+    with pytest.raises(LoweringError, match="trailing dims"):
+        lower(d, NPU4)
