@@ -18,7 +18,9 @@ Core kernels the lowerings call (symbol: arguments, all tiles row-major; C++ in 
   <op>_<in>_<out> (inputs..., [resident], out, [work f32], n i32, [op params f32])
                                                             one unit of VectorDesign op <op>;
                                                             several inputs packed in one element
-                                                            are equal-length parts in order
+                                                            are equal-length parts in order; a
+                                                            reduction (sum/mean/amax/...) writes
+                                                            one output per row of n/len(out)
   chain_<hash> (same form)                                  one unit of a fused chain (the
                                                             program's notes["chain"] has it)
   epilogue_<act>[_bias][_res]_<acc>_<out> (T, [R] | [bias], C, n i32, beta f32)
