@@ -23,7 +23,6 @@ from torch_xdna.hw import aie2p_regs as R
 from torch_xdna.kernels.gemm import GemmDesign
 from torch_xdna.kernels.lower import lower
 from torch_xdna.kernels.vector import VectorDesign
-from torch_xdna.runtime.buffer import TensorArg
 from torch_xdna.runtime.launch import Launch
 from torch_xdna.runtime.sim import SimDevice, core_kernels, txn_level
 from torch_xdna.runtime.sim import txn as S

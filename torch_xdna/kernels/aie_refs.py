@@ -184,7 +184,6 @@ def _chain(*args, call, program) -> None:
     """One unit of a fused elementwise chain (program notes["chain"]: in_shapes, in_dtypes,
     steps, outputs, out_dtypes): streamed inputs are this unit's contiguous chunk, broadcast
     inputs arrive repeated to the unit in the resident element, in input order."""
-    import dataclasses as _dc
     from torch_xdna.kernels.fused import ROW_OPS as CHAIN_ROW_OPS, ChainDesign
     in_shapes, in_dtypes, steps, outputs, out_dtypes = dict(program.notes)["chain"]
     if any(st[0] in CHAIN_ROW_OPS or st[0] in _LAYOUT_STEPS for st in steps):
