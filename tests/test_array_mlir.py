@@ -29,7 +29,7 @@ def test_gemm_module_shape():
     assert text.count("aie.objectfifo.link") == len(prog.links)
     assert text.count("aie.core(") == len(prog.cores) == d.plan(NPU4).cores
     assert text.count("aiex.dma_start_task") == len(prog.sequence.tasks)
-    assert "aie.device(npu2)" in text and "link_with" in text
+    assert "aie.device(npu2)" in text and "attributes {link_with = " in text
     assert "func.call @matmul_bf16_f32" in text
 
 

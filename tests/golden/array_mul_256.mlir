@@ -1,6 +1,6 @@
 module {
   aie.device(npu2) {
-    func.func private @mul_f32_f32(memref<256xf32>, memref<256xf32>, memref<256xf32>, i32)
+    func.func private @mul_f32_f32(memref<256xf32>, memref<256xf32>, memref<256xf32>, i32) attributes {link_with = "mul_f32_f32.o"}
     %shim_noc_tile_0_0 = aie.tile(0, 0)
     %mem_tile_0_1 = aie.tile(0, 1)
     %tile_0_2 = aie.tile(0, 2)
@@ -31,7 +31,7 @@ module {
         aie.objectfifo.release @out0_0_0(Produce, 1)
       }
       aie.end
-    } {link_with = "mul_f32_f32.o"}
+    }
     aie.runtime_sequence(%in0: memref<256xf32>, %in1: memref<256xf32>, %out0: memref<256xf32>) {
       %t12 = aiex.dma_configure_task_for @out0_0 {
         aie.dma_bd(%out0 : memref<256xf32>, 0, 256, [<size = 1, stride = 256>, <size = 256, stride = 1>]) {bd_id = 0 : i32}

@@ -3,7 +3,9 @@ and in generic form for parsing with a generic MLIR parser.
 
 The structure follows mlir-aie's programming_examples (aie.device, aie.tile, aie.objectfifo with
 dimensionsToStream, aie.objectfifo.link for mem-tile split/join, aie.core with scf.for loops,
-objectfifo acquire / subview.access / release, func.call to external kernels with link_with,
+objectfifo acquire / subview.access / release, func.call to external kernels (each declaration
+carries its object file as `link_with`, the form since Xilinx/mlir-aie PR #2922, 2026-03, which
+lets a core link several kernels; aiecc gathers them per core),
 a runtime sequence with dma_configure_task_for / dma_start_task / dma_await_task); the
 printer is ours. The runtime sequence is spelled `aie.runtime_sequence`, its name since
 Xilinx/mlir-aie PR #2708 (merged 2025-11, "Promote runtime_sequence to aie dialect");
@@ -92,9 +94,9 @@ def emit(prog: ir.ArrayProgram, arch: str = "aie2p",
     o.ind += 1
     for k in prog.kernels:
         types = ", ".join(_arg_type(a) for a in k.arg_types)
-        o.line(f"func.func private @{k.symbol}({types})",
+        o.line(f'func.func private @{k.symbol}({types}) attributes {{link_with = "{k.object_file}"}}',
                f'"func.func"() <{{sym_name = "{k.symbol}", function_type = ({types}) -> (), '
-               f'sym_visibility = "private"}}> ({{}}) : () -> ()')
+               f'sym_visibility = "private"}}> ({{}}) {{link_with = "{k.object_file}"}} : () -> ()')
     tv = {}
     for t in prog.tiles:
         v = "%" + {"shim": "shim_noc_tile", "mem": "mem_tile", "compute": "tile"}[t.kind] + f"_{t.col}_{t.row}"
@@ -137,8 +139,7 @@ def emit(prog: ir.ArrayProgram, arch: str = "aie2p",
         _body(o, names, prog, kernels, bv, core.body, {})
         o.line("aie.end", '"aie.end"() : () -> ()')
         o.ind -= 1
-        lw = " ".join(core.link_with)
-        o.line(f'}} {{link_with = "{lw}"}}', f'}}) {{link_with = "{lw}"}} : (index) -> index')
+        o.line("}", "}) : (index) -> index")
     _sequence(o, names, prog, sequence_op)
     o.line(None, '"aie.end"() : () -> ()')
     o.ind -= 1
