@@ -417,6 +417,19 @@ def test_fault_bd_exhaustion():
         _run_copy(prog)
 
 
+def test_fault_task_queue_overflow():
+    """Feeds pushed while nothing drains the FIFO past its buffers: the fifth unfinished task on
+    one channel overflows the task queue (depth 4)."""
+    from torch_xdna.runtime.sim.txn_faults import TaskQueueOverflow
+    base = _copy_program(15, 64, bd_of=lambda i: 1 + i)
+    ops = list(base.sequence.ops)
+    ops[0] = ir.DmaTask(0, "out", "y", 0, (64,), (1,), "S2MM", 0, 0, 0, issue_token=True)  # drains one chunk
+    prog = ir.ArrayProgram(base.name, base.generation, base.tiles, base.fifos, base.links,
+                           sequence=ir.RuntimeSequence(base.sequence.args, tuple(ops)))
+    with pytest.raises(TaskQueueOverflow, match="queue depth 4"):
+        _run_copy(prog)
+
+
 def test_fault_lock_deadlock():
     """Two cores, each waiting for the other's output before producing its own."""
     core_kernels.register("txn_test_copy", lambda src, dst: dst.copy_(src))
