@@ -9,7 +9,7 @@ from torch_xdna.array.mlir import check_structure, emit, parse_generic, to_mlir
 from torch_xdna.hw import NPU4
 from torch_xdna.kernels.lower import lower
 from torch_xdna.kernels.vector import VectorDesign
-from tests.test_array_ir import DESIGNS, lowered
+from test_array_ir import DESIGNS, lowered
 
 GOLDEN = Path(__file__).parent / "golden"
 
