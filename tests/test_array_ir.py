@@ -7,8 +7,11 @@ from torch_xdna.array.validate import ArrayIRError, usage, validate
 from torch_xdna.hw import NPU4
 from torch_xdna.kernels.gemm import GemmDesign
 from torch_xdna.kernels.lower import lower
-from torch_xdna.kernels.lower.gemm import pack_weight_tiles
-from torch_xdna.kernels.vector import VectorDesign
+from torch_xdna.kernels.lower.gemm import pack_bfp16_tiles, pack_weight_tiles
+from torch_xdna.kernels.vector import EmbeddingDesign, VectorDesign
+from torch_xdna.kernels.attention import AttentionDesign
+from torch_xdna.kernels.dma import ConcatDesign, GatherDesign
+from torch_xdna.kernels.fused import ChainDesign
 from torch_xdna.kernels import quant
 
 F32, BF16 = torch.float32, torch.bfloat16
@@ -17,7 +20,7 @@ DESIGNS = [
     GemmDesign(100, 70, 130),                                  # M, N, K edges
     GemmDesign(256, 256, 256, dtype="int8", out_dtype=torch.int32),
     GemmDesign(64, 128, 64, dtype="bfp16"),
-    GemmDesign(1, 1024, 3072, dtype="int4", w_group=32),       # GEMV, int4 weight groups
+    GemmDesign(1, 512, 1000, dtype="int4", w_group=32),        # GEMV, int4 weight groups, N edge
     GemmDesign(3, 256, 200, dtype="int8", w_group=128),
     GemmDesign(8, 64, 96, bias=True, residual=True, epilogue="gelu"),
     VectorDesign("add", ((1000,), (1000,)), (F32, F32), (1000,), F32),
@@ -27,25 +30,72 @@ DESIGNS = [
                  (("eps", 1e-6), ("has_weight", True))),
     VectorDesign("layer_norm", ((16, 768), (768,), (768,)), (F32,) * 3, (16, 768), F32,
                  (("eps", 1e-5), ("has_bias", True), ("has_weight", True), ("norm_dims", 1))),
+    ChainDesign(((64, 96), (96,)), ("float32", "float32"),
+                (("add", (("in", 0), ("in", 1)), ()), ("silu", (("s", 0),), ())), (1,), ("float32",)),
+    AttentionDesign(1, 4, 2, 1, 256, 64, causal=True),                 # GQA decode
+    AttentionDesign(1, 4, 4, 20, 20, 32, causal=True, top_left=True),  # prefill, edge q tile
+    AttentionDesign(2, 4, 4, 16, 16, 32, mask=True, mask_shape=(2, 1, 1, 16)),   # padding mask
+    AttentionDesign(1, 2, 2, 8, 8, 64, mask=True, mask_bool=True, mask_shape=(1, 1, 8, 8)),
+    ConcatDesign(((4, 3, 5), (4, 2, 5), (4, 0, 5)), torch.float32, 1, (4, 5, 5)),
+    GatherDesign("index_select", ((10, 6), (4,)), torch.bfloat16, (4, 6), (("dim", 0),)),
+    EmbeddingDesign(100, 64, 5, torch.float32),
 ]
+# launch-time values a lowering reads (gathers: the indices; attention: the valid KV length)
+LAUNCH = {
+    "concat": {},
+    "gather": {"inputs": [torch.zeros(10, 6), torch.tensor([3, 1, 1, 7])]},
+    "embedding": {"inputs": [torch.zeros(100, 64), torch.tensor([1, 2, 99, 0, 5])]},
+}
+# static buffers a plan does not count: attention's per-core state (2 x i32) and its two
+# runtime-parameter slots (kv_len, q_offset)
+PLAN_UNCOUNTED_L1 = {"attention": 16}
+
+
+def lowered(d):
+    if d.kind == "attention":
+        return lower(d, NPU4, kv_len=min(100, d.kv_len))
+    return lower(d, NPU4, **LAUNCH.get(d.kind, {}))
 
 
 @pytest.mark.parametrize("d", DESIGNS, ids=lambda d: d.name)
 def test_ir_fits_and_agrees_with_plan(d):
     plan = d.plan(NPU4)
-    progs = lower(d, NPU4)
+    progs = lowered(d)
     main = progs[0]
     u = validate(main, NPU4)
     cores = [t for t in main.tiles if t.kind == "compute"]
+    if not plan.cores:                      # data movement: the mem tile's ping-pong buffer
+        assert not cores and u.max_of("memory", "mem", main) <= plan.memtile_bytes
+        assert u.max_of("bds", "mem", main) <= max(plan.memtile_bds, 4)
+        return
     # the plan's L1 figure is exactly the IR's per-core buffers (fifo depth x element + static)
-    assert max(u.memory[t.name] for t in cores) == plan.l1_bytes
+    extra = PLAN_UNCOUNTED_L1.get(d.kind, 0)
+    l1 = max(u.memory[t.name] for t in cores)
+    if d.kind == "chain":               # a chain's unit shrinks to tile a broadcast operand
+        assert l1 <= plan.l1_bytes
+    elif d.kind == "attention" and d.mask_bool:   # the plan counts a bool mask at 4 bytes
+        assert l1 <= plan.l1_bytes + extra
+    else:
+        assert l1 == plan.l1_bytes + extra
     # what the plan proved available covers what the IR uses on every core
     assert max(u.bds[t.name] for t in cores) <= plan.core_bds
     assert max(u.locks[t.name] for t in cores) <= max(plan.core_locks, 2 * plan.core_bds)
     assert len(cores) == plan.cores
     assert len({t.col for t in cores}) == plan.columns
+    # DMA channels: within the plan's per-core and per-shim figures where it states them (the
+    # plan counts shim channels as (into the array, out of it): MM2S, S2MM)
+    for key, kind in (("core_dma", "compute"), ("shim_dma", "shim")):
+        if key in plan.notes:
+            cin, cout = plan.notes[key]
+            used = [u.channels[t.name] for t in main.tiles if t.kind == kind]
+            if kind == "shim":
+                used = [(o, i) for i, o in used]
+            assert max(i for i, _ in used) <= cin and max(o for _, o in used) <= cout, key
     for p in progs[1:]:
         validate(p, NPU4)
+    from torch_xdna.array import txn
+    for p in progs:                      # every task fits the shim BD fields
+        assert len(txn.encode_sequence(p)) > 0
 
 
 def test_gemm_grid_and_tile_are_the_plans():
@@ -92,3 +142,123 @@ def test_validator_names_the_limit():
     seq = dataclasses.replace(prog.sequence, ops=(oob,) + prog.sequence.ops[1:])
     with pytest.raises(ArrayIRError, match="host buffer has"):
         validate(dataclasses.replace(prog, sequence=seq), NPU4)
+
+
+def test_multi_stage_designs_lower_stage_by_stage():
+    from torch_xdna.kernels.fused import GatedGemmDesign
+    from torch_xdna.kernels.llm_blocks import AttentionBlockDesign, DecoderLayerDesign, MlpBlockDesign
+    gg = lower(GatedGemmDesign(4, 256, 128), NPU4)
+    assert [dict(p.notes).get("stage") for p in gg] == ["gate_proj", "up_proj", "gate"]
+    assert dict(gg[0].notes)["launch_args"] == ("A", "Wg", "Wu", "out")
+    for p in gg:
+        validate(p, NPU4)
+    a = AttentionBlockDesign(256, 1, "int4", 32, 1e-6, 0.0, 4, 2, 64, 256)
+    m = MlpBlockDesign(256, 1, "int4", 32, 1e-6, 0.0, 512)
+    progs = lower(DecoderLayerDesign(a, m), NPU4)
+    stages = [dict(p.notes)["stage"] for p in progs]
+    assert stages[0] == "llm_attention.attn_norm" and stages[-1] == "llm_mlp.down"
+    from torch_xdna.array import txn
+    for p in progs:
+        validate(p, NPU4)
+        txn.encode_sequence(p)
+        assert dict(p.notes)["executable"] is False
+    # every stage's args are the block's operands or named scratch buffers
+    assert {a.name for a in progs[1].sequence.args} == {"T_norm", "w_qkv", "T_qkv"}
+
+
+SWEEP = [(m, k, n, dt, g) for (m, k, n) in ((1, 64, 8), (5, 72, 36), (17, 200, 44), (64, 136, 96),
+                                            (130, 40, 260), (3, 1024, 1000))
+         for dt, g in (("bf16", 0), ("int8", 0), ("int4", 8), ("int8", 8), ("bfp16", 0))]
+
+
+@pytest.mark.parametrize("m,k,n,dt,g", SWEEP)
+def test_gemm_shape_sweep_fits_and_encodes(m, k, n, dt, g):
+    """Edge tiles in M, N and K (K not a multiple of the K tile) for every GEMM dtype."""
+    from torch_xdna.array import txn
+    if dt == "bfp16" and k % 8:
+        pytest.skip("bfp16 blocks need K % 8 == 0")
+    d = GemmDesign(m, k, n, dtype=dt, w_group=g,
+                   out_dtype=torch.int32 if dt == "int8" and not g else torch.float32)
+    (prog,) = lower(d, NPU4)
+    u = validate(prog, NPU4)
+    cores = [t for t in prog.tiles if t.kind == "compute"]
+    assert max(u.memory[t.name] for t in cores) == d.plan(NPU4).l1_bytes
+    assert u.bytes_out == m * n * (4 if dt != "int8" or not g else 4)
+    txn.encode_sequence(prog)
+
+
+@pytest.mark.parametrize("op,shape,n_in", [("add", (999,), 2), ("mul", (3, 70001), 2),
+                                            ("exp", (4097,), 1), ("softmax", (7, 333), 1),
+                                            ("rms_norm", (5, 2048), 2)])
+def test_vector_shape_sweep(op, shape, n_in):
+    from torch_xdna.array import txn
+    if op == "rms_norm":
+        d = VectorDesign(op, (shape, shape[-1:]), (F32, F32), shape, F32,
+                         (("eps", 1e-6), ("has_weight", True)))
+    else:
+        d = VectorDesign(op, (shape,) * n_in, (F32,) * n_in, shape, F32)
+    (prog,) = lower(d, NPU4)
+    u = validate(prog, NPU4)
+    n = 1
+    for s in shape:
+        n *= s
+    assert u.bytes_out == n * 4
+    txn.encode_sequence(prog)
+
+
+def test_unaligned_rows_are_named():
+    from torch_xdna.kernels.lower import LoweringError
+    with pytest.raises(LoweringError, match="32-bit words"):
+        lower(GemmDesign(5, 64, 30, dtype="int8", out_dtype=torch.int32), NPU4)
+
+
+def test_bfp16_tiles_pack_exactly():
+    d = GemmDesign(16, 72, 40, dtype="bfp16")
+    b = torch.randn(72, 40)
+    packed = pack_bfp16_tiles(d, NPU4, b)
+    (prog,) = lower(d, NPU4)
+    arg = next(a for a in prog.sequence.args if a.name == "B")
+    assert packed.numel() == arg.type.numel
+    tm, tk, tn = d.plan(NPU4).tile
+    first = quant.encode_bfp16(torch.nn.functional.pad(b.t()[0, :min(tk, 72)], (0, max(0, tk - 72))))
+    assert torch.equal(packed[:tk // 8 * 9], first)
+
+
+@pytest.mark.parametrize("prec", ["bf16", "int8", "int4"])
+def test_llm_embed_rows_lower(prec):
+    from torch_xdna.array import txn
+    from torch_xdna.kernels.llm_blocks import EmbedDesign
+    w = torch.randn(100, 64)
+    tables = {"bf16": [w.bfloat16()], "int8": list(quant.quantize_int8(w, 32)),
+              "int4": list(quant.quantize_int4(w, 32))}[prec]
+    d = EmbedDesign(100, 64, 4, prec, 0 if prec == "bf16" else 32)
+    (prog,) = lower(d, NPU4, inputs=[*tables, torch.tensor([3, 99, 0, 5], dtype=torch.int32)], n=3)
+    u = validate(prog, NPU4)
+    assert u.bytes_out == 3 * 64 * 4
+    assert u.tasks == 1 + 3 * len(tables)             # one drain, one BD per row and table
+    txn.encode_sequence(prog)
+
+
+@pytest.mark.parametrize("shape,dims", [((16, 768), (-1,)), ((4, 8, 96), (1, 2)), ((6, 256), (1,))])
+def test_row_reductions_lower(shape, dims):
+    from torch_xdna.array import txn
+    out_shape = shape[:len(shape) - len(dims)]
+    d = VectorDesign("sum", (shape,), (F32,), out_shape, F32, (("dims", dims), ("keepdim", False)))
+    (prog,) = lower(d, NPU4)
+    u = validate(prog, NPU4)
+    n_out = 1
+    for s in out_shape:
+        n_out *= s
+    assert u.bytes_out == n_out * 4
+    row = 1
+    for s in shape:
+        row *= s
+    assert dict(prog.notes)["work"] % (row // n_out) == 0           # units of whole rows
+    txn.encode_sequence(prog)
+
+
+def test_non_trailing_reduction_is_named():
+    from torch_xdna.kernels.lower import LoweringError
+    d = VectorDesign("sum", ((16, 64),), (F32,), (64,), F32, (("dims", (0,)), ("keepdim", False)))
+    with pytest.raises(LoweringError, match="trailing dims"):
+        lower(d, NPU4)

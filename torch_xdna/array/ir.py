@@ -26,6 +26,7 @@ Types (all frozen dataclasses; only torch_xdna.hw is imported):
     CoreOp = Loop(count, body) | Acquire(fifo, port, n) | Release(fifo, port, n)
            | Call(kernel, args tuple[KernelArg])
     KernelArg = FifoElem(fifo, index) | BufferRef(name) | Const(value, dtype) | ScalarRef(name)
+      (ScalarRef names a launch scalar, or an rtp Buffer whose element 0 the core reads)
   KernelDecl     (symbol, object_file, arg_types: tuple[TensorType | str scalar dtype])
   RuntimeSequence(args tuple[HostArg], scalars tuple[ScalarArg], ops tuple[SeqOp])
     SeqOp = DmaTask(...)  one shim BD + task-queue push: fifo (the shim fifo it feeds/drains),
@@ -39,6 +40,8 @@ Types (all frozen dataclasses; only torch_xdna.hw is imported):
           | RtpWrite(buffer, index, value int|float|ScalarRef)  launch-time scalar patch
 
 Nothing here is callable on data: core kernel references live in kernels/ under the symbol name.
+A launch may be several programs run in order (kernels/lower): host args are matched by name
+across them; notes carry "launch_args" / "scratch_args" / "host_layout" where they apply.
 """
 from __future__ import annotations
 
@@ -47,7 +50,8 @@ from typing import Union
 
 TILE_KINDS = ("shim", "mem", "compute")
 LEVELS = ("L1", "L2", "L3")
-DTYPE_BITS = {"bf16": 16, "f32": 32, "i8": 8, "i16": 16, "i32": 32, "u8": 8, "i4": 4, "u32": 32}
+DTYPE_BITS = {"bf16": 16, "f32": 32, "i8": 8, "i16": 16, "i32": 32, "u8": 8, "i4": 4, "u32": 32,
+              "f16": 16, "i64": 64}
 DIRECTIONS = ("MM2S", "S2MM")
 PORTS = ("consume", "produce")
 FOREVER = None                       # Loop.count of a core's outer loop (mlir-aie: run forever)

@@ -622,6 +622,7 @@ class StreamStats:
     mm2s_bytes: int
     s2mm_bytes: int
     bds_by_column: tuple[tuple[int, int], ...] = field(default=())
+    sync_groups: int = 0        # maximal runs of consecutive syncs: the host-visible wait points
 
     @property
     def bytes(self) -> int:
@@ -636,7 +637,11 @@ def stream_stats(words: Sequence[int]) -> StreamStats:
     n_bd = n_patch = n_push = n_sync = n_other = 0
     mm2s = s2mm = 0
     per_col: dict[int, set] = {}
+    groups, prev_sync = 0, False
     for op in tx.ops:
+        is_sync = isinstance(op, Sync)
+        groups += is_sync and not prev_sync
+        prev_sync = is_sync
         if isinstance(op, BlockWrite) and (loc := bd_register(op.addr)) and loc[2] == 0 \
                 and len(op.data) == R.SHIM_BD_WORDS.value:
             bds[(loc[0], loc[1])] = unpack_shim_bd(op.data)
@@ -657,4 +662,4 @@ def stream_stats(words: Sequence[int]) -> StreamStats:
         else:
             n_other += 1
     return StreamStats(len(words), len(tx.ops), n_bd, n_patch, n_push, n_sync, n_other, mm2s, s2mm,
-                       tuple(sorted((c, len(v)) for c, v in per_col.items())))
+                       tuple(sorted((c, len(v)) for c, v in per_col.items())), groups)

@@ -54,20 +54,15 @@ def _allocating_sides(prog: ir.ArrayProgram) -> set[tuple[str, str]]:
     """(fifo, tile name) pairs at mem-tile links that do NOT allocate their own buffers."""
     skip = set()
     for ln in prog.links:
-        fifos = [prog.fifo(n) for n in ln.srcs + ln.dsts]
-        if ln.kind == "join":
-            shared = ln.srcs
-        else:
-            shared = ln.dsts
+        shared = ln.srcs if ln.kind == "join" else ln.dsts
         for n in shared:
             f = prog.fifo(n)
-            mem = f.producer if n in ln.dsts else None
-            if n in ln.srcs:
-                mem = next(c for c in f.consumers if c.kind == "mem") if any(
-                    c.kind == "mem" for c in f.consumers) else None
+            if n in ln.dsts:
+                mem = f.producer
+            else:
+                mem = next((c for c in f.consumers if c.kind == "mem"), None)
             if mem is not None:
                 skip.add((n, mem.name))
-        del fifos
     return skip
 
 

@@ -3,5 +3,6 @@ from torch_xdna.kernels.attention import AttentionDesign, attention_reference
 from torch_xdna.kernels.base import Design
 from torch_xdna.kernels.gemm import GemmDesign
 from torch_xdna.kernels.vector import OPS as VECTOR_OPS, EmbeddingDesign, VectorDesign
+from torch_xdna.kernels import aie_refs  # noqa: F401,E402  (core-kernel references + lowering for the txn sim level)
 
 __all__ = ["AttentionDesign", "attention_reference", "Design", "GemmDesign", "VectorDesign", "EmbeddingDesign", "VECTOR_OPS"]

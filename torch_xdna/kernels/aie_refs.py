@@ -44,11 +44,15 @@ def matmul_i8_i32(a: torch.Tensor, b: torch.Tensor, acc: torch.Tensor) -> None:
 
 
 def _weight_only(int4: bool):
-    def mm(a, w, s, wdq, acc, group):
-        q = quant.unpack_int4(w) if int4 else w
-        tk = q.shape[-1]
-        g = group if tk >= group else tk            # a K tile inside one group: one scale per row
-        deq = numerics.bf16_round(quant.dequantize(q, s.reshape(q.shape[0], -1)[:, :tk // g], g))
+    """P = [W tile (tn x tk int8, or tn x tk/2 packed int4) | scales (tn x sg bf16)] bytes."""
+    def mm(a, packed, wdq, acc, group, sg):
+        tk, tn = wdq.shape
+        wb = tn * (tk // 2 if int4 else tk)
+        w = packed[:wb].reshape(tn, -1)
+        q = quant.unpack_int4(w) if int4 else w.view(torch.int8)
+        s = packed[wb:wb + tn * sg * 2].view(torch.bfloat16).reshape(tn, sg)
+        deq = (q.float().reshape(tn, sg, tk // sg) * s.float().reshape(tn, sg, 1)).reshape(tn, tk)
+        deq = numerics.bf16_round(deq)
         wdq.copy_(deq.transpose(0, 1).to(wdq.dtype))
         acc += torch.matmul(_ftz(a), deq.transpose(0, 1))
     return mm
@@ -57,6 +61,16 @@ def _weight_only(int4: bool):
 for _kind in ("matmul", "gemv"):
     ck.register(f"{_kind}_int8_bf16", _weight_only(False))
     ck.register(f"{_kind}_int4_bf16", _weight_only(True))
+
+
+@ck.register("matmul_bf16_bfp16_f32")
+def matmul_bfp16(a: torch.Tensor, bt: torch.Tensor, acc: torch.Tensor) -> None:
+    """acc += bfp16(A) @ B, B^T's tile arriving bfp16-encoded along K (quant.encode_bfp16 rows);
+    A is block-quantized along K here, on the core (blocks of 8 never straddle a K tile)."""
+    tn = acc.shape[1]
+    b = quant.decode_bfp16(bt.reshape(tn, -1))                  # [tn, tk]
+    qa = quant.quantize_bfp16(_ftz(a), dim=-1)
+    acc += torch.matmul(qa, b.transpose(0, 1))
 
 
 def _store(act: str):
@@ -70,29 +84,47 @@ def _store(act: str):
 
 
 # -- vector ops: one unit per call ----------------------------------------------------------------
-_PARAM_NAMES = {"add": ("alpha",), "sub": ("alpha",), "pow": ("exponent",)}
+_PARAM_NAMES = {"add": ("alpha",), "sub": ("alpha",), "pow": ("exponent",), "layer_norm": ("eps",),
+                "rms_norm": ("eps", "weight_offset")}
 
 
 def _vector(op: str):
+    """One unit of a vector op. Arguments (kernels/lower/vector.py): streamed input elements
+    (several inputs of one channel packed in one element), the resident operands, the outputs,
+    a scratch buffer (ignored), Const(work), the op's float parameters in name order."""
     from torch_xdna.kernels.vector import EXACT_FP32, FP32_OPERAND, OPS, ROW_OPS
     fn, _ = OPS[op]
     exact = op in EXACT_FP32 or op in FP32_OPERAND
+    row = op in ROW_OPS
 
-    def run(*args) -> None:
-        tensors = [a for a in args if isinstance(a, torch.Tensor)]
-        consts = [a for a in args if not isinstance(a, torch.Tensor)]
-        work = int(consts[0]) if consts else 0
+    def run(*args, call, program) -> None:
+        kinds = [type(a).__name__ for a in call.args]
+        tensors = [x for x, k in zip(args, kinds) if k == "FifoElem"]
+        consts = [x for x, k in zip(args, kinds) if k == "Const"]
         params = dict(zip(_PARAM_NAMES.get(op, ()), consts[1:]))
-        if op in ROW_OPS:
-            raise ck.UnknownCoreKernel(f"{op} (row-op unit references are not implemented)")
         out = tensors[-1]
         u = out.numel()
         ins = []
         for t in tensors[:-1]:
-            if t.dim() == 1 and t.numel() > u and t.numel() % u == 0 and t.numel() != work:
+            if not row and t.dim() == 1 and t.numel() > u and t.numel() % u == 0:
                 ins.extend(t.reshape(-1, u).unbind(0))      # several inputs packed in one element
             else:
                 ins.append(t.reshape(-1))
+        notes = dict(program.notes)
+        if row:
+            n = int(notes.get("row_len") or u)
+            x = ins[0].reshape(-1, n)
+            rest = ins[1:]
+            if op in ("softmax", "log_softmax", "cumsum"):
+                params["dim"] = -1
+            elif op == "rms_norm":
+                params["has_weight"] = bool(rest)
+            elif op == "layer_norm":
+                par = rest[0] if rest else None
+                both = par is not None and par.numel() >= 2 * n
+                params.update(has_weight=par is not None, has_bias=both, norm_dims=1)
+                rest = list(par.reshape(-1, n)[:2].unbind(0)) if par is not None else []
+            ins = [x] + [r.reshape(-1)[:n] for r in rest]
         xs = []
         for x in ins:
             if x.dtype in numerics.FLOAT_DTYPES:
@@ -101,12 +133,97 @@ def _vector(op: str):
                 xs.append(x)
             else:
                 xs.append(x.float() if out.dtype.is_floating_point else x)
-        numerics.store(fn(xs, **params), out)
+        numerics.store(fn(xs, **params).reshape(out.shape), out)
+    run.wants_call = True
     return run
+
+
+def _gate_mul(t0: torch.Tensor, t1: torch.Tensor, out: torch.Tensor, work: int = 0) -> None:
+    """gated GEMM's last stage: the two fp32 accumulators multiplied, stored (GatedGemmDesign)."""
+    numerics.store(t0.float() * t1.float(), out)
+
+
+def _epilogue(act: str, bias: bool, res: bool):
+    """GEMM epilogue stage (kernels/lower/vector.epilogue_program): out = act(T + beta * bias)
+    (+ R) over whole rows; T is the GEMM stage's accumulator (alpha applied), as GemmDesign."""
+    def run(*args, call, program) -> None:
+        kinds = [type(a).__name__ for a in call.args]
+        tensors = [x for x, k in zip(args, kinds) if k == "FifoElem"]
+        consts = [x for x, k in zip(args, kinds) if k == "Const"]
+        beta = float(consts[1]) if len(consts) > 1 else 1.0
+        out = tensors[-1]
+        u = out.numel()
+        streamed, par = [], None
+        for t in tensors[:-1]:
+            if t.numel() == u:
+                streamed.append(t)
+            elif t.numel() == 2 * u:                    # T and R packed on one channel
+                streamed.extend(t.reshape(2, u).unbind(0))
+            else:
+                par = t
+        T0 = streamed[0]
+        n = par.numel() if par is not None else u
+        x = T0.reshape(-1, n)
+        if bias and par is not None:
+            b = par.reshape(1, -1)
+            b = b.to(torch.int32) if T0.dtype == torch.int32 else numerics.operand(b)
+            x = x + (b * beta if beta != 1.0 else b)
+        x = apply_epilogue(act, x) if act != "none" else x
+        if res:
+            x = x + streamed[1].reshape(x.shape).float()
+        numerics.store(x.reshape(out.shape), out)
+    run.wants_call = True
+    return run
+
+
+_LAYOUT_STEPS = {"view", "permute", "expand", "unsqueeze", "squeeze", "slice", "select",
+                 "strided_index", "cat"}
+
+
+def _chain(*args, call, program) -> None:
+    """One unit of a fused elementwise chain (program notes["chain"]: in_shapes, in_dtypes,
+    steps, outputs, out_dtypes): streamed inputs are this unit's contiguous chunk, broadcast
+    inputs arrive repeated to the unit in the resident element, in input order."""
+    from torch_xdna.kernels.fused import ROW_OPS as CHAIN_ROW_OPS, ChainDesign
+    in_shapes, in_dtypes, steps, outputs, out_dtypes = dict(program.notes)["chain"]
+    if any(st[0] in CHAIN_ROW_OPS or st[0] in _LAYOUT_STEPS for st in steps):
+        raise ck.UnknownCoreKernel(f"{call.kernel} (chains with row or layout steps have no unit reference)")
+    kinds = [type(a).__name__ for a in call.args]
+    tensors = [x for x, k in zip(args, kinds) if k == "FifoElem"]
+    outs = tensors[len(tensors) - len(outputs):]
+    u = outs[0].numel()
+    sizes = [int(torch.Size(sh).numel()) for sh in in_shapes]
+    n = max(sizes + [1])
+    streamed = [i for i, m in enumerate(sizes) if m == n]
+    resident = [i for i, m in enumerate(sizes) if m != n]
+    parts = [t.reshape(-1) for t in tensors[:len(tensors) - len(outputs)]]
+    flat: list = []
+    for t in parts:                 # packed channels hold equal-length parts in order
+        flat.extend(t.reshape(-1, u).unbind(0) if t.numel() % u == 0 else [t])
+    xs = [None] * len(sizes)
+    for i, t in zip(streamed + resident, flat):
+        xs[i] = t.view(getattr(torch, in_dtypes[i])) if t.dtype == torch.uint8 else t
+    unit = ChainDesign(tuple((u,) for _ in sizes), in_dtypes, steps, outputs, out_dtypes)
+    for val, out in zip(unit.chain_outputs(xs), outs):
+        numerics.store(val.reshape(out.shape) if val.numel() == out.numel() else val.expand(out.shape), out)
+
+
+_chain.wants_call = True
 
 
 def _resolve(symbol: str):
     from torch_xdna.kernels.vector import OPS
+    if symbol.startswith("chain_"):
+        return _chain
+    if symbol.startswith("gate_mul_f32_"):
+        return _gate_mul
+    if symbol.startswith("epilogue_"):
+        body = symbol[len("epilogue_"):].rsplit("_", 2)[0]       # <act>[_bias][_res]
+        res = body.endswith("_res")
+        body = body[:-4] if res else body
+        bias = body.endswith("_bias")
+        act = body[:-5] if bias else body
+        return _epilogue(act, bias, res) if act in ACTIVATIONS else None
     if symbol.startswith("store_"):
         parts = symbol.split("_")[1:]
         act = "_".join(parts[:-2])
@@ -122,3 +239,103 @@ def _resolve(symbol: str):
 
 
 ck.register_resolver(_resolve)
+
+
+def _gemm_host_layout(d, gen, inputs):
+    """Weight-only GEMM: W and its scales become the per-tile runs the array streams."""
+    from torch_xdna.kernels.lower.gemm import pack_bfp16_tiles, pack_weight_tiles
+    if d.weight_only:
+        a, w, s, *rest = inputs
+        return [a, pack_weight_tiles(d, gen, w, s), *rest]
+    if d.dtype == "bfp16":
+        a, b, *rest = inputs
+        return [a, pack_bfp16_tiles(d, gen, numerics.operand(b)), *rest]
+    return None
+
+
+def _register_lowering() -> None:
+    from torch_xdna.kernels.lower import lower
+    from torch_xdna.runtime.sim import txn_level
+    txn_level.set_lowerer(lower)
+    txn_level.register_host_layout("gemm", _gemm_host_layout)
+
+
+_register_lowering()
+
+
+# -- attention (kernels/lower/attention.py: flash-style, online softmax per key tile) ------------
+@ck.register("attn_init_f32")
+def attn_init(o: torch.Tensor, ml: torch.Tensor, state: torch.Tensor) -> None:
+    o.zero_()
+    ml[:, 0] = float("-inf")
+    ml[:, 1] = 0.0
+    state[0] = 0
+
+
+@ck.register("attn_q_bf16")
+def attn_q(kv: torch.Tensor, q: torch.Tensor, state: torch.Tensor) -> None:
+    flat = kv.reshape(-1)
+    if flat.dtype == torch.uint8:                 # masked designs: the element is bytes
+        flat = flat[:q.numel() * 2].view(torch.bfloat16)
+    q.copy_(flat[:q.numel()].reshape(q.shape))
+
+
+@ck.register("attn_tile_masked_bf16")
+def attn_tile_masked(q, kvm, s, p, o, ml, state, kv_len, q_offset, scale, core, cores, q_tiles, tq,
+                     group, causal, window, softcap, mask_kind) -> None:
+    """attn_tile with the element as bytes [K | V | mask tile (rows x tkv; fp32 additive, or
+    bool with True = attend)]."""
+    rows, tkv = s.shape
+    dp = q.shape[1]
+    nb = tkv * dp * 2
+    kv = kvm[:2 * nb].view(torch.bfloat16).reshape(2, tkv, dp)
+    mt = kvm[2 * nb:]
+    if int(mask_kind) == 1:
+        add = mt[:rows * tkv * 4].view(torch.float32).reshape(rows, tkv)
+    else:
+        keep = mt[:rows * tkv].reshape(rows, tkv) != 0
+        add = torch.zeros(rows, tkv).masked_fill(~keep, float("-inf"))
+    attn_tile(q, kv, s, p, o, ml, state, kv_len, q_offset, scale, core, cores, q_tiles, tq, group,
+              causal, window, softcap, mask=add)
+
+
+@ck.register("attn_tile_bf16")
+def attn_tile(q, kv, s, p, o, ml, state, kv_len, q_offset, scale, core, cores, q_tiles, tq, group,
+              causal, window, softcap, mask=None) -> None:
+    """One key tile: scores in fp32, masked, online-softmax update with P rounded to bf16."""
+    j = int(state[0])
+    state[0] += 1
+    tkv = kv.shape[1]
+    w = int(state[1]) * int(cores) + int(core)
+    t0 = (w % int(q_tiles)) * int(tq)
+    k_t, v_t = _ftz(kv[0]), _ftz(kv[1])
+    sc = torch.matmul(_ftz(q), k_t.transpose(0, 1)) * scale
+    if softcap:
+        sc = torch.tanh(sc / softcap) * softcap
+    kp = torch.arange(tkv).unsqueeze(0) + j * tkv
+    qp = (torch.arange(q.shape[0]) % int(tq)).unsqueeze(1) + t0 + int(q_offset)
+    allowed = kp < int(kv_len)
+    if causal:
+        allowed = allowed & (kp <= qp)
+    if window:
+        allowed = allowed & (kp > qp - int(window))
+    sc = sc.masked_fill(~allowed, float("-inf"))
+    if mask is not None:
+        sc = sc + mask
+    s.copy_(sc)
+    m_old, l_old = ml[:, 0].clone(), ml[:, 1].clone()
+    m_new = torch.maximum(m_old, sc.amax(dim=-1))
+    safe = torch.where(torch.isinf(m_new), torch.zeros_like(m_new), m_new)
+    pe = numerics.operand(torch.exp(sc - safe.unsqueeze(1)))          # bf16 P, masked -> 0
+    alpha = torch.where(torch.isinf(m_old), torch.zeros_like(m_old), torch.exp(m_old - safe))
+    p.copy_(pe.to(p.dtype))
+    ml[:, 0] = m_new
+    ml[:, 1] = l_old * alpha + pe.sum(dim=-1)
+    o.copy_(o * alpha.unsqueeze(1) + torch.matmul(pe, v_t))
+
+
+@ck.register("attn_finish_f32")
+def attn_finish(o: torch.Tensor, ml: torch.Tensor, state: torch.Tensor) -> None:
+    l = ml[:, 1].unsqueeze(1)                                         # noqa: E741
+    o.copy_(torch.where(l > 0, o / torch.where(l > 0, l, torch.ones_like(l)), torch.zeros_like(o)))
+    state[1] += 1

@@ -16,9 +16,9 @@ import torch
 from torch_xdna.array import ir
 from torch_xdna.hw import Generation
 
-TORCH_TO_IR = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "bf16",
+TORCH_TO_IR = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16",
                torch.int8: "i8", torch.uint8: "u8", torch.bool: "u8", torch.int16: "i16",
-               torch.int32: "i32", torch.int64: "i32"}
+               torch.int32: "i32", torch.int64: "i64"}
 SHIM_BDS = 16      # AIE-ML shim NOC tile BDs (mlir-aie AIETargetModel: getNumBDs for shim = 16)
 
 
@@ -121,7 +121,26 @@ class Builder:
     # -- runtime sequence ------------------------------------------------------------------
     def task(self, fifo: str, arg: str, offset: int, sizes, strides, pad_after=()) -> int:
         """Queue one shim BD on the channel of `fifo`; awaits the channel's oldest task first
-        when its queue or the shim's BDs are full."""
+        when its queue or the shim's BDs are full. An outer dimension whose stride is beyond
+        the DMA's limit is unrolled into one task per step (same stream)."""
+        limit = self.gen.max_dma_stride.value
+        sizes, strides = tuple(int(x) for x in sizes), tuple(int(x) for x in strides)
+        if len(sizes) > 1 and sizes[-1] > 0 and strides[-1] == 1 and not self._legal(arg, sizes, strides):
+            refit = _refactor_inner(sizes, strides, pad_after, self._bits(arg))
+            if refit is not None and self._legal(arg, refit[0], refit[1]):
+                sizes, strides, pad_after = refit
+        if len(sizes) > 1 and sizes[0] > 1 and (
+                strides[0] > limit or not self._legal(arg, sizes, strides)):
+            pads = tuple(pad_after) or (0,) * len(sizes)
+            tid = -1
+            for i in range(int(sizes[0])):
+                tid = self.task(fifo, arg, offset + i * strides[0], sizes[1:], strides[1:], pads[1:])
+            if pads[0]:
+                inner = 1
+                for sz, pd in zip(reversed(sizes[1:]), reversed(pads[1:])):
+                    inner = inner * sz + pd * inner
+                tid = self.task(fifo, arg, 0, (0,), (1,), (pads[0] * inner,))
+            return tid
         if fifo not in self._chan:
             raise LoweringError(f"{self.name}: fifo {fifo!r} has no shim endpoint")
         col, direction, ch = self._chan[fifo]
@@ -131,6 +150,7 @@ class Builder:
         while len(self._queue[key]) >= depth or not free:
             victim_key = key if self._queue[key] else self._oldest_on(col)
             self._await((self._queue[victim_key][0],))
+        self._check_words(fifo, arg, offset, sizes, strides)
         bd = free.pop(0)
         tid = self._next_task
         self._next_task += 1
@@ -143,6 +163,47 @@ class Builder:
         self._queue[key].append(tid)
         self._task_bd[tid] = (col, bd, key)
         return tid
+
+    def _check_words(self, fifo, arg, offset, sizes, strides) -> None:
+        """The shim DMA addresses 32-bit words: base, runs and strides must be whole words."""
+        bits = self._bits(arg)
+        if not all(int(x) for x in sizes):
+            return
+        bad = None
+        if int(offset) * bits % 32:
+            bad = f"offset {offset}"
+        elif int(sizes[-1]) * bits % 32:
+            bad = f"run of {sizes[-1]} elements"
+        else:
+            for sz, st in zip(sizes[:-1], strides[:-1]):
+                if int(sz) > 1 and int(st) * bits % 32:
+                    bad = f"stride {st}"
+                    break
+        if bad:
+            raise LoweringError(
+                f"{self.name}: task on {arg!r} ({fifo}): {bad} is not a whole number of 32-bit "
+                f"words ({bits}-bit elements); the shim DMA addresses words, so this operand's "
+                f"rows must be a multiple of {32 // bits} elements (pad them on the host)")
+
+    def _bits(self, arg: str) -> int:
+        for a in self.args:
+            if a.name == arg:
+                return ir.DTYPE_BITS[a.type.dtype]
+        raise LoweringError(f"{self.name}: task on unknown host arg {arg!r}")
+
+    def _legal(self, arg: str, sizes, strides) -> bool:
+        """Whether the shim BD fields can hold this pattern (the stream encoder's own check)."""
+        if not all(sizes):
+            return True
+        try:
+            from torch_xdna.array import txn
+        except ImportError:
+            return True
+        try:
+            txn.hw_pattern(sizes, strides, self._bits(arg))
+        except txn.StreamError:
+            return False
+        return True
 
     def _oldest_on(self, col: int) -> tuple:
         keys = [k for k, q in self._queue.items() if k[0] == col and q]
@@ -173,6 +234,21 @@ class Builder:
             kernels=tuple(self.kernels.values()), cores=tuple(self.cores),
             sequence=ir.RuntimeSequence(tuple(self.args), tuple(self.ops), tuple(self.scalars)),
             notes=tuple(sorted((k, v) for k, v in self.notes.items())))
+
+
+def _refactor_inner(sizes, strides, pads, bits: int):
+    """Split a contiguous innermost run too long for the BD's wrap field into (n/a, a)."""
+    n = sizes[-1]
+    pads = tuple(pads) or (0,) * len(sizes)
+    if len(sizes) >= 4:
+        return None
+    from torch_xdna.hw import aie2p_regs
+    wrap = (1 << aie2p_regs.SHIM_WRAP_BITS.value) - 1            # words
+    for a in range(min(n, wrap * 32 // bits), 0, -1):
+        if n % a == 0 and a * bits % 32 == 0 and pads[-1] % a == 0:
+            return (sizes[:-1] + (n // a, a), strides[:-1] + (a, 1),
+                    pads[:-1] + (pads[-1] // a, 0))
+    return None
 
 
 def _calls(body):

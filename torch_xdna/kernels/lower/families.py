@@ -1,6 +1,11 @@
 """Design kind -> lowering function (one table, so `xdna design show` lists what lowers)."""
 from __future__ import annotations
 
+from torch_xdna.kernels.lower.attention import attention_program
+from torch_xdna.kernels.lower.dma import concat_program, embedding_program, gather_program, \
+    llm_embed_program
+from torch_xdna.kernels.lower.fused import gated_gemm_programs, llm_block_programs, \
+    prologue_gemm_programs
 from torch_xdna.kernels.lower.gemm import gemm_programs
 from torch_xdna.kernels.lower.vector import chain_program, vector_program
 
@@ -8,4 +13,15 @@ LOWERINGS = {
     "gemm": lambda d, gen, **kw: gemm_programs(d, gen),
     "vector": lambda d, gen, **kw: vector_program(d, gen),
     "chain": lambda d, gen, **kw: chain_program(d, gen),
+    "attention": attention_program,
+    "concat": concat_program,
+    "gather": gather_program,
+    "embedding": embedding_program,
+    "llm_embed": llm_embed_program,
+    "gated_gemm": gated_gemm_programs,
+    "prologue_gemm": prologue_gemm_programs,
+    "llm_attention": llm_block_programs,
+    "llm_mlp": llm_block_programs,
+    "llm_head": llm_block_programs,
+    "llm_layer": llm_block_programs,
 }

@@ -6,8 +6,8 @@ sits as core (col c, row r) = m-slice r // per_col, n-slice c * per_col + r % pe
       broadcast to the cores of its m-slice in every column
   B   per column: shim -> mem tile (tk x per_col*tn per K step, row-major so an N edge is one
       padded run) -> per n-slice a tk x tn tile (mem-tile access pattern), broadcast down the
-      column; weight-only W [N, K] and bfp16 B^T arrive n-major (per_col*tn x tk)
-  S   weight-only scales: per group of columns, from a shim channel that carries no A
+      column; weight-only W (with its scales) and bfp16 B arrive as host-packed tiles
+      (pack_weight_tiles / pack_bfp16_tiles), one contiguous tile per core and K step
   C   per core: tm x tn -> mem tile join -> shim
 Each core: forever { tiles_per_core x { zero acc; K/tk x { matmul(A, B, acc) }; store(acc, C) } }.
 A round of the runtime sequence is one output block (every active core's next tile): its C
@@ -55,20 +55,13 @@ def gemm_program(d, gen: Generation, name: str | None = None, args=("A", "B", "C
     a_dt = "i8" if cdt == "int8" else "bf16"
     acc_dt = "i32" if cdt == "int8" else "f32"
     out_dt = tt((1,), out_dtype or d.out_dtype).dtype
-    # B as the host stores it: [K, N] (bf16/int8), W [N, K] int8, packed int4 [N, K/2], or the
-    # bfp16 encoding of B^T along K [N, ceil(K/8)*9]
-    if wo and d.dtype == "int4":
-        b_dt, b_num, b_den, n_major = "u8", 1, 2, True
-    elif wo:
-        b_dt, b_num, b_den, n_major = "i8", 1, 1, True
-    elif bfp:
-        b_dt, b_num, b_den, n_major = "u8", 9, 8, True
-    else:
-        b_dt, b_num, b_den, n_major = a_dt, 1, 1, False
-    kb = lambda kk: kk * b_num // b_den          # K elements -> B row elements
+    # B: [K, N] row-major (bf16 / int8), or packed tiles (below) of W [N, K] int8, packed int4
+    # [N, K/2] with scales, or the bfp16 encoding of B^T; kb: K elements -> bytes of a tile row
+    b_dt = a_dt
+    b_num, b_den = (1, 2) if wo and d.dtype == "int4" else (9, 8) if bfp else (1, 1)
+    kb = lambda kk: kk * b_num // b_den          # noqa: E731
     if bfp and (tk % 8):
         raise LoweringError(f"{b.name}: bfp16 K tile {tk} is not a whole number of 8-blocks")
-    k_row = kb(-(-K // 8) * 8) if bfp else kb(K)  # host B row length (n-major layouts)
     g = d.w_group
     if wo and not (tk % g == 0 or g % tk == 0):
         raise LoweringError(f"{b.name}: K tile {tk} and weight group {g} do not nest")
@@ -77,13 +70,18 @@ def gemm_program(d, gen: Generation, name: str | None = None, args=("A", "B", "C
     # -- host arguments -------------------------------------------------------------------------
     a_name, b_name, c_name = args[:3]
     b.arg(a_name, (nb_batch, m_total, K), a_dt)
-    b.arg(b_name, (nb_batch, N, k_row) if n_major else (nb_batch, K, N), b_dt)
-    tile_b = tn * kb(tk) + tn * sg * 2           # weight-only: one packed [W | scales] tile
-    if wo:
+    b.arg(b_name, (nb_batch, K, N), b_dt)
+    # weight-only and bfp16 B stream as contiguous tiles (word-aligned runs for the shim BDs)
+    packed = wo or bfp
+    tile_b = tn * kb(tk) + tn * sg * 2           # one [W | scales] (or bfp16 B^T) tile, bytes
+    b_batch = nblocks * gn * kt * tile_b
+    if packed:
         b.notes["host_layout"] = (("B", "pack_weight_tiles(W, scales): [n tile][k step][W tile | "
-                                   "scale tile] bytes, zero-padded"),)
+                                   "scale tile] bytes, zero-padded" if wo else
+                                   "pack_bfp16_tiles(B): [batch][n tile][k step][bfp16 B^T tile]"
+                                   " bytes, zero-padded"),)
         b.args.pop()
-        b.arg(b_name, (nblocks * gn * kt * tile_b,), "u8")
+        b.arg(b_name, (nb_batch * b_batch,), "u8")
     b.arg(c_name, (nb_batch, m_total, N), out_dt)
 
     # -- placement -------------------------------------------------------------------------
@@ -99,7 +97,7 @@ def gemm_program(d, gen: Generation, name: str | None = None, args=("A", "B", "C
 
     # -- kernels -----------------------------------------------------------------------------
     a_t = tt((tm, tk), a_dt)
-    b_t = tt((tn, kb(tk)), b_dt) if n_major else tt((tk, tn), b_dt)
+    b_t = tt((tk, tn), b_dt)
     acc_t, c_t = tt((tm, tn), acc_dt), tt((tm, tn), out_dt)
     zero = b.kernel(f"zero_{acc_dt}", (acc_t,))
     if wo:
@@ -107,6 +105,7 @@ def gemm_program(d, gen: Generation, name: str | None = None, args=("A", "B", "C
         kind = "gemv" if d.m == 1 else "matmul"
         mm = b.kernel(f"{kind}_{d.dtype}_bf16", (a_t, b_t, tt((tk, tn), "bf16"), acc_t, "i32", "i32"))
     elif bfp:
+        b_t = tt((tile_b,), "u8")
         mm = b.kernel("matmul_bf16_bfp16_f32", (a_t, b_t, acc_t))
     else:
         mm = b.kernel(f"matmul_{'i8_i32' if cdt == 'int8' else 'bf16_f32'}", (a_t, b_t, acc_t))
@@ -126,18 +125,16 @@ def gemm_program(d, gen: Generation, name: str | None = None, args=("A", "B", "C
         pc = pcs[c]
         if not pc:
             continue
-        if wo:
+        if packed:
             b.fifo(f"B{c}", b.shim(c), b.mem(c), 2, tt((pc * tile_b,), "u8"))
-        elif n_major:
-            b.fifo(f"B{c}", b.shim(c), b.mem(c), 2, tt((pc * tn, kb(tk)), b_dt))
         else:
             b.fifo(f"B{c}", b.shim(c), b.mem(c), 2, tt((tk, pc * tn), b_dt))
         outs = []
         for jj in range(pc):
             outs.append(f"B{c}_{jj}")
-            dims = () if n_major or pc == 1 else ((tk, pc * tn), (tn, 1))
+            dims = () if packed or pc == 1 else ((tk, pc * tn), (tn, 1))
             b.fifo(outs[-1], b.mem(c), [cores[(i, c, jj)] for i in range(gm)], 2, b_t, dims=dims)
-        offs = tuple(jj * (tile_b if wo else tn * kb(tk) if n_major else tn) for jj in range(pc))
+        offs = tuple(jj * (tile_b if packed else tn) for jj in range(pc))
         b.link([f"B{c}"], outs, (), offs if pc > 1 else ())
     for c in range(cols):
         if not pcs[c]:
@@ -184,20 +181,16 @@ def gemm_program(d, gen: Generation, name: str | None = None, args=("A", "B", "C
                     r0 = m0 + ac * spc * tm
                     mv = max(0, min(spc * tm, m_total - r0))
                     base = bb * m_total * K + min(r0, m_total) * K
-                    _k_tasks(b, f"A{ac}", a_name, base, kt, tk, k_last, mv, spc * tm, K, 1, 1)
+                    _k_tasks(b, f"A{ac}", a_name, base, kt, tk, k_last, mv, spc * tm, K)
                 for c in range(cols):
                     if not pcs[c]:
                         continue
                     n0 = (bn * gn + c * per_col) * tn
                     nv = max(0, min(pcs[c] * tn, N - n0))
-                    if wo:
+                    if packed:
                         j0 = bn * gn + c * per_col
-                        b.task(f"B{c}", b_name, j0 * kt * tile_b, (kt, pcs[c], tile_b),
-                               (tile_b, kt * tile_b, 1))
-                    elif n_major:
-                        base = bb * N * k_row + min(n0, N) * k_row
-                        _k_tasks(b, f"B{c}", b_name, base, kt, kb(tk), kb(k_last), nv, pcs[c] * tn,
-                                 k_row, 1, 1)
+                        b.task(f"B{c}", b_name, bb * b_batch + j0 * kt * tile_b,
+                               (kt, pcs[c], tile_b), (tile_b, kt * tile_b, 1))
                     else:
                         base = bb * K * N + min(n0, N)
                         _b_rowmajor(b, f"B{c}", b_name, base, kt, tk, k_last, nv, pcs[c] * tn, N)
@@ -220,7 +213,7 @@ def _c_tasks(b, fifo, arg, base, m0, n0, gm, pc, tm, tn, M, N):
                    (tm - mv, tn - nv))
 
 
-def _k_tasks(b, fifo, arg, base, kt, tk, k_last, rows_valid, rows, row_len, _a, _b):
+def _k_tasks(b, fifo, arg, base, kt, tk, k_last, rows_valid, rows, row_len):
     """Feed `rows` x tk tiles per K step from a row-major [.., row_len] operand (A, W, B^T):
     full K steps in one task, the partial last step in a second; missing rows are zeros."""
     pad_rows = rows - rows_valid
@@ -269,6 +262,26 @@ def pack_weight_tiles(d, gen: Generation, q: torch.Tensor, scales: torch.Tensor)
     s = s.reshape(ntp, tn, kt, sg).permute(0, 2, 1, 3).contiguous().view(torch.uint8)
     s = s.reshape(ntp, kt, tn * sg * 2)
     return torch.cat([w, s], dim=-1).reshape(-1).contiguous()
+
+
+def pack_bfp16_tiles(d, gen: Generation, b: torch.Tensor) -> torch.Tensor:
+    """Host layout of a bfp16 GEMM's B [.., K, N] (floats): per batch, [n tile][k step] tiles of
+    B^T (tn rows of tk values) encoded as bfp16 blocks along K (quant.encode_bfp16), zero-padded
+    at the edges; every tile is a whole number of 32-bit words."""
+    from torch_xdna.kernels import quant
+    plan = d.plan(gen)
+    tm, tk, tn = plan.tile
+    gm, gn = plan.notes["grid"]
+    K, N = d.k, d.n
+    kt, nt = ceil_div(K, tk), ceil_div(N, tn)
+    ntp = ceil_div(nt, gn) * gn
+    bt = b.float().reshape(-1, K, N).transpose(-1, -2)          # [batch, N, K]
+    full = torch.zeros(bt.shape[0], ntp * tn, kt * tk)
+    full[:, :N, :K] = bt
+    enc = quant.encode_bfp16(full)                               # [batch, ntp*tn, kt*tk/8*9]
+    kb = tk // 8 * 9
+    enc = enc.reshape(-1, ntp, tn, kt, kb).permute(0, 1, 3, 2, 4)
+    return enc.reshape(-1).contiguous()
 
 
 def gemm_programs(d, gen: Generation) -> tuple[ir.ArrayProgram, ...]:

@@ -5,6 +5,8 @@ function in kernels/aie/). The transaction level runs each call on the core's ti
 the function registered here under that symbol. Functions take the call's arguments in order
 (tile buffers as typed torch views, scalars as Python numbers) and write their outputs in place,
 with the NPU's numerics. kernels/ registers them (it may import runtime/, not the reverse).
+A function with attribute `wants_call = True` is also passed `call=` (the ir.Call, so it can tell
+FIFO elements from scratch buffers) and `program=` (the ArrayProgram, for its notes).
 """
 from __future__ import annotations
 

@@ -102,6 +102,24 @@ def transfer_terms(gen: Generation, plan: Plan) -> CostTerms:
     return t
 
 
+def stream_transfer_terms(gen: Generation, plan: Plan, stats) -> CostTerms:
+    """transfer_terms with the DMA and sync terms counted from the launch's instruction stream
+    (array/txn.stream_stats): the bytes its pushed BDs move, over the shim columns it programs,
+    and its sync groups. On-chip and compute stay the plan's."""
+    t = CostTerms()
+    cols = len(stats.bds_by_column) or plan.columns
+    t.dma = dram_time_s(gen, cols, stats.mm2s_bytes, stats.s2mm_bytes) * 1e6
+    t.onchip = onchip_time_us(gen, plan)
+    t.compute = compute_time_us(gen, plan)
+    t.sync = max(0, stats.sync_groups - 1) * gen.sync_point_us.value
+    if plan.double_buffered:
+        busy = t.dma + t.sync + t.onchip + t.compute
+        steady = max(t.dma, t.sync, t.onchip, t.compute)
+        fill = plan.notes.get("fill_s", 0.0) * 1e6
+        t.overlap = -max(0.0, busy - steady - fill)
+    return t
+
+
 class CostModel:
     """Charges launches in order; remembers the configured design and live contexts."""
 
@@ -109,19 +127,23 @@ class CostModel:
         self.gen = gen
         self.current: tuple | None = None             # design configured on the array
         self.current_context: tuple | None = None     # hardware context the array runs
-        self._transfer: dict[int, tuple] = {}         # id(plan) -> (plan, transfer terms)
+        self._transfer: dict = {}                     # id(plan)[, id(stream)] -> (plan, terms, stream)
         self.contexts: OrderedDict[tuple, None] = OrderedDict()   # LRU of live hw contexts
 
     def charge(self, design_key: tuple, plan: Plan, chained: bool,
-               context: tuple | None = None) -> CostTerms:
+               context: tuple | None = None, stream=None) -> CostTerms:
         """Charge one launch. `context` is the hardware context it runs in: the design itself
-        for a single launch, the whole program (one ELF) for a chained program's launches."""
+        for a single launch, the whole program (one ELF) for a chained program's launches.
+        `stream` (array/txn.StreamStats of the launch's instruction stream, when one exists)
+        replaces the plan's estimated DMA and sync terms by the stream's counts."""
         g = self.gen
-        memo = self._transfer.get(id(plan))
-        if memo is None or memo[0] is not plan:
+        memo_key = id(plan) if stream is None else (id(plan), id(stream))
+        memo = self._transfer.get(memo_key)
+        if memo is None or memo[0] is not plan or (stream is not None and memo[2] is not stream):
             if len(self._transfer) > 4096:            # eager designs come and go
                 self._transfer.clear()
-            memo = self._transfer[id(plan)] = (plan, transfer_terms(g, plan))
+            terms = transfer_terms(g, plan) if stream is None else stream_transfer_terms(g, plan, stream)
+            memo = self._transfer[memo_key] = (plan, terms, stream)
         m = memo[1]                                   # a plan's own time never changes
         t = CostTerms(0.0, 0.0, 0.0, m.dma, m.onchip, m.compute, m.sync, m.overlap)
         t.dispatch = g.chained_dispatch_us.value if chained else g.dispatch_us.value

@@ -12,14 +12,17 @@ from torch_xdna.runtime.device import Device, TraceRecord
 from torch_xdna.runtime.launch import Launch
 from torch_xdna.runtime.plan import Plan
 from torch_xdna.runtime.sim.cost import CostModel
+from torch_xdna.runtime.sim import txn_level
 
 
 class SimDevice(Device):
     backend = "sim"
 
-    def __init__(self, gen: Generation, memory_budget: int):
+    def __init__(self, gen: Generation, memory_budget: int, level: str | None = None):
         super().__init__(gen, memory_budget)
         self.cost = CostModel(gen)
+        self.level = level               # None: TORCH_XDNA_SIM_LEVEL / txn_level.use()
+        self.txn = txn_level.TxnRunner(gen)
         self._plans: dict[tuple, Plan] = {}
         self._plan_ids: dict[int, tuple] = {}     # id(design) -> (design, plan): no key hashing
         self._epoch = 0              # bumped by every free: cached host views are then stale
@@ -73,8 +76,18 @@ class SimDevice(Device):
             plan = design.launch_plan(self.gen, **launch.scalars)
         ins, outs = self._views(launch)
         t0 = time.perf_counter() if self.trace is not None else 0.0
-        design.reference(ins, outs, **launch.scalars)
-        terms = self.cost.charge(design.key, plan, chained, context=self.submission_context)
+        stream = None
+        if (self.level or txn_level.level()) == "txn":
+            try:
+                stream = self.txn.run(design, ins, outs, launch.scalars)
+            except txn_level.Unlowered as e:
+                self.txn.fallbacks += 1
+                self.txn.fallback_reasons[design.name] = str(e)
+                design.reference(ins, outs, **launch.scalars)
+        else:
+            design.reference(ins, outs, **launch.scalars)
+        terms = self.cost.charge(design.key, plan, chained, context=self.submission_context,
+                                 stream=stream)
         total = terms.total
         c = self.counters
         c.modeled_us += total

@@ -31,7 +31,8 @@ from torch_xdna.runtime.sim.txn_faults import (AddressFault, BdBusy, BdExhausted
                                                TaskQueueOverflow, TxnFault)
 
 TORCH_DTYPE = {"bf16": torch.bfloat16, "f32": torch.float32, "i8": torch.int8, "i16": torch.int16,
-               "i32": torch.int32, "u8": torch.uint8, "u32": torch.int32, "i4": torch.uint8}
+               "i32": torch.int32, "u8": torch.uint8, "u32": torch.int32, "i4": torch.uint8,
+               "f16": torch.float16, "i64": torch.int64}
 QUEUE_DEPTH = 4          # hw Generation.shim_task_queue_depth (passed in by the device)
 
 
@@ -130,6 +131,7 @@ class _Task:
     ir_task: ir.DmaTask | None
     done: bool = False
     freed: bool = False
+    synced: bool = False
     stream: torch.Tensor | None = None     # MM2S: bytes still to emit
     pos: int = 0
     taken: list = field(default_factory=list)   # S2MM: stream pieces received
@@ -210,6 +212,8 @@ class TxnExecutor:
             buf = program.buffer(name)
             for i in range(max(1, buf.type.nbytes // 4)):
                 self.rtp_addr[R.tile_address(tile.col, tile.row, base + 4 * i)] = (name, i)
+        for chan in self.ir_tasks:
+            self._flush_pads(chan)
         self.cores = [_Core(self, c) for c in program.cores]
         self.links = [_Link(self, ln) for ln in program.links]
         self.op_index = -1
@@ -311,13 +315,12 @@ class TxnExecutor:
         if chan not in self.chan_fifo:
             raise PatternFault(f"xdna txn: op {k} (task-queue push): column {p.column} {p.direction} channel "
                                f"{p.channel} carries no object FIFO of design {self.p.name!r}")
-        irq = self.ir_tasks.get(chan)
         ir_task = self._next_ir_task(chan)
         q = self.queues.setdefault(chan, deque())
-        outstanding = sum(1 for t in q if not t.done)
+        outstanding = sum(1 for t in q if not t.done and t.bd_id >= 0)
         if outstanding >= self.queue_depth:
             self._quiesce()
-            outstanding = sum(1 for t in q if not t.done)
+            outstanding = sum(1 for t in q if not t.done and t.bd_id >= 0)
             if outstanding >= self.queue_depth:
                 raise TaskQueueOverflow(
                     f"xdna txn: op {k} (task-queue push): column {p.column} {p.direction} channel "
@@ -336,20 +339,25 @@ class TxnExecutor:
                     f"bytes (buffer_length={bd.buffer_length} words x {p.repeat_count + 1} runs) but dma task "
                     f"{ir_task.id} of fifo {ir_task.fifo!r} carries {want}: field buffer_length/repeat_count "
                     f"disagrees with the design")
-        del irq
         self.busy[key] = task
         q.append(task)
+        self._flush_pads(chan)
         self.tasks.append(task)
         self.counts["pushes"] += 1
 
     def _next_ir_task(self, chan) -> ir.DmaTask | None:
+        self._flush_pads(chan)
+        q = self.ir_tasks.get(chan)
+        return q.popleft() if q else None
+
+    def _flush_pads(self, chan) -> None:
+        """All-padding tasks next in a channel's order: the mem-tile DMA emits (or drops) their
+        zeros with no shim BD, so they queue without a push."""
         q = self.ir_tasks.get(chan)
         while q and _data_elems(q[0]) == 0:
-            # an all-padding task: the mem-tile DMA emits its zeros, no shim BD runs
             pad = q.popleft()
             self.queues.setdefault(chan, deque()).append(_Task(
                 self.op_index, chan[0], chan[1], chan[2], -1, T.ShimBD(0), 0, 0, 0, False, pad))
-        return q.popleft() if q else None
 
     def _arg_dtype(self, t: ir.DmaTask) -> str:
         for a in self.p.sequence.args:
@@ -388,13 +396,15 @@ class TxnExecutor:
                 for t in self.tasks:          # the host saw completion: finished BDs may be reused
                     if t.done:
                         t.freed = True
+                        if (t.column, t.direction, t.channel) in keys:
+                            t.synced = True   # its own channel's token: its data has landed
                 return
             if not self._step():
                 self._diagnose(k, op, keys)
 
     def _finish(self, n_ops: int) -> None:
         self._quiesce()
-        pending = [t for t in self.tasks if t.direction == "S2MM" and not t.freed]
+        pending = [t for t in self.tasks if t.direction == "S2MM" and not t.synced]
         if pending:
             t = pending[0]
             state = "finished, but" if t.done else "unfinished and"
@@ -439,7 +449,10 @@ class TxnExecutor:
             while carry.n >= fifo.nbytes and fifo.can_produce():
                 fifo.push(carry.take(fifo.nbytes))
                 progress = True
-            while q and q[0].pos <= carry.total_out:
+            # bytes of a partly filled element already sit in the consumer's free buffer (its
+            # DMA writes as they arrive; the lock is released once the element is whole)
+            absorbed = carry.total_out + (carry.n if carry.n < fifo.nbytes and fifo.can_produce() else 0)
+            while q and q[0].pos <= absorbed:
                 self._complete(q.popleft())
                 progress = True
             return progress
@@ -467,8 +480,9 @@ class TxnExecutor:
             self.tokens[key] = self.tokens.get(key, 0) + 1
 
     def _mm2s_stream(self, t: _Task, dtype: str) -> torch.Tensor:
-        if t.bd_id < 0:                       # all-padding task
-            return torch.zeros(int(t.ir_task.stream_elements * elem_bytes(dtype)), dtype=torch.uint8)
+        if t.bd_id < 0:                       # all-padding task: zeros in its argument's units
+            return torch.zeros(int(t.ir_task.stream_elements * elem_bytes(self._arg_dtype(t.ir_task))),
+                               dtype=torch.uint8)
         data = self.host[t.arg_idx][_byte_offsets(t)]
         self.counts["mm2s_bytes"] += data.numel()
         if t.ir_task is not None:
@@ -784,7 +798,10 @@ class _Core:
                 args.append(a.value)
             elif isinstance(a, ir.ScalarRef):
                 args.append(self._scalar(a.name))
-        fn(*args)
+        if getattr(fn, "wants_call", False):     # references that need the call's argument kinds
+            fn(*args, call=op, program=self.ex.p)
+        else:
+            fn(*args)
         self.ex.counts["kernel_calls"] += 1
 
     def _scalar(self, name: str):
@@ -810,7 +827,15 @@ def execute(program: ir.ArrayProgram, words: Sequence[int], host: Sequence[torch
             scalars: dict | None = None, **kw) -> dict:
     """Run one launch's stream against its host buffers (flat uint8 or typed tensors, in the
     runtime sequence's argument order). Returns counts (BD writes, patches, bytes, calls)."""
-    return TxnExecutor(program, words, host, scalars, **kw).run()
+    # a launch is thousands of tile-sized kernel calls: intra-op threads only add overhead
+    threads = torch.get_num_threads()
+    if threads != 1:
+        torch.set_num_threads(1)
+    try:
+        return TxnExecutor(program, words, host, scalars, **kw).run()
+    finally:
+        if threads != 1:
+            torch.set_num_threads(threads)
 
 
 __all__ = ["execute", "TxnExecutor", "TxnFault", "BdBusy", "BdExhausted", "TaskQueueOverflow",

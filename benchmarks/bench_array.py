@@ -1,0 +1,127 @@
+"""Instruction streams and the transaction-level simulator: words and BDs per launch, and host
+time per launch at the txn level vs the functional level.
+
+Cases: a 1024^3 GEMM, and the Qwen3-0.6B-shaped decode layer (hidden 1024, 16 q / 8 kv heads
+of 128, intermediate 3072, one token). Where the fused layer design has no array lowering yet,
+the layer is measured as its launches (rms_norm, q/k/v/o and gate/up/down GEMVs) and the result
+says so. Stream words and BD counts are exact properties of the generated streams; host times
+are measured on this host (shared CPU, so noisy); nothing here ran on an NPU.
+"""
+from __future__ import annotations
+
+import time
+
+import torch
+
+import torch_xdna.kernels.aie_refs  # noqa: F401  (core-kernel references + lowering hook)
+from torch_xdna.hw import NPU4
+from torch_xdna.kernels.gemm import GemmDesign
+from torch_xdna.kernels.vector import VectorDesign
+from torch_xdna.runtime.sim.txn_level import TxnRunner
+
+H, Q, KV, I = 1024, 16 * 128, 8 * 128, 3072
+
+
+def _inputs(design, g):
+    if isinstance(design, GemmDesign):
+        if design.dtype == "int8":
+            return [torch.randint(-128, 128, (design.m, design.k), dtype=torch.int8, generator=g),
+                    torch.randint(-128, 128, (design.k, design.n), dtype=torch.int8, generator=g)]
+        return [torch.randn(design.m, design.k, generator=g), torch.randn(design.k, design.n, generator=g)]
+    return [torch.randn(s, generator=g).to(dt) for s, dt in zip(design.in_shapes, design.in_dtypes)]
+
+
+def _out(design):
+    if isinstance(design, GemmDesign):
+        return torch.zeros(design.m, design.n, dtype=design.out_dtype)
+    return torch.zeros(design.out_shape, dtype=design.out_dtype)
+
+
+def measure(design, label: str, g) -> dict:
+    ins = _inputs(design, g)
+    f = _out(design)
+    t0 = time.perf_counter()
+    design.reference(ins, [f])
+    func_s = time.perf_counter() - t0
+    t = _out(design)
+    runner = TxnRunner(NPU4)
+    t0 = time.perf_counter()
+    stats = runner.run(design, ins, [t], {})
+    txn_s = time.perf_counter() - t0
+    if f.dtype.is_floating_point:
+        ia = f.to(torch.bfloat16).view(torch.int16).int()
+        ib = t.to(torch.bfloat16).view(torch.int16).int()
+        agree = {"bit_identical": bool(torch.equal(f, t))}
+        if f.dtype == torch.bfloat16:
+            agree["max_bf16_ulps"] = int((ia - ib).abs().max())
+        else:
+            agree["max_rel_diff"] = float(((f - t).abs() / f.abs().clamp_min(1e-30)).max())
+    else:
+        agree = {"bit_identical": bool(torch.equal(f, t))}
+    return {"launch": label, "stream_words": stats.words, "stream_bytes": stats.bytes,
+            "bds": stats.bd_writes, "ddr_patches": stats.patches, "syncs": stats.syncs,
+            "mm2s_mb": round(stats.mm2s_bytes / 1e6, 3), "s2mm_mb": round(stats.s2mm_bytes / 1e6, 3),
+            "kernel_calls": runner.last.get("kernel_calls", 0),
+            "txn_host_ms": round(txn_s * 1e3, 1), "functional_host_ms": round(func_s * 1e3, 2),
+            **agree}
+
+
+def decode_layer_launches() -> list[tuple[str, object]]:
+    gemv = lambda k, n: GemmDesign(m=1, k=k, n=n, dtype="bf16", out_dtype=torch.float32)  # noqa: E731
+    norm = VectorDesign("rms_norm", ((1, H), (H,)), (torch.float32, torch.float32), (1, H), torch.float32,
+                        (("eps", 1e-6), ("has_weight", True)))
+    return [("input_norm", norm), ("q_proj", gemv(H, Q)), ("k_proj", gemv(H, KV)), ("v_proj", gemv(H, KV)),
+            ("o_proj", gemv(Q, H)), ("post_norm", norm), ("gate_proj", gemv(H, I)), ("up_proj", gemv(H, I)),
+            ("down_proj", gemv(I, H))]
+
+
+def fused_layer_streams(precision: str = "bf16", capacity: int = 1024) -> dict:
+    """Stream words and BDs of the fused Qwen3-0.6B decode-layer launch (one token), summed over
+    its stage programs. Its stages are structural only (not executed at the txn level)."""
+    from torch_xdna.array import txn
+    from torch_xdna.engine.decoder import PrecisionPolicy, step_designs
+    from torch_xdna.kernels.lower import lower
+    from torch_xdna.models.families import BUILTIN_CONFIGS, spec_from_config
+    spec = spec_from_config(BUILTIN_CONFIGS["qwen3-0.6b"])
+    layer = next(d for role, _, d in step_designs(spec, PrecisionPolicy.parse(precision), 1, capacity, False)
+                 if role == "layer")
+    progs = lower(layer, NPU4)
+    words = bds = syncs = 0
+    for p in progs:
+        st = txn.stream_stats(txn.encode_sequence(p))
+        words, bds, syncs = words + st.words, bds + st.bd_writes, syncs + st.syncs
+    return {"design": layer.name, "precision": precision, "kv_capacity": capacity, "stages": len(progs),
+            "stream_words": words, "bds": bds, "syncs": syncs}
+
+
+def run(quick: bool = True) -> dict:
+    g = torch.Generator().manual_seed(0)
+    gemm_dtypes = ("int8",) if quick else ("int8", "bf16")
+    gemms = [measure(GemmDesign(m=1024, k=1024, n=1024, dtype=dt,
+                                out_dtype=torch.int32 if dt == "int8" else torch.bfloat16),
+                     f"gemm 1024^3 {dt}", g) for dt in gemm_dtypes]
+    try:
+        fused = [fused_layer_streams(p) for p in (("bf16",) if quick else ("bf16", "int4"))]
+    except Exception as e:                       # the fused lowering is still moving
+        fused = [{"error": f"{type(e).__name__}: {e}"}]
+    layer = [measure(d, name, g) for name, d in decode_layer_launches()]
+    total = {k: sum(r[k] for r in layer) for k in ("stream_words", "bds", "ddr_patches", "syncs",
+                                                  "txn_host_ms", "functional_host_ms")}
+    return {
+        "note": "stream words/BDs: exact counts of the generated instruction streams; host ms: "
+                "measured on this host; nothing ran on an NPU",
+        "gemm_1024": gemms,
+        "qwen3_0.6b_decode_layer": {
+            "fused_layer_launch": fused,
+            "measured_as": "host times: the layer's 9 launches run separately at the txn level (the "
+                           "fused layer's stage programs are structural only, not executable)",
+            "per_layer": {k: round(v, 2) for k, v in total.items()},
+            "txn_vs_functional_host_x": round(total["txn_host_ms"] / max(total["functional_host_ms"], 1e-3), 1),
+            "launches": layer,
+        },
+    }
+
+
+if __name__ == "__main__":
+    import json
+    print(json.dumps(run(quick=False), indent=2))

@@ -1,0 +1,144 @@
+"""Multi-stage designs -> one ArrayProgram per stage, run in order within one launch (a
+configure point between stages; the hw cost `configure_point_us`).
+
+Host arguments are matched by name across the stages of a launch. The first program's notes
+hold `launch_args` (the design's inputs then outputs, in the reference's order) and every
+program's notes its `scratch_args` (intermediates in DDR that the launcher allocates).
+
+  gated_gemm     A @ Wg (act in the store) -> T0; A @ Wu -> T1; gate_mul(T0, T1) -> out
+  prologue_gemm  the chain (kept outputs, and A -> T0); the GEMM on T0
+  llm blocks     the stage designs their plans are built from (llm_blocks._plan_at /
+                 MlpBlockDesign.plan / HeadDesign.plan), each lowered with its own tiling and
+                 wired through scratch buffers. These programs give the structure, BDs and
+                 stream size of a fused block; the layer's data layout between stages (RoPE
+                 tables, the KV-cache write at `pos`, GQA head grouping) is not modeled, so
+                 they are not executed at the transaction level.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from torch_xdna.array import ir
+from torch_xdna.hw import Generation
+from torch_xdna.kernels.lower.builder import LoweringError
+from torch_xdna.kernels.lower.vector import Operand, stream_program
+
+
+def rename_args(prog: ir.ArrayProgram, mapping: dict[str, str], notes: dict | None = None) -> ir.ArrayProgram:
+    """The program with host arguments renamed (stage wiring) and notes added."""
+    seq = prog.sequence
+    args = tuple(dataclasses.replace(a, name=mapping.get(a.name, a.name)) for a in seq.args)
+    ops = tuple(dataclasses.replace(op, arg=mapping.get(op.arg, op.arg)) if isinstance(op, ir.DmaTask)
+                else op for op in seq.ops)
+    merged = dict(prog.notes)
+    merged.update(notes or {})
+    return dataclasses.replace(prog, sequence=dataclasses.replace(seq, args=args, ops=ops),
+                               notes=tuple(sorted(merged.items())))
+
+
+def _lower_one(d, gen, **kw) -> ir.ArrayProgram:
+    from torch_xdna.kernels.lower import lower
+    progs = lower(d, gen, **kw)
+    if len(progs) != 1:
+        raise LoweringError(f"{d.name}: a stage must lower to one program, got {len(progs)}")
+    return progs[0]
+
+
+def gated_gemm_programs(d, gen: Generation, **_) -> tuple[ir.ArrayProgram, ...]:
+    g = _lower_one(d._gemm(d.n, d.act), gen)
+    u = _lower_one(d._gemm(d.n), gen)
+    m = d.batch * d.m * d.n
+    out_dt = {torch.float32: "f32", torch.bfloat16: "bf16"}.get(d.out_dtype, "f32")
+    plan = d.plan(gen)
+    cores = min(gen.cores, max(1, -(-m // 1024)))
+    cols = min(gen.columns.value, -(-cores // gen.core_rows.value))
+    work = 1024 if m >= 1024 else m
+    gate = stream_program(
+        f"{d.name}_gate", gen, work=work, n_units=-(-m // work), cores=cores, cols=cols, depth=2,
+        streamed=[Operand("T0", "f32", m, work), Operand("T1", "f32", m, work)], resident=[],
+        outputs=[Operand("out", out_dt, m, work)], kernel=f"gate_mul_f32_{out_dt}",
+        notes={"stage": "gate", "scratch_args": ("T0", "T1")})
+    return (rename_args(g, {"B": "Wg", "C": "T0"}, {"stage": "gate_proj", "launch_args": ("A", "Wg", "Wu", "out"),
+                                                    "scratch_args": ("T0",), "plan_tile": plan.tile}),
+            rename_args(u, {"B": "Wu", "C": "T1"}, {"stage": "up_proj", "scratch_args": ("T1",)}),
+            gate)
+
+
+def prologue_gemm_programs(d, gen: Generation, **_) -> tuple[ir.ArrayProgram, ...]:
+    chain = _lower_one(d.chain, gen)
+    gemm = _lower_one(d.gemm, gen)
+    n_in = len(d.chain.in_shapes)
+    kept = [k for k, keep in enumerate(d.keep) if keep]
+    mapping = {f"out{d.a_out}": "T0"}
+    for j, k in enumerate(kept):
+        if k != d.a_out:
+            mapping[f"out{k}"] = f"kept{j}"
+    chain = rename_args(chain, mapping, {"stage": "prologue", "scratch_args": ("T0",)})
+    gemm = rename_args(gemm, {"A": "T0"}, {"stage": "gemm"})
+    launch = tuple(f"in{i}" for i in range(n_in)) + ("B",) + tuple(f"kept{j}" for j in range(len(kept))) + ("C",)
+    chain = rename_args(chain, {}, {"launch_args": launch})
+    return (chain, gemm)
+
+
+# --- fused LLM blocks ---------------------------------------------------------------------------
+def _stage_designs(d, gen):
+    """(label, design, inputs, output) of a block's stages, as its plan builds them."""
+    from torch_xdna.kernels import llm_blocks as L
+    from torch_xdna.kernels.gemm import GemmDesign
+    from torch_xdna.kernels.vector import VectorDesign
+    f32 = torch.float32
+
+    def gemm(m, k, n, precision, batch=1, group=0):
+        wq = precision in ("int8", "int4")
+        return GemmDesign(m, k, n, batch=batch, dtype=L._mm_dtype(precision),
+                          w_group=(group or L.default_group(precision)) if wq else 0)
+
+    def vec(op, rows, dim, n_in=1):
+        params = {"rms_norm": (("eps", 1e-6), ("has_weight", n_in > 1))}.get(op, ())
+        shapes = ((rows, dim),) + ((dim,),) * (n_in - 1) if op == "rms_norm" else ((rows, dim),) * n_in
+        return VectorDesign(op, shapes, (f32,) * n_in, (rows, dim), f32, params)
+
+    out = []
+    if d.kind == "llm_attention":
+        m, h, hd = d.rows, d.hidden, d.head_dim
+        qkv_n = (d.heads + 2 * d.kv_heads) * hd
+        grp = d.heads // d.kv_heads
+        kv = L.kv_bucket(d.capacity, d.capacity)
+        keys = kv if d.window is None else min(kv, L.round_up(d.window + m, L.KV_TILE))
+        out += [("attn_norm", vec("rms_norm", m, h, 2), ("x", "attn_norm"), "T_norm"),
+                ("qkv_proj", gemm(m, h, qkv_n, d.precision, group=d.group), ("T_norm", "w_qkv"), "T_qkv"),
+                ("rope", vec("mul", m, qkv_n, 2), ("T_qkv", "rope_table"), "T_rope"),
+                ("scores", gemm(m * grp, hd, keys, "bf16", batch=d.kv_heads), ("T_q", "k_cache"), "T_s"),
+                ("softmax", vec("softmax", m * d.heads, keys), ("T_s",), "T_p"),
+                ("pv", gemm(m * grp, keys, hd, "bf16", batch=d.kv_heads), ("T_p", "v_cache"), "T_attn"),
+                ("o_proj", gemm(m, d.heads * hd, h, d.precision, group=d.group), ("T_attn", "w_o"), "out")]
+    elif d.kind == "llm_mlp":
+        m, h, f = d.rows, d.hidden, d.intermediate
+        out += [("mlp_norm", vec("rms_norm", m, h, 2), ("x", "mlp_norm"), "T_norm"),
+                ("gate_up", gemm(m, h, 2 * f, d.precision, group=d.group), ("T_norm", "w_gate_up"), "T_gu"),
+                ("act", vec(d.act, m, f), ("T_g",), "T_act"),
+                ("mul", vec("mul", m, f, 2), ("T_act", "T_u"), "T_h"),
+                ("down", gemm(m, f, h, d.precision, group=d.group), ("T_h", "w_down"), "out")]
+    elif d.kind == "llm_head":
+        out += [("final_norm", vec("rms_norm", 1, d.hidden, 2), ("x", "final_norm"), "T_norm"),
+                ("lm_head", gemm(1, d.hidden, d.vocab, d.precision, group=d.group), ("T_norm", "w_lm"), "logits")]
+        if d.softcap:
+            out.append(("softcap", vec("tanh", 1, d.vocab), ("logits",), "logits"))
+    return out
+
+
+def llm_block_programs(d, gen: Generation, **_) -> tuple[ir.ArrayProgram, ...]:
+    if d.kind == "llm_layer":
+        return llm_block_programs(d.attention, gen) + llm_block_programs(d.mlp, gen)
+    progs = []
+    for label, sd, ins, out in _stage_designs(d, gen):
+        p = _lower_one(sd, gen)
+        names = [a.name for a in p.sequence.args]
+        mapping = dict(zip(names[:len(ins)], ins))
+        mapping[names[-1]] = out
+        scratch = tuple(sorted({n for n in (*ins, out) if n.startswith("T_")}))
+        progs.append(rename_args(p, mapping, {"stage": f"{d.kind}.{label}", "scratch_args": scratch,
+                                              "executable": False}))
+    return tuple(progs)
