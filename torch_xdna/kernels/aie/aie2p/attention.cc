@@ -22,8 +22,8 @@
 #define ATT_D 64
 #endif
 
-static_assert(ATT_TQ % 4 == 0 && ATT_TKV % 8 == 0 && ATT_D % 16 == 0,
-              "attention tiles: TQ multiple of 4, TKV of 8, D of 16");
+static_assert(ATT_TQ % 4 == 0 && ATT_TKV % 16 == 0 && ATT_D % 16 == 0,
+              "attention tiles: TQ multiple of 4, TKV and D of 16");
 
 using MMUL = aie::mmul<4, 8, 8, bfloat16, bfloat16>;
 using xdna::L;

@@ -1,0 +1,457 @@
+"""The AIE core kernels (torch_xdna/kernels/aie/aie2p/*.cc) compiled for the host against the
+aie_api emulation and checked against their goldens.
+
+Bit-exact against kernels/aie/golden.py (the project's numerics in the kernel's operation order)
+for every kernel; additionally against the project's own references (vector.OPS, GemmDesign,
+attention_reference, llm_blocks): bit-exact where the order cannot matter (integer, elementwise
+without transcendentals, RoPE), else within the bound docs/kernels.md states. Host emulation
+only: nothing here ran on an NPU or through Peano/Chess.
+"""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from torch_xdna.kernels import numerics, quant
+from torch_xdna.kernels.aie import KERNELS, SOURCES, golden, host_build
+from torch_xdna.kernels.attention import attention_reference
+from torch_xdna.kernels.gemm import GemmDesign
+from torch_xdna.kernels.llm_blocks import _rope
+from torch_xdna.kernels.vector import VectorDesign
+
+pytestmark = pytest.mark.skipif(host_build.find_compiler() is None,
+                                reason="no host C++ compiler (g++) to build the AIE kernels")
+
+MAIN = {"DIM_M": 32, "DIM_K": 64, "DIM_N": 32, "GROUP": 32,
+        "ATT_TQ": 8, "ATT_TKV": 16, "ATT_D": 32}
+SMALL_MM = {"DIM_M": 16, "DIM_K": 8, "DIM_N": 16}
+WIDE_GEMV = {"DIM_K": 256, "DIM_N": 8, "GROUP": 128}
+
+
+class Lib:
+    def __init__(self, sources, defines):
+        self.defines = defines
+        self.cdll = host_build.load(sources, defines)
+
+    def __getattr__(self, symbol):
+        return host_build.bind(self.cdll, symbol)
+
+
+@pytest.fixture(scope="session")
+def lib(tmp_path_factory):
+    return Lib(SOURCES, MAIN)
+
+
+@pytest.fixture(scope="session")
+def small(lib):
+    return Lib(["mm.cc", "mm_bfp16.cc", "zero.cc"], SMALL_MM)
+
+
+@pytest.fixture(scope="session")
+def wide(lib):
+    return Lib(["gemv_q.cc"], WIDE_GEMV)
+
+
+def bits_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
+    a, b = a.float().contiguous(), b.float().contiguous()
+    return a.shape == b.shape and torch.equal(a.view(torch.int32), b.view(torch.int32))
+
+
+def assert_bits(got, want, what):
+    if not bits_equal(got, want):
+        diff = (got.float() - want.float()).abs()
+        i = int(torch.nan_to_num(diff, nan=float("inf")).argmax())
+        raise AssertionError(f"{what}: not bit-exact ({int((got.float() != want.float()).sum())} "
+                             f"of {got.numel()} differ; e.g. got {got.flatten()[i].item()!r} "
+                             f"want {want.flatten()[i].item()!r})")
+
+
+def ulps(got: torch.Tensor, want: torch.Tensor) -> torch.Tensor:
+    """|got - want| in fp32 ulps of want (values near 0 use the ulp of the smallest normal)."""
+    w = want.double()
+    ulp = torch.pow(2.0, torch.floor(torch.log2(w.abs().clamp_min(2.0 ** -126))) - 23)
+    return ((got.double() - w).abs() / ulp).nan_to_num(0.0)
+
+
+def bf16(*shape, scale=1.0):
+    return (torch.randn(*shape) * scale).to(torch.bfloat16)
+
+
+# --- the table ---------------------------------------------------------------------------------
+def test_every_symbol_is_exported_and_every_source_is_shipped(lib):
+    for sym, spec in KERNELS.items():
+        assert hasattr(lib.cdll, sym), f"{sym} not exported by {spec.source}"
+        assert (host_build.kernel_dir() / spec.source).is_file()
+        assert spec.golden, sym
+
+
+def test_build_cache_is_private_and_reused(lib, tmp_path, monkeypatch):
+    monkeypatch.setenv("TORCH_XDNA_CACHE_DIR", str(tmp_path))
+    first = host_build.build(["zero.cc"], {"DIM_M": 4, "DIM_N": 4})
+    assert (first.parent.stat().st_mode & 0o777) == 0o700
+    mtime = first.stat().st_mtime_ns
+    assert host_build.build(["zero.cc"], {"DIM_M": 4, "DIM_N": 4}) == first
+    assert first.stat().st_mtime_ns == mtime
+    assert not list(first.parent.glob("*.tmp"))          # no temporaries left behind
+    other = host_build.build(["zero.cc"], {"DIM_M": 4, "DIM_N": 8})
+    assert other != first
+
+
+def test_bind_checks_dtypes(lib):
+    with pytest.raises(TypeError, match="argument a must be a contiguous torch.bfloat16"):
+        lib.mul_bf16_f32(torch.zeros(4), torch.zeros(4, dtype=torch.bfloat16), torch.zeros(4), 4)
+
+
+# --- conversions -------------------------------------------------------------------------------
+def test_cast_f32_bf16_rounds_to_nearest_even_and_flushes(lib):
+    special = torch.tensor([1.0 + 2 ** -8, 1.0 + 3 * 2 ** -8, -(1.0 + 2 ** -8), 2 ** -127, -2 ** -130,
+                            1e-38, 3.0e38, float("inf"), -float("inf"), 0.0, -0.0, 65504.0])
+    x = torch.cat([special, torch.randn(1000) * 100, torch.randn(37) * 1e-37])
+    out = torch.empty(x.numel(), dtype=torch.bfloat16)
+    lib.cast_f32_bf16(x, out, x.numel())
+    want = numerics.operand(x).to(torch.bfloat16)
+    assert torch.equal(out.view(torch.int16), want.view(torch.int16))
+    assert torch.equal(golden.cast_bf16(x).view(torch.int16), want.view(torch.int16))
+
+
+# --- matmul ------------------------------------------------------------------------------------
+def _mm_call(l, fn, a, b, c, r, s, t, a_tiled=None, b_arg=None):
+    m, k = a.shape
+    n = b.shape[1]
+    at = golden.tile(a, r, s) if a_tiled is None else a_tiled
+    bt = golden.tile(b, s, t) if b_arg is None else b_arg
+    ct = golden.tile(c, r, t).clone()
+    fn(at, bt, ct)
+    return golden.untile(ct, m, n, r, t)
+
+
+@pytest.mark.parametrize("which", ["main", "small"])
+def test_matmul_bf16_f32_bit_exact(lib, small, which):
+    l = lib if which == "main" else small
+    m, k, n = l.defines["DIM_M"], l.defines["DIM_K"], l.defines["DIM_N"]
+    a, b = bf16(m, k), bf16(k, n)
+    c0 = torch.randn(m, n)                                # accumulates into C in place
+    got = _mm_call(l, l.matmul_bf16_f32, a, b, c0, 4, 8, 8)
+    assert_bits(got, golden.matmul_tiled(a, b, c0), "matmul_bf16_f32")
+
+
+@pytest.mark.parametrize("which", ["main", "small"])
+def test_matmul_i8_i32_exact(lib, small, which):
+    l = lib if which == "main" else small
+    m, k, n = l.defines["DIM_M"], l.defines["DIM_K"], l.defines["DIM_N"]
+    a = torch.randint(-128, 128, (m, k), dtype=torch.int8)
+    b = torch.randint(-128, 128, (k, n), dtype=torch.int8)
+    c0 = torch.randint(-1000, 1000, (m, n), dtype=torch.int32)
+    got = _mm_call(l, l.matmul_i8_i32, a, b, c0, 8, 8, 8)
+    assert torch.equal(got, golden.matmul_tiled(a, b, c0))
+    assert torch.equal(got, c0 + a.int() @ b.int())
+
+
+def _gemm_by_tiles(l, kind, a, b):
+    """The array's use of the micro-kernel: zero-pad to whole L1 tiles, zero C, one call per K
+    block (what GemmDesign's plan streams), crop."""
+    tm, tk, tn = l.defines["DIM_M"], l.defines["DIM_K"], l.defines["DIM_N"]
+    m, k = a.shape
+    n = b.shape[1]
+    pm, pk, pn = -(-m // tm) * tm, -(-k // tk) * tk, -(-n // tn) * tn
+    ap = torch.zeros(pm, pk, dtype=a.dtype)
+    ap[:m, :k] = a
+    bp = torch.zeros(pk, pn, dtype=b.dtype)
+    bp[:k, :n] = b
+    acc_dtype = torch.int32 if kind == "i8" else torch.float32
+    out = torch.empty(pm, pn, dtype=acc_dtype)
+    r, s, t = {"bf16": (4, 8, 8), "i8": (8, 8, 8), "bfp16": (8, 8, 8)}[kind]
+    for i in range(0, pm, tm):
+        for j in range(0, pn, tn):
+            ct = torch.empty(tm * tn, dtype=acc_dtype)
+            (l.zero_i32 if kind == "i8" else l.zero_f32)(ct)
+            for p in range(0, pk, tk):
+                at, bt = ap[i:i + tm, p:p + tk], bp[p:p + tk, j:j + tn]
+                if kind == "bfp16":
+                    l.matmul_bf16_bfp16_f32(golden.tile(at, r, s), golden.bfp16_weight(bt), ct)
+                else:
+                    fn = l.matmul_i8_i32 if kind == "i8" else l.matmul_bf16_f32
+                    fn(golden.tile(at, r, s), golden.tile(bt, s, t), ct)
+            out[i:i + tm, j:j + tn] = golden.untile(ct, tm, tn, r, t)
+    return out[:m, :n]
+
+
+def _fp32_sum_bound(a, b):
+    """Worst-case fp32 error of summing k exact products in any order: k * 2^-24 * |a| @ |b|."""
+    return a.shape[-1] * 2.0 ** -24 * (a.abs().double() @ b.abs().double()) + 1e-30
+
+
+@pytest.mark.parametrize("m,k,n", [(37, 70, 45), (1, 64, 32), (32, 128, 64)])
+def test_gemm_edge_tiles_bf16_against_gemm_reference(lib, m, k, n):
+    a, b = bf16(m, k), bf16(k, n)
+    got = _gemm_by_tiles(lib, "bf16", a, b)
+    assert_bits(got, golden.matmul_tiled(a, b, torch.zeros(m, n)), "bf16 GEMM by tiles")
+    ref = torch.empty(m, n)
+    GemmDesign(m, k, n, dtype="bf16").reference([a.float(), b.float()], [ref])
+    assert bool(((got.double() - ref.double()).abs() <= _fp32_sum_bound(a.float(), b.float())).all())
+
+
+@pytest.mark.parametrize("m,k,n", [(37, 70, 45), (8, 64, 32)])
+def test_gemm_edge_tiles_int8_equals_gemm_reference(lib, m, k, n):
+    a = torch.randint(-128, 128, (m, k), dtype=torch.int8)
+    b = torch.randint(-128, 128, (k, n), dtype=torch.int8)
+    got = _gemm_by_tiles(lib, "i8", a, b)
+    ref = torch.empty(m, n, dtype=torch.int32)
+    GemmDesign(m, k, n, dtype="int8", out_dtype=torch.int32).reference([a, b], [ref])
+    assert torch.equal(got, ref)
+
+
+@pytest.mark.parametrize("which", ["main", "small"])
+def test_matmul_bfp16_bit_exact(lib, small, which):
+    l = lib if which == "main" else small
+    m, k, n = l.defines["DIM_M"], l.defines["DIM_K"], l.defines["DIM_N"]
+    a, b = bf16(m, k), bf16(k, n)
+    a[0, :8] = torch.tensor([1e-3, -1e-30, 0.0, -0.0, 5.0, -7.0, 1e-12, -2.0], dtype=torch.bfloat16)
+    c0 = torch.randn(m, n)
+    got = _mm_call(l, l.matmul_bf16_bfp16_f32, a, b, c0, 8, 8, 8, b_arg=golden.bfp16_weight(b))
+    assert_bits(got, golden.matmul_bfp16(a, b, c0), "matmul_bf16_bfp16_f32")
+
+
+@pytest.mark.parametrize("m,k,n", [(37, 70, 45), (16, 64, 32)])
+def test_gemm_edge_tiles_bfp16_against_gemm_reference(lib, m, k, n):
+    a, b = bf16(m, k), bf16(k, n)
+    got = _gemm_by_tiles(lib, "bfp16", a, b)
+    ref = torch.empty(m, n)
+    GemmDesign(m, k, n, dtype="bfp16").reference([a.float(), b.float()], [ref])
+    aq, bq = quant.quantize_bfp16(a.float(), -1), quant.quantize_bfp16(b.float(), -2)
+    assert bool(((got.double() - ref.double()).abs() <= _fp32_sum_bound(aq, bq)).all())
+    assert_bits(got, golden.matmul_bfp16(a, b, torch.zeros(m, n)), "bfp16 GEMM by tiles")
+
+
+@pytest.mark.parametrize("bits", [8, 4])
+@pytest.mark.parametrize("which", ["main", "wide"])
+def test_gemv_quantized_weights(lib, wide, bits, which):
+    l = lib if which == "main" else wide
+    k, n, g = l.defines["DIM_K"], l.defines["DIM_N"], l.defines["GROUP"]
+    w = torch.randn(n, k)
+    a = bf16(k)
+    if bits == 8:
+        q, scales = quant.quantize_int8(w, g)
+        warg, qvals, fn = q, q, l.gemv_bf16_i8_f32
+    else:
+        packed, scales = quant.quantize_int4(w, g)
+        warg, qvals, fn = packed, quant.unpack_int4(packed), l.gemv_bf16_i4_f32
+    c = torch.randn(n)
+    c0 = c.clone()
+    fn(a, warg.contiguous(), scales.contiguous(), c)
+    assert_bits(c, golden.gemv_q(a, qvals, scales, g, c0), f"gemv int{bits}")
+    # the project's weight-only GEMM reference (GemmDesign w_group) on the same operands
+    ref = torch.empty(1, n)
+    GemmDesign(1, k, n, dtype=f"int{bits}", w_group=g).reference(
+        [a.float().reshape(1, k), warg, scales], [ref])
+    wq = numerics.bf16_round(quant.dequantize(qvals, scales, g))
+    bound = _fp32_sum_bound(a.float().reshape(1, k), wq.t())
+    assert bool(((c - c0).double() - ref.double()).abs().le(bound + 2.0 ** -24 * c.abs().double()).all())
+
+
+# --- elementwise -------------------------------------------------------------------------------
+EXACT_BINARY = {"add": "add", "sub": "sub", "max": "maximum", "min": "minimum"}
+SIZES = (1, 15, 16, 100, 257)
+
+
+def _values(n, dtype):
+    x = torch.randn(n) * 4
+    x[: min(n, 6)] = torch.tensor([0.0, -0.0, 1e-3, -30.0, 12.0, 0.5])[: min(n, 6)]
+    return x.to(dtype)
+
+
+@pytest.mark.parametrize("n", SIZES)
+def test_exact_fp32_ops_equal_vector_reference(lib, n):
+    a, b = _values(n, torch.float32), torch.randn(n) * 3
+    for op, vop in EXACT_BINARY.items():
+        out = torch.empty(n)
+        getattr(lib, f"{op}_f32")(a, b, out, n)
+        ref = torch.empty(n)
+        VectorDesign(vop, ((n,), (n,)), (torch.float32,) * 2, (n,), torch.float32).reference([a, b], [ref])
+        assert_bits(out, ref, op)
+        assert_bits(out, golden.eltwise(op, a, b), op)
+    for op in ("neg", "relu"):
+        out = torch.empty(n)
+        getattr(lib, f"{op}_f32")(a, out, n)
+        ref = torch.empty(n)
+        VectorDesign(op, ((n,),), (torch.float32,), (n,), torch.float32).reference([a], [ref])
+        assert_bits(out, ref, op)
+
+
+@pytest.mark.parametrize("n", SIZES)
+def test_mul_bf16_equals_vector_reference(lib, n):
+    a, b = _values(n, torch.bfloat16), bf16(n, scale=3)
+    out = torch.empty(n)
+    lib.mul_bf16_f32(a, b, out, n)
+    ref = torch.empty(n)
+    VectorDesign("mul", ((n,), (n,)), (torch.float32,) * 2, (n,), torch.float32).reference(
+        [a.float(), b.float()], [ref])
+    assert_bits(out, ref, "mul")
+
+
+# op -> (vector.OPS name, max ulps vs the reference, absolute slack): the kernel's own
+# polynomial/rational approximations against torch's functions on the same bf16 operands.
+TRANSCENDENTAL = {"exp": ("exp", 2, 0.0), "sigmoid": ("sigmoid", 3, 0.0),
+                  "silu": ("silu", 4, 2.0 ** -30), "tanh": ("tanh", 3, 2.0 ** -26),
+                  "gelu_tanh": ("gelu_tanh", 8, 2.0 ** -22),
+                  "gelu": ("gelu", 4, 1e-6)}
+
+
+@pytest.mark.parametrize("op", sorted(TRANSCENDENTAL))
+def test_transcendental_elementwise(lib, op):
+    vop, max_ulps, slack = TRANSCENDENTAL[op]
+    x = torch.cat([torch.linspace(-20, 20, 4001), torch.randn(500) * 3,
+                   torch.tensor([0.0, -0.0, 1e-20, -1e-20, 0.6249, 0.626, 88.0, -87.0])])
+    if op == "exp":
+        x = torch.cat([x, torch.tensor([88.7, 100.0, -87.3, -200.0, float("inf"), -float("inf")])])
+    xb = x.to(torch.bfloat16)
+    n = xb.numel()
+    for size in (13, n):                           # a partial-vector tail, then all
+        out = torch.empty(size)
+        getattr(lib, f"{op}_bf16_f32")(xb[:size].contiguous(), out, size)
+        assert_bits(out, golden.eltwise(op, xb[:size]), op)
+    ref = torch.empty(n)
+    VectorDesign(vop, ((n,),), (torch.float32,), (n,), torch.float32).reference([xb.float()], [ref])
+    finite = torch.isfinite(ref)
+    assert torch.equal(out.isinf(), ref.isinf()) and torch.equal(out[~finite], ref[~finite])
+    err = ulps(out[finite], ref[finite])
+    o, r = out[finite], ref[finite]
+    flushed = (o == 0) & (r.abs() < numerics.FP32_MIN_NORMAL)      # below the normal range: FTZ
+    ok = (err <= max_ulps) | ((o - r).abs() <= slack) | flushed
+    assert bool(ok.all()), f"{op}: {int((~ok).sum())} values beyond {max_ulps} ulps (max {err.max():.1f})"
+
+
+def test_silu_mul(lib):
+    n = 300
+    g, u = bf16(n, scale=4), bf16(n, scale=2)
+    out = torch.empty(n)
+    lib.silu_mul_bf16_f32(g, u, out, n)
+    assert_bits(out, golden.silu_mul(g, u), "silu_mul")
+    ref = torch.nn.functional.silu(g.float()) * u.float()
+    assert bool((ulps(out, ref) <= 5).all() | ((out - ref).abs() <= 2.0 ** -28).all())
+
+
+# --- row kernels -------------------------------------------------------------------------------
+ROWS = [(3, 8), (2, 50), (4, 64), (2, 384)]
+
+
+def _vector_ref(op, x, params, extra=()):
+    rows, n = x.shape
+    shapes = ((rows, n),) + tuple(tuple(e.shape) for e in extra)
+    out = torch.empty(rows, n)
+    VectorDesign(op, shapes, (torch.float32,) * len(shapes), (rows, n), torch.float32,
+                 tuple(sorted(params.items()))).reference([x.float(), *[e.float() for e in extra]], [out])
+    return out
+
+
+@pytest.mark.parametrize("rows,n", ROWS)
+def test_softmax(lib, rows, n):
+    x = bf16(rows, n, scale=3)
+    x[0, 0] = 40.0
+    out = torch.empty(rows, n)
+    lib.softmax_bf16_f32(x, out, rows, n)
+    assert_bits(out, golden.softmax(x), "softmax")
+    ref = _vector_ref("softmax", x, {"dim": -1})
+    assert float(ulps(out, ref).max()) <= 8
+    assert torch.allclose(out.sum(-1), torch.ones(rows), atol=1e-5)
+
+
+@pytest.mark.parametrize("rows,n", ROWS)
+def test_layer_norm(lib, rows, n):
+    x, w, b = bf16(rows, n, scale=2) + 3, bf16(n), bf16(n)
+    out = torch.empty(rows, n)
+    lib.layer_norm_bf16_f32(x.contiguous(), w, b, out, rows, n, 1e-5)
+    assert_bits(out, golden.layer_norm(x, w, b, 1e-5), "layer_norm")
+    ref = _vector_ref("layer_norm", x, {"eps": 1e-5, "has_weight": True, "has_bias": True,
+                                        "norm_dims": 1}, (w, b))
+    # the mean/variance sums differ in order: bounded by n * 2^-24 relative on each statistic
+    assert float((out - ref).abs().max()) <= 64 * n * 2.0 ** -24 * float(ref.abs().max() + 1)
+
+
+@pytest.mark.parametrize("rows,n", ROWS)
+@pytest.mark.parametrize("offset", [0.0, 1.0])
+def test_rms_norm(lib, rows, n, offset):
+    x, w = bf16(rows, n, scale=2), bf16(n)
+    out = torch.empty(rows, n)
+    lib.rms_norm_bf16_f32(x, w, out, rows, n, 1e-6, offset)
+    assert_bits(out, golden.rms_norm(x, w, 1e-6, offset), "rms_norm")
+    ref = _vector_ref("rms_norm", x, {"eps": 1e-6, "has_weight": True, "weight_offset": offset}, (w,))
+    assert float(ulps(out, ref).max()) <= 8
+
+
+@pytest.mark.parametrize("rows,d", [(4, 64), (3, 128), (2, 24)])
+def test_rope_equals_llm_blocks(lib, rows, d):
+    x = bf16(rows, d)
+    pos = torch.tensor(1234.0)
+    inv_freq = 1.0 / (10000 ** (torch.arange(0, d, 2).float() / d))
+    ang = torch.cat([pos * inv_freq, pos * inv_freq])
+    cos = ang.cos().to(torch.bfloat16)
+    ssin = ang.sin().to(torch.bfloat16)
+    ssin[: d // 2] = -ssin[: d // 2]
+    out = torch.empty(rows, d)
+    lib.rope_bf16_f32(x, cos, ssin, out, rows, d)
+    assert_bits(out, golden.rope(x, cos, ssin), "rope")
+    assert_bits(out, _rope(x.float(), cos.float(), ssin.float()), "rope vs llm_blocks._rope")
+
+
+# --- attention ---------------------------------------------------------------------------------
+def _attention_by_tiles(l, q, k, v, scale, causal, q_offset):
+    tq, tkv, d = l.defines["ATT_TQ"], l.defines["ATT_TKV"], l.defines["ATT_D"]
+    lq, s_len = q.shape[0], k.shape[0]
+    pq, pk = -(-lq // tq) * tq, -(-s_len // tkv) * tkv
+    qp = torch.zeros(pq, d, dtype=torch.bfloat16)
+    qp[:lq] = q
+    kp = torch.zeros(pk, d, dtype=torch.bfloat16)
+    kp[:s_len] = k
+    vp = torch.zeros(pk, d, dtype=torch.bfloat16)
+    vp[:s_len] = v
+    out = torch.empty(pq, d)
+    for q0 in range(0, pq, tq):
+        m = torch.full((tq,), float("-inf"))
+        lsum, o = torch.zeros(tq), torch.zeros(tq, d)
+        for k0 in range(0, pk, tkv):
+            s = torch.empty(tq, tkv)
+            p = torch.empty(tq, tkv, dtype=torch.bfloat16)
+            l.attn_qk_bf16_f32(qp[q0:q0 + tq].contiguous(), kp[k0:k0 + tkv].contiguous(), s, scale,
+                               q_offset + q0, k0, s_len, int(causal))
+            l.attn_online_softmax_f32(s, p, m, lsum, o)
+            l.attn_pv_bf16_f32(p, vp[k0:k0 + tkv].contiguous(), o)
+        res = torch.empty(tq, d)
+        l.attn_finalize_f32(o, lsum, res)
+        out[q0:q0 + tq] = res
+    return out[:lq]
+
+
+@pytest.mark.parametrize("lq,s_len,causal", [(5, 40, True), (8, 16, False), (13, 37, False),
+                                              (1, 33, True)])
+def test_attention_blocks(lib, lq, s_len, causal):
+    d = lib.defines["ATT_D"]
+    q, k, v = bf16(lq, d), bf16(s_len, d), bf16(s_len, d)
+    scale = 1 / math.sqrt(d)
+    q_offset = s_len - lq
+    got = _attention_by_tiles(lib, q, k, v, scale, causal, q_offset)
+    want = golden.attention_flash(q, k, v, scale=scale, tq=lib.defines["ATT_TQ"],
+                                  tkv=lib.defines["ATT_TKV"], causal=causal, q_offset=q_offset)
+    assert_bits(got, want, "attention blocks")
+    ref = attention_reference(q.reshape(1, 1, lq, d), k.reshape(1, 1, s_len, d),
+                              v.reshape(1, 1, s_len, d), scale=scale, causal=causal,
+                              q_offset=q_offset)[0, 0]
+    # P is rounded to bf16 before (flash) vs after (reference) normalisation: 2^-8 relative
+    # on each weight, so |diff| <= 2^-8 * max|v| per output
+    assert float((got - ref).abs().max()) <= 2.0 ** -8 * float(v.float().abs().max())
+
+
+def test_attention_fully_masked_row_gives_zero(lib):
+    d, tq, tkv = lib.defines["ATT_D"], lib.defines["ATT_TQ"], lib.defines["ATT_TKV"]
+    q, k = bf16(tq, d), bf16(tkv, d)
+    s = torch.empty(tq, tkv)
+    lib.attn_qk_bf16_f32(q, k, s, 0.125, 0, 0, 0, 0)      # kv_valid = 0: every key masked
+    assert bool(torch.isneginf(s).all())
+    m, lsum, o = torch.full((tq,), float("-inf")), torch.zeros(tq), torch.zeros(tq, d)
+    p = torch.empty(tq, tkv, dtype=torch.bfloat16)
+    lib.attn_online_softmax_f32(s, p, m, lsum, o)
+    out = torch.empty(tq, d)
+    lib.attn_finalize_f32(o, lsum, out)
+    assert bool((out == 0).all()) and bool((p.float() == 0).all())

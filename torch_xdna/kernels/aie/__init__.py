@@ -1,0 +1,93 @@
+"""AIE core kernels: C++ sources for the array's cores (aie2p/*.cc, written against AMD's AIE
+API) and the table of their entry points.
+
+The array IR's core bodies call these symbols by name; `xdna kernels build` compiles the sources
+with the AIE toolchain (Peano / Chess) on a machine that has it. Here they are compiled for the
+host against emu/aie_api (host_build.py) and checked against goldens (golden.py) in
+tests/test_aie_kernels.py. See docs/kernels.md.
+
+Argument types: "bf16*", "f32*", "i8*", "u8*", "i32*", "bfp16*" (bfp16ebs8 blocks, 9 bytes per
+8 values) are pointers to L1 buffers; "i32" and "f32" are scalars.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+ARCH = "aie2p"
+
+
+@dataclass(frozen=True)
+class KernelSpec:
+    """One extern "C" entry point of a core kernel source."""
+
+    symbol: str
+    source: str                          # file in aie2p/
+    args: tuple[tuple[str, str], ...]    # (name, type) in call order
+    defines: tuple[str, ...] = ()        # compile-time tile sizes it reads (with defaults in the .cc)
+    golden: str = ""                     # golden.py function it matches bit-exactly
+    reference: str = ""                  # the project's numerics reference it implements
+
+
+def _k(symbol, source, args, defines=(), golden="", reference=""):
+    return KernelSpec(symbol, source, tuple(tuple(a.split(":")) for a in args), tuple(defines),
+                      golden, reference)
+
+
+_MM = ("DIM_M", "DIM_K", "DIM_N")
+_ELT_REF = "vector.OPS"
+_SPECS = [
+    _k("zero_f32", "zero.cc", ["c:f32*"], ("DIM_M", "DIM_N"), "zeros"),
+    _k("zero_i32", "zero.cc", ["c:i32*"], ("DIM_M", "DIM_N"), "zeros"),
+    _k("matmul_bf16_f32", "mm.cc", ["a:bf16*", "b:bf16*", "c:f32*"], _MM, "matmul_tiled",
+       "gemm.GemmDesign (dtype bf16)"),
+    _k("matmul_i8_i32", "mm.cc", ["a:i8*", "b:i8*", "c:i32*"], _MM, "matmul_tiled",
+       "gemm.GemmDesign (dtype int8)"),
+    _k("matmul_bf16_bfp16_f32", "mm_bfp16.cc", ["a:bf16*", "b:bfp16*", "c:f32*"], _MM,
+       "matmul_bfp16", "gemm.GemmDesign (dtype bfp16)"),
+    _k("gemv_bf16_i8_f32", "gemv_q.cc", ["a:bf16*", "w:i8*", "scales:bf16*", "c:f32*"],
+       ("DIM_K", "DIM_N", "GROUP"), "gemv_q", "gemm.GemmDesign (int8 weights, w_group)"),
+    _k("gemv_bf16_i4_f32", "gemv_q.cc", ["a:bf16*", "w:u8*", "scales:bf16*", "c:f32*"],
+       ("DIM_K", "DIM_N", "GROUP"), "gemv_q", "gemm.GemmDesign (int4 weights, w_group)"),
+]
+for _op in ("add", "sub", "max", "min"):
+    _SPECS.append(_k(f"{_op}_f32", "eltwise.cc", ["a:f32*", "b:f32*", "out:f32*", "n:i32"],
+                     golden=f"eltwise:{_op}", reference=_ELT_REF))
+for _op in ("neg", "relu"):
+    _SPECS.append(_k(f"{_op}_f32", "eltwise.cc", ["x:f32*", "out:f32*", "n:i32"],
+                     golden=f"eltwise:{_op}", reference=_ELT_REF))
+_SPECS.append(_k("mul_bf16_f32", "eltwise.cc", ["a:bf16*", "b:bf16*", "out:f32*", "n:i32"],
+                 golden="eltwise:mul", reference=_ELT_REF))
+for _op in ("exp", "sigmoid", "silu", "tanh", "gelu", "gelu_tanh"):
+    _SPECS.append(_k(f"{_op}_bf16_f32", "eltwise.cc", ["x:bf16*", "out:f32*", "n:i32"],
+                     golden=f"eltwise:{_op}", reference=_ELT_REF))
+_SPECS += [
+    _k("silu_mul_bf16_f32", "eltwise.cc", ["gate:bf16*", "up:bf16*", "out:f32*", "n:i32"],
+       golden="silu_mul", reference="llm_blocks (SwiGLU MLP: silu(gate) * up)"),
+    _k("cast_f32_bf16", "eltwise.cc", ["x:f32*", "out:bf16*", "n:i32"], golden="cast_bf16",
+       reference="numerics.operand"),
+    _k("softmax_bf16_f32", "softmax.cc", ["x:bf16*", "out:f32*", "rows:i32", "n:i32"],
+       golden="softmax", reference="vector.OPS['softmax']"),
+    _k("layer_norm_bf16_f32", "layer_norm.cc",
+       ["x:bf16*", "w:bf16*", "b:bf16*", "out:f32*", "rows:i32", "n:i32", "eps:f32"],
+       golden="layer_norm", reference="vector.OPS['layer_norm']"),
+    _k("rms_norm_bf16_f32", "rms_norm.cc",
+       ["x:bf16*", "w:bf16*", "out:f32*", "rows:i32", "n:i32", "eps:f32", "offset:f32"],
+       golden="rms_norm", reference="llm_blocks._rms"),
+    _k("rope_bf16_f32", "rope.cc",
+       ["x:bf16*", "cos:bf16*", "signed_sin:bf16*", "out:f32*", "rows:i32", "d:i32"],
+       golden="rope", reference="llm_blocks._rope"),
+]
+_ATT = ("ATT_TQ", "ATT_TKV", "ATT_D")
+_SPECS += [
+    _k("attn_qk_bf16_f32", "attention.cc",
+       ["q:bf16*", "k:bf16*", "s:f32*", "scale:f32", "q_pos0:i32", "k_pos0:i32", "kv_valid:i32",
+        "causal:i32"], _ATT, "attention_flash", "attention.attention_reference"),
+    _k("attn_online_softmax_f32", "attention.cc", ["s:f32*", "p:bf16*", "m:f32*", "l:f32*", "o:f32*"],
+       _ATT, "attention_flash", "attention.attention_reference"),
+    _k("attn_pv_bf16_f32", "attention.cc", ["p:bf16*", "v:bf16*", "o:f32*"], _ATT,
+       "attention_flash", "attention.attention_reference"),
+    _k("attn_finalize_f32", "attention.cc", ["o:f32*", "l:f32*", "out:f32*"], _ATT,
+       "attention_flash", "attention.attention_reference"),
+]
+KERNELS: dict[str, KernelSpec] = {s.symbol: s for s in _SPECS}
+SOURCES: tuple[str, ...] = tuple(sorted({s.source for s in _SPECS}))

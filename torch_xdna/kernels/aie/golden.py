@@ -1,0 +1,307 @@
+"""Goldens for the AIE core kernels: the project's numerics, evaluated in the kernels' order.
+
+Every function computes with torch float32 tensors, one IEEE operation at a time (constants are
+float32 tensors, so no step runs in double), in exactly the order the kernel's fp32 operations
+run, so a host build of the kernel must match it bit for bit. Where the project's own reference
+(vector.OPS, gemm.GemmDesign.reference, attention.attention_reference, llm_blocks) uses a
+different order or torch's own transcendental functions, tests/test_aie_kernels.py also checks
+the kernel against that reference within the bound docs/kernels.md states.
+
+Lane conventions (xdna_vec.h): rows are processed in 16-lane chunks, lanes accumulate chunk by
+chunk, then combine pairwise by halving (lane i + lane i + N/2).
+"""
+from __future__ import annotations
+
+import torch
+
+from torch_xdna.kernels import numerics, quant
+
+F32 = torch.float32
+LANES = 16
+
+
+def _c(v: float) -> torch.Tensor:
+    return torch.tensor(v, dtype=F32)
+
+
+def _div(a: torch.Tensor, b: float) -> torch.Tensor:
+    """a / b as one correctly rounded fp32 division (torch turns division by a 0-dim CPU tensor
+    into a multiply by its reciprocal; double division rounds to the right float)."""
+    return (a.double() / b).float()
+
+
+def _sqrt(x: torch.Tensor) -> torch.Tensor:
+    """Correctly rounded fp32 sqrt (torch's fp32 sqrt is not, on this host's AVX2 build); the
+    double result rounds to the right float for any fp32 input."""
+    return torch.sqrt(x.double()).float()
+
+
+def f32(x: torch.Tensor) -> torch.Tensor:
+    """bf16 (or fp32) values as the core reads them: fp32, bf16 subnormals flushed."""
+    if x.dtype == torch.bfloat16:
+        tiny = (x.view(torch.int16) & 0x7F80) == 0
+        x = torch.where(tiny, x * 0, x)
+    return x.float()
+
+
+# --- tiling (the DMA's job on the array) -------------------------------------------------------
+def tile(x: torch.Tensor, r: int, s: int) -> torch.Tensor:
+    """[M, K] -> contiguous tiles [(M/r) (K/s) r s], row-major tiles of row-major elements."""
+    m, k = x.shape
+    return x.reshape(m // r, r, k // s, s).permute(0, 2, 1, 3).contiguous().reshape(-1)
+
+
+def untile(t: torch.Tensor, m: int, n: int, r: int, s: int) -> torch.Tensor:
+    return t.reshape(m // r, n // s, r, s).permute(0, 2, 1, 3).reshape(m, n)
+
+
+# --- matmul ------------------------------------------------------------------------------------
+def matmul_seq(a: torch.Tensor, b: torch.Tensor, c0: torch.Tensor) -> torch.Tensor:
+    """c0 + a @ b with each output accumulating its products in ascending k (fp32: one rounded
+    add per product, the products being exact; integers: exact)."""
+    c = c0.clone()
+    for k in range(a.shape[-1]):
+        c = c + a[..., :, k:k + 1] * b[..., k:k + 1, :]
+    return c
+
+
+def matmul_tiled(a: torch.Tensor, b: torch.Tensor, c0: torch.Tensor) -> torch.Tensor:
+    """matmul_bf16_f32 / matmul_i8_i32 on row-major (untiled) operands."""
+    if a.dtype == torch.int8:
+        return matmul_seq(a.to(torch.int32), b.to(torch.int32), c0.to(torch.int32))
+    return matmul_seq(f32(a), f32(b), c0.float())
+
+
+def bfp16_weight(b: torch.Tensor) -> torch.Tensor:
+    """B [K, N] (bf16 values) -> the kernel's B operand: bfp16 blocks of B^T, tile (j, i) of
+    8 n x 8 k at j * (K/8) + i, 9 bytes per block (quant.encode_bfp16 blocks)."""
+    k, n = b.shape
+    bt = f32(b).t().contiguous()                      # [N, K]: a block = 8 k of one n
+    tiles = bt.reshape(n // 8, 8, k // 8, 8).permute(0, 2, 1, 3).contiguous()
+    return quant.encode_bfp16(tiles.reshape(-1, 8)).reshape(-1)
+
+
+def matmul_bfp16(a: torch.Tensor, b: torch.Tensor, c0: torch.Tensor) -> torch.Tensor:
+    """matmul_bf16_bfp16_f32: A and B as bfp16 blocks along K (quant.quantize_bfp16), then the
+    ascending-k fp32 sum."""
+    aq = quant.quantize_bfp16(f32(a), dim=-1)
+    bq = quant.quantize_bfp16(f32(b), dim=-2)
+    return matmul_seq(aq, bq, c0.float())
+
+
+def gemv_q(a: torch.Tensor, q: torch.Tensor, scales: torch.Tensor, group: int,
+           c0: torch.Tensor, lanes: int = 32) -> torch.Tensor:
+    """gemv_bf16_i8_f32 / gemv_bf16_i4_f32: q int8 values [N, K] (unpacked), scales bf16
+    [N, K/group]; w = bf16(q * scale) (RNE), lane-wise fp32 products summed over the row in
+    `lanes` lanes, reduced pairwise, added to c0."""
+    w = numerics.bf16_round(quant.dequantize(q, scales, group))
+    prod = w * f32(a).reshape(1, -1)                         # exact (bf16 x bf16)
+    n, k = prod.shape
+    chunks = prod.reshape(n, k // lanes, lanes)
+    acc = torch.zeros(n, lanes, dtype=F32)
+    for i in range(chunks.shape[1]):
+        acc = acc + chunks[:, i]
+    return c0.float() + tree_sum(acc)
+
+
+# --- lanes -------------------------------------------------------------------------------------
+def tree_sum(t: torch.Tensor) -> torch.Tensor:
+    while t.shape[-1] > 1:
+        h = t.shape[-1] // 2
+        t = t[..., :h] + t[..., h:]
+    return t[..., 0]
+
+
+def tree_max(t: torch.Tensor) -> torch.Tensor:
+    while t.shape[-1] > 1:
+        h = t.shape[-1] // 2
+        t = torch.maximum(t[..., :h], t[..., h:])
+    return t[..., 0]
+
+
+def _chunks(x: torch.Tensor, pad: float) -> torch.Tensor:
+    """[rows, n] -> [rows, chunks, 16], the last chunk padded with `pad`."""
+    rows, n = x.shape
+    extra = (-n) % LANES
+    if extra:
+        x = torch.cat([x, torch.full((rows, extra), pad, dtype=x.dtype)], dim=1)
+    return x.reshape(rows, -1, LANES)
+
+
+def lane_sum(x: torch.Tensor) -> torch.Tensor:
+    """Row sums in the kernels' lane order ([rows, n] fp32 -> [rows])."""
+    ch = _chunks(x, 0.0)
+    acc = torch.zeros(ch.shape[0], LANES, dtype=F32)
+    for i in range(ch.shape[1]):
+        acc = acc + ch[:, i]
+    return tree_sum(acc)
+
+
+def lane_max(x: torch.Tensor) -> torch.Tensor:
+    return tree_max(_chunks(x, float("-inf")).amax(dim=1))   # max is exact in any order
+
+
+# --- elementwise math (xdna_vec.h) -------------------------------------------------------------
+_EXP_HI, _EXP_LO = 88.72283935546875, -87.33654022216797
+_EXP_P = (1.9875691500e-4, 1.3981999507e-3, 8.3334519073e-3, 4.1665795894e-2, 1.6666665459e-1,
+          5.0000001201e-1)
+
+
+def exp_f32(x: torch.Tensor) -> torch.Tensor:
+    x = x.float()
+    xc = torch.minimum(torch.maximum(x, _c(_EXP_LO)), _c(_EXP_HI))
+    t = xc * _c(1.44269502162933349609375)
+    n = (t + _c(12582912.0)) - _c(12582912.0)
+    r = (xc - n * _c(0.693359375)) - n * _c(-2.12194440e-4)
+    p = torch.full_like(r, _EXP_P[0])
+    for coef in _EXP_P[1:]:
+        p = p * r + _c(coef)
+    y = (p * (r * r) + r) + _c(1.0)
+    ni = n.to(torch.int32)
+    n1 = ni >> 1
+    n2 = ni - n1
+    s1 = ((n1 + 127) << 23).view(F32)
+    s2 = ((n2 + 127) << 23).view(F32)
+    y = (y * s1) * s2
+    y = torch.where(x > _c(_EXP_HI), _c(float("inf")), y)
+    return torch.where(x < _c(_EXP_LO), _c(0.0), y)
+
+
+def inv(x: torch.Tensor) -> torch.Tensor:
+    """1 / x correctly rounded (via double: no double-rounding error for fp32 operands)."""
+    return (1.0 / x.double()).float()
+
+
+def sigmoid_f32(x):
+    return inv(exp_f32(-x) + _c(1.0))
+
+
+def tanh_f32(x):
+    a = x.abs()
+    z = x * x
+    p = torch.full_like(x, -5.70498872745e-3)
+    for coef in (2.06390887954e-2, -5.37397155531e-2, 1.33314422036e-1, -3.33332819422e-1):
+        p = p * z + _c(coef)
+    small = (p * z) * x + x
+    e = exp_f32(a + a)
+    big = _c(1.0) - inv(e + _c(1.0)) * _c(2.0)
+    big = torch.where(x < 0, -big, big)
+    return torch.where(a < _c(0.625), small, big)
+
+
+def erf_f32(z):
+    a = z.abs()
+    t = inv(a * _c(0.3275911) + _c(1.0))
+    p = torch.full_like(z, 1.061405429)
+    for coef in (-1.453152027, 1.421413741, -0.284496736, 0.254829592):
+        p = p * t + _c(coef)
+    e = exp_f32(-(a * a))
+    y = _c(1.0) - (p * t) * e
+    return torch.where(z < 0, -y, y)
+
+
+def gelu_f32(x):
+    return (x * _c(0.5)) * (erf_f32(x * _c(0.70710678118654752)) + _c(1.0))
+
+
+def gelu_tanh_f32(x):
+    x3 = (x * x) * x
+    inner = (x + x3 * _c(0.044715)) * _c(0.79788456080286536)
+    return (x * _c(0.5)) * (tanh_f32(inner) + _c(1.0))
+
+
+def silu_f32(x):
+    return x * sigmoid_f32(x)
+
+
+ELTWISE = {
+    "add": lambda a, b: a + b, "sub": lambda a, b: a - b,
+    "max": lambda a, b: torch.where(a < b, b, a), "min": lambda a, b: torch.where(b < a, b, a),
+    "neg": lambda x: -x, "relu": lambda x: torch.where(x < 0, _c(0.0), x),
+    "mul": lambda a, b: a * b, "exp": exp_f32, "sigmoid": sigmoid_f32, "silu": silu_f32,
+    "tanh": tanh_f32, "gelu": gelu_f32, "gelu_tanh": gelu_tanh_f32,
+}
+
+
+def eltwise(op: str, *xs: torch.Tensor) -> torch.Tensor:
+    return ELTWISE[op](*(f32(x) for x in xs))
+
+
+def silu_mul(gate, up):
+    return silu_f32(f32(gate)) * f32(up)
+
+
+def cast_bf16(x):
+    return numerics.operand(x.float()).to(torch.bfloat16)
+
+
+# --- row kernels -------------------------------------------------------------------------------
+def softmax(x: torch.Tensor) -> torch.Tensor:
+    """softmax_bf16_f32 on [rows, n] bf16."""
+    x = f32(x)
+    m = lane_max(x).unsqueeze(1)
+    e = exp_f32(x - m)
+    return e * inv(lane_sum(e)).unsqueeze(1)
+
+
+def layer_norm(x, w, b, eps: float) -> torch.Tensor:
+    x, w, b = f32(x), f32(w), f32(b)
+    n = float(x.shape[1])
+    mean = _div(lane_sum(x), n).unsqueeze(1)
+    d = x - mean
+    var = _div(lane_sum(d * d), n)
+    rstd = inv(_sqrt(var + _c(eps))).unsqueeze(1)
+    return (d * rstd) * w + b
+
+
+def rms_norm(x, w, eps: float, offset: float = 0.0) -> torch.Tensor:
+    x, w = f32(x), f32(w)
+    rstd = inv(_sqrt(_div(lane_sum(x * x), float(x.shape[1])) + _c(eps))).unsqueeze(1)
+    return (x * rstd) * (w + _c(offset))
+
+
+def rope(x, cos, signed_sin) -> torch.Tensor:
+    """rope_bf16_f32: x [rows, d], cos / signed_sin [d] (llm_blocks._rope order)."""
+    x = f32(x)
+    rot = torch.roll(x, x.shape[-1] // 2, -1)
+    return x * f32(cos) + rot * f32(signed_sin)
+
+
+# --- attention ---------------------------------------------------------------------------------
+def attention_flash(q, k, v, *, scale: float, tq: int, tkv: int, causal: bool = False,
+                    q_offset: int = 0) -> torch.Tensor:
+    """The attention.cc tile loop for one head: q [Lq, D], k / v [S, D] (bf16) -> [Lq, D] fp32.
+    Query rows and keys are zero-padded to whole tiles; padded keys are masked (kv_valid = S)."""
+    lq, d = q.shape
+    s_len = k.shape[0]
+    pq, pk = -(-lq // tq) * tq, -(-s_len // tkv) * tkv
+    qf = torch.zeros(pq, d, dtype=F32)
+    qf[:lq] = f32(q)
+    kf = torch.zeros(pk, d, dtype=F32)
+    kf[:s_len] = f32(k)
+    vf = torch.zeros(pk, d, dtype=F32)
+    vf[:s_len] = f32(v)
+    out = torch.empty(pq, d, dtype=F32)
+    ninf = float("-inf")
+    for q0 in range(0, pq, tq):
+        m = torch.full((tq,), ninf, dtype=F32)
+        l = torch.zeros(tq, dtype=F32)
+        o = torch.zeros(tq, d, dtype=F32)
+        for k0 in range(0, pk, tkv):
+            s = matmul_seq(qf[q0:q0 + tq], kf[k0:k0 + tkv].t(), torch.zeros(tq, tkv)) * _c(scale)
+            kpos = torch.arange(k0, k0 + tkv).unsqueeze(0)
+            qpos = torch.arange(q0, q0 + tq).unsqueeze(1) + q_offset
+            masked = (kpos >= s_len) | ((kpos > qpos) if causal else torch.zeros((), dtype=torch.bool))
+            s = s.masked_fill(masked, ninf)
+            m_new = torch.maximum(m, lane_max(s))
+            live = m_new != ninf
+            alpha = exp_f32(m - m_new)
+            e = exp_f32(s - m_new.unsqueeze(1))
+            p = torch.where(live.unsqueeze(1), e, _c(0.0)).to(torch.bfloat16).float()
+            l = torch.where(live, l * alpha + lane_sum(e), l)
+            o = torch.where(live.unsqueeze(1), o * alpha.unsqueeze(1), o)
+            m = torch.where(live, m_new, m)
+            o = matmul_seq(p, vf[k0:k0 + tkv], o)
+        invl = torch.where(l > 0, inv(l), _c(0.0))
+        out[q0:q0 + tq] = o * invl.unsqueeze(1)
+    return out[:lq]
