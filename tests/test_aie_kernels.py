@@ -89,14 +89,31 @@ def test_every_symbol_is_exported_and_every_source_is_shipped(lib):
 
 def test_build_cache_is_private_and_reused(lib, tmp_path, monkeypatch):
     monkeypatch.setenv("TORCH_XDNA_CACHE_DIR", str(tmp_path))
-    first = host_build.build(["zero.cc"], {"DIM_M": 4, "DIM_N": 4})
+    first = host_build.build(["zero.cc"], {"DIM_M": 4, "DIM_N": 4}, "-O0")
     assert (first.parent.stat().st_mode & 0o777) == 0o700
     mtime = first.stat().st_mtime_ns
-    assert host_build.build(["zero.cc"], {"DIM_M": 4, "DIM_N": 4}) == first
+    assert host_build.build(["zero.cc"], {"DIM_M": 4, "DIM_N": 4}, "-O0") == first
     assert first.stat().st_mtime_ns == mtime
-    assert not list(first.parent.glob("*.tmp"))          # no temporaries left behind
-    other = host_build.build(["zero.cc"], {"DIM_M": 4, "DIM_N": 8})
+    assert not list(first.parent.glob(".*"))             # no temporaries left behind
+    other = host_build.build(["zero.cc"], {"DIM_M": 4, "DIM_N": 8}, "-O0")
     assert other != first
+
+
+def test_concurrent_builds_of_one_key_agree(lib, tmp_path, monkeypatch):
+    from concurrent.futures import ThreadPoolExecutor
+    monkeypatch.setenv("TORCH_XDNA_CACHE_DIR", str(tmp_path))
+    with ThreadPoolExecutor(2) as ex:
+        paths = list(ex.map(lambda _: host_build.build(["zero.cc"], {"DIM_M": 8, "DIM_N": 8}, "-O0"), range(2)))
+    assert len(set(paths)) == 1 and paths[0].is_file()
+    assert sorted(p.name for p in paths[0].parent.iterdir()) == [paths[0].name]
+    host_build.load(["zero.cc"], {"DIM_M": 8, "DIM_N": 8}, "-O0").zero_f32   # a whole, loadable library
+
+
+def test_compile_error_names_the_source(lib, tmp_path, monkeypatch):
+    monkeypatch.setenv("TORCH_XDNA_CACHE_DIR", str(tmp_path))
+    with pytest.raises(host_build.HostBuildError, match="mm.cc"):
+        host_build.build(["mm.cc"], {"DIM_M": 6})             # not a multiple of 2r: static_assert
+    assert not [p for p in (tmp_path / "aie-host").iterdir()]
 
 
 def test_bind_checks_dtypes(lib):
@@ -455,3 +472,35 @@ def test_attention_fully_masked_row_gives_zero(lib):
     out = torch.empty(tq, d)
     lib.attn_finalize_f32(o, lsum, out)
     assert bool((out == 0).all()) and bool((p.float() == 0).all())
+
+
+# --- the emulation itself ------------------------------------------------------------------------
+@pytest.fixture(scope="session")
+def probe(lib):
+    import ctypes
+    from pathlib import Path
+    cdll = ctypes.CDLL(str(host_build.build([Path(__file__).with_name("aie_emu_probe.cc")])))
+    cdll.probe_bf16.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_int]
+    cdll.probe_bfp16.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]
+    return cdll
+
+
+def test_emulated_rounding_register(probe):
+    assert probe.probe_reset_mode() == 0                   # floor: the core's reset mode
+    x = torch.cat([torch.randn(4000) * 50, torch.tensor([1 + 2 ** -8, -(1 + 2 ** -8), -1e-39, 2 ** -127,
+                                                          -(1 + 3 * 2 ** -9), 1.0, -1.0, 0.0])])
+    x = torch.cat([x, torch.zeros((-x.numel()) % 16)])
+    for mode, name in ((0, numerics.ROUND_TOWARD_NEG_INF), (6, numerics.ROUND_NEAREST_EVEN)):
+        out = torch.empty(x.numel(), dtype=torch.int16)
+        probe.probe_bf16(x.data_ptr(), out.data_ptr(), x.numel(), mode)
+        want = numerics.operand(x, rounding=name).to(torch.bfloat16).view(torch.int16)
+        assert torch.equal(out, want), name
+
+
+def test_emulated_bfp16_conversion_equals_quant_encoding(probe):
+    x = torch.randn(16, 64) * torch.logspace(-6, 6, 16).unsqueeze(1)
+    x[0, :8] = torch.tensor([1.0, -1e-12, 0.0, -0.0, 3.0, -1e-30, 127.0, -128.5])
+    x[1, :8] = torch.tensor([-1e-39, 1e-39, 5.0, 0.0, 0.0, 0.0, 0.0, 0.0])  # subnormals flush
+    out = torch.empty(16 * 72, dtype=torch.uint8)
+    probe.probe_bfp16(x.contiguous().data_ptr(), out.data_ptr(), 16)
+    assert torch.equal(out, quant.encode_bfp16(x.reshape(-1, 8)).reshape(-1))

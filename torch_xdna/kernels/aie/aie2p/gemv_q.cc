@@ -8,7 +8,7 @@
 // dot product accumulates in 32 fp32 lanes over the row, which are then reduced pairwise and
 // added to c[n] (c accumulates across K tiles; zero it first).
 // Golden: golden.gemv_q.
-#include <aie_api/aie.hpp>
+#include "xdna_vec.h"
 
 #ifndef DIM_K
 #define DIM_K 128
@@ -27,7 +27,7 @@ static inline void gemv_q(const bfloat16 *__restrict a, const uint8 *__restrict 
                           const bfloat16 *__restrict scales, float *__restrict c) {
   constexpr unsigned V = 32;
   constexpr unsigned row_bytes = INT4 ? DIM_K / 2 : DIM_K;
-  aie::set_rounding(aie::rounding_mode::conv_even);
+  xdna::set_numerics();
   for (unsigned n = 0; n < DIM_N; ++n) {
     const uint8 *wr = w + n * row_bytes;
     aie::accum<accfloat, V> acc = aie::zeros<accfloat, V>();

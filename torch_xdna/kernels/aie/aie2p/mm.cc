@@ -10,7 +10,7 @@
 //
 // Numerics: bf16 operands, fp32 accumulation; int8 operands, int32 accumulation.
 // Golden: torch_xdna/kernels/aie/golden.py matmul_tiled (ascending-k fp32 adds / exact int).
-#include <aie_api/aie.hpp>
+#include "xdna_vec.h"
 
 #ifndef DIM_M
 #define DIM_M 32
@@ -30,8 +30,8 @@ static inline void matmul_2x2(const T_in *__restrict pA, const T_in *__restrict 
   static_assert(DIM_M % (2 * r) == 0, "DIM_M must be a multiple of 2r");
   static_assert(DIM_K % s == 0, "DIM_K must be a multiple of s");
   static_assert(DIM_N % (2 * t) == 0, "DIM_N must be a multiple of 2t");
-  aie::set_rounding(aie::rounding_mode::conv_even);
-  for (unsigned z = 0; z < rowA; z += 2) chess_prepare_for_pipelining {
+  xdna::set_numerics();
+  for (unsigned z = 0; z < rowA; z += 2) XDNA_PIPELINE {
     T_out *__restrict pC1 = pC + (z * colB) * MMUL::size_C;
     T_out *__restrict pC2 = pC + ((z + 1) * colB) * MMUL::size_C;
     for (unsigned j = 0; j < colB; j += 2) {

@@ -8,7 +8,7 @@
 // the layout mlir-aie's aie2p mm_bfp.cc consumes with mac_8x8_8x8T. C tiles are 8 x 8 fp32,
 // row-major, accumulated in place (zero.cc first).
 // Golden: golden.matmul_bfp16 (quant.quantize_bfp16 operands, ascending-k fp32 adds).
-#include <aie_api/aie.hpp>
+#include "xdna_vec.h"
 
 #ifndef DIM_M
 #define DIM_M 32
@@ -27,8 +27,8 @@ static inline void matmul_bfp16_2x2(const bfloat16 *__restrict pA, const bfp16eb
   constexpr unsigned sizeA = r * s, sizeC = r * t;
   static_assert(DIM_M % (2 * r) == 0 && DIM_K % s == 0 && DIM_N % (2 * t) == 0,
                 "bfp16 tiles: DIM_M, DIM_N multiples of 16, DIM_K of 8");
-  aie::set_rounding(aie::rounding_mode::conv_even);
-  for (unsigned z = 0; z < rowA; z += 2) AIE_PREPARE_FOR_PIPELINING {
+  xdna::set_numerics();
+  for (unsigned z = 0; z < rowA; z += 2) XDNA_PIPELINE {
     float *__restrict pC1 = pC + (z * colB) * sizeC;
     float *__restrict pC2 = pC + ((z + 1) * colB) * sizeC;
     for (unsigned j = 0; j < colB; j += 2) {

@@ -7,6 +7,16 @@
 
 #include <aie_api/aie.hpp>
 
+#include <limits>
+#include <type_traits>
+
+// Loop hints: Chess keywords; nothing for Peano and the host build.
+#if defined(__chess__)
+#define XDNA_PIPELINE chess_prepare_for_pipelining
+#else
+#define XDNA_PIPELINE
+#endif
+
 namespace xdna {
 
 constexpr unsigned L = 16;                     // fp32 lanes of a 512-bit vector

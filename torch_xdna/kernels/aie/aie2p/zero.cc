@@ -1,5 +1,5 @@
 // Zero an accumulator tile (DIM_M x DIM_N) before the first K block of a matmul.
-#include <aie_api/aie.hpp>
+#include "xdna_vec.h"
 
 #ifndef DIM_M
 #define DIM_M 32

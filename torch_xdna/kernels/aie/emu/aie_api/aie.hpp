@@ -575,12 +575,3 @@ inline aie::accum<accfloat, 64> mac_8x8_8x8T(const aie::block_vector<bfp16ebs8, 
     }
   return r;
 }
-
-// Hints the real compilers understand; no-ops on the host.
-#define AIE_PREPARE_FOR_PIPELINING
-#define AIE_LOOP_MIN_ITERATION_COUNT(x)
-#define AIE_LOOP_FLATTEN
-#define chess_prepare_for_pipelining
-#define chess_loop_range(...)
-inline void event0() {}
-inline void event1() {}
