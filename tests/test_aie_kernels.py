@@ -504,3 +504,10 @@ def test_emulated_bfp16_conversion_equals_quant_encoding(probe):
     out = torch.empty(16 * 72, dtype=torch.uint8)
     probe.probe_bfp16(x.contiguous().data_ptr(), out.data_ptr(), 16)
     assert torch.equal(out, quant.encode_bfp16(x.reshape(-1, 8)).reshape(-1))
+
+
+def test_docs_list_every_kernel():
+    from pathlib import Path
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "kernels.md").read_text()
+    missing = [s for s in KERNELS if f"`{s}`" not in doc]
+    assert not missing, f"docs/kernels.md does not list {missing}"
