@@ -32,10 +32,10 @@ static inline void gemv_q(const bfloat16 *__restrict a, const uint8 *__restrict 
     const uint8 *wr = w + n * row_bytes;
     aie::accum<accfloat, V> acc = aie::zeros<accfloat, V>();
     for (unsigned k = 0; k < DIM_K; k += V) {
-      aie::vector<int8, V> q;
-      if constexpr (INT4) q = aie::load_v<V>(reinterpret_cast<const int4 *>(wr + k / 2));
+      aie::vector<int8, V> q;                     // widen int4 -> int8 -> int16 -> bf16 (exact)
+      if constexpr (INT4) q = aie::unpack(aie::load_v<V>(reinterpret_cast<const int4 *>(wr + k / 2)));
       else q = aie::load_v<V>(reinterpret_cast<const int8 *>(wr + k));
-      aie::vector<bfloat16, V> qf = aie::to_float<bfloat16>(q, 0);
+      aie::vector<bfloat16, V> qf = aie::to_float<bfloat16>(aie::unpack(q), 0);
       bfloat16 sc = scales[n * (DIM_K / GROUP) + k / GROUP];
       aie::vector<bfloat16, V> wv = aie::mul(qf, sc).to_vector<bfloat16>();
       acc = aie::mac(acc, aie::load_v<V>(a + k), wv);

@@ -21,12 +21,17 @@
 //   [MLIR-AIE]   Xilinx/mlir-aie aie_kernels/aie2p/mm.cc (mmul usage, zero + mac into C),
 //                mm_bfp.cc / mm_bfp_mixed.cc (bfp16ebs8 block vectors, accum -> bfp16 conversion,
 //                mac_8x8_8x8T with B transposed), python/utils/bfp.py (bfp16 block encoding).
+//   [UG1603-fp]  AMD UG1603 AIE-ML kernel guide, "Floating-Point Operations" (fp32 via bf16):
+//                https://docs.amd.com/r/en-US/ug1603-ai-engine-ml-kernel-graph/Floating-Point-Operations
 //   [NUMERICS]   torch_xdna/kernels/numerics.py and quant.py (the project's documented numerics).
 //
 // Deliberate modelling choices (documented in docs/kernels.md):
 //  * fp32 vector arithmetic (add, sub, mul of floats, accumulator adds) is IEEE binary32 with
 //    round-to-nearest-even, one rounding per operation, evaluated in a fixed order. Kernels are
-//    built with -ffp-contract=off so g++ never fuses a multiply and an add.
+//    built with -ffp-contract=off so g++ never fuses a multiply and an add. AIE-ML v2 has no
+//    fp32 multiplier: the AIE API emulates float x float with bf16 products, exact-like only
+//    with the compiler's `--aie.float-accuracy safe` (the default `fast` is slightly less
+//    accurate) [UG1603-fp]; the emulation models the exact IEEE product.
 //  * bf16 x bf16 (and bfp16 mantissa) products are exact in fp32, so mac == one rounded add.
 //  * Subnormals are flushed at the bf16 boundary (conversion to and from bfloat16), as
 //    numerics.operand does [NUMERICS][AM020]; fp32 accumulator arithmetic keeps IEEE subnormals.
@@ -114,9 +119,10 @@ struct bfloat16 {
 };
 static_assert(sizeof(bfloat16) == 2, "bfloat16 must be 2 bytes");
 
-// int4: two's-complement nibbles, element 2i in the low nibble of byte i (as quant.pack_int4);
-// only used as the pointee of a reinterpret_cast byte pointer for aie::load_v.
-struct int4 { uint8_t packed; };
+// int4: a 4-bit two's-complement lane. In memory two share a byte, element 2i in the low nibble
+// of byte i (as quant.pack_int4), and an int4 pointer advances in bytes (mlir-aie's aie2 expand.cc
+// steps its int4 pointer by vec/2 per vec-element load). On the host a lane holds its value.
+struct int4 { int8_t value; };
 
 // Accumulator tags [API-types].
 struct accfloat {};
@@ -290,28 +296,29 @@ vector<T, N> broadcast(T x) {
 }
 // load_v<N>(p): N consecutive elements [API-types Memory]; for int4, N nibbles from N/2 bytes.
 template <unsigned N, typename T>
-vector<std::conditional_t<std::is_same_v<T, int4>, int8, T>, N> load_v(const T *p) {
+vector<T, N> load_v(const T *p) {
+  vector<T, N> r;
   if constexpr (std::is_same_v<T, int4>) {
-    vector<int8, N> r;
     const uint8_t *b = reinterpret_cast<const uint8_t *>(p);
     for (unsigned i = 0; i < N; ++i) {
       int nib = (b[i / 2] >> ((i & 1) * 4)) & 0xF;
-      r.v[i] = int8(nib >= 8 ? nib - 16 : nib);
+      r.v[i].value = int8(nib >= 8 ? nib - 16 : nib);
     }
-    return r;
   } else {
-    vector<T, N> r;
     std::memcpy(r.v.data(), p, sizeof(T) * N);
-    return r;
   }
+  return r;
 }
 template <typename T, unsigned N>
 void store_v(T *p, const vector<T, N> &x) { std::memcpy(p, x.v.data(), sizeof(T) * N); }
 
 // ---- conversions ----------------------------------------------------------------------------
-// to_float<bfloat16|float>(vector<intX>, shift): x * 2^-shift [API-conv]; exact for int8 -> bf16.
+// to_float<bfloat16|float>(vector<int16|int32>, shift): x * 2^-shift, rounded by the current
+// mode [API-conv]; exact for the |x| <= 128 our kernels convert.
 template <typename TF, typename TI, unsigned N>
 vector<TF, N> to_float(const vector<TI, N> &x, int shift = 0) {
+  static_assert(std::is_same_v<TI, int16> || std::is_same_v<TI, int32>,
+                "to_float: widen 4/8-bit lanes with unpack first (lanes stay in order)");
   vector<TF, N> r;
   for (unsigned i = 0; i < N; ++i) r.v[i] = detail::from_float<TF>(std::ldexp(float(x.v[i]), -shift));
   return r;
@@ -325,6 +332,20 @@ vector<TI, N> to_fixed(const vector<float, N> &x, int shift = 0) {
     float y = std::ldexp(x.v[i], shift);
     r.v[i] = TI(get_rounding() == rounding_mode::conv_even ? std::nearbyint(y) : std::floor(y));
   }
+  return r;
+}
+// unpack(v): every lane widened to twice its bits, sign-extended (int4 -> int8 -> int16)
+// [API-arith Reshaping / conversions; the idiom of mlir-aie's aie2 expand.cc].
+template <unsigned N>
+vector<int8, N> unpack(const vector<int4, N> &x) {
+  vector<int8, N> r;
+  for (unsigned i = 0; i < N; ++i) r.v[i] = x.v[i].value;
+  return r;
+}
+template <unsigned N>
+vector<int16, N> unpack(const vector<int8, N> &x) {
+  vector<int16, N> r;
+  for (unsigned i = 0; i < N; ++i) r.v[i] = x.v[i];
   return r;
 }
 // vector_cast<T>: reinterpret the lanes' bits (same total size) [API-types conversions].
