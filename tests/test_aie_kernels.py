@@ -87,6 +87,18 @@ def test_every_symbol_is_exported_and_every_source_is_shipped(lib):
         assert spec.golden, sym
 
 
+def test_mmul_shapes_are_the_generations(lib):
+    from torch_xdna.hw import AIE2P
+    used = {s.symbol: s.mmul for s in KERNELS.values() if s.mmul}
+    assert set(used) >= {"matmul_bf16_f32", "matmul_i8_i32", "matmul_bf16_bfp16_f32"}
+    for sym, (dtype, shape) in used.items():
+        assert tuple(AIE2P.mmul_shape.value[dtype]) == shape, sym
+
+
+def _rst(symbol):
+    return KERNELS[symbol].mmul[1]
+
+
 def test_build_cache_is_private_and_reused(lib, tmp_path, monkeypatch):
     monkeypatch.setenv("TORCH_XDNA_CACHE_DIR", str(tmp_path))
     first = host_build.build(["zero.cc"], {"DIM_M": 4, "DIM_N": 4}, "-O0")
@@ -150,7 +162,7 @@ def test_matmul_bf16_f32_bit_exact(lib, small, which):
     m, k, n = l.defines["DIM_M"], l.defines["DIM_K"], l.defines["DIM_N"]
     a, b = bf16(m, k), bf16(k, n)
     c0 = torch.randn(m, n)                                # accumulates into C in place
-    got = _mm_call(l, l.matmul_bf16_f32, a, b, c0, 4, 8, 8)
+    got = _mm_call(l, l.matmul_bf16_f32, a, b, c0, *_rst("matmul_bf16_f32"))
     assert_bits(got, golden.matmul_tiled(a, b, c0), "matmul_bf16_f32")
 
 
@@ -161,7 +173,7 @@ def test_matmul_i8_i32_exact(lib, small, which):
     a = torch.randint(-128, 128, (m, k), dtype=torch.int8)
     b = torch.randint(-128, 128, (k, n), dtype=torch.int8)
     c0 = torch.randint(-1000, 1000, (m, n), dtype=torch.int32)
-    got = _mm_call(l, l.matmul_i8_i32, a, b, c0, 8, 8, 8)
+    got = _mm_call(l, l.matmul_i8_i32, a, b, c0, *_rst("matmul_i8_i32"))
     assert torch.equal(got, golden.matmul_tiled(a, b, c0))
     assert torch.equal(got, c0 + a.int() @ b.int())
 
@@ -179,7 +191,8 @@ def _gemm_by_tiles(l, kind, a, b):
     bp[:k, :n] = b
     acc_dtype = torch.int32 if kind == "i8" else torch.float32
     out = torch.empty(pm, pn, dtype=acc_dtype)
-    r, s, t = {"bf16": (4, 8, 8), "i8": (8, 8, 8), "bfp16": (8, 8, 8)}[kind]
+    r, s, t = _rst({"bf16": "matmul_bf16_f32", "i8": "matmul_i8_i32",
+                    "bfp16": "matmul_bf16_bfp16_f32"}[kind])
     for i in range(0, pm, tm):
         for j in range(0, pn, tn):
             ct = torch.empty(tm * tn, dtype=acc_dtype)
@@ -227,7 +240,8 @@ def test_matmul_bfp16_bit_exact(lib, small, which):
     a, b = bf16(m, k), bf16(k, n)
     a[0, :8] = torch.tensor([1e-3, -1e-30, 0.0, -0.0, 5.0, -7.0, 1e-12, -2.0], dtype=torch.bfloat16)
     c0 = torch.randn(m, n)
-    got = _mm_call(l, l.matmul_bf16_bfp16_f32, a, b, c0, 8, 8, 8, b_arg=golden.bfp16_weight(b))
+    got = _mm_call(l, l.matmul_bf16_bfp16_f32, a, b, c0, *_rst("matmul_bf16_bfp16_f32"),
+                   b_arg=golden.bfp16_weight(b))
     assert_bits(got, golden.matmul_bfp16(a, b, c0), "matmul_bf16_bfp16_f32")
 
 

@@ -26,11 +26,13 @@ class KernelSpec:
     defines: tuple[str, ...] = ()        # compile-time tile sizes it reads (with defaults in the .cc)
     golden: str = ""                     # golden.py function it matches bit-exactly
     reference: str = ""                  # the project's numerics reference it implements
+    mmul: tuple = ()                     # (dtype, (r, s, t)): the native mmul shape it tiles by,
+                                         # hw/generations.py mmul_shape of the generation
 
 
-def _k(symbol, source, args, defines=(), golden="", reference=""):
+def _k(symbol, source, args, defines=(), golden="", reference="", mmul=()):
     return KernelSpec(symbol, source, tuple(tuple(a.split(":")) for a in args), tuple(defines),
-                      golden, reference)
+                      golden, reference, mmul)
 
 
 _MM = ("DIM_M", "DIM_K", "DIM_N")
@@ -39,11 +41,11 @@ _SPECS = [
     _k("zero_f32", "zero.cc", ["c:f32*"], ("DIM_M", "DIM_N"), "zeros"),
     _k("zero_i32", "zero.cc", ["c:i32*"], ("DIM_M", "DIM_N"), "zeros"),
     _k("matmul_bf16_f32", "mm.cc", ["a:bf16*", "b:bf16*", "c:f32*"], _MM, "matmul_tiled",
-       "gemm.GemmDesign (dtype bf16)"),
+       "gemm.GemmDesign (dtype bf16)", ("bf16", (4, 8, 8))),
     _k("matmul_i8_i32", "mm.cc", ["a:i8*", "b:i8*", "c:i32*"], _MM, "matmul_tiled",
-       "gemm.GemmDesign (dtype int8)"),
+       "gemm.GemmDesign (dtype int8)", ("int8", (8, 8, 8))),
     _k("matmul_bf16_bfp16_f32", "mm_bfp16.cc", ["a:bf16*", "b:bfp16*", "c:f32*"], _MM,
-       "matmul_bfp16", "gemm.GemmDesign (dtype bfp16)"),
+       "matmul_bfp16", "gemm.GemmDesign (dtype bfp16)", ("bfp16", (8, 8, 8))),
     _k("gemv_bf16_i8_f32", "gemv_q.cc", ["a:bf16*", "w:i8*", "scales:bf16*", "c:f32*"],
        ("DIM_K", "DIM_N", "GROUP"), "gemv_q", "gemm.GemmDesign (int8 weights, w_group)"),
     _k("gemv_bf16_i4_f32", "gemv_q.cc", ["a:bf16*", "w:u8*", "scales:bf16*", "c:f32*"],
@@ -81,11 +83,12 @@ _ATT = ("ATT_TQ", "ATT_TKV", "ATT_D")
 _SPECS += [
     _k("attn_qk_bf16_f32", "attention.cc",
        ["q:bf16*", "k:bf16*", "s:f32*", "scale:f32", "q_pos0:i32", "k_pos0:i32", "kv_valid:i32",
-        "causal:i32"], _ATT, "attention_flash", "attention.attention_reference"),
+        "causal:i32"], _ATT, "attention_flash", "attention.attention_reference",
+       ("bf16", (4, 8, 8))),
     _k("attn_online_softmax_f32", "attention.cc", ["s:f32*", "p:bf16*", "m:f32*", "l:f32*", "o:f32*"],
        _ATT, "attention_flash", "attention.attention_reference"),
     _k("attn_pv_bf16_f32", "attention.cc", ["p:bf16*", "v:bf16*", "o:f32*"], _ATT,
-       "attention_flash", "attention.attention_reference"),
+       "attention_flash", "attention.attention_reference", ("bf16", (4, 8, 8))),
     _k("attn_finalize_f32", "attention.cc", ["o:f32*", "l:f32*", "out:f32*"], _ATT,
        "attention_flash", "attention.attention_reference"),
 ]
