@@ -48,6 +48,8 @@
 #include <cmath>
 #include <cstdint>
 #include <cstddef>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <type_traits>
@@ -77,26 +79,22 @@ inline uint16_t f32_to_bf16_bits(float f, rounding_mode mode) {
   uint32_t b = float_to_bits(f);
   if (std::isnan(f)) return uint16_t((b >> 16) | 0x40);            // quiet NaN
   if ((b & 0x7F800000u) == 0) return uint16_t((b >> 16) & 0x8000);  // fp32 subnormal / zero
-  uint32_t hi = b >> 16, lo = b & 0xFFFFu;
+  uint32_t hi = b >> 16, lo = b & 0xFFFFu;           // sign-magnitude: round the magnitude
   bool neg = b >> 31;
   if (std::isinf(f)) return uint16_t(hi);
-  switch (mode) {
-    case rounding_mode::conv_even:
-      if (lo > 0x8000u || (lo == 0x8000u && (hi & 1u))) ++hi;
-      break;
-    case rounding_mode::floor:          // toward -inf: magnitude up for inexact negatives
-      if (neg && lo) ++hi;
-      break;
-    case rounding_mode::ceil:
-      if (!neg && lo) ++hi;
-      break;
-    case rounding_mode::symmetric_zero: // half away from... toward zero on ties
-      if (lo > 0x8000u) ++hi;
-      break;
-    default:                            // other modes are unused by our kernels
-      if (lo >= 0x8000u) ++hi;
-      break;
+  bool up = false;
+  if (mode == rounding_mode::floor) up = neg && lo;  // no rounding: truncate toward -inf
+  else if (mode == rounding_mode::ceil) up = !neg && lo;
+  else if (lo != 0x8000u) up = lo > 0x8000u;         // round to nearest; ties by mode:
+  else switch (mode) {
+    case rounding_mode::positive_inf: up = !neg; break;
+    case rounding_mode::negative_inf: up = neg; break;
+    case rounding_mode::symmetric_inf: up = true; break;
+    case rounding_mode::symmetric_zero: up = false; break;
+    case rounding_mode::conv_even: up = hi & 1u; break;
+    default: up = !(hi & 1u); break;                  // conv_odd
   }
+  hi += up;
   if ((hi & 0x7F80u) == 0) hi &= 0x8000u;                          // rounded into subnormal
   return uint16_t(hi);
 }
@@ -124,10 +122,9 @@ static_assert(sizeof(bfloat16) == 2, "bfloat16 must be 2 bytes");
 // steps its int4 pointer by vec/2 per vec-element load). On the host a lane holds its value.
 struct int4 { int8_t value; };
 
-// Accumulator tags [API-types].
+// Accumulator tags [API-types] (acc64 and the others exist in aie_api; our kernels use these).
 struct accfloat {};
 struct acc32 {};
-struct acc64 {};
 struct accauto {};
 // bfp16ebs8 element tag: 8 values share one 8-bit exponent, 8-bit two's-complement mantissas,
 // 9 bytes per block in memory: [exponent, m0..m7] [MLIR-AIE bfp.py][NUMERICS quant.py].
@@ -152,22 +149,15 @@ struct vector {
     for (unsigned i = 0; i < M; ++i) r.v[i] = v[idx * M + i];
     return r;
   }
-  template <unsigned M>
-  vector &insert(unsigned idx, const vector<T, M> &s) {
-    for (unsigned i = 0; i < M; ++i) v[idx * M + i] = s.v[i];
-    return *this;
-  }
 };
 
 // ---- accumulator ----------------------------------------------------------------------------
 template <typename Tag> struct acc_storage;
 template <> struct acc_storage<accfloat> { using type = float; };
 template <> struct acc_storage<acc32> { using type = int32_t; };
-template <> struct acc_storage<acc64> { using type = int64_t; };
 template <typename T> struct is_acc_tag : std::false_type {};
 template <> struct is_acc_tag<accfloat> : std::true_type {};
 template <> struct is_acc_tag<acc32> : std::true_type {};
-template <> struct is_acc_tag<acc64> : std::true_type {};
 
 template <typename Tag, unsigned N> struct accum;
 template <typename T, unsigned N> struct block_vector;
@@ -196,14 +186,13 @@ struct accum {
   template <typename E>
   accum(const vector<E, N> &x) { from_vector(x); }            // loads a vector into the acc
   template <typename E>
-  accum &from_vector(const vector<E, N> &x, int shift = 0) {
+  accum &from_vector(const vector<E, N> &x) {
     for (unsigned i = 0; i < N; ++i) {
       if constexpr (std::is_same_v<Tag, accfloat>) v[i] = float(x.v[i]);
-      else v[i] = S(int64_t(x.v[i]) << shift);
+      else v[i] = S(x.v[i]);
     }
     return *this;
   }
-  S get(unsigned i) const { return v[i]; }
   // to_vector<T>(): float lanes -> float (exact) or bfloat16 (current rounding mode, FTZ);
   // integer lanes -> int32 (shift 0 only: our kernels keep int32 results).
   template <typename T>
@@ -214,7 +203,13 @@ struct accum {
       vector<T, N> r;
       for (unsigned i = 0; i < N; ++i) {
         if constexpr (std::is_same_v<Tag, accfloat>) r.v[i] = detail::from_float<T>(v[i]);
-        else { (void)shift; r.v[i] = T(v[i]); }
+        else {
+          if (shift != 0) {                   // srs with a shift: not modelled (unused)
+            std::fprintf(stderr, "aie emulation: accum::to_vector shift %d unsupported\n", shift);
+            std::abort();
+          }
+          r.v[i] = T(v[i]);
+        }
       }
       return r;
     }
@@ -368,7 +363,6 @@ vector<T, N> lanewise(const vector<T, N> &a, const vector<T, N> &b, F f) {
 template <typename T> struct mul_acc { using type = accfloat; };
 template <> struct mul_acc<int8> { using type = acc32; };
 template <> struct mul_acc<int16> { using type = acc32; };
-template <> struct mul_acc<int32> { using type = acc64; };
 }  // namespace detail
 
 // add/sub/min/max of two vectors (or vector and scalar): lanewise, one IEEE rounding for floats;
@@ -450,13 +444,6 @@ accum<Tag, N> mac(const accum<Tag, N> &acc, const vector<T, N> &a, const vector<
   for (unsigned i = 0; i < N; ++i) r.v[i] = acc.v[i] + p.v[i];
   return r;
 }
-template <typename Tag, unsigned N>
-accum<Tag, N> add(const accum<Tag, N> &a, const vector<typename acc_storage<Tag>::type, N> &b) {
-  accum<Tag, N> r;
-  for (unsigned i = 0; i < N; ++i) r.v[i] = a.v[i] + b.v[i];
-  return r;
-}
-
 // ---- elementary functions [API-arith] --------------------------------------------------------
 // inv(x) = 1/x correctly rounded; invsqrt(x) = 1/sqrt(x) (sqrt rounded, then the division).
 template <unsigned N>
@@ -466,12 +453,6 @@ vector<float, N> inv(const vector<float, N> &a) {
   return r;
 }
 inline float inv(float a) { return 1.0f / a; }
-template <unsigned N>
-vector<float, N> invsqrt(const vector<float, N> &a) {
-  vector<float, N> r;
-  for (unsigned i = 0; i < N; ++i) r.v[i] = 1.0f / std::sqrt(a.v[i]);
-  return r;
-}
 inline float invsqrt(float a) { return 1.0f / std::sqrt(a); }
 
 // ---- reductions [API-arith] ------------------------------------------------------------------
@@ -497,7 +478,6 @@ T reduce_max(const vector<T, N> &a) {
 template <unsigned N>
 struct mask {
   std::array<bool, N> m{};
-  bool test(unsigned i) const { return m[i]; }
 };
 template <typename T, unsigned N>
 mask<N> lt(const vector<T, N> &a, T s) {
@@ -571,13 +551,8 @@ struct mmul {
         c.v[i * N + j] = acc;
       }
   }
-  void mul(const vector<TA, size_A> &a, const vector<TB, size_B> &b) {
-    c = accum<acc_tag, size_C>{};
-    mac(a, b);
-  }
   template <typename T>
   auto to_vector(int shift = 0) const { return c.template to_vector<T>(shift); }
-  accum<acc_tag, size_C> to_accum() const { return c; }
 };
 }  // namespace aie
 
