@@ -6,7 +6,7 @@
 
 extern "C" {
 
-// The mode a fresh core (thread) starts with: 0 = floor, the reset value [INTR-rnd].
+// The mode a fresh core (thread) starts with: 0 = floor (numerics.py's hardware default).
 int probe_reset_mode() {
   int mode = -1;
   std::thread t([&] { mode = int(aie::get_rounding()); });

@@ -14,8 +14,8 @@
 //   [API-arith]  AIE API User Guide, "Arithmetic", "Reduction", "Comparison", "Reshaping",
 //                "Elementary Functions" (add/sub/mul/mac/neg/max/min, reduce_add/reduce_max,
 //                lt/select, concat/transpose, inv/invsqrt): https://xilinx.github.io/aie_api/topics.html
-//   [INTR-rnd]   AI Engine Intrinsics, rounding modes (rnd_floor = truncate toward -inf is the
-//                reset value; rnd_conv_even = round half to even):
+//   [INTR-rnd]   AI Engine Intrinsics, rounding modes and their register values (rnd_floor 0 =
+//                truncate toward -inf, ..., rnd_conv_even 6 = round half to even):
 //                https://www.xilinx.com/htmldocs/xilinx2022_2/aiengine_intrinsics/intrinsics/group__intr__gpvectorop__mode.html
 //   [AM020]      AMD AM020 AIE-ML architecture manual: the float path flushes denormals to zero.
 //   [MLIR-AIE]   Xilinx/mlir-aie aie_kernels/aie2p/mm.cc (mmul usage, zero + mac into C),
@@ -35,8 +35,9 @@
 //  * bf16 x bf16 (and bfp16 mantissa) products are exact in fp32, so mac == one rounded add.
 //  * Subnormals are flushed at the bf16 boundary (conversion to and from bfloat16), as
 //    numerics.operand does [NUMERICS][AM020]; fp32 accumulator arithmetic keeps IEEE subnormals.
-//  * Rounding of float -> bf16 conversions follows the core's rounding mode register; its reset
-//    value is floor (truncate toward -inf) [INTR-rnd]; kernels set conv_even as numerics.py says.
+//  * Rounding of float -> bf16 conversions follows the core's rounding mode register [INTR-rnd];
+//    its reset value is floor (truncate toward -inf), the hardware default numerics.py documents;
+//    kernels set conv_even, as numerics.py says AIE2P kernels do.
 //  * Reductions (reduce_add / reduce_max) combine lanes pairwise by halving: lane i with lane
 //    i + N/2, repeatedly. The real tree may differ; our goldens follow this order.
 //  * aie::inv is the correctly rounded 1/x; aie::invsqrt is 1/sqrt(x) with two roundings. The
@@ -68,7 +69,8 @@ enum class rounding_mode : unsigned {   // values as the rnd_* intrinsic constan
   symmetric_zero = 5, conv_even = 6, conv_odd = 7
 };
 namespace detail {
-inline rounding_mode &rounding_register() {      // one core's mode register (reset: floor)
+inline rounding_mode &rounding_register() {      // one core's mode register (reset: floor,
+                                                  // per numerics.py; one per host thread)
   static thread_local rounding_mode mode = rounding_mode::floor;
   return mode;
 }
