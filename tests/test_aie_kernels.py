@@ -282,6 +282,51 @@ def test_gemv_quantized_weights(lib, wide, bits, which):
     assert bool(((c - c0).double() - ref.double()).abs().le(bound + 2.0 ** -24 * c.abs().double()).all())
 
 
+@pytest.mark.parametrize("bits", [8, 4])
+def test_dequant_tiles_bit_exact(lib, bits):
+    k, n, g = lib.defines["DIM_K"], lib.defines["DIM_N"], lib.defines["GROUP"]
+    w = torch.randn(n, k)
+    q, scales = quant.quantize_int8(w, g) if bits == 8 else quant.quantize_int4(w, g)
+    qvals = q if bits == 8 else quant.unpack_int4(q)
+    out = torch.empty(k * n, dtype=torch.bfloat16)
+    getattr(lib, f"dequant_i{bits}_bf16")(q.contiguous(), scales.contiguous(), out)
+    want = golden.dequant_tiles(qvals, scales, g, *_rst("matmul_bf16_f32")[1:])
+    assert torch.equal(out.view(torch.int16), want.view(torch.int16))
+
+
+@pytest.mark.parametrize("bits", [8, 4])
+def test_quantized_gemm_by_tiles_against_gemm_reference(lib, bits):
+    """M > 1 with int8/int4 weights: per (N, K) tile dequant_i*_bf16 then matmul_bf16_f32, as a
+    prefill GEMM runs on a core; GemmDesign's weight-only reference within the summation bound."""
+    tm, tk, tn, g = (lib.defines[d] for d in ("DIM_M", "DIM_K", "DIM_N", "GROUP"))
+    m, k, n = 37, 2 * tk, 2 * tn                          # K, N whole tiles (the group layout)
+    a, w = bf16(m, k), torch.randn(n, k)
+    q, scales = quant.quantize_int8(w, g) if bits == 8 else quant.quantize_int4(w, g)
+    qvals = q if bits == 8 else quant.unpack_int4(q)
+    r, s, t = _rst("matmul_bf16_f32")
+    pm = -(-m // tm) * tm
+    ap = torch.zeros(pm, k, dtype=torch.bfloat16)
+    ap[:m] = a
+    out = torch.empty(pm, n)
+    for j in range(0, n, tn):
+        for i in range(0, pm, tm):
+            ct = torch.empty(tm * tn)
+            lib.zero_f32(ct)
+            for p in range(0, k, tk):
+                wt = (q[j:j + tn, p // 2:(p + tk) // 2] if bits == 4 else q[j:j + tn, p:p + tk])
+                st = scales[j:j + tn, p // g:(p + tk) // g]
+                bt = torch.empty(tk * tn, dtype=torch.bfloat16)
+                getattr(lib, f"dequant_i{bits}_bf16")(wt.contiguous(), st.contiguous(), bt)
+                lib.matmul_bf16_f32(golden.tile(ap[i:i + tm, p:p + tk], r, s), bt, ct)
+            out[i:i + tm, j:j + tn] = golden.untile(ct, tm, tn, r, t)
+    got = out[:m]
+    wq = numerics.bf16_round(quant.dequantize(qvals, scales, g))
+    assert_bits(got, golden.matmul_seq(a.float(), wq.t(), torch.zeros(m, n)), "quantized GEMM")
+    ref = torch.empty(m, n)
+    GemmDesign(m, k, n, dtype=f"int{bits}", w_group=g).reference([a.float(), q, scales], [ref])
+    assert bool(((got.double() - ref.double()).abs() <= _fp32_sum_bound(a.float(), wq.t())).all())
+
+
 # --- elementwise -------------------------------------------------------------------------------
 EXACT_BINARY = {"add": "add", "sub": "sub", "max": "maximum", "min": "minimum"}
 SIZES = (1, 15, 16, 100, 257)

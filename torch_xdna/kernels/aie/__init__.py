@@ -37,6 +37,7 @@ def _k(symbol, source, args, defines=(), golden="", reference="", mmul=()):
 
 _MM = ("DIM_M", "DIM_K", "DIM_N")
 _ELT_REF = "vector.OPS"
+_DQ = ("DIM_K", "DIM_N", "GROUP")
 _SPECS = [
     _k("zero_f32", "zero.cc", ["c:f32*"], ("DIM_M", "DIM_N"), "zeros"),
     _k("zero_i32", "zero.cc", ["c:i32*"], ("DIM_M", "DIM_N"), "zeros"),
@@ -50,6 +51,12 @@ _SPECS = [
        ("DIM_K", "DIM_N", "GROUP"), "gemv_q", "gemm.GemmDesign (int8 weights, w_group)"),
     _k("gemv_bf16_i4_f32", "gemv_q.cc", ["a:bf16*", "w:u8*", "scales:bf16*", "c:f32*"],
        ("DIM_K", "DIM_N", "GROUP"), "gemv_q", "gemm.GemmDesign (int4 weights, w_group)"),
+    _k("dequant_i8_bf16", "dequant.cc", ["w:i8*", "scales:bf16*", "b:bf16*"], _DQ,
+       "dequant_tiles", "gemm.GemmDesign (int8 weights, w_group; with matmul_bf16_f32)",
+       ("bf16", (4, 8, 8))),
+    _k("dequant_i4_bf16", "dequant.cc", ["w:u8*", "scales:bf16*", "b:bf16*"], _DQ,
+       "dequant_tiles", "gemm.GemmDesign (int4 weights, w_group; with matmul_bf16_f32)",
+       ("bf16", (4, 8, 8))),
 ]
 for _op in ("add", "sub", "max", "min"):
     _SPECS.append(_k(f"{_op}_f32", "eltwise.cc", ["a:f32*", "b:f32*", "out:f32*", "n:i32"],

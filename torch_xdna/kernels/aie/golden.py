@@ -104,6 +104,14 @@ def gemv_q(a: torch.Tensor, q: torch.Tensor, scales: torch.Tensor, group: int,
     return c0.float() + tree_sum(acc)
 
 
+def dequant_tiles(q: torch.Tensor, scales: torch.Tensor, group: int, s: int = 8,
+                  t: int = 8) -> torch.Tensor:
+    """dequant_i8_bf16 / dequant_i4_bf16: q int8 values [N, K] (unpacked), scales [N, K/group]
+    -> bf16 tiles of B = bf16(q * scale)^T [K, N] in mm.cc's s x t layout."""
+    w = numerics.bf16_round(quant.dequantize(q, scales, group))
+    return tile(w.t().contiguous(), s, t).to(torch.bfloat16)
+
+
 # --- lanes -------------------------------------------------------------------------------------
 def tree_sum(t: torch.Tensor) -> torch.Tensor:
     while t.shape[-1] > 1:
