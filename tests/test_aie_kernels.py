@@ -40,7 +40,7 @@ class Lib:
 
 
 @pytest.fixture(scope="session")
-def lib(tmp_path_factory):
+def lib():
     return Lib(SOURCES, MAIN)
 
 
@@ -146,13 +146,12 @@ def test_cast_f32_bf16_rounds_to_nearest_even_and_flushes(lib):
 
 
 # --- matmul ------------------------------------------------------------------------------------
-def _mm_call(l, fn, a, b, c, r, s, t, a_tiled=None, b_arg=None):
-    m, k = a.shape
-    n = b.shape[1]
-    at = golden.tile(a, r, s) if a_tiled is None else a_tiled
+def _mm_call(fn, a, b, c, r, s, t, b_arg=None):
+    """One micro-kernel call on row-major operands: tile them as the DMA would, untile C."""
+    m, n = a.shape[0], b.shape[1]
     bt = golden.tile(b, s, t) if b_arg is None else b_arg
     ct = golden.tile(c, r, t).clone()
-    fn(at, bt, ct)
+    fn(golden.tile(a, r, s), bt, ct)
     return golden.untile(ct, m, n, r, t)
 
 
@@ -162,7 +161,7 @@ def test_matmul_bf16_f32_bit_exact(lib, small, which):
     m, k, n = l.defines["DIM_M"], l.defines["DIM_K"], l.defines["DIM_N"]
     a, b = bf16(m, k), bf16(k, n)
     c0 = torch.randn(m, n)                                # accumulates into C in place
-    got = _mm_call(l, l.matmul_bf16_f32, a, b, c0, *_rst("matmul_bf16_f32"))
+    got = _mm_call(l.matmul_bf16_f32, a, b, c0, *_rst("matmul_bf16_f32"))
     assert_bits(got, golden.matmul_tiled(a, b, c0), "matmul_bf16_f32")
 
 
@@ -173,7 +172,7 @@ def test_matmul_i8_i32_exact(lib, small, which):
     a = torch.randint(-128, 128, (m, k), dtype=torch.int8)
     b = torch.randint(-128, 128, (k, n), dtype=torch.int8)
     c0 = torch.randint(-1000, 1000, (m, n), dtype=torch.int32)
-    got = _mm_call(l, l.matmul_i8_i32, a, b, c0, *_rst("matmul_i8_i32"))
+    got = _mm_call(l.matmul_i8_i32, a, b, c0, *_rst("matmul_i8_i32"))
     assert torch.equal(got, golden.matmul_tiled(a, b, c0))
     assert torch.equal(got, c0 + a.int() @ b.int())
 
@@ -240,7 +239,7 @@ def test_matmul_bfp16_bit_exact(lib, small, which):
     a, b = bf16(m, k), bf16(k, n)
     a[0, :8] = torch.tensor([1e-3, -1e-30, 0.0, -0.0, 5.0, -7.0, 1e-12, -2.0], dtype=torch.bfloat16)
     c0 = torch.randn(m, n)
-    got = _mm_call(l, l.matmul_bf16_bfp16_f32, a, b, c0, *_rst("matmul_bf16_bfp16_f32"),
+    got = _mm_call(l.matmul_bf16_bfp16_f32, a, b, c0, *_rst("matmul_bf16_bfp16_f32"),
                    b_arg=golden.bfp16_weight(b))
     assert_bits(got, golden.matmul_bfp16(a, b, c0), "matmul_bf16_bfp16_f32")
 
