@@ -472,7 +472,7 @@ def test_rope_equals_llm_blocks(lib, rows, d):
 
 
 # --- attention ---------------------------------------------------------------------------------
-def _attention_by_tiles(l, q, k, v, scale, causal, q_offset):
+def _attention_by_tiles(l, q, k, v, scale, causal, q_offset, window=0, softcap=0.0):
     tq, tkv, d = l.defines["ATT_TQ"], l.defines["ATT_TKV"], l.defines["ATT_D"]
     lq, s_len = q.shape[0], k.shape[0]
     pq, pk = -(-lq // tq) * tq, -(-s_len // tkv) * tkv
@@ -490,7 +490,7 @@ def _attention_by_tiles(l, q, k, v, scale, causal, q_offset):
             s = torch.empty(tq, tkv)
             p = torch.empty(tq, tkv, dtype=torch.bfloat16)
             l.attn_qk_bf16_f32(qp[q0:q0 + tq].contiguous(), kp[k0:k0 + tkv].contiguous(), s, scale,
-                               q_offset + q0, k0, s_len, int(causal))
+                               q_offset + q0, k0, s_len, int(causal), window, softcap)
             l.attn_online_softmax_f32(s, p, m, lsum, o)
             l.attn_pv_bf16_f32(p, vp[k0:k0 + tkv].contiguous(), o)
         res = torch.empty(tq, d)
@@ -499,20 +499,23 @@ def _attention_by_tiles(l, q, k, v, scale, causal, q_offset):
     return out[:lq]
 
 
-@pytest.mark.parametrize("lq,s_len,causal", [(5, 40, True), (8, 16, False), (13, 37, False),
-                                              (1, 33, True)])
-def test_attention_blocks(lib, lq, s_len, causal):
+@pytest.mark.parametrize("lq,s_len,causal,window,softcap",
+                         [(5, 40, True, 0, 0.0), (8, 16, False, 0, 0.0), (13, 37, False, 0, 0.0),
+                          (1, 33, True, 0, 0.0), (9, 40, True, 12, 0.0), (6, 30, True, 0, 2.0)])
+def test_attention_blocks(lib, lq, s_len, causal, window, softcap):
     d = lib.defines["ATT_D"]
-    q, k, v = bf16(lq, d), bf16(s_len, d), bf16(s_len, d)
+    q, k, v = bf16(lq, d, scale=2), bf16(s_len, d, scale=2), bf16(s_len, d)
     scale = 1 / math.sqrt(d)
     q_offset = s_len - lq
-    got = _attention_by_tiles(lib, q, k, v, scale, causal, q_offset)
+    got = _attention_by_tiles(lib, q, k, v, scale, causal, q_offset, window, softcap)
     want = golden.attention_flash(q, k, v, scale=scale, tq=lib.defines["ATT_TQ"],
-                                  tkv=lib.defines["ATT_TKV"], causal=causal, q_offset=q_offset)
+                                  tkv=lib.defines["ATT_TKV"], causal=causal, q_offset=q_offset,
+                                  window=window, softcap=softcap)
     assert_bits(got, want, "attention blocks")
     ref = attention_reference(q.reshape(1, 1, lq, d), k.reshape(1, 1, s_len, d),
                               v.reshape(1, 1, s_len, d), scale=scale, causal=causal,
-                              q_offset=q_offset)[0, 0]
+                              q_offset=q_offset, window=window or None,
+                              softcap=softcap or None)[0, 0]
     # P is rounded to bf16 before (flash) vs after (reference) normalisation: 2^-8 relative
     # on each weight, so |diff| <= 2^-8 * max|v| per output
     assert float((got - ref).abs().max()) <= 2.0 ** -8 * float(v.float().abs().max())
@@ -522,7 +525,7 @@ def test_attention_fully_masked_row_gives_zero(lib):
     d, tq, tkv = lib.defines["ATT_D"], lib.defines["ATT_TQ"], lib.defines["ATT_TKV"]
     q, k = bf16(tq, d), bf16(tkv, d)
     s = torch.empty(tq, tkv)
-    lib.attn_qk_bf16_f32(q, k, s, 0.125, 0, 0, 0, 0)      # kv_valid = 0: every key masked
+    lib.attn_qk_bf16_f32(q, k, s, 0.125, 0, 0, 0, 0, 0, 0.0)   # kv_valid = 0: all keys masked
     assert bool(torch.isneginf(s).all())
     m, lsum, o = torch.full((tq,), float("-inf")), torch.zeros(tq), torch.zeros(tq, d)
     p = torch.empty(tq, tkv, dtype=torch.bfloat16)

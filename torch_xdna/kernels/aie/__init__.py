@@ -90,7 +90,8 @@ _ATT = ("ATT_TQ", "ATT_TKV", "ATT_D")
 _SPECS += [
     _k("attn_qk_bf16_f32", "attention.cc",
        ["q:bf16*", "k:bf16*", "s:f32*", "scale:f32", "q_pos0:i32", "k_pos0:i32", "kv_valid:i32",
-        "causal:i32"], _ATT, "attention_flash", "attention.attention_reference",
+        "causal:i32", "window:i32", "softcap:f32"], _ATT, "attention_flash",
+       "attention.attention_reference",
        ("bf16", (4, 8, 8))),
     _k("attn_online_softmax_f32", "attention.cc", ["s:f32*", "p:bf16*", "m:f32*", "l:f32*", "o:f32*"],
        _ATT, "attention_flash", "attention.attention_reference"),

@@ -277,7 +277,7 @@ def rope(x, cos, signed_sin) -> torch.Tensor:
 
 # --- attention ---------------------------------------------------------------------------------
 def attention_flash(q, k, v, *, scale: float, tq: int, tkv: int, causal: bool = False,
-                    q_offset: int = 0) -> torch.Tensor:
+                    q_offset: int = 0, window: int = 0, softcap: float = 0.0) -> torch.Tensor:
     """The attention.cc tile loop for one head: q [Lq, D], k / v [S, D] (bf16) -> [Lq, D] fp32.
     Query rows and keys are zero-padded to whole tiles; padded keys are masked (kv_valid = S)."""
     lq, d = q.shape
@@ -297,9 +297,15 @@ def attention_flash(q, k, v, *, scale: float, tq: int, tkv: int, causal: bool = 
         o = torch.zeros(tq, d, dtype=F32)
         for k0 in range(0, pk, tkv):
             s = matmul_seq(qf[q0:q0 + tq], kf[k0:k0 + tkv].t(), torch.zeros(tq, tkv)) * _c(scale)
+            if softcap > 0:
+                s = tanh_f32(s * inv(_c(softcap))) * _c(softcap)
             kpos = torch.arange(k0, k0 + tkv).unsqueeze(0)
             qpos = torch.arange(q0, q0 + tq).unsqueeze(1) + q_offset
-            masked = (kpos >= s_len) | ((kpos > qpos) if causal else torch.zeros((), dtype=torch.bool))
+            masked = kpos >= s_len
+            if causal:
+                masked = masked | (kpos > qpos)
+            if window > 0:
+                masked = masked | (kpos <= qpos - window)
             s = s.masked_fill(masked, ninf)
             m_new = torch.maximum(m, lane_max(s))
             live = m_new != ninf

@@ -2,7 +2,9 @@
 // tile of ATT_TQ query rows, streams K/V in tiles of ATT_TKV keys of head dim ATT_D, keeps the
 // running max m, sum l and output accumulator O in fp32, and P in bf16 for the P @ V mmul.
 // Per KV tile the core body calls:
-//   attn_qk_bf16_f32          S = scale * Q K^T, masked to -inf (causal / past kv_valid)
+//   attn_qk_bf16_f32          S = scale * Q K^T, soft-capped (softcap * tanh(S / softcap)) if
+//                             softcap > 0, masked to -inf: keys at or past kv_valid, future keys
+//                             (causal), keys outside a sliding window of `window` (> 0)
 //   attn_online_softmax_f32   m' = max(m, rowmax S); P = exp(S - m') (bf16); l = l e^(m-m') + sum P;
 //                             O *= e^(m - m')
 //   attn_pv_bf16_f32          O += P V
@@ -47,20 +49,28 @@ static inline float exp_scalar(float x) { return xdna::exp_f32(aie::broadcast<fl
 extern "C" {
 
 void attn_qk_bf16_f32(const bfloat16 *q, const bfloat16 *k, float *s, float scale, int32 q_pos0,
-                      int32 k_pos0, int32 kv_valid, int32 causal) {
+                      int32 k_pos0, int32 kv_valid, int32 causal, int32 window, float softcap) {
   xdna::set_numerics();
   const float ninf = -std::numeric_limits<float>::infinity();
+  const float inv_cap = softcap > 0.0f ? aie::inv(softcap) : 0.0f;
   for (int z = 0; z < ATT_TQ; z += 4)
     for (int j = 0; j < ATT_TKV; j += 8) {
       MMUL c(aie::zeros<float, 32>());
       for (int d = 0; d < ATT_D; d += 8)       // B block = (8 keys x 8 dims)^T
         c.mac(block_4x8(q, ATT_D, z, d), aie::transpose(block_8x8(k, ATT_D, j, d), 8, 8));
       aie::vector<float, 32> v = aie::mul(c.to_vector<float>(), scale).to_vector<float>();
+      if (softcap > 0.0f)
+        for (int h = 0; h < 2; ++h) {
+          vf t = xdna::tanh_f32(xdna::fmul(v.extract<16>(h), inv_cap));
+          vf capped = xdna::fmul(t, softcap);
+          for (unsigned e = 0; e < L; ++e) v.set(capped[e], h * L + e);
+        }
       for (int e = 0; e < 32; ++e) {
-        const int row = z + e / 8, key = j + e % 8;
-        const bool past = k_pos0 + key >= kv_valid;
-        const bool future = causal && (k_pos0 + key > q_pos0 + row);
-        if (past || future) v.set(ninf, e);
+        const int qpos = q_pos0 + z + e / 8, kpos = k_pos0 + j + e % 8;
+        const bool past = kpos >= kv_valid;
+        const bool future = causal && kpos > qpos;
+        const bool old = window > 0 && kpos <= qpos - window;
+        if (past || future || old) v.set(ninf, e);
       }
       store_4x8(s, ATT_TKV, z, j, v);
     }
