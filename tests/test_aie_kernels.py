@@ -111,6 +111,14 @@ def test_build_cache_is_private_and_reused(lib, tmp_path, monkeypatch):
     assert other != first
 
 
+def test_unwritable_cache_is_a_clear_error(lib, tmp_path, monkeypatch):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    monkeypatch.setenv("TORCH_XDNA_CACHE_DIR", str(blocker))
+    with pytest.raises(host_build.HostBuildError, match="TORCH_XDNA_CACHE_DIR"):
+        host_build.cache_dir()
+
+
 def test_concurrent_builds_of_one_key_agree(lib, tmp_path, monkeypatch):
     from concurrent.futures import ThreadPoolExecutor
     monkeypatch.setenv("TORCH_XDNA_CACHE_DIR", str(tmp_path))

@@ -52,8 +52,12 @@ def cache_dir() -> Path:
     env = os.environ.get("TORCH_XDNA_CACHE_DIR")
     root = Path(env) if env else Path.home() / ".cache" / "torch_xdna"
     d = root / "aie-host"
-    d.mkdir(parents=True, exist_ok=True, mode=0o700)
-    os.chmod(d, 0o700)
+    try:
+        d.mkdir(parents=True, exist_ok=True, mode=0o700)
+        os.chmod(d, 0o700)
+    except OSError as e:
+        raise HostBuildError(f"cannot use {d} as the kernel build cache ({e}); set "
+                             "TORCH_XDNA_CACHE_DIR to a writable directory") from e
     return d
 
 
