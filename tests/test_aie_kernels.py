@@ -575,6 +575,20 @@ def test_emulated_bfp16_conversion_equals_quant_encoding(probe):
     assert torch.equal(out, quant.encode_bfp16(x.reshape(-1, 8)).reshape(-1))
 
 
+def test_misaligned_vector_access_stops_the_emulation(lib):
+    """load_v/store_v on a pointer not aligned to the vector is a kernel bug: the emulation stops
+    (in a child process: it aborts) and names the access."""
+    import subprocess
+    import sys
+    so = host_build.build(["zero.cc"], {"DIM_M": 4, "DIM_N": 4}, "-O0")
+    code = ("import ctypes; lib = ctypes.CDLL(%r); buf = ctypes.create_string_buffer(256); "
+            "base = (ctypes.addressof(buf) + 63) // 64 * 64; lib.zero_f32(ctypes.c_void_p(base)); "
+            "print('aligned ok', flush=True); lib.zero_f32(ctypes.c_void_p(base + 4))" % str(so))
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert "aligned ok" in res.stdout
+    assert res.returncode != 0 and "store_v of 64 bytes" in res.stderr and "not 64-byte aligned" in res.stderr
+
+
 def test_docs_list_every_kernel():
     from pathlib import Path
     doc = (Path(__file__).resolve().parents[1] / "docs" / "kernels.md").read_text()

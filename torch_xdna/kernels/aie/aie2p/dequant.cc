@@ -27,7 +27,7 @@ static inline void dequant_tiles(const uint8 *__restrict w, const bfloat16 *__re
   xdna::set_numerics();
   for (unsigned nb = 0; nb < DIM_N / T; ++nb)
     for (unsigned k0 = 0; k0 < DIM_K; k0 += V) {
-      alignas(32) bfloat16 blk[T * V];            // 8 output columns x 32 k, dequantized
+      alignas(64) bfloat16 blk[T * V];            // 8 output columns x 32 k, dequantized
       for (unsigned r = 0; r < T; ++r) {
         const unsigned n = nb * T + r;
         const bfloat16 sc = scales[n * (DIM_K / GROUP) + k0 / GROUP];

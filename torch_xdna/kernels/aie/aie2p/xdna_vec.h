@@ -32,12 +32,13 @@ inline vb to_bf16(const vf &x) { return aie::accum<accfloat, L>(x).to_vector<bfl
 inline vf fmul(const vf &a, const vf &b) { return aie::mul(a, b).to_vector<float>(); }
 inline vf fmul(const vf &a, float b) { return aie::mul(a, b).to_vector<float>(); }
 
-// Elements [i, i + 16) of p (n valid in total) as fp32, lanes past n set to `pad`.
+// Elements [i, i + 16) of p (n valid in total) as fp32, lanes past n set to `pad`. Rows of any
+// length start anywhere, so these accesses are element-aligned (load_unaligned_v).
 template <typename T>
 inline vf load_f32(const T *p, int i, int n, float pad = 0.0f) {
   if (i + int(L) <= n) {
-    if constexpr (std::is_same_v<T, float>) return aie::load_v<L>(p + i);
-    else return to_f32(aie::load_v<L>(p + i));
+    if constexpr (std::is_same_v<T, float>) return aie::load_unaligned_v<L>(p + i);
+    else return to_f32(aie::load_unaligned_v<L>(p + i));
   }
   vf v = aie::broadcast<float, L>(pad);
   for (int j = 0; i + j < n; ++j) v.set(float(p[i + j]), j);
@@ -46,8 +47,8 @@ inline vf load_f32(const T *p, int i, int n, float pad = 0.0f) {
 template <typename T>
 inline void store_part(T *p, int i, int n, const vf &v) {
   if (i + int(L) <= n) {
-    if constexpr (std::is_same_v<T, float>) aie::store_v(p + i, v);
-    else aie::store_v(p + i, to_bf16(v));
+    if constexpr (std::is_same_v<T, float>) aie::store_unaligned_v(p + i, v);
+    else aie::store_unaligned_v(p + i, to_bf16(v));
     return;
   }
   for (int j = 0; i + j < n; ++j) p[i + j] = T(v[j]);

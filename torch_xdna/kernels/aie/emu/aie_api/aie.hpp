@@ -21,6 +21,10 @@
 //   [MLIR-AIE]   Xilinx/mlir-aie aie_kernels/aie2p/mm.cc (mmul usage, zero + mac into C),
 //                mm_bfp.cc / mm_bfp_mixed.cc (bfp16ebs8 block vectors, accum -> bfp16 conversion,
 //                mac_8x8_8x8T with B transposed), python/utils/bfp.py (bfp16 block encoding).
+//   [UG1603-align] AMD UG1603, "Alignment": load_v/store_v need the vector's own alignment
+//                (128-bit on 128 bits, 256 on 256, 512-bit on 512 bits on AIE-ML v2);
+//                load_unaligned_v/store_unaligned_v only the element's:
+//                https://docs.amd.com/r/en-US/ug1603-ai-engine-ml-kernel-graph/Alignment
 //   [UG1603-fp]  AMD UG1603 AIE-ML kernel guide, "Floating-Point Operations" (fp32 via bf16):
 //                https://docs.amd.com/r/en-US/ug1603-ai-engine-ml-kernel-graph/Floating-Point-Operations
 //   [NUMERICS]   torch_xdna/kernels/numerics.py and quant.py (the project's documented numerics).
@@ -291,11 +295,21 @@ vector<T, N> broadcast(T x) {
   r.v.fill(x);
   return r;
 }
-// load_v<N>(p): N consecutive elements [API-types Memory]; for int4, N nibbles from N/2 bytes.
+namespace detail {
+// A misaligned aligned access is a kernel bug the hardware would not report (the data "might be
+// unexpected" [UG1603-align]): the emulation stops the program with the address.
+inline void check_aligned(const void *p, std::size_t bytes, const char *what) {
+  const std::size_t need = bytes < 64 ? bytes : 64;
+  if (reinterpret_cast<std::uintptr_t>(p) % need != 0) {
+    std::fprintf(stderr, "aie emulation: %s of %zu bytes at %p is not %zu-byte aligned; use "
+                 "load_unaligned_v/store_unaligned_v or align the buffer\n", what, bytes, p, need);
+    std::abort();
+  }
+}
 template <unsigned N, typename T>
-vector<T, N> load_v(const T *p) {
+vector<T, N> load_raw(const T *p) {
   vector<T, N> r;
-  if constexpr (std::is_same_v<T, int4>) {
+  if constexpr (std::is_same_v<T, int4>) {      // N nibbles from N/2 bytes, low nibble first
     const uint8_t *b = reinterpret_cast<const uint8_t *>(p);
     for (unsigned i = 0; i < N; ++i) {
       int nib = (b[i / 2] >> ((i & 1) * 4)) & 0xF;
@@ -306,8 +320,31 @@ vector<T, N> load_v(const T *p) {
   }
   return r;
 }
+template <typename T, unsigned N> constexpr std::size_t vector_bytes() {
+  return std::is_same_v<T, int4> ? N / 2 : sizeof(T) * N;
+}
+}  // namespace detail
+
+// load_v<N>(p) / store_v(p, v): N consecutive elements, p aligned to the vector's size (at most
+// 64 bytes) [API-types Memory][UG1603-align]; for int4, N nibbles from N/2 bytes.
+template <unsigned N, typename T>
+vector<T, N> load_v(const T *p) {
+  detail::check_aligned(p, detail::vector_bytes<T, N>(), "load_v");
+  return detail::load_raw<N>(p);
+}
+template <unsigned N, typename T>
+vector<T, N> load_unaligned_v(const T *p) { return detail::load_raw<N>(p); }
 template <typename T, unsigned N>
-void store_v(T *p, const vector<T, N> &x) { std::memcpy(p, x.v.data(), sizeof(T) * N); }
+void store_v(T *p, const vector<T, N> &x) {
+  static_assert(!std::is_same_v<T, int4>, "store_v of int4 lanes is not modelled");
+  detail::check_aligned(p, sizeof(T) * N, "store_v");
+  std::memcpy(p, x.v.data(), sizeof(T) * N);
+}
+template <typename T, unsigned N>
+void store_unaligned_v(T *p, const vector<T, N> &x) {
+  static_assert(!std::is_same_v<T, int4>, "store of int4 lanes is not modelled");
+  std::memcpy(p, x.v.data(), sizeof(T) * N);
+}
 
 // ---- conversions ----------------------------------------------------------------------------
 // to_float<bfloat16|float>(vector<int16|int32>, shift): x * 2^-shift, rounded by the current
