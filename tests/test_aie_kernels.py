@@ -355,7 +355,7 @@ def test_exact_fp32_ops_equal_vector_reference(lib, n):
         VectorDesign(vop, ((n,), (n,)), (torch.float32,) * 2, (n,), torch.float32).reference([a, b], [ref])
         assert_bits(out, ref, op)
         assert_bits(out, golden.eltwise(op, a, b), op)
-    for op in ("neg", "relu"):
+    for op in ("neg", "relu", "abs"):
         out = torch.empty(n)
         getattr(lib, f"{op}_f32")(a, out, n)
         ref = torch.empty(n)
@@ -364,7 +364,7 @@ def test_exact_fp32_ops_equal_vector_reference(lib, n):
 
 
 @pytest.mark.parametrize("n", SIZES)
-def test_mul_bf16_equals_vector_reference(lib, n):
+def test_mul_and_square_bf16_equal_vector_reference(lib, n):
     a, b = _values(n, torch.bfloat16), bf16(n, scale=3)
     out = torch.empty(n)
     lib.mul_bf16_f32(a, b, out, n)
@@ -372,6 +372,24 @@ def test_mul_bf16_equals_vector_reference(lib, n):
     VectorDesign("mul", ((n,), (n,)), (torch.float32,) * 2, (n,), torch.float32).reference(
         [a.float(), b.float()], [ref])
     assert_bits(out, ref, "mul")
+    lib.square_bf16_f32(a, out, n)
+    VectorDesign("square", ((n,),), (torch.float32,), (n,), torch.float32).reference([a.float()], [ref])
+    assert_bits(out, ref, "square")
+
+
+def test_div_sqrt_reciprocal(lib):
+    n = 1000
+    a, b = bf16(n, scale=5), bf16(n, scale=5)
+    pos = b.abs() + torch.tensor(0.01).to(torch.bfloat16)
+    for op, vop, xs, max_ulps in (("div", "div", (a, b), 2), ("reciprocal", "reciprocal", (b,), 1),
+                                  ("sqrt", "sqrt", (pos,), 1), ("rsqrt", "rsqrt", (pos,), 2)):
+        out = torch.empty(n)
+        getattr(lib, f"{op}_bf16_f32")(*xs, out, n)
+        assert_bits(out, golden.eltwise(op, *xs), op)
+        ref = torch.empty(n)
+        VectorDesign(vop, tuple((n,) for _ in xs), (torch.float32,) * len(xs), (n,),
+                     torch.float32).reference([x.float() for x in xs], [ref])
+        assert float(ulps(out, ref).max()) <= max_ulps, op
 
 
 # op -> (vector.OPS name, max ulps vs the reference, absolute slack): the kernel's own

@@ -61,12 +61,14 @@ _SPECS = [
 for _op in ("add", "sub", "max", "min"):
     _SPECS.append(_k(f"{_op}_f32", "eltwise.cc", ["a:f32*", "b:f32*", "out:f32*", "n:i32"],
                      golden=f"eltwise:{_op}", reference=_ELT_REF))
-for _op in ("neg", "relu"):
+for _op in ("neg", "relu", "abs"):
     _SPECS.append(_k(f"{_op}_f32", "eltwise.cc", ["x:f32*", "out:f32*", "n:i32"],
                      golden=f"eltwise:{_op}", reference=_ELT_REF))
-_SPECS.append(_k("mul_bf16_f32", "eltwise.cc", ["a:bf16*", "b:bf16*", "out:f32*", "n:i32"],
-                 golden="eltwise:mul", reference=_ELT_REF))
-for _op in ("exp", "sigmoid", "silu", "tanh", "gelu", "gelu_tanh"):
+for _op in ("mul", "div"):
+    _SPECS.append(_k(f"{_op}_bf16_f32", "eltwise.cc", ["a:bf16*", "b:bf16*", "out:f32*", "n:i32"],
+                     golden=f"eltwise:{_op}", reference=_ELT_REF))
+for _op in ("exp", "sigmoid", "silu", "tanh", "gelu", "gelu_tanh", "reciprocal", "sqrt", "rsqrt",
+            "square"):
     _SPECS.append(_k(f"{_op}_bf16_f32", "eltwise.cc", ["x:bf16*", "out:f32*", "n:i32"],
                      golden=f"eltwise:{_op}", reference=_ELT_REF))
 _SPECS += [

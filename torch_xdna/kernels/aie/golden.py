@@ -226,7 +226,9 @@ ELTWISE = {
     "add": lambda a, b: a + b, "sub": lambda a, b: a - b,
     "max": lambda a, b: torch.where(a < b, b, a), "min": lambda a, b: torch.where(b < a, b, a),
     "neg": lambda x: -x, "relu": lambda x: torch.where(x < 0, _c(0.0), x),
-    "mul": lambda a, b: a * b, "exp": exp_f32, "sigmoid": sigmoid_f32, "silu": silu_f32,
+    "mul": lambda a, b: a * b, "div": lambda a, b: a * inv(b), "abs": torch.abs,
+    "reciprocal": inv, "sqrt": _sqrt, "rsqrt": lambda x: inv(_sqrt(x)), "square": lambda x: x * x,
+    "exp": exp_f32, "sigmoid": sigmoid_f32, "silu": silu_f32,
     "tanh": tanh_f32, "gelu": gelu_f32, "gelu_tanh": gelu_tanh_f32,
 }
 

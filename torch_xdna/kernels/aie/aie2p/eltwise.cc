@@ -48,6 +48,24 @@ void relu_f32(const float *in, float *out, int32 n) {
 void mul_bf16_f32(const bfloat16 *a, const bfloat16 *b, float *out, int32 n) {
   binary(a, b, out, n, [](vf x, vf y) { return xdna::fmul(x, y); });
 }
+void div_bf16_f32(const bfloat16 *a, const bfloat16 *b, float *out, int32 n) {
+  binary(a, b, out, n, [](vf x, vf y) { return xdna::fmul(x, aie::inv(y)); });  // x * (1/y)
+}
+void reciprocal_bf16_f32(const bfloat16 *in, float *out, int32 n) {
+  unary(in, out, n, [](vf x) { return aie::inv(x); });
+}
+void sqrt_bf16_f32(const bfloat16 *in, float *out, int32 n) {
+  unary(in, out, n, [](vf x) { return aie::sqrt(x); });
+}
+void rsqrt_bf16_f32(const bfloat16 *in, float *out, int32 n) {
+  unary(in, out, n, [](vf x) { return aie::invsqrt(x); });
+}
+void square_bf16_f32(const bfloat16 *in, float *out, int32 n) {    // exact: bf16 x bf16
+  unary(in, out, n, [](vf x) { return xdna::fmul(x, x); });
+}
+void abs_f32(const float *in, float *out, int32 n) {
+  unary(in, out, n, [](vf x) { return aie::abs(x); });
+}
 void exp_bf16_f32(const bfloat16 *in, float *out, int32 n) {
   unary(in, out, n, [](vf x) { return xdna::exp_f32(x); });
 }

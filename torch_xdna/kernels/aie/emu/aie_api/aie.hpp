@@ -484,7 +484,8 @@ accum<Tag, N> mac(const accum<Tag, N> &acc, const vector<T, N> &a, const vector<
   return r;
 }
 // ---- elementary functions [API-arith] --------------------------------------------------------
-// inv(x) = 1/x correctly rounded; invsqrt(x) = 1/sqrt(x) (sqrt rounded, then the division).
+// inv(x) = 1/x correctly rounded; invsqrt(x) = 1/sqrt(x) (sqrt rounded, then the division);
+// sqrt(x) correctly rounded. (Accuracy of the hardware's versions: not verified here.)
 template <unsigned N>
 vector<float, N> inv(const vector<float, N> &a) {
   vector<float, N> r;
@@ -493,6 +494,19 @@ vector<float, N> inv(const vector<float, N> &a) {
 }
 inline float inv(float a) { return 1.0f / a; }
 inline float invsqrt(float a) { return 1.0f / std::sqrt(a); }
+template <unsigned N>
+vector<float, N> invsqrt(const vector<float, N> &a) {
+  vector<float, N> r;
+  for (unsigned i = 0; i < N; ++i) r.v[i] = 1.0f / std::sqrt(a.v[i]);
+  return r;
+}
+// sqrt(x) correctly rounded.
+template <unsigned N>
+vector<float, N> sqrt(const vector<float, N> &a) {
+  vector<float, N> r;
+  for (unsigned i = 0; i < N; ++i) r.v[i] = std::sqrt(a.v[i]);
+  return r;
+}
 
 // ---- reductions [API-arith] ------------------------------------------------------------------
 // Pairwise halving: lanes i and i + N/2 combine, until one lane is left.
