@@ -24,10 +24,9 @@ from torch_xdna.kernels.vector import VectorDesign
 pytestmark = pytest.mark.skipif(host_build.find_compiler() is None,
                                 reason="no host C++ compiler (g++) to build the AIE kernels")
 
-MAIN = {"DIM_M": 32, "DIM_K": 64, "DIM_N": 32, "GROUP": 32,
-        "ATT_TQ": 8, "ATT_TKV": 16, "ATT_D": 32}
-SMALL_MM = {"DIM_M": 16, "DIM_K": 8, "DIM_N": 16}
-WIDE_GEMV = {"DIM_K": 256, "DIM_N": 8, "GROUP": 128}
+MAIN = {"DIM_M": 32, "DIM_K": 64, "DIM_N": 32, "ATT_TQ": 8, "ATT_TKV": 16, "ATT_D": 32}
+SMALL_MM = {"DIM_M": 16, "DIM_K": 16, "DIM_N": 16}     # the smallest int8 tile (8x8x8, 2x2)
+WIDE_WQ = {"DIM_M": 8, "DIM_K": 256, "DIM_N": 16}
 
 
 class Lib:
@@ -46,12 +45,12 @@ def lib():
 
 @pytest.fixture(scope="session")
 def small(lib):
-    return Lib(["mm.cc", "mm_bfp16.cc", "zero.cc"], SMALL_MM)
+    return Lib(["mm.cc", "mm_bfp16.cc", "zero.cc", "store.cc"], SMALL_MM)
 
 
 @pytest.fixture(scope="session")
 def wide(lib):
-    return Lib(["gemv_q.cc"], WIDE_GEMV)
+    return Lib(["wq.cc", "zero.cc"], WIDE_WQ)
 
 
 def bits_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -154,64 +153,63 @@ def test_cast_f32_bf16_rounds_to_nearest_even_and_flushes(lib):
 
 
 # --- matmul ------------------------------------------------------------------------------------
-def _mm_call(fn, a, b, c, r, s, t, b_arg=None):
-    """One micro-kernel call on row-major operands: tile them as the DMA would, untile C."""
-    m, n = a.shape[0], b.shape[1]
-    bt = golden.tile(b, s, t) if b_arg is None else b_arg
-    ct = golden.tile(c, r, t).clone()
-    fn(golden.tile(a, r, s), bt, ct)
-    return golden.untile(ct, m, n, r, t)
+def _dims(l):
+    return l.defines["DIM_M"], l.defines["DIM_K"], l.defines["DIM_N"]
 
 
 @pytest.mark.parametrize("which", ["main", "small"])
 def test_matmul_bf16_f32_bit_exact(lib, small, which):
     l = lib if which == "main" else small
-    m, k, n = l.defines["DIM_M"], l.defines["DIM_K"], l.defines["DIM_N"]
+    m, k, n = _dims(l)
     a, b = bf16(m, k), bf16(k, n)
-    c0 = torch.randn(m, n)                                # accumulates into C in place
-    got = _mm_call(l.matmul_bf16_f32, a, b, c0, *_rst("matmul_bf16_f32"))
-    assert_bits(got, golden.matmul_tiled(a, b, c0), "matmul_bf16_f32")
+    c = torch.randn(m, n)                                  # accumulates into C in place
+    want = golden.matmul_rowmajor(a, b, c)
+    l.matmul_bf16_f32(a, b, c)
+    assert_bits(c, want, "matmul_bf16_f32")
 
 
 @pytest.mark.parametrize("which", ["main", "small"])
 def test_matmul_i8_i32_exact(lib, small, which):
     l = lib if which == "main" else small
-    m, k, n = l.defines["DIM_M"], l.defines["DIM_K"], l.defines["DIM_N"]
+    m, k, n = _dims(l)
     a = torch.randint(-128, 128, (m, k), dtype=torch.int8)
     b = torch.randint(-128, 128, (k, n), dtype=torch.int8)
     c0 = torch.randint(-1000, 1000, (m, n), dtype=torch.int32)
-    got = _mm_call(l.matmul_i8_i32, a, b, c0, *_rst("matmul_i8_i32"))
-    assert torch.equal(got, golden.matmul_tiled(a, b, c0))
-    assert torch.equal(got, c0 + a.int() @ b.int())
+    c = c0.clone()
+    l.matmul_i8_i32(a, b, c)
+    assert torch.equal(c, golden.matmul_rowmajor(a, b, c0))
+    assert torch.equal(c, c0 + a.int() @ b.int())
+
+
+def _pad(x, rows, cols):
+    out = torch.zeros(rows, cols, dtype=x.dtype)
+    out[:x.shape[0], :x.shape[1]] = x
+    return out
 
 
 def _gemm_by_tiles(l, kind, a, b):
-    """The array's use of the micro-kernel: zero-pad to whole L1 tiles, zero C, one call per K
-    block (what GemmDesign's plan streams), crop."""
-    tm, tk, tn = l.defines["DIM_M"], l.defines["DIM_K"], l.defines["DIM_N"]
+    """The array's use of the micro-kernel (kernels/lower/gemm.py): zero-padded edge tiles, per
+    output tile zero C, one call per K block, then the store kernel; crop."""
+    tm, tk, tn = _dims(l)
     m, k = a.shape
     n = b.shape[1]
     pm, pk, pn = -(-m // tm) * tm, -(-k // tk) * tk, -(-n // tn) * tn
-    ap = torch.zeros(pm, pk, dtype=a.dtype)
-    ap[:m, :k] = a
-    bp = torch.zeros(pk, pn, dtype=b.dtype)
-    bp[:k, :n] = b
+    ap, bp = _pad(a, pm, pk), _pad(b, pk, pn)
     acc_dtype = torch.int32 if kind == "i8" else torch.float32
     out = torch.empty(pm, pn, dtype=acc_dtype)
-    r, s, t = _rst({"bf16": "matmul_bf16_f32", "i8": "matmul_i8_i32",
-                    "bfp16": "matmul_bf16_bfp16_f32"}[kind])
     for i in range(0, pm, tm):
         for j in range(0, pn, tn):
-            ct = torch.empty(tm * tn, dtype=acc_dtype)
-            (l.zero_i32 if kind == "i8" else l.zero_f32)(ct)
+            acc = torch.empty(tm, tn, dtype=acc_dtype)
+            (l.zero_i32 if kind == "i8" else l.zero_f32)(acc)
             for p in range(0, pk, tk):
-                at, bt = ap[i:i + tm, p:p + tk], bp[p:p + tk, j:j + tn]
+                at, bt = ap[i:i + tm, p:p + tk].contiguous(), bp[p:p + tk, j:j + tn].contiguous()
                 if kind == "bfp16":
-                    l.matmul_bf16_bfp16_f32(golden.tile(at, r, s), golden.bfp16_weight(bt), ct)
+                    l.matmul_bf16_bfp16_f32(at, golden.bfp16_weight(bt), acc)
                 else:
-                    fn = l.matmul_i8_i32 if kind == "i8" else l.matmul_bf16_f32
-                    fn(golden.tile(at, r, s), golden.tile(bt, s, t), ct)
-            out[i:i + tm, j:j + tn] = golden.untile(ct, tm, tn, r, t)
+                    (l.matmul_i8_i32 if kind == "i8" else l.matmul_bf16_f32)(at, bt, acc)
+            c = torch.empty(tm, tn, dtype=acc_dtype)
+            (l.store_none_i32_i32 if kind == "i8" else l.store_none_f32_f32)(acc, c, 1.0)
+            out[i:i + tm, j:j + tn] = c
     return out[:m, :n]
 
 
@@ -224,7 +222,7 @@ def _fp32_sum_bound(a, b):
 def test_gemm_edge_tiles_bf16_against_gemm_reference(lib, m, k, n):
     a, b = bf16(m, k), bf16(k, n)
     got = _gemm_by_tiles(lib, "bf16", a, b)
-    assert_bits(got, golden.matmul_tiled(a, b, torch.zeros(m, n)), "bf16 GEMM by tiles")
+    assert_bits(got, golden.matmul_rowmajor(a, b, torch.zeros(m, n)), "bf16 GEMM by tiles")
     ref = torch.empty(m, n)
     GemmDesign(m, k, n, dtype="bf16").reference([a.float(), b.float()], [ref])
     assert bool(((got.double() - ref.double()).abs() <= _fp32_sum_bound(a.float(), b.float())).all())
@@ -243,13 +241,13 @@ def test_gemm_edge_tiles_int8_equals_gemm_reference(lib, m, k, n):
 @pytest.mark.parametrize("which", ["main", "small"])
 def test_matmul_bfp16_bit_exact(lib, small, which):
     l = lib if which == "main" else small
-    m, k, n = l.defines["DIM_M"], l.defines["DIM_K"], l.defines["DIM_N"]
+    m, k, n = _dims(l)
     a, b = bf16(m, k), bf16(k, n)
     a[0, :8] = torch.tensor([1e-3, -1e-30, 0.0, -0.0, 5.0, -7.0, 1e-12, -2.0], dtype=torch.bfloat16)
-    c0 = torch.randn(m, n)
-    got = _mm_call(l.matmul_bf16_bfp16_f32, a, b, c0, *_rst("matmul_bf16_bfp16_f32"),
-                   b_arg=golden.bfp16_weight(b))
-    assert_bits(got, golden.matmul_bfp16(a, b, c0), "matmul_bf16_bfp16_f32")
+    c = torch.randn(m, n)
+    want = golden.matmul_bfp16(a, b, c)
+    l.matmul_bf16_bfp16_f32(a, golden.bfp16_weight(b), c)
+    assert_bits(c, want, "matmul_bf16_bfp16_f32")
 
 
 @pytest.mark.parametrize("m,k,n", [(37, 70, 45), (16, 64, 32)])
@@ -263,75 +261,97 @@ def test_gemm_edge_tiles_bfp16_against_gemm_reference(lib, m, k, n):
     assert_bits(got, golden.matmul_bfp16(a, b, torch.zeros(m, n)), "bfp16 GEMM by tiles")
 
 
+# --- weight-only int8 / int4 ---------------------------------------------------------------------
+def _quantize(w, bits, group):
+    q, scales = quant.quantize_int8(w, group) if bits == 8 else quant.quantize_int4(w, group)
+    return q, scales, (q if bits == 8 else quant.unpack_int4(q))
+
+
+def _wq_tile(q, scales, bits, p, tk, group):
+    """The P operand for the K block starting at p: W columns [p, p + tk) and their scales."""
+    g = min(group, tk)
+    wt = q[:, p // 2:(p + tk) // 2] if bits == 4 else q[:, p:p + tk]
+    st = scales[:, p // group:p // group + max(1, tk // group)] if group >= tk else \
+        scales[:, p // g:(p + tk) // g]
+    return golden.wq_pack(wt, st), st.shape[1]
+
+
 @pytest.mark.parametrize("bits", [8, 4])
-@pytest.mark.parametrize("which", ["main", "wide"])
-def test_gemv_quantized_weights(lib, wide, bits, which):
+@pytest.mark.parametrize("kind", ["matmul", "gemv"])
+@pytest.mark.parametrize("which,group", [("main", 32), ("main", 128), ("wide", 64), ("wide", 256)])
+def test_weight_only_tile_bit_exact(lib, wide, bits, kind, which, group):
     l = lib if which == "main" else wide
-    k, n, g = l.defines["DIM_K"], l.defines["DIM_N"], l.defines["GROUP"]
-    w = torch.randn(n, k)
-    a = bf16(k)
-    if bits == 8:
-        q, scales = quant.quantize_int8(w, g)
-        warg, qvals, fn = q, q, l.gemv_bf16_i8_f32
+    m, k, n = _dims(l)
+    kq = max(k, group)                                    # the weight's full K (>= one group)
+    w = torch.randn(n, kq)
+    q, scales, qvals = _quantize(w, bits, group)
+    p, sg = _wq_tile(q, scales, bits, 0, k, group)
+    a = bf16(m, k)
+    acc = torch.randn(m, n)
+    acc0 = acc.clone()
+    wdq = torch.zeros(k, n, dtype=torch.bfloat16)
+    getattr(l, f"{kind}_int{bits}_bf16")(a, p, wdq, acc, group, sg)
+    qk, sk = qvals[:, :k], scales[:, :sg]
+    want_w = golden.dequant_rowmajor(qk, sk, group)
+    if kind == "matmul":
+        assert torch.equal(wdq.view(torch.int16), want_w.view(torch.int16))
+        assert_bits(acc, golden.matmul_rowmajor(a, want_w, acc0), f"{kind} int{bits}")
     else:
-        packed, scales = quant.quantize_int4(w, g)
-        warg, qvals, fn = packed, quant.unpack_int4(packed), l.gemv_bf16_i4_f32
-    c = torch.randn(n)
-    c0 = c.clone()
-    fn(a, warg.contiguous(), scales.contiguous(), c)
-    assert_bits(c, golden.gemv_q(a, qvals, scales, g, c0), f"gemv int{bits}")
-    # the project's weight-only GEMM reference (GemmDesign w_group) on the same operands
-    ref = torch.empty(1, n)
-    GemmDesign(1, k, n, dtype=f"int{bits}", w_group=g).reference(
-        [a.float().reshape(1, k), warg, scales], [ref])
-    wq = numerics.bf16_round(quant.dequantize(qvals, scales, g))
-    bound = _fp32_sum_bound(a.float().reshape(1, k), wq.t())
-    assert bool(((c - c0).double() - ref.double()).abs().le(bound + 2.0 ** -24 * c.abs().double()).all())
+        assert_bits(acc, golden.gemv_q(a, qk, sk, group, acc0), f"{kind} int{bits}")
 
 
 @pytest.mark.parametrize("bits", [8, 4])
-def test_dequant_tiles_bit_exact(lib, bits):
-    k, n, g = lib.defines["DIM_K"], lib.defines["DIM_N"], lib.defines["GROUP"]
-    w = torch.randn(n, k)
-    q, scales = quant.quantize_int8(w, g) if bits == 8 else quant.quantize_int4(w, g)
-    qvals = q if bits == 8 else quant.unpack_int4(q)
-    out = torch.empty(k * n, dtype=torch.bfloat16)
-    getattr(lib, f"dequant_i{bits}_bf16")(q.contiguous(), scales.contiguous(), out)
-    want = golden.dequant_tiles(qvals, scales, g, *_rst("matmul_bf16_f32")[1:])
-    assert torch.equal(out.view(torch.int16), want.view(torch.int16))
-
-
-@pytest.mark.parametrize("bits", [8, 4])
-def test_quantized_gemm_by_tiles_against_gemm_reference(lib, bits):
-    """M > 1 with int8/int4 weights: per (N, K) tile dequant_i*_bf16 then matmul_bf16_f32, as a
-    prefill GEMM runs on a core; GemmDesign's weight-only reference within the summation bound."""
-    tm, tk, tn, g = (lib.defines[d] for d in ("DIM_M", "DIM_K", "DIM_N", "GROUP"))
-    m, k, n = 37, 2 * tk, 2 * tn                          # K, N whole tiles (the group layout)
+@pytest.mark.parametrize("m", [37, 1])
+def test_weight_only_gemm_by_tiles_against_gemm_reference(lib, bits, m):
+    """M > 1 (matmul_int*_bf16) and M = 1 (gemv_int*_bf16) over K and N tiles, as the lowering
+    runs them; GemmDesign's weight-only reference within the summation bound."""
+    tm, tk, tn = _dims(lib)
+    group = 32
+    k, n = 2 * tk, 2 * tn
     a, w = bf16(m, k), torch.randn(n, k)
-    q, scales = quant.quantize_int8(w, g) if bits == 8 else quant.quantize_int4(w, g)
-    qvals = q if bits == 8 else quant.unpack_int4(q)
-    r, s, t = _rst("matmul_bf16_f32")
+    q, scales, qvals = _quantize(w, bits, group)
+    kind = "gemv" if m == 1 else "matmul"
     pm = -(-m // tm) * tm
-    ap = torch.zeros(pm, k, dtype=torch.bfloat16)
-    ap[:m] = a
+    ap = _pad(a, pm, k)
     out = torch.empty(pm, n)
     for j in range(0, n, tn):
+        qj = q[j:j + tn]
         for i in range(0, pm, tm):
-            ct = torch.empty(tm * tn)
-            lib.zero_f32(ct)
-            for p in range(0, k, tk):
-                wt = (q[j:j + tn, p // 2:(p + tk) // 2] if bits == 4 else q[j:j + tn, p:p + tk])
-                st = scales[j:j + tn, p // g:(p + tk) // g]
-                bt = torch.empty(tk * tn, dtype=torch.bfloat16)
-                getattr(lib, f"dequant_i{bits}_bf16")(wt.contiguous(), st.contiguous(), bt)
-                lib.matmul_bf16_f32(golden.tile(ap[i:i + tm, p:p + tk], r, s), bt, ct)
-            out[i:i + tm, j:j + tn] = golden.untile(ct, tm, tn, r, t)
+            acc = torch.empty(tm, tn)
+            lib.zero_f32(acc)
+            for p0 in range(0, k, tk):
+                pk, sg = _wq_tile(qj, scales[j:j + tn], bits, p0, tk, group)
+                wdq = torch.empty(tk, tn, dtype=torch.bfloat16)
+                getattr(lib, f"{kind}_int{bits}_bf16")(ap[i:i + tm, p0:p0 + tk].contiguous(), pk,
+                                                       wdq, acc, group, sg)
+            out[i:i + tm, j:j + tn] = acc
     got = out[:m]
-    wq = numerics.bf16_round(quant.dequantize(qvals, scales, g))
-    assert_bits(got, golden.matmul_seq(a.float(), wq.t(), torch.zeros(m, n)), "quantized GEMM")
+    wq = numerics.bf16_round(quant.dequantize(qvals, scales, group))
     ref = torch.empty(m, n)
-    GemmDesign(m, k, n, dtype=f"int{bits}", w_group=g).reference([a.float(), q, scales], [ref])
+    GemmDesign(m, k, n, dtype=f"int{bits}", w_group=group).reference([a.float(), q, scales], [ref])
     assert bool(((got.double() - ref.double()).abs() <= _fp32_sum_bound(a.float(), wq.t())).all())
+    if kind == "matmul":
+        assert_bits(got, golden.matmul_seq(a.float(), wq.t(), torch.zeros(m, n)), "weight-only GEMM")
+
+
+# --- the GEMM epilogue store ---------------------------------------------------------------------
+@pytest.mark.parametrize("act", ["none", "relu", "gelu", "gelu_tanh", "silu", "tanh", "sigmoid"])
+def test_store_kernels(small, act):
+    m, _, n = _dims(small)
+    acc = torch.randn(m, n) * 3
+    for out_dtype, suffix in ((torch.float32, "f32"), (torch.bfloat16, "bf16")):
+        c = torch.empty(m, n, dtype=out_dtype)
+        getattr(small, f"store_{act}_f32_{suffix}")(acc, c, 0.75)
+        want = golden.store(acc, 0.75, act, out_dtype)
+        assert torch.equal(c.float().view(torch.int32), want.float().view(torch.int32)), (act, suffix)
+    ref = torch.empty(m, n)
+    from torch_xdna.kernels.activations import apply_epilogue
+    numerics.store(apply_epilogue(act, acc * 0.75), ref)
+    assert bool(((c.float() - ref).abs() <= 2.0 ** -7 * ref.abs() + 1e-6).all())   # bf16 out
+    ci = torch.empty(m, n, dtype=torch.int32)
+    ai = torch.randint(-2 ** 30, 2 ** 30, (m, n), dtype=torch.int32)
+    small.store_none_i32_i32(ai, ci, 1.0)
+    assert torch.equal(ci, ai)
 
 
 # --- elementwise -------------------------------------------------------------------------------

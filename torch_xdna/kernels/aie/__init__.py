@@ -37,27 +37,31 @@ def _k(symbol, source, args, defines=(), golden="", reference="", mmul=()):
 
 _MM = ("DIM_M", "DIM_K", "DIM_N")
 _ELT_REF = "vector.OPS"
-_DQ = ("DIM_K", "DIM_N", "GROUP")
 _SPECS = [
     _k("zero_f32", "zero.cc", ["c:f32*"], ("DIM_M", "DIM_N"), "zeros"),
     _k("zero_i32", "zero.cc", ["c:i32*"], ("DIM_M", "DIM_N"), "zeros"),
-    _k("matmul_bf16_f32", "mm.cc", ["a:bf16*", "b:bf16*", "c:f32*"], _MM, "matmul_tiled",
+    _k("matmul_bf16_f32", "mm.cc", ["a:bf16*", "b:bf16*", "c:f32*"], _MM, "matmul_rowmajor",
        "gemm.GemmDesign (dtype bf16)", ("bf16", (4, 8, 8))),
-    _k("matmul_i8_i32", "mm.cc", ["a:i8*", "b:i8*", "c:i32*"], _MM, "matmul_tiled",
+    _k("matmul_i8_i32", "mm.cc", ["a:i8*", "b:i8*", "c:i32*"], _MM, "matmul_rowmajor",
        "gemm.GemmDesign (dtype int8)", ("int8", (8, 8, 8))),
-    _k("matmul_bf16_bfp16_f32", "mm_bfp16.cc", ["a:bf16*", "b:bfp16*", "c:f32*"], _MM,
+    _k("matmul_bf16_bfp16_f32", "mm_bfp16.cc", ["a:bf16*", "bt:u8*", "c:f32*"], _MM,
        "matmul_bfp16", "gemm.GemmDesign (dtype bfp16)", ("bfp16", (8, 8, 8))),
-    _k("gemv_bf16_i8_f32", "gemv_q.cc", ["a:bf16*", "w:i8*", "scales:bf16*", "c:f32*"],
-       ("DIM_K", "DIM_N", "GROUP"), "gemv_q", "gemm.GemmDesign (int8 weights, w_group)"),
-    _k("gemv_bf16_i4_f32", "gemv_q.cc", ["a:bf16*", "w:u8*", "scales:bf16*", "c:f32*"],
-       ("DIM_K", "DIM_N", "GROUP"), "gemv_q", "gemm.GemmDesign (int4 weights, w_group)"),
-    _k("dequant_i8_bf16", "dequant.cc", ["w:i8*", "scales:bf16*", "b:bf16*"], _DQ,
-       "dequant_tiles", "gemm.GemmDesign (int8 weights, w_group; with matmul_bf16_f32)",
-       ("bf16", (4, 8, 8))),
-    _k("dequant_i4_bf16", "dequant.cc", ["w:u8*", "scales:bf16*", "b:bf16*"], _DQ,
-       "dequant_tiles", "gemm.GemmDesign (int4 weights, w_group; with matmul_bf16_f32)",
-       ("bf16", (4, 8, 8))),
 ]
+for _kind in ("matmul", "gemv"):
+    for _bits in ("int8", "int4"):
+        _SPECS.append(_k(f"{_kind}_{_bits}_bf16", "wq.cc",
+                         ["a:bf16*", "p:u8*", "wdq:bf16*", "acc:f32*", "group:i32", "sg:i32"],
+                         _MM, "dequant_rowmajor" if _kind == "matmul" else "gemv_q",
+                         f"gemm.GemmDesign (dtype {_bits}, w_group)",
+                         ("bf16", (4, 8, 8)) if _kind == "matmul" else ()))
+STORE_ACTS = ("none", "relu", "gelu", "gelu_tanh", "silu", "tanh", "sigmoid")
+for _act in STORE_ACTS:
+    for _out in ("f32", "bf16"):
+        _SPECS.append(_k(f"store_{_act}_f32_{_out}", "store.cc",
+                         ["acc:f32*", f"c:{_out}*", "alpha:f32"], ("DIM_M", "DIM_N"), "store",
+                         "gemm.GemmDesign (alpha, epilogue; activations.apply_epilogue)"))
+_SPECS.append(_k("store_none_i32_i32", "store.cc", ["acc:i32*", "c:i32*", "alpha:f32"],
+                 ("DIM_M", "DIM_N"), "store", "gemm.GemmDesign (dtype int8, int32 out)"))
 for _op in ("add", "sub", "max", "min"):
     _SPECS.append(_k(f"{_op}_f32", "eltwise.cc", ["a:f32*", "b:f32*", "out:f32*", "n:i32"],
                      golden=f"eltwise:{_op}", reference=_ELT_REF))

@@ -44,17 +44,6 @@ def f32(x: torch.Tensor) -> torch.Tensor:
     return x.float()
 
 
-# --- tiling (the DMA's job on the array) -------------------------------------------------------
-def tile(x: torch.Tensor, r: int, s: int) -> torch.Tensor:
-    """[M, K] -> contiguous tiles [(M/r) (K/s) r s], row-major tiles of row-major elements."""
-    m, k = x.shape
-    return x.reshape(m // r, r, k // s, s).permute(0, 2, 1, 3).contiguous().reshape(-1)
-
-
-def untile(t: torch.Tensor, m: int, n: int, r: int, s: int) -> torch.Tensor:
-    return t.reshape(m // r, n // s, r, s).permute(0, 2, 1, 3).reshape(m, n)
-
-
 # --- matmul ------------------------------------------------------------------------------------
 def matmul_seq(a: torch.Tensor, b: torch.Tensor, c0: torch.Tensor) -> torch.Tensor:
     """c0 + a @ b with each output accumulating its products in ascending k (fp32: one rounded
@@ -65,20 +54,17 @@ def matmul_seq(a: torch.Tensor, b: torch.Tensor, c0: torch.Tensor) -> torch.Tens
     return c
 
 
-def matmul_tiled(a: torch.Tensor, b: torch.Tensor, c0: torch.Tensor) -> torch.Tensor:
-    """matmul_bf16_f32 / matmul_i8_i32 on row-major (untiled) operands."""
+def matmul_rowmajor(a: torch.Tensor, b: torch.Tensor, c0: torch.Tensor) -> torch.Tensor:
+    """matmul_bf16_f32 / matmul_i8_i32 on row-major A [M, K], B [K, N], C [M, N]."""
     if a.dtype == torch.int8:
         return matmul_seq(a.to(torch.int32), b.to(torch.int32), c0.to(torch.int32))
     return matmul_seq(f32(a), f32(b), c0.float())
 
 
 def bfp16_weight(b: torch.Tensor) -> torch.Tensor:
-    """B [K, N] (bf16 values) -> the kernel's B operand: bfp16 blocks of B^T, tile (j, i) of
-    8 n x 8 k at j * (K/8) + i, 9 bytes per block (quant.encode_bfp16 blocks)."""
-    k, n = b.shape
-    bt = f32(b).t().contiguous()                      # [N, K]: a block = 8 k of one n
-    tiles = bt.reshape(n // 8, 8, k // 8, 8).permute(0, 2, 1, 3).contiguous()
-    return quant.encode_bfp16(tiles.reshape(-1, 8)).reshape(-1)
+    """B [K, N] -> the kernel's Bt operand: row n = quant.encode_bfp16 of column n of B
+    ([N, K/8*9] bytes, blocks of 8 k)."""
+    return quant.encode_bfp16(f32(b).t().contiguous())
 
 
 def matmul_bfp16(a: torch.Tensor, b: torch.Tensor, c0: torch.Tensor) -> torch.Tensor:
@@ -89,27 +75,35 @@ def matmul_bfp16(a: torch.Tensor, b: torch.Tensor, c0: torch.Tensor) -> torch.Te
     return matmul_seq(aq, bq, c0.float())
 
 
+def wq_pack(q: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """The P operand of the weight-only kernels: W tile bytes (int8 [N, K], or packed int4
+    [N, K/2] uint8) followed by the scale tile [N, sg] bf16."""
+    w = q.contiguous().view(torch.uint8).reshape(-1)
+    return torch.cat([w, scales.to(torch.bfloat16).contiguous().view(torch.uint8).reshape(-1)])
+
+
+def dequant_rowmajor(q: torch.Tensor, scales: torch.Tensor, group: int) -> torch.Tensor:
+    """matmul_int*_bf16's Wdq: bf16(q * scale)^T [K, N] for q int8 values [N, K] (unpacked),
+    scales [N, sg]; a K tile inside one group (K < group) has one scale per row."""
+    g = min(group, q.shape[-1])
+    w = numerics.bf16_round(quant.dequantize(q, scales.reshape(q.shape[0], -1)[:, :q.shape[-1] // g], g))
+    return w.t().contiguous().to(torch.bfloat16)
+
+
 def gemv_q(a: torch.Tensor, q: torch.Tensor, scales: torch.Tensor, group: int,
            c0: torch.Tensor, lanes: int = 32) -> torch.Tensor:
-    """gemv_bf16_i8_f32 / gemv_bf16_i4_f32: q int8 values [N, K] (unpacked), scales bf16
-    [N, K/group]; w = bf16(q * scale) (RNE), lane-wise fp32 products summed over the row in
-    `lanes` lanes, reduced pairwise, added to c0."""
-    w = numerics.bf16_round(quant.dequantize(q, scales, group))
-    prod = w * f32(a).reshape(1, -1)                         # exact (bf16 x bf16)
-    n, k = prod.shape
-    chunks = prod.reshape(n, k // lanes, lanes)
-    acc = torch.zeros(n, lanes, dtype=F32)
-    for i in range(chunks.shape[1]):
-        acc = acc + chunks[:, i]
+    """gemv_int8_bf16 / gemv_int4_bf16: a [M, K] bf16, q int8 values [N, K] (unpacked), scales
+    [N, sg]; per row of a and output n, lane-wise exact products of a and bf16(q * scale) summed
+    over the row in `lanes` lanes, reduced pairwise, added to c0 [M, N]."""
+    w = f32(dequant_rowmajor(q, scales, group)).t()                 # [N, K]
+    m, k = a.shape
+    n = w.shape[0]
+    prod = f32(a).reshape(m, 1, k) * w.reshape(1, n, k)             # exact (bf16 x bf16)
+    chunks = prod.reshape(m, n, k // lanes, lanes)
+    acc = torch.zeros(m, n, lanes, dtype=F32)
+    for i in range(chunks.shape[2]):
+        acc = acc + chunks[:, :, i]
     return c0.float() + tree_sum(acc)
-
-
-def dequant_tiles(q: torch.Tensor, scales: torch.Tensor, group: int, s: int = 8,
-                  t: int = 8) -> torch.Tensor:
-    """dequant_i8_bf16 / dequant_i4_bf16: q int8 values [N, K] (unpacked), scales [N, K/group]
-    -> bf16 tiles of B = bf16(q * scale)^T [K, N] in mm.cc's s x t layout."""
-    w = numerics.bf16_round(quant.dequantize(q, scales, group))
-    return tile(w.t().contiguous(), s, t).to(torch.bfloat16)
 
 
 # --- lanes -------------------------------------------------------------------------------------
@@ -243,6 +237,19 @@ def silu_mul(gate, up):
 
 def cast_bf16(x):
     return numerics.operand(x.float()).to(torch.bfloat16)
+
+
+STORE_ACT = {"none": lambda x: x, "relu": ELTWISE["relu"], "gelu": gelu_f32,
+             "gelu_tanh": gelu_tanh_f32, "silu": silu_f32, "tanh": tanh_f32,
+             "sigmoid": sigmoid_f32}
+
+
+def store(acc: torch.Tensor, alpha: float, act: str, out_dtype: torch.dtype) -> torch.Tensor:
+    """store_<act>_<acc>_<out>: act(alpha * acc) in fp32, stored in out_dtype (bf16: RNE)."""
+    if acc.dtype == torch.int32:
+        return acc.clone()
+    r = STORE_ACT[act](acc.float() * _c(alpha))
+    return cast_bf16(r) if out_dtype == torch.bfloat16 else r
 
 
 # --- row kernels -------------------------------------------------------------------------------

@@ -142,6 +142,10 @@ namespace aie {
 // aie::vector<T, N>: N lanes of T [API-types]. Lanes are held unpacked on the host.
 template <typename T, unsigned N>
 struct vector {
+  // 128/256/512/1024-bit vectors are native, larger ones multiples of 512 bits [API-types]
+  static constexpr unsigned bits = (std::is_same_v<T, ::int4> ? 4 : 8 * sizeof(T)) * N;
+  static_assert(bits == 128 || bits == 256 || bits == 512 || (bits >= 1024 && bits % 512 == 0),
+                "aie::vector: 128, 256, 512, 1024 bits or a multiple of 512 (AIE API basic types)");
   using value_type = T;
   std::array<T, N> v{};
   static constexpr unsigned size() { return N; }
