@@ -94,6 +94,26 @@ def test_mmul_shapes_are_the_generations(lib):
         assert tuple(AIE2P.mmul_shape.value[dtype]) == shape, sym
 
 
+def test_tile_defines_from_ir_shapes():
+    # the array IR declares buffers by shape; every layout of B gives the same defines
+    assert KERNELS["matmul_bf16_f32"].tile_defines([(32, 64), (64, 16), (32, 16)]) == \
+        {"DIM_M": 32, "DIM_K": 64, "DIM_N": 16}
+    assert KERNELS["matmul_bf16_bfp16_f32"].tile_defines([(32, 64), (16, 72), (32, 16)]) == \
+        {"DIM_M": 32, "DIM_K": 64, "DIM_N": 16}
+    assert KERNELS["matmul_int4_bf16"].tile_defines([(32, 64), (640,), (64, 16), (32, 16), "i32",
+                                                     "i32"]) == {"DIM_M": 32, "DIM_K": 64, "DIM_N": 16}
+    assert KERNELS["store_silu_f32_bf16"].tile_defines([(32, 16), (32, 16)]) == {"DIM_M": 32, "DIM_N": 16}
+    assert KERNELS["attn_pv_bf16_f32"].tile_defines([(8, 16), (16, 32), (8, 32)]) == \
+        {"ATT_TQ": 8, "ATT_TKV": 16, "ATT_D": 32}
+    assert KERNELS["attn_finalize_f32"].tile_defines([(8, 32), (8,), (8, 32)]) == \
+        {"ATT_TQ": 8, "ATT_D": 32}
+    assert KERNELS["attn_qk_bf16_f32"].tile_defines([(8, 32), (16, 32), (8, 16)]) == \
+        {"ATT_TQ": 8, "ATT_TKV": 16, "ATT_D": 32}
+    assert KERNELS["softmax_bf16_f32"].tile_defines([(256,), (256,)]) == {}
+    with pytest.raises(ValueError, match="2 buffer shapes for 3 pointer"):
+        KERNELS["matmul_bf16_f32"].tile_defines([(32, 64), (64, 16)])
+
+
 def _rst(symbol):
     return KERNELS[symbol].mmul[1]
 

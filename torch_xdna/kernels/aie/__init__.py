@@ -29,6 +29,34 @@ class KernelSpec:
     mmul: tuple = ()                     # (dtype, (r, s, t)): the native mmul shape it tiles by,
                                          # hw/generations.py mmul_shape of the generation
 
+    def tile_defines(self, shapes) -> dict[str, int]:
+        """The -D tile defines for a call whose pointer arguments have `shapes` (in argument
+        order, scalars skipped or None), e.g. from the array IR's kernel declaration."""
+        ptrs = [n for n, t in self.args if t.endswith("*")]
+        dims = [tuple(sh) for sh in shapes if sh is not None and not isinstance(sh, str)]
+        if len(dims) != len(ptrs):
+            raise ValueError(f"{self.symbol}: {len(dims)} buffer shapes for {len(ptrs)} pointer "
+                             f"arguments ({', '.join(ptrs)})")
+        by = dict(zip(ptrs, dims))
+        out = {}
+        for define, (arg, axis) in _SHAPE_DEFINES.items():
+            if define in self.defines:
+                src = next((a for a in arg if a in by), None)
+                if src is None or len(by[src]) <= axis:
+                    raise ValueError(f"{self.symbol}: cannot read {define} from arguments "
+                                     f"{by}; expected a {arg[0]} buffer with axis {axis}")
+                out[define] = int(by[src][axis])
+        return out
+
+
+# define -> (arguments it is read from, first that exists; axis): rows and reduction size from
+# A, output columns from the accumulator (B's layout differs between dtypes), attention tiles
+# from Q and K
+_SHAPE_DEFINES = {
+    "DIM_M": (("a", "acc", "c"), 0), "DIM_K": (("a",), 1), "DIM_N": (("acc", "c"), 1),
+    "ATT_TQ": (("q", "o", "s"), 0), "ATT_D": (("q", "o"), 1), "ATT_TKV": (("k", "v", "s"), 0),
+}
+
 
 def _k(symbol, source, args, defines=(), golden="", reference="", mmul=()):
     return KernelSpec(symbol, source, tuple(tuple(a.split(":")) for a in args), tuple(defines),
@@ -103,7 +131,7 @@ _SPECS += [
        _ATT, "attention_flash", "attention.attention_reference"),
     _k("attn_pv_bf16_f32", "attention.cc", ["p:bf16*", "v:bf16*", "o:f32*"], _ATT,
        "attention_flash", "attention.attention_reference", ("bf16", (4, 8, 8))),
-    _k("attn_finalize_f32", "attention.cc", ["o:f32*", "l:f32*", "out:f32*"], _ATT,
+    _k("attn_finalize_f32", "attention.cc", ["o:f32*", "l:f32*", "out:f32*"], ("ATT_TQ", "ATT_D"),
        "attention_flash", "attention.attention_reference"),
 ]
 KERNELS: dict[str, KernelSpec] = {s.symbol: s for s in _SPECS}
