@@ -25,7 +25,7 @@ pytestmark = pytest.mark.skipif(host_build.find_compiler() is None,
                                 reason="no host C++ compiler (g++) to build the AIE kernels")
 
 MAIN = {"DIM_M": 32, "DIM_K": 64, "DIM_N": 32, "ATT_TQ": 8, "ATT_TKV": 16, "ATT_D": 32}
-SMALL_MM = {"DIM_M": 16, "DIM_K": 16, "DIM_N": 16}     # the smallest int8 tile (8x8x8, 2x2)
+SMALL_MM = {"DIM_M": 16, "DIM_K": 16, "DIM_N": 16}  # the smallest int8 tile (8x8x8, 2x2)
 WIDE_WQ = {"DIM_M": 8, "DIM_K": 256, "DIM_N": 16}
 
 
@@ -45,12 +45,12 @@ def lib():
 
 @pytest.fixture(scope="session")
 def small(lib):
-    return Lib(["mm.cc", "mm_bfp16.cc", "zero.cc", "store.cc"], SMALL_MM)
+    return Lib(["mm.cc", "mm_bfp16.cc"], SMALL_MM)
 
 
 @pytest.fixture(scope="session")
 def wide(lib):
-    return Lib(["wq.cc", "zero.cc"], WIDE_WQ)
+    return Lib(["wq.cc"], WIDE_WQ)
 
 
 def bits_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -356,12 +356,12 @@ def test_weight_only_gemm_by_tiles_against_gemm_reference(lib, bits, m):
 
 # --- the GEMM epilogue store ---------------------------------------------------------------------
 @pytest.mark.parametrize("act", ["none", "relu", "gelu", "gelu_tanh", "silu", "tanh", "sigmoid"])
-def test_store_kernels(small, act):
-    m, _, n = _dims(small)
+def test_store_kernels(lib, act):
+    m, _, n = _dims(lib)
     acc = torch.randn(m, n) * 3
     for out_dtype, suffix in ((torch.float32, "f32"), (torch.bfloat16, "bf16")):
         c = torch.empty(m, n, dtype=out_dtype)
-        getattr(small, f"store_{act}_f32_{suffix}")(acc, c, 0.75)
+        getattr(lib, f"store_{act}_f32_{suffix}")(acc, c, 0.75)
         want = golden.store(acc, 0.75, act, out_dtype)
         assert torch.equal(c.float().view(torch.int32), want.float().view(torch.int32)), (act, suffix)
     ref = torch.empty(m, n)
@@ -370,7 +370,7 @@ def test_store_kernels(small, act):
     assert bool(((c.float() - ref).abs() <= 2.0 ** -7 * ref.abs() + 1e-6).all())   # bf16 out
     ci = torch.empty(m, n, dtype=torch.int32)
     ai = torch.randint(-2 ** 30, 2 ** 30, (m, n), dtype=torch.int32)
-    small.store_none_i32_i32(ai, ci, 1.0)
+    lib.store_none_i32_i32(ai, ci, 1.0)
     assert torch.equal(ci, ai)
 
 
