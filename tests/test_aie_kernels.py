@@ -464,6 +464,27 @@ def test_transcendental_elementwise(lib, op):
     assert bool(ok.all()), f"{op}: {int((~ok).sum())} values beyond {max_ulps} ulps (max {err.max():.1f})"
 
 
+@pytest.mark.parametrize("op", ["neg", "relu", "abs", "exp", "silu", "gelu", "rsqrt", "square"])
+def test_ir_unit_kernels(lib, op):
+    from torch_xdna.kernels.aie import UNIT_OPS_EXACT
+    exact = op in UNIT_OPS_EXACT
+    x = torch.randn(77) * 3
+    if op == "rsqrt":
+        x = x.abs() + 0.01
+    for tin, tout in ((torch.float32, torch.float32), (torch.float32, torch.bfloat16),
+                      (torch.bfloat16, torch.bfloat16), (torch.bfloat16, torch.float32)):
+        xi = x.to(tin)
+        out = torch.empty(77, dtype=tout)
+        name = {torch.float32: "f32", torch.bfloat16: "bf16"}
+        getattr(lib, f"{op}_{name[tin]}_{name[tout]}")(xi, out, 77)
+        want = golden.unit(op, xi, tout, exact)
+        assert torch.equal(out.float().view(torch.int32), want.float().view(torch.int32)), (op, tin, tout)
+        if exact:                                     # and the project's reference, bit for bit
+            ref = torch.empty(77, dtype=tout)
+            VectorDesign(op, ((77,),), (tin,), (77,), tout).reference([xi], [ref])
+            assert torch.equal(out.float(), ref.float()), (op, tin, tout)
+
+
 def test_silu_mul(lib):
     n = 300
     g, u = bf16(n, scale=4), bf16(n, scale=2)

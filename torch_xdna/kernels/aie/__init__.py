@@ -103,6 +103,18 @@ for _op in ("exp", "sigmoid", "silu", "tanh", "gelu", "gelu_tanh", "reciprocal",
             "square"):
     _SPECS.append(_k(f"{_op}_bf16_f32", "eltwise.cc", ["x:bf16*", "out:f32*", "n:i32"],
                      golden=f"eltwise:{_op}", reference=_ELT_REF))
+# the array IR's one-input unit kernels <op>_<in>_<out>(x, out, n) (kernels/lower/vector.py)
+UNIT_OPS_EXACT = ("neg", "relu", "abs")
+UNIT_OPS = UNIT_OPS_EXACT + ("exp", "sigmoid", "silu", "tanh", "gelu", "gelu_tanh", "reciprocal",
+                             "sqrt", "rsqrt", "square")
+_have = {s.symbol for s in _SPECS}
+for _op in UNIT_OPS:
+    for _in in ("f32", "bf16"):
+        for _out in ("f32", "bf16"):
+            _sym = f"{_op}_{_in}_{_out}"
+            if _sym not in _have:
+                _SPECS.append(_k(_sym, "eltwise.cc", [f"x:{_in}*", f"out:{_out}*", "n:i32"],
+                                 golden=f"unit:{_op}", reference=f"vector.OPS['{_op}']"))
 _SPECS += [
     _k("silu_mul_bf16_f32", "eltwise.cc", ["gate:bf16*", "up:bf16*", "out:f32*", "n:i32"],
        golden="silu_mul", reference="llm_blocks (SwiGLU MLP: silu(gate) * up)"),

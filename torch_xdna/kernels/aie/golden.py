@@ -231,6 +231,14 @@ def eltwise(op: str, *xs: torch.Tensor) -> torch.Tensor:
     return ELTWISE[op](*(f32(x) for x in xs))
 
 
+def unit(op: str, x: torch.Tensor, out_dtype: torch.dtype, exact: bool) -> torch.Tensor:
+    """<op>_<in>_<out>: ops off the exact fp32 path see the bf16 operand of an fp32 input;
+    a bf16 output is rounded to nearest even (subnormals flushed)."""
+    x = f32(x) if exact or x.dtype == torch.bfloat16 else f32(cast_bf16(x))
+    r = ELTWISE[op](x)
+    return cast_bf16(r) if out_dtype == torch.bfloat16 else r
+
+
 def silu_mul(gate, up):
     return silu_f32(f32(gate)) * f32(up)
 

@@ -95,3 +95,45 @@ void cast_f32_bf16(const float *in, bfloat16 *out, int32 n) {
 }
 
 }  // extern "C"
+
+// ---- the array IR's unit kernels for one-input ops: <op>_<in>_<out>(x, out, n) -------------------
+// (kernels/lower/vector.py names a VectorDesign unit kernel by op, input and output dtype.) Inputs
+// may be fp32 or bf16: ops off the exact fp32 path round an fp32 input to its bf16 operand first
+// (numerics.operand: nearest even, subnormals flushed); outputs are fp32 or rounded to bf16.
+template <bool EXACT, typename TI, typename TO, typename F>
+static inline void unit(const TI *__restrict in, TO *__restrict out, int32 n, F f) {
+  xdna::set_numerics();
+  for (int i = 0; i < n; i += L) {
+    vf x = xdna::load_f32(in, i, n);
+    if constexpr (!EXACT && std::is_same_v<TI, float>) x = xdna::to_f32(xdna::to_bf16(x));
+    xdna::store_part(out, i, n, f(x));
+  }
+}
+
+#define XDNA_UNIT(op, exact, in_t, in_n, out_t, out_n, expr)                                       \
+  void op##_##in_n##_##out_n(const in_t *in, out_t *out, int32 n) {                               \
+    unit<exact>(in, out, n, [](vf x) { return expr; });                                           \
+  }
+// every combination but <op>_bf16_f32 of the ops above, which already has this signature
+#define XDNA_UNIT3(op, exact, expr)                                                                \
+  XDNA_UNIT(op, exact, float, f32, float, f32, expr)                                               \
+  XDNA_UNIT(op, exact, float, f32, bfloat16, bf16, expr)                                           \
+  XDNA_UNIT(op, exact, bfloat16, bf16, bfloat16, bf16, expr)
+#define XDNA_UNIT4(op, exact, expr)                                                                \
+  XDNA_UNIT3(op, exact, expr) XDNA_UNIT(op, exact, bfloat16, bf16, float, f32, expr)
+
+extern "C" {
+XDNA_UNIT4(neg, true, aie::neg(x))
+XDNA_UNIT4(relu, true, aie::max(x, 0.0f))
+XDNA_UNIT4(abs, true, aie::abs(x))
+XDNA_UNIT3(exp, false, xdna::exp_f32(x))
+XDNA_UNIT3(sigmoid, false, xdna::sigmoid_f32(x))
+XDNA_UNIT3(silu, false, xdna::silu_f32(x))
+XDNA_UNIT3(tanh, false, xdna::tanh_f32(x))
+XDNA_UNIT3(gelu, false, xdna::gelu_f32(x))
+XDNA_UNIT3(gelu_tanh, false, xdna::gelu_tanh_f32(x))
+XDNA_UNIT3(reciprocal, false, aie::inv(x))
+XDNA_UNIT3(sqrt, false, aie::sqrt(x))
+XDNA_UNIT3(rsqrt, false, aie::invsqrt(x))
+XDNA_UNIT3(square, false, xdna::fmul(x, x))
+}
