@@ -109,6 +109,11 @@ def test_tile_defines_from_ir_shapes():
         {"ATT_TQ": 8, "ATT_D": 32}
     assert KERNELS["attn_qk_bf16_f32"].tile_defines([(8, 32), (16, 32), (8, 16)]) == \
         {"ATT_TQ": 8, "ATT_TKV": 16, "ATT_D": 32}
+    assert KERNELS["attn_tile_bf16"].tile_defines(
+        [(8, 32), (2, 16, 32), (8, 16), (8, 16), (8, 32), (8, 2), (2,)] + ["i32"] * 11) == \
+        {"ATT_TQ": 8, "ATT_TKV": 16, "ATT_D": 32}
+    assert KERNELS["attn_online_softmax_f32"].tile_defines([(8, 16), (8, 16), (8,), (8,), (8, 32)]) \
+        == {"ATT_TQ": 8, "ATT_TKV": 16, "ATT_D": 32}
     assert KERNELS["softmax_bf16_f32"].tile_defines([(256,), (256,)]) == {}
     with pytest.raises(ValueError, match="2 buffer shapes for 3 pointer"):
         KERNELS["matmul_bf16_f32"].tile_defines([(32, 64), (64, 16)])
@@ -606,6 +611,46 @@ def test_attention_blocks(lib, lq, s_len, causal, window, softcap):
     # P is rounded to bf16 before (flash) vs after (reference) normalisation: 2^-8 relative
     # on each weight, so |diff| <= 2^-8 * max|v| per output
     assert float((got - ref).abs().max()) <= 2.0 ** -8 * float(v.float().abs().max())
+
+
+@pytest.mark.parametrize("group,tq,lq,s_len,causal,window,softcap",
+                         [(2, 4, 4, 40, True, 0, 0.0), (1, 8, 8, 33, False, 0, 0.0),
+                          (4, 2, 2, 48, True, 16, 0.0), (2, 4, 4, 32, True, 0, 3.0)])
+def test_ir_attention_work_item(lib, group, tq, lq, s_len, causal, window, softcap):
+    """attn_init / attn_q / attn_tile per key tile / attn_finish on one GQA work item (a KV head,
+    `group` query heads of tq rows), as kernels/lower/attention.py drives them."""
+    rows, tkv, d = lib.defines["ATT_TQ"], lib.defines["ATT_TKV"], lib.defines["ATT_D"]
+    assert group * tq == rows
+    q = bf16(group, lq, d, scale=2)
+    k, v = bf16(s_len, d, scale=2), bf16(s_len, d)
+    q_offset = s_len - lq
+    scale = 1 / math.sqrt(d)
+    pk = -(-s_len // tkv) * tkv
+    kp, vp = torch.zeros(pk, d, dtype=torch.bfloat16), torch.zeros(pk, d, dtype=torch.bfloat16)
+    kp[:s_len], vp[:s_len] = k, v
+    q_rows = q.reshape(rows, d).contiguous()
+    o, ml = torch.empty(rows, d), torch.empty(rows, 2)
+    state = torch.tensor([5, 0], dtype=torch.int32)
+    qbuf, s, p = (torch.empty(rows, d, dtype=torch.bfloat16), torch.empty(rows, tkv),
+                  torch.empty(rows, tkv, dtype=torch.bfloat16))
+    lib.attn_init_f32(o, ml, state)
+    first = torch.zeros(2, tkv, d, dtype=torch.bfloat16)
+    first.view(-1)[:rows * d] = q_rows.view(-1)
+    lib.attn_q_bf16(first, qbuf, state)
+    assert torch.equal(qbuf, q_rows)
+    for j in range(pk // tkv):
+        kv = torch.stack([kp[j * tkv:(j + 1) * tkv], vp[j * tkv:(j + 1) * tkv]]).contiguous()
+        lib.attn_tile_bf16(qbuf, kv, s, p, o, ml, state, s_len, q_offset, scale, 0, 1, 1, tq,
+                           group, int(causal), window, softcap)
+    lib.attn_finish_f32(o, ml, state)
+    assert state.tolist() == [pk // tkv, 1]
+    want = golden.attention_item(q_rows, kp, vp, kv_len=s_len, q_offset=q_offset, t0=0, tq=tq,
+                                 scale=scale, tkv=tkv, causal=causal, window=window, softcap=softcap)
+    assert_bits(o, want, "IR attention work item")
+    ref = attention_reference(q.reshape(1, group, lq, d), k.reshape(1, 1, s_len, d),
+                              v.reshape(1, 1, s_len, d), scale=scale, causal=causal,
+                              q_offset=q_offset, window=window or None, softcap=softcap or None)[0]
+    assert float((o.reshape(group, lq, d) - ref).abs().max()) <= 2.0 ** -8 * float(v.float().abs().max())
 
 
 def test_attention_fully_masked_row_gives_zero(lib):

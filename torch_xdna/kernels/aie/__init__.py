@@ -39,22 +39,24 @@ class KernelSpec:
                              f"arguments ({', '.join(ptrs)})")
         by = dict(zip(ptrs, dims))
         out = {}
-        for define, (arg, axis) in _SHAPE_DEFINES.items():
+        for define, sources in _SHAPE_DEFINES.items():
             if define in self.defines:
-                src = next((a for a in arg if a in by), None)
-                if src is None or len(by[src]) <= axis:
-                    raise ValueError(f"{self.symbol}: cannot read {define} from arguments "
-                                     f"{by}; expected a {arg[0]} buffer with axis {axis}")
-                out[define] = int(by[src][axis])
+                src = next(((a, ax) for a, ax in sources if a in by and len(by[a]) > ax), None)
+                if src is None:
+                    raise ValueError(f"{self.symbol}: cannot read {define} from arguments {by}; "
+                                     f"expected one of {sources} (argument, axis)")
+                out[define] = int(by[src[0]][src[1]])
         return out
 
 
-# define -> (arguments it is read from, first that exists; axis): rows and reduction size from
+# define -> (argument, axis) candidates, the first present wins: rows and reduction size from
 # A, output columns from the accumulator (B's layout differs between dtypes), attention tiles
 # from Q and K
 _SHAPE_DEFINES = {
-    "DIM_M": (("a", "acc", "c"), 0), "DIM_K": (("a",), 1), "DIM_N": (("acc", "c"), 1),
-    "ATT_TQ": (("q", "o", "s"), 0), "ATT_D": (("q", "o"), 1), "ATT_TKV": (("k", "v", "s"), 0),
+    "DIM_M": (("a", 0), ("acc", 0), ("c", 0)), "DIM_K": (("a", 1),),
+    "DIM_N": (("acc", 1), ("c", 1)),
+    "ATT_TQ": (("q", 0), ("o", 0), ("s", 0)), "ATT_D": (("q", 1), ("o", 1)),
+    "ATT_TKV": (("k", 0), ("v", 0), ("kv", 1), ("s", 1)),
 }
 
 
@@ -145,6 +147,20 @@ _SPECS += [
        "attention_flash", "attention.attention_reference", ("bf16", (4, 8, 8))),
     _k("attn_finalize_f32", "attention.cc", ["o:f32*", "l:f32*", "out:f32*"], ("ATT_TQ", "ATT_D"),
        "attention_flash", "attention.attention_reference"),
+]
+_IR_ATT = "attention.attention_reference (as the array IR's work item)"
+_SPECS += [
+    _k("attn_init_f32", "attention.cc", ["o:f32*", "ml:f32*", "state:i32*"], ("ATT_TQ", "ATT_D"),
+       "attention_item", _IR_ATT),
+    _k("attn_q_bf16", "attention.cc", ["kv:bf16*", "q:bf16*", "state:i32*"], ("ATT_TQ", "ATT_D"),
+       "attention_item", _IR_ATT),
+    _k("attn_tile_bf16", "attention.cc",
+       ["q:bf16*", "kv:bf16*", "s:f32*", "p:bf16*", "o:f32*", "ml:f32*", "state:i32*",
+        "kv_len:i32", "q_offset:i32", "scale:f32", "core:i32", "cores:i32", "q_tiles:i32",
+        "tq:i32", "group:i32", "causal:i32", "window:i32", "softcap:f32"], _ATT,
+       "attention_item", _IR_ATT, ("bf16", (4, 8, 8))),
+    _k("attn_finish_f32", "attention.cc", ["o:f32*", "ml:f32*", "state:i32*"], ("ATT_TQ", "ATT_D"),
+       "attention_item", _IR_ATT),
 ]
 KERNELS: dict[str, KernelSpec] = {s.symbol: s for s in _SPECS}
 SOURCES: tuple[str, ...] = tuple(sorted({s.source for s in _SPECS}))

@@ -293,46 +293,69 @@ def rope(x, cos, signed_sin) -> torch.Tensor:
 
 
 # --- attention ---------------------------------------------------------------------------------
+def flash_rows(qf: torch.Tensor, qpos: torch.Tensor, kf: torch.Tensor, vf: torch.Tensor, *,
+               kv_valid: int, scale: float, tkv: int, causal: bool, window: int, softcap: float,
+               sum_rounded: bool) -> torch.Tensor:
+    """attention.cc's tile loop for one set of query rows: qf [rows, D] fp32 (bf16 values) at
+    absolute positions qpos [rows]; kf / vf [S, D] with S a multiple of tkv. -> [rows, D]."""
+    rows, d = qf.shape
+    ninf = float("-inf")
+    m = torch.full((rows,), ninf, dtype=F32)
+    l = torch.zeros(rows, dtype=F32)
+    o = torch.zeros(rows, d, dtype=F32)
+    for k0 in range(0, kf.shape[0], tkv):
+        s = matmul_seq(qf, kf[k0:k0 + tkv].t(), torch.zeros(rows, tkv)) * _c(scale)
+        if softcap > 0:
+            s = tanh_f32(s * inv(_c(softcap))) * _c(softcap)
+        kpos = torch.arange(k0, k0 + tkv).unsqueeze(0)
+        qp = qpos.unsqueeze(1)
+        masked = kpos >= kv_valid
+        if causal:
+            masked = masked | (kpos > qp)
+        if window > 0:
+            masked = masked | (kpos <= qp - window)
+        s = s.masked_fill(masked, ninf)
+        m_new = torch.maximum(m, lane_max(s))
+        live = m_new != ninf
+        alpha = exp_f32(m - m_new)
+        e = exp_f32(s - m_new.unsqueeze(1))
+        p = torch.where(live.unsqueeze(1), e, _c(0.0)).to(torch.bfloat16).float()
+        l = torch.where(live, l * alpha + lane_sum(p if sum_rounded else e), l)
+        o = torch.where(live.unsqueeze(1), o * alpha.unsqueeze(1), o)
+        m = torch.where(live, m_new, m)
+        o = matmul_seq(p, vf[k0:k0 + tkv], o)
+    return o * torch.where(l > 0, inv(l), _c(0.0)).unsqueeze(1)
+
+
+def _padded(x: torch.Tensor, rows: int) -> torch.Tensor:
+    out = torch.zeros(rows, x.shape[1], dtype=F32)
+    out[:x.shape[0]] = f32(x)
+    return out
+
+
 def attention_flash(q, k, v, *, scale: float, tq: int, tkv: int, causal: bool = False,
                     q_offset: int = 0, window: int = 0, softcap: float = 0.0) -> torch.Tensor:
-    """The attention.cc tile loop for one head: q [Lq, D], k / v [S, D] (bf16) -> [Lq, D] fp32.
-    Query rows and keys are zero-padded to whole tiles; padded keys are masked (kv_valid = S)."""
-    lq, d = q.shape
-    s_len = k.shape[0]
+    """The attn_qk / attn_online_softmax / attn_pv / attn_finalize loop for one head: q [Lq, D],
+    k / v [S, D] (bf16) -> [Lq, D] fp32. Query rows and keys are zero-padded to whole tiles;
+    padded keys are masked (kv_valid = S)."""
+    lq, s_len = q.shape[0], k.shape[0]
     pq, pk = -(-lq // tq) * tq, -(-s_len // tkv) * tkv
-    qf = torch.zeros(pq, d, dtype=F32)
-    qf[:lq] = f32(q)
-    kf = torch.zeros(pk, d, dtype=F32)
-    kf[:s_len] = f32(k)
-    vf = torch.zeros(pk, d, dtype=F32)
-    vf[:s_len] = f32(v)
-    out = torch.empty(pq, d, dtype=F32)
-    ninf = float("-inf")
+    qf, kf, vf = _padded(q, pq), _padded(k, pk), _padded(v, pk)
+    out = torch.empty(pq, q.shape[1], dtype=F32)
     for q0 in range(0, pq, tq):
-        m = torch.full((tq,), ninf, dtype=F32)
-        l = torch.zeros(tq, dtype=F32)
-        o = torch.zeros(tq, d, dtype=F32)
-        for k0 in range(0, pk, tkv):
-            s = matmul_seq(qf[q0:q0 + tq], kf[k0:k0 + tkv].t(), torch.zeros(tq, tkv)) * _c(scale)
-            if softcap > 0:
-                s = tanh_f32(s * inv(_c(softcap))) * _c(softcap)
-            kpos = torch.arange(k0, k0 + tkv).unsqueeze(0)
-            qpos = torch.arange(q0, q0 + tq).unsqueeze(1) + q_offset
-            masked = kpos >= s_len
-            if causal:
-                masked = masked | (kpos > qpos)
-            if window > 0:
-                masked = masked | (kpos <= qpos - window)
-            s = s.masked_fill(masked, ninf)
-            m_new = torch.maximum(m, lane_max(s))
-            live = m_new != ninf
-            alpha = exp_f32(m - m_new)
-            e = exp_f32(s - m_new.unsqueeze(1))
-            p = torch.where(live.unsqueeze(1), e, _c(0.0)).to(torch.bfloat16).float()
-            l = torch.where(live, l * alpha + lane_sum(e), l)
-            o = torch.where(live.unsqueeze(1), o * alpha.unsqueeze(1), o)
-            m = torch.where(live, m_new, m)
-            o = matmul_seq(p, vf[k0:k0 + tkv], o)
-        invl = torch.where(l > 0, inv(l), _c(0.0))
-        out[q0:q0 + tq] = o * invl.unsqueeze(1)
+        out[q0:q0 + tq] = flash_rows(qf[q0:q0 + tq], torch.arange(q0, q0 + tq) + q_offset, kf, vf,
+                                     kv_valid=s_len, scale=scale, tkv=tkv, causal=causal,
+                                     window=window, softcap=softcap, sum_rounded=False)
     return out[:lq]
+
+
+def attention_item(q_rows, k, v, *, kv_len: int, q_offset: int, t0: int, tq: int, scale: float,
+                   tkv: int, causal: bool = False, window: int = 0,
+                   softcap: float = 0.0) -> torch.Tensor:
+    """The IR work item (attn_init / attn_q / attn_tile per key tile / attn_finish): q_rows
+    [rows, D] (the group's heads, tq rows each, padded), row r at position q_offset + t0 + r % tq;
+    k / v [S, D] with S a multiple of tkv; the running sum adds the bf16 P."""
+    rows = q_rows.shape[0]
+    qpos = torch.arange(rows) % tq + t0 + q_offset
+    return flash_rows(f32(q_rows), qpos, f32(k), f32(v), kv_valid=kv_len, scale=scale, tkv=tkv,
+                      causal=causal, window=window, softcap=softcap, sum_rounded=True)

@@ -46,11 +46,11 @@ static inline void store_4x8(float *p, int ld, int r0, int c0, const aie::vector
 
 static inline float exp_scalar(float x) { return xdna::exp_f32(aie::broadcast<float, L>(x))[0]; }
 
-extern "C" {
-
-void attn_qk_bf16_f32(const bfloat16 *q, const bfloat16 *k, float *s, float scale, int32 q_pos0,
-                      int32 k_pos0, int32 kv_valid, int32 causal, int32 window, float softcap) {
-  xdna::set_numerics();
+// S = scale * Q K^T for a TQ x TKV tile (K given as TKV rows of D), soft-capped, masked: key
+// kpos = k_pos0 + column is hidden when kpos >= kv_valid, or (causal) kpos > qpos, or (window)
+// kpos <= qpos - window, where qpos = q_base + (row % q_mod).
+static void score_tile(const bfloat16 *q, const bfloat16 *k, float *s, float scale, int q_base,
+                       int q_mod, int k_pos0, int kv_valid, int causal, int window, float softcap) {
   const float ninf = -std::numeric_limits<float>::infinity();
   const float inv_cap = softcap > 0.0f ? aie::inv(softcap) : 0.0f;
   for (int z = 0; z < ATT_TQ; z += 4)
@@ -66,7 +66,7 @@ void attn_qk_bf16_f32(const bfloat16 *q, const bfloat16 *k, float *s, float scal
           for (unsigned e = 0; e < L; ++e) v.set(capped[e], h * L + e);
         }
       for (int e = 0; e < 32; ++e) {
-        const int qpos = q_pos0 + z + e / 8, kpos = k_pos0 + j + e % 8;
+        const int qpos = q_base + (z + e / 8) % q_mod, kpos = k_pos0 + j + e % 8;
         const bool past = kpos >= kv_valid;
         const bool future = causal && kpos > qpos;
         const bool old = window > 0 && kpos <= qpos - window;
@@ -76,33 +76,38 @@ void attn_qk_bf16_f32(const bfloat16 *q, const bfloat16 *k, float *s, float scal
     }
 }
 
-void attn_online_softmax_f32(const float *s, bfloat16 *p, float *m, float *l, float *o) {
-  xdna::set_numerics();
+// Online-softmax step on a score tile: m' = max(m, rowmax S); P = bf16(exp(S - m'));
+// l = l e^(m - m') + sum(P) (the fp32 exps, or the bf16 P when sum_rounded); O *= e^(m - m').
+// m and l of row r sit at m[r * stride] and l[r * stride].
+static void online_update(const float *s, bfloat16 *p, float *m, float *l, int stride, float *o,
+                          bool sum_rounded) {
   const float ninf = -std::numeric_limits<float>::infinity();
   for (int r = 0; r < ATT_TQ; ++r) {
     const float *sr = s + r * ATT_TKV;
     bfloat16 *pr = p + r * ATT_TKV;
-    const float m_new = std::max(m[r], xdna::row_max(sr, ATT_TKV));
+    float &mr = m[r * stride], &lr = l[r * stride];
+    const float m_new = std::max(mr, xdna::row_max(sr, ATT_TKV));
     if (m_new == ninf) {                       // nothing visible yet: P = 0, state unchanged
       for (int i = 0; i < ATT_TKV; i += L) aie::store_v(pr + i, aie::zeros<bfloat16, L>());
       continue;
     }
-    const float alpha = exp_scalar(m[r] - m_new);
+    const float alpha = exp_scalar(mr - m_new);
     vf acc = aie::zeros<float, L>();
     for (int i = 0; i < ATT_TKV; i += L) {
       vf e = xdna::exp_f32(aie::sub(aie::load_v<L>(sr + i), m_new));
-      acc = aie::add(acc, e);
-      aie::store_v(pr + i, xdna::to_bf16(e));
+      auto pb = xdna::to_bf16(e);
+      acc = aie::add(acc, sum_rounded ? xdna::to_f32(pb) : e);
+      aie::store_v(pr + i, pb);
     }
-    l[r] = l[r] * alpha + aie::reduce_add(acc);
-    m[r] = m_new;
+    lr = lr * alpha + aie::reduce_add(acc);
+    mr = m_new;
     for (int i = 0; i < ATT_D; i += L)
       aie::store_v(o + r * ATT_D + i, xdna::fmul(aie::load_v<L>(o + r * ATT_D + i), alpha));
   }
 }
 
-void attn_pv_bf16_f32(const bfloat16 *p, const bfloat16 *v, float *o) {
-  xdna::set_numerics();
+// O += P V (P: TQ x TKV bf16, V: TKV rows of D).
+static void pv_tile(const bfloat16 *p, const bfloat16 *v, float *o) {
   for (int z = 0; z < ATT_TQ; z += 4)
     for (int j = 0; j < ATT_D; j += 8) {
       MMUL c(block_4x8(o, ATT_D, z, j));
@@ -112,13 +117,76 @@ void attn_pv_bf16_f32(const bfloat16 *p, const bfloat16 *v, float *o) {
     }
 }
 
-void attn_finalize_f32(const float *o, const float *l, float *out) {
-  xdna::set_numerics();
+// out = O / l per row as O * (1 / l); a row with l == 0 (fully masked) gives 0.
+static void finalize(const float *o, const float *l, int stride, float *out) {
   for (int r = 0; r < ATT_TQ; ++r) {
-    const float inv = l[r] > 0.0f ? aie::inv(l[r]) : 0.0f;
+    const float inv = l[r * stride] > 0.0f ? aie::inv(l[r * stride]) : 0.0f;
     for (int i = 0; i < ATT_D; i += L)
       aie::store_v(out + r * ATT_D + i, xdna::fmul(aie::load_v<L>(o + r * ATT_D + i), inv));
   }
+}
+
+extern "C" {
+
+void attn_qk_bf16_f32(const bfloat16 *q, const bfloat16 *k, float *s, float scale, int32 q_pos0,
+                      int32 k_pos0, int32 kv_valid, int32 causal, int32 window, float softcap) {
+  xdna::set_numerics();
+  score_tile(q, k, s, scale, q_pos0, 1 << 30, k_pos0, kv_valid, causal, window, softcap);
+}
+
+void attn_online_softmax_f32(const float *s, bfloat16 *p, float *m, float *l, float *o) {
+  xdna::set_numerics();
+  online_update(s, p, m, l, 1, o, false);
+}
+
+void attn_pv_bf16_f32(const bfloat16 *p, const bfloat16 *v, float *o) {
+  xdna::set_numerics();
+  pv_tile(p, v, o);
+}
+
+void attn_finalize_f32(const float *o, const float *l, float *out) {
+  xdna::set_numerics();
+  finalize(o, l, 1, out);
+}
+
+// ---- the array IR's attention work-item kernels (kernels/lower/attention.py) -------------------
+// Per work item: attn_init_f32, attn_q_bf16, one attn_tile_bf16 per key tile, attn_finish_f32.
+// ml is [rows, 2] (running max, running sum), state i32[2] = (key tile counter, work item
+// counter); kv is one (2, TKV, D) element [K tile | V tile] (attn_q_bf16 reads Q from the item's
+// first element). Query row r is position q_offset + t0 + r % tq, t0 the item's first query
+// (item w = state[1] * cores + core, tile w % q_tiles). The running sum adds the bf16 P.
+void attn_init_f32(float *o, float *ml, int32 *state) {
+  for (int i = 0; i < ATT_TQ * ATT_D; i += L) aie::store_v(o + i, aie::zeros<float, L>());
+  for (int r = 0; r < ATT_TQ; ++r) {
+    ml[2 * r] = -std::numeric_limits<float>::infinity();
+    ml[2 * r + 1] = 0.0f;
+  }
+  state[0] = 0;
+}
+
+void attn_q_bf16(const bfloat16 *kv, bfloat16 *q, int32 *state) {
+  (void)state;
+  for (int i = 0; i < ATT_TQ * ATT_D; i += L) aie::store_v(q + i, aie::load_v<L>(kv + i));
+}
+
+void attn_tile_bf16(const bfloat16 *q, const bfloat16 *kv, float *s, bfloat16 *p, float *o,
+                    float *ml, int32 *state, int32 kv_len, int32 q_offset, float scale, int32 core,
+                    int32 cores, int32 q_tiles, int32 tq, int32 group, int32 causal, int32 window,
+                    float softcap) {
+  (void)group;
+  xdna::set_numerics();
+  const int j = state[0]++;
+  const int w = state[1] * cores + core;
+  const int t0 = (w % q_tiles) * tq;
+  score_tile(q, kv, s, scale, q_offset + t0, tq, j * ATT_TKV, kv_len, causal, window, softcap);
+  online_update(s, p, ml, ml + 1, 2, o, true);
+  pv_tile(p, kv + ATT_TKV * ATT_D, o);
+}
+
+void attn_finish_f32(float *o, const float *ml, int32 *state) {
+  xdna::set_numerics();
+  finalize(o, ml + 1, 2, o);
+  state[1] += 1;
 }
 
 }  // extern "C"
