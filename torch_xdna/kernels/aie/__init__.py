@@ -6,8 +6,9 @@ with the AIE toolchain (Peano / Chess) on a machine that has it. Here they are c
 host against emu/aie_api (host_build.py) and checked against goldens (golden.py) in
 tests/test_aie_kernels.py. See docs/kernels.md.
 
-Argument types: "bf16*", "f32*", "i8*", "u8*", "i32*", "bfp16*" (bfp16ebs8 blocks, 9 bytes per
-8 values) are pointers to L1 buffers; "i32" and "f32" are scalars.
+Argument types: "bf16*", "f32*", "i8*", "u8*", "i32*" are pointers to L1 buffers (bfp16ebs8
+blocks and packed weights travel as "u8*"); "i32" and "f32" are scalars. `tile_defines` maps the
+array IR's buffer shapes to a kernel's -D tile sizes.
 """
 from __future__ import annotations
 
