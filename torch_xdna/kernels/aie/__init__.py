@@ -1,0 +1,167 @@
+"""AIE core kernels: C++ sources for the array's cores (aie2p/*.cc, written against AMD's AIE
+API) and the table of their entry points.
+
+The array IR's core bodies call these symbols by name; `xdna kernels build` compiles the sources
+with the AIE toolchain (Peano / Chess) on a machine that has it. Here they are compiled for the
+host against emu/aie_api (host_build.py) and checked against goldens (golden.py) in
+tests/test_aie_kernels.py. See docs/kernels.md.
+
+Argument types: "bf16*", "f32*", "i8*", "u8*", "i32*" are pointers to L1 buffers (bfp16ebs8
+blocks and packed weights travel as "u8*"); "i32" and "f32" are scalars. `tile_defines` maps the
+array IR's buffer shapes to a kernel's -D tile sizes.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+ARCH = "aie2p"
+
+
+@dataclass(frozen=True)
+class KernelSpec:
+    """One extern "C" entry point of a core kernel source."""
+
+    symbol: str
+    source: str                          # file in aie2p/
+    args: tuple[tuple[str, str], ...]    # (name, type) in call order
+    defines: tuple[str, ...] = ()        # compile-time tile sizes it reads (with defaults in the .cc)
+    golden: str = ""                     # golden.py function it matches bit-exactly
+    reference: str = ""                  # the project's numerics reference it implements
+    mmul: tuple = ()                     # (dtype, (r, s, t)): the native mmul shape it tiles by,
+                                         # hw/generations.py mmul_shape of the generation
+
+    def tile_defines(self, shapes) -> dict[str, int]:
+        """The -D tile defines for a call whose pointer arguments have `shapes` (in argument
+        order, scalars skipped or None), e.g. from the array IR's kernel declaration."""
+        ptrs = [n for n, t in self.args if t.endswith("*")]
+        dims = [tuple(sh) for sh in shapes if sh is not None and not isinstance(sh, str)]
+        if len(dims) != len(ptrs):
+            raise ValueError(f"{self.symbol}: {len(dims)} buffer shapes for {len(ptrs)} pointer "
+                             f"arguments ({', '.join(ptrs)})")
+        by = dict(zip(ptrs, dims))
+        out = {}
+        for define, sources in _SHAPE_DEFINES.items():
+            if define in self.defines:
+                src = next(((a, ax) for a, ax in sources if a in by and len(by[a]) > ax), None)
+                if src is None:
+                    raise ValueError(f"{self.symbol}: cannot read {define} from arguments {by}; "
+                                     f"expected one of {sources} (argument, axis)")
+                out[define] = int(by[src[0]][src[1]])
+        return out
+
+
+# define -> (argument, axis) candidates, the first present wins: rows and reduction size from
+# A, output columns from the accumulator (B's layout differs between dtypes), attention tiles
+# from Q and K
+_SHAPE_DEFINES = {
+    "DIM_M": (("a", 0), ("acc", 0), ("c", 0)), "DIM_K": (("a", 1),),
+    "DIM_N": (("acc", 1), ("c", 1)),
+    "ATT_TQ": (("q", 0), ("o", 0), ("s", 0)), "ATT_D": (("q", 1), ("o", 1)),
+    "ATT_TKV": (("k", 0), ("v", 0), ("kv", 1), ("s", 1)),
+}
+
+
+def _k(symbol, source, args, defines=(), golden="", reference="", mmul=()):
+    return KernelSpec(symbol, source, tuple(tuple(a.split(":")) for a in args), tuple(defines),
+                      golden, reference, mmul)
+
+
+_MM = ("DIM_M", "DIM_K", "DIM_N")
+_ELT_REF = "vector.OPS"
+_SPECS = [
+    _k("zero_f32", "zero.cc", ["c:f32*"], ("DIM_M", "DIM_N"), "zeros"),
+    _k("zero_i32", "zero.cc", ["c:i32*"], ("DIM_M", "DIM_N"), "zeros"),
+    _k("matmul_bf16_f32", "mm.cc", ["a:bf16*", "b:bf16*", "c:f32*"], _MM, "matmul_rowmajor",
+       "gemm.GemmDesign (dtype bf16)", ("bf16", (4, 8, 8))),
+    _k("matmul_i8_i32", "mm.cc", ["a:i8*", "b:i8*", "c:i32*"], _MM, "matmul_rowmajor",
+       "gemm.GemmDesign (dtype int8)", ("int8", (8, 8, 8))),
+    _k("matmul_bf16_bfp16_f32", "mm_bfp16.cc", ["a:bf16*", "bt:u8*", "c:f32*"], _MM,
+       "matmul_bfp16", "gemm.GemmDesign (dtype bfp16)", ("bfp16", (8, 8, 8))),
+]
+for _kind in ("matmul", "gemv"):
+    for _bits in ("int8", "int4"):
+        _SPECS.append(_k(f"{_kind}_{_bits}_bf16", "wq.cc",
+                         ["a:bf16*", "p:u8*", "wdq:bf16*", "acc:f32*", "group:i32", "sg:i32"],
+                         _MM, "dequant_rowmajor" if _kind == "matmul" else "gemv_q",
+                         f"gemm.GemmDesign (dtype {_bits}, w_group)",
+                         ("bf16", (4, 8, 8)) if _kind == "matmul" else ()))
+STORE_ACTS = ("none", "relu", "gelu", "gelu_tanh", "silu", "tanh", "sigmoid")
+for _act in STORE_ACTS:
+    for _out in ("f32", "bf16"):
+        _SPECS.append(_k(f"store_{_act}_f32_{_out}", "store.cc",
+                         ["acc:f32*", f"c:{_out}*", "alpha:f32"], ("DIM_M", "DIM_N"), "store",
+                         "gemm.GemmDesign (alpha, epilogue; activations.apply_epilogue)"))
+_SPECS.append(_k("store_none_i32_i32", "store.cc", ["acc:i32*", "c:i32*", "alpha:f32"],
+                 ("DIM_M", "DIM_N"), "store", "gemm.GemmDesign (dtype int8, int32 out)"))
+for _op in ("add", "sub", "max", "min"):
+    _SPECS.append(_k(f"{_op}_f32", "eltwise.cc", ["a:f32*", "b:f32*", "out:f32*", "n:i32"],
+                     golden=f"eltwise:{_op}", reference=_ELT_REF))
+for _op in ("neg", "relu", "abs"):
+    _SPECS.append(_k(f"{_op}_f32", "eltwise.cc", ["x:f32*", "out:f32*", "n:i32"],
+                     golden=f"eltwise:{_op}", reference=_ELT_REF))
+for _op in ("mul", "div"):
+    _SPECS.append(_k(f"{_op}_bf16_f32", "eltwise.cc", ["a:bf16*", "b:bf16*", "out:f32*", "n:i32"],
+                     golden=f"eltwise:{_op}", reference=_ELT_REF))
+for _op in ("exp", "sigmoid", "silu", "tanh", "gelu", "gelu_tanh", "reciprocal", "sqrt", "rsqrt",
+            "square"):
+    _SPECS.append(_k(f"{_op}_bf16_f32", "eltwise.cc", ["x:bf16*", "out:f32*", "n:i32"],
+                     golden=f"eltwise:{_op}", reference=_ELT_REF))
+# the array IR's one-input unit kernels <op>_<in>_<out>(x, out, n) (kernels/lower/vector.py)
+UNIT_OPS_EXACT = ("neg", "relu", "abs")
+UNIT_OPS = UNIT_OPS_EXACT + ("exp", "sigmoid", "silu", "tanh", "gelu", "gelu_tanh", "reciprocal",
+                             "sqrt", "rsqrt", "square")
+_have = {s.symbol for s in _SPECS}
+for _op in UNIT_OPS:
+    for _in in ("f32", "bf16"):
+        for _out in ("f32", "bf16"):
+            _sym = f"{_op}_{_in}_{_out}"
+            if _sym not in _have:
+                _SPECS.append(_k(_sym, "eltwise.cc", [f"x:{_in}*", f"out:{_out}*", "n:i32"],
+                                 golden=f"unit:{_op}", reference=f"vector.OPS['{_op}']"))
+_SPECS += [
+    _k("silu_mul_bf16_f32", "eltwise.cc", ["gate:bf16*", "up:bf16*", "out:f32*", "n:i32"],
+       golden="silu_mul", reference="llm_blocks (SwiGLU MLP: silu(gate) * up)"),
+    _k("cast_f32_bf16", "eltwise.cc", ["x:f32*", "out:bf16*", "n:i32"], golden="cast_bf16",
+       reference="numerics.operand"),
+    _k("softmax_bf16_f32", "softmax.cc", ["x:bf16*", "out:f32*", "rows:i32", "n:i32"],
+       golden="softmax", reference="vector.OPS['softmax']"),
+    _k("layer_norm_bf16_f32", "layer_norm.cc",
+       ["x:bf16*", "w:bf16*", "b:bf16*", "out:f32*", "rows:i32", "n:i32", "eps:f32"],
+       golden="layer_norm", reference="vector.OPS['layer_norm']"),
+    _k("rms_norm_bf16_f32", "rms_norm.cc",
+       ["x:bf16*", "w:bf16*", "out:f32*", "rows:i32", "n:i32", "eps:f32", "offset:f32"],
+       golden="rms_norm", reference="llm_blocks._rms"),
+    _k("rope_bf16_f32", "rope.cc",
+       ["x:bf16*", "cos:bf16*", "signed_sin:bf16*", "out:f32*", "rows:i32", "d:i32"],
+       golden="rope", reference="llm_blocks._rope"),
+]
+_ATT = ("ATT_TQ", "ATT_TKV", "ATT_D")
+_SPECS += [
+    _k("attn_qk_bf16_f32", "attention.cc",
+       ["q:bf16*", "k:bf16*", "s:f32*", "scale:f32", "q_pos0:i32", "k_pos0:i32", "kv_valid:i32",
+        "causal:i32", "window:i32", "softcap:f32"], _ATT, "attention_flash",
+       "attention.attention_reference",
+       ("bf16", (4, 8, 8))),
+    _k("attn_online_softmax_f32", "attention.cc", ["s:f32*", "p:bf16*", "m:f32*", "l:f32*", "o:f32*"],
+       _ATT, "attention_flash", "attention.attention_reference"),
+    _k("attn_pv_bf16_f32", "attention.cc", ["p:bf16*", "v:bf16*", "o:f32*"], _ATT,
+       "attention_flash", "attention.attention_reference", ("bf16", (4, 8, 8))),
+    _k("attn_finalize_f32", "attention.cc", ["o:f32*", "l:f32*", "out:f32*"], ("ATT_TQ", "ATT_D"),
+       "attention_flash", "attention.attention_reference"),
+]
+_IR_ATT = "attention.attention_reference (as the array IR's work item)"
+_SPECS += [
+    _k("attn_init_f32", "attention.cc", ["o:f32*", "ml:f32*", "state:i32*"], ("ATT_TQ", "ATT_D"),
+       "attention_item", _IR_ATT),
+    _k("attn_q_bf16", "attention.cc", ["kv:bf16*", "q:bf16*", "state:i32*"], ("ATT_TQ", "ATT_D"),
+       "attention_item", _IR_ATT),
+    _k("attn_tile_bf16", "attention.cc",
+       ["q:bf16*", "kv:bf16*", "s:f32*", "p:bf16*", "o:f32*", "ml:f32*", "state:i32*",
+        "kv_len:i32", "q_offset:i32", "scale:f32", "core:i32", "cores:i32", "q_tiles:i32",
+        "tq:i32", "group:i32", "causal:i32", "window:i32", "softcap:f32"], _ATT,
+       "attention_item", _IR_ATT, ("bf16", (4, 8, 8))),
+    _k("attn_finish_f32", "attention.cc", ["o:f32*", "ml:f32*", "state:i32*"], ("ATT_TQ", "ATT_D"),
+       "attention_item", _IR_ATT),
+]
+KERNELS: dict[str, KernelSpec] = {s.symbol: s for s in _SPECS}
+SOURCES: tuple[str, ...] = tuple(sorted({s.source for s in _SPECS}))

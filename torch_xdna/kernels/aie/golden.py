@@ -1,0 +1,361 @@
+"""Goldens for the AIE core kernels: the project's numerics, evaluated in the kernels' order.
+
+Every function computes with torch float32 tensors, one IEEE operation at a time (constants are
+float32 tensors, so no step runs in double), in exactly the order the kernel's fp32 operations
+run, so a host build of the kernel must match it bit for bit. Where the project's own reference
+(vector.OPS, gemm.GemmDesign.reference, attention.attention_reference, llm_blocks) uses a
+different order or torch's own transcendental functions, tests/test_aie_kernels.py also checks
+the kernel against that reference within the bound docs/kernels.md states.
+
+Lane conventions (xdna_vec.h): rows are processed in 16-lane chunks, lanes accumulate chunk by
+chunk, then combine pairwise by halving (lane i + lane i + N/2).
+"""
+from __future__ import annotations
+
+import torch
+
+from torch_xdna.kernels import numerics, quant
+
+F32 = torch.float32
+LANES = 16
+
+
+def _c(v: float) -> torch.Tensor:
+    return torch.tensor(v, dtype=F32)
+
+
+def _div(a: torch.Tensor, b: float) -> torch.Tensor:
+    """a / b as one correctly rounded fp32 division (torch turns division by a 0-dim CPU tensor
+    into a multiply by its reciprocal; double division rounds to the right float)."""
+    return (a.double() / b).float()
+
+
+def _sqrt(x: torch.Tensor) -> torch.Tensor:
+    """Correctly rounded fp32 sqrt (torch's fp32 sqrt is not, on this host's AVX2 build); the
+    double result rounds to the right float for any fp32 input."""
+    return torch.sqrt(x.double()).float()
+
+
+def f32(x: torch.Tensor) -> torch.Tensor:
+    """bf16 (or fp32) values as the core reads them: fp32, bf16 subnormals flushed."""
+    if x.dtype == torch.bfloat16:
+        tiny = (x.view(torch.int16) & 0x7F80) == 0
+        x = torch.where(tiny, x * 0, x)
+    return x.float()
+
+
+# --- matmul ------------------------------------------------------------------------------------
+def matmul_seq(a: torch.Tensor, b: torch.Tensor, c0: torch.Tensor) -> torch.Tensor:
+    """c0 + a @ b with each output accumulating its products in ascending k (fp32: one rounded
+    add per product, the products being exact; integers: exact)."""
+    c = c0.clone()
+    for k in range(a.shape[-1]):
+        c = c + a[..., :, k:k + 1] * b[..., k:k + 1, :]
+    return c
+
+
+def matmul_rowmajor(a: torch.Tensor, b: torch.Tensor, c0: torch.Tensor) -> torch.Tensor:
+    """matmul_bf16_f32 / matmul_i8_i32 on row-major A [M, K], B [K, N], C [M, N]."""
+    if a.dtype == torch.int8:
+        return matmul_seq(a.to(torch.int32), b.to(torch.int32), c0.to(torch.int32))
+    return matmul_seq(f32(a), f32(b), c0.float())
+
+
+def bfp16_weight(b: torch.Tensor) -> torch.Tensor:
+    """B [K, N] -> the kernel's Bt operand: row n = quant.encode_bfp16 of column n of B
+    ([N, K/8*9] bytes, blocks of 8 k)."""
+    return quant.encode_bfp16(f32(b).t().contiguous())
+
+
+def matmul_bfp16(a: torch.Tensor, b: torch.Tensor, c0: torch.Tensor) -> torch.Tensor:
+    """matmul_bf16_bfp16_f32: A and B as bfp16 blocks along K (quant.quantize_bfp16), then the
+    ascending-k fp32 sum."""
+    aq = quant.quantize_bfp16(f32(a), dim=-1)
+    bq = quant.quantize_bfp16(f32(b), dim=-2)
+    return matmul_seq(aq, bq, c0.float())
+
+
+def wq_pack(q: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """The P operand of the weight-only kernels: W tile bytes (int8 [N, K], or packed int4
+    [N, K/2] uint8) followed by the scale tile [N, sg] bf16."""
+    w = q.contiguous().view(torch.uint8).reshape(-1)
+    return torch.cat([w, scales.to(torch.bfloat16).contiguous().view(torch.uint8).reshape(-1)])
+
+
+def dequant_rowmajor(q: torch.Tensor, scales: torch.Tensor, group: int) -> torch.Tensor:
+    """matmul_int*_bf16's Wdq: bf16(q * scale)^T [K, N] for q int8 values [N, K] (unpacked),
+    scales [N, sg]; a K tile inside one group (K < group) has one scale per row."""
+    g = min(group, q.shape[-1])
+    w = numerics.bf16_round(quant.dequantize(q, scales.reshape(q.shape[0], -1)[:, :q.shape[-1] // g], g))
+    return w.t().contiguous().to(torch.bfloat16)
+
+
+def gemv_q(a: torch.Tensor, q: torch.Tensor, scales: torch.Tensor, group: int,
+           c0: torch.Tensor, lanes: int = 32) -> torch.Tensor:
+    """gemv_int8_bf16 / gemv_int4_bf16: a [M, K] bf16, q int8 values [N, K] (unpacked), scales
+    [N, sg]; per row of a and output n, lane-wise exact products of a and bf16(q * scale) summed
+    over the row in `lanes` lanes, reduced pairwise, added to c0 [M, N]."""
+    w = f32(dequant_rowmajor(q, scales, group)).t()                 # [N, K]
+    m, k = a.shape
+    n = w.shape[0]
+    prod = f32(a).reshape(m, 1, k) * w.reshape(1, n, k)             # exact (bf16 x bf16)
+    chunks = prod.reshape(m, n, k // lanes, lanes)
+    acc = torch.zeros(m, n, lanes, dtype=F32)
+    for i in range(chunks.shape[2]):
+        acc = acc + chunks[:, :, i]
+    return c0.float() + tree_sum(acc)
+
+
+# --- lanes -------------------------------------------------------------------------------------
+def tree_sum(t: torch.Tensor) -> torch.Tensor:
+    while t.shape[-1] > 1:
+        h = t.shape[-1] // 2
+        t = t[..., :h] + t[..., h:]
+    return t[..., 0]
+
+
+def tree_max(t: torch.Tensor) -> torch.Tensor:
+    while t.shape[-1] > 1:
+        h = t.shape[-1] // 2
+        t = torch.maximum(t[..., :h], t[..., h:])
+    return t[..., 0]
+
+
+def _chunks(x: torch.Tensor, pad: float) -> torch.Tensor:
+    """[rows, n] -> [rows, chunks, 16], the last chunk padded with `pad`."""
+    rows, n = x.shape
+    extra = (-n) % LANES
+    if extra:
+        x = torch.cat([x, torch.full((rows, extra), pad, dtype=x.dtype)], dim=1)
+    return x.reshape(rows, -1, LANES)
+
+
+def lane_sum(x: torch.Tensor) -> torch.Tensor:
+    """Row sums in the kernels' lane order ([rows, n] fp32 -> [rows])."""
+    ch = _chunks(x, 0.0)
+    acc = torch.zeros(ch.shape[0], LANES, dtype=F32)
+    for i in range(ch.shape[1]):
+        acc = acc + ch[:, i]
+    return tree_sum(acc)
+
+
+def lane_max(x: torch.Tensor) -> torch.Tensor:
+    return tree_max(_chunks(x, float("-inf")).amax(dim=1))   # max is exact in any order
+
+
+# --- elementwise math (xdna_vec.h) -------------------------------------------------------------
+_EXP_HI, _EXP_LO = 88.72283935546875, -87.33654022216797
+_EXP_P = (1.9875691500e-4, 1.3981999507e-3, 8.3334519073e-3, 4.1665795894e-2, 1.6666665459e-1,
+          5.0000001201e-1)
+
+
+def exp_f32(x: torch.Tensor) -> torch.Tensor:
+    x = x.float()
+    xc = torch.minimum(torch.maximum(x, _c(_EXP_LO)), _c(_EXP_HI))
+    t = xc * _c(1.44269502162933349609375)
+    n = (t + _c(12582912.0)) - _c(12582912.0)
+    r = (xc - n * _c(0.693359375)) - n * _c(-2.12194440e-4)
+    p = torch.full_like(r, _EXP_P[0])
+    for coef in _EXP_P[1:]:
+        p = p * r + _c(coef)
+    y = (p * (r * r) + r) + _c(1.0)
+    ni = n.to(torch.int32)
+    n1 = ni >> 1
+    n2 = ni - n1
+    s1 = ((n1 + 127) << 23).view(F32)
+    s2 = ((n2 + 127) << 23).view(F32)
+    y = (y * s1) * s2
+    y = torch.where(x > _c(_EXP_HI), _c(float("inf")), y)
+    return torch.where(x < _c(_EXP_LO), _c(0.0), y)
+
+
+def inv(x: torch.Tensor) -> torch.Tensor:
+    """1 / x correctly rounded (via double: no double-rounding error for fp32 operands)."""
+    return (1.0 / x.double()).float()
+
+
+def sigmoid_f32(x):
+    return inv(exp_f32(-x) + _c(1.0))
+
+
+def tanh_f32(x):
+    a = x.abs()
+    z = x * x
+    p = torch.full_like(x, -5.70498872745e-3)
+    for coef in (2.06390887954e-2, -5.37397155531e-2, 1.33314422036e-1, -3.33332819422e-1):
+        p = p * z + _c(coef)
+    small = (p * z) * x + x
+    e = exp_f32(a + a)
+    big = _c(1.0) - inv(e + _c(1.0)) * _c(2.0)
+    big = torch.where(x < 0, -big, big)
+    return torch.where(a < _c(0.625), small, big)
+
+
+def erf_f32(z):
+    a = z.abs()
+    t = inv(a * _c(0.3275911) + _c(1.0))
+    p = torch.full_like(z, 1.061405429)
+    for coef in (-1.453152027, 1.421413741, -0.284496736, 0.254829592):
+        p = p * t + _c(coef)
+    e = exp_f32(-(a * a))
+    y = _c(1.0) - (p * t) * e
+    return torch.where(z < 0, -y, y)
+
+
+def gelu_f32(x):
+    return (x * _c(0.5)) * (erf_f32(x * _c(0.70710678118654752)) + _c(1.0))
+
+
+def gelu_tanh_f32(x):
+    x3 = (x * x) * x
+    inner = (x + x3 * _c(0.044715)) * _c(0.79788456080286536)
+    return (x * _c(0.5)) * (tanh_f32(inner) + _c(1.0))
+
+
+def silu_f32(x):
+    return x * sigmoid_f32(x)
+
+
+ELTWISE = {
+    "add": lambda a, b: a + b, "sub": lambda a, b: a - b,
+    "max": lambda a, b: torch.where(a < b, b, a), "min": lambda a, b: torch.where(b < a, b, a),
+    "neg": lambda x: -x, "relu": lambda x: torch.where(x < 0, _c(0.0), x),
+    "mul": lambda a, b: a * b, "div": lambda a, b: a * inv(b), "abs": torch.abs,
+    "reciprocal": inv, "sqrt": _sqrt, "rsqrt": lambda x: inv(_sqrt(x)), "square": lambda x: x * x,
+    "exp": exp_f32, "sigmoid": sigmoid_f32, "silu": silu_f32,
+    "tanh": tanh_f32, "gelu": gelu_f32, "gelu_tanh": gelu_tanh_f32,
+}
+
+
+def eltwise(op: str, *xs: torch.Tensor) -> torch.Tensor:
+    return ELTWISE[op](*(f32(x) for x in xs))
+
+
+def unit(op: str, x: torch.Tensor, out_dtype: torch.dtype, exact: bool) -> torch.Tensor:
+    """<op>_<in>_<out>: ops off the exact fp32 path see the bf16 operand of an fp32 input;
+    a bf16 output is rounded to nearest even (subnormals flushed)."""
+    x = f32(x) if exact or x.dtype == torch.bfloat16 else f32(cast_bf16(x))
+    r = ELTWISE[op](x)
+    return cast_bf16(r) if out_dtype == torch.bfloat16 else r
+
+
+def silu_mul(gate, up):
+    return silu_f32(f32(gate)) * f32(up)
+
+
+def cast_bf16(x):
+    return numerics.operand(x.float()).to(torch.bfloat16)
+
+
+STORE_ACT = {"none": lambda x: x, "relu": ELTWISE["relu"], "gelu": gelu_f32,
+             "gelu_tanh": gelu_tanh_f32, "silu": silu_f32, "tanh": tanh_f32,
+             "sigmoid": sigmoid_f32}
+
+
+def store(acc: torch.Tensor, alpha: float, act: str, out_dtype: torch.dtype) -> torch.Tensor:
+    """store_<act>_<acc>_<out>: act(alpha * acc) in fp32, stored in out_dtype (bf16: RNE)."""
+    if acc.dtype == torch.int32:
+        return acc.clone()
+    r = STORE_ACT[act](acc.float() * _c(alpha))
+    return cast_bf16(r) if out_dtype == torch.bfloat16 else r
+
+
+# --- row kernels -------------------------------------------------------------------------------
+def softmax(x: torch.Tensor) -> torch.Tensor:
+    """softmax_bf16_f32 on [rows, n] bf16."""
+    x = f32(x)
+    m = lane_max(x).unsqueeze(1)
+    e = exp_f32(x - m)
+    return e * inv(lane_sum(e)).unsqueeze(1)
+
+
+def layer_norm(x, w, b, eps: float) -> torch.Tensor:
+    x, w, b = f32(x), f32(w), f32(b)
+    n = float(x.shape[1])
+    mean = _div(lane_sum(x), n).unsqueeze(1)
+    d = x - mean
+    var = _div(lane_sum(d * d), n)
+    rstd = inv(_sqrt(var + _c(eps))).unsqueeze(1)
+    return (d * rstd) * w + b
+
+
+def rms_norm(x, w, eps: float, offset: float = 0.0) -> torch.Tensor:
+    x, w = f32(x), f32(w)
+    rstd = inv(_sqrt(_div(lane_sum(x * x), float(x.shape[1])) + _c(eps))).unsqueeze(1)
+    return (x * rstd) * (w + _c(offset))
+
+
+def rope(x, cos, signed_sin) -> torch.Tensor:
+    """rope_bf16_f32: x [rows, d], cos / signed_sin [d] (llm_blocks._rope order)."""
+    x = f32(x)
+    rot = torch.roll(x, x.shape[-1] // 2, -1)
+    return x * f32(cos) + rot * f32(signed_sin)
+
+
+# --- attention ---------------------------------------------------------------------------------
+def flash_rows(qf: torch.Tensor, qpos: torch.Tensor, kf: torch.Tensor, vf: torch.Tensor, *,
+               kv_valid: int, scale: float, tkv: int, causal: bool, window: int, softcap: float,
+               sum_rounded: bool) -> torch.Tensor:
+    """attention.cc's tile loop for one set of query rows: qf [rows, D] fp32 (bf16 values) at
+    absolute positions qpos [rows]; kf / vf [S, D] with S a multiple of tkv. -> [rows, D]."""
+    rows, d = qf.shape
+    ninf = float("-inf")
+    m = torch.full((rows,), ninf, dtype=F32)
+    l = torch.zeros(rows, dtype=F32)
+    o = torch.zeros(rows, d, dtype=F32)
+    for k0 in range(0, kf.shape[0], tkv):
+        s = matmul_seq(qf, kf[k0:k0 + tkv].t(), torch.zeros(rows, tkv)) * _c(scale)
+        if softcap > 0:
+            s = tanh_f32(s * inv(_c(softcap))) * _c(softcap)
+        kpos = torch.arange(k0, k0 + tkv).unsqueeze(0)
+        qp = qpos.unsqueeze(1)
+        masked = kpos >= kv_valid
+        if causal:
+            masked = masked | (kpos > qp)
+        if window > 0:
+            masked = masked | (kpos <= qp - window)
+        s = s.masked_fill(masked, ninf)
+        m_new = torch.maximum(m, lane_max(s))
+        live = m_new != ninf
+        alpha = exp_f32(m - m_new)
+        e = exp_f32(s - m_new.unsqueeze(1))
+        p = torch.where(live.unsqueeze(1), e, _c(0.0)).to(torch.bfloat16).float()
+        l = torch.where(live, l * alpha + lane_sum(p if sum_rounded else e), l)
+        o = torch.where(live.unsqueeze(1), o * alpha.unsqueeze(1), o)
+        m = torch.where(live, m_new, m)
+        o = matmul_seq(p, vf[k0:k0 + tkv], o)
+    return o * torch.where(l > 0, inv(l), _c(0.0)).unsqueeze(1)
+
+
+def _padded(x: torch.Tensor, rows: int) -> torch.Tensor:
+    out = torch.zeros(rows, x.shape[1], dtype=F32)
+    out[:x.shape[0]] = f32(x)
+    return out
+
+
+def attention_flash(q, k, v, *, scale: float, tq: int, tkv: int, causal: bool = False,
+                    q_offset: int = 0, window: int = 0, softcap: float = 0.0) -> torch.Tensor:
+    """The attn_qk / attn_online_softmax / attn_pv / attn_finalize loop for one head: q [Lq, D],
+    k / v [S, D] (bf16) -> [Lq, D] fp32. Query rows and keys are zero-padded to whole tiles;
+    padded keys are masked (kv_valid = S)."""
+    lq, s_len = q.shape[0], k.shape[0]
+    pq, pk = -(-lq // tq) * tq, -(-s_len // tkv) * tkv
+    qf, kf, vf = _padded(q, pq), _padded(k, pk), _padded(v, pk)
+    out = torch.empty(pq, q.shape[1], dtype=F32)
+    for q0 in range(0, pq, tq):
+        out[q0:q0 + tq] = flash_rows(qf[q0:q0 + tq], torch.arange(q0, q0 + tq) + q_offset, kf, vf,
+                                     kv_valid=s_len, scale=scale, tkv=tkv, causal=causal,
+                                     window=window, softcap=softcap, sum_rounded=False)
+    return out[:lq]
+
+
+def attention_item(q_rows, k, v, *, kv_len: int, q_offset: int, t0: int, tq: int, scale: float,
+                   tkv: int, causal: bool = False, window: int = 0,
+                   softcap: float = 0.0) -> torch.Tensor:
+    """The IR work item (attn_init / attn_q / attn_tile per key tile / attn_finish): q_rows
+    [rows, D] (the group's heads, tq rows each, padded), row r at position q_offset + t0 + r % tq;
+    k / v [S, D] with S a multiple of tkv; the running sum adds the bf16 P."""
+    rows = q_rows.shape[0]
+    qpos = torch.arange(rows) % tq + t0 + q_offset
+    return flash_rows(f32(q_rows), qpos, f32(k), f32(v), kv_valid=kv_len, scale=scale, tkv=tkv,
+                      causal=causal, window=window, softcap=softcap, sum_rounded=True)
