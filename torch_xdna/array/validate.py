@@ -20,9 +20,10 @@ from dataclasses import dataclass, field
 
 from torch_xdna.array import ir
 from torch_xdna.hw import Generation, get_generation
+from torch_xdna.hw.aie2p_regs import SHIM_BDS as _SHIM_BDS
 
-SHIM_BDS = 16          # AIE-ML shim tile BDs (mlir-aie AIETargetModel getNumBDs, shim NOC tile)
-CORE_DMA_DIMS = 3      # AIE-ML compute-tile DMA: 3-D addressing (mem tile and shim: 4-D incl. repeat)
+SHIM_BDS = _SHIM_BDS.value       # shim tile BDs (hw/aie2p_regs.py, with its source)
+CORE_DMA_DIMS = 3      # AIE-ML compute-tile DMA: 3-D addressing (AM020; mem tile and shim: 4-D)
 
 
 class ArrayIRError(ValueError):

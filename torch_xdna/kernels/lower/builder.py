@@ -15,11 +15,12 @@ import torch
 
 from torch_xdna.array import ir
 from torch_xdna.hw import Generation
+from torch_xdna.hw.aie2p_regs import SHIM_BDS as _SHIM_BDS
 
 TORCH_TO_IR = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16",
                torch.int8: "i8", torch.uint8: "u8", torch.bool: "u8", torch.int16: "i16",
                torch.int32: "i32", torch.int64: "i64"}
-SHIM_BDS = 16      # AIE-ML shim NOC tile BDs (mlir-aie AIETargetModel: getNumBDs for shim = 16)
+SHIM_BDS = _SHIM_BDS.value          # shim BDs per column (hw/aie2p_regs.py, with its source)
 
 
 class LoweringError(ValueError):
