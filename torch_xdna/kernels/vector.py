@@ -223,7 +223,7 @@ class VectorDesign(Design):
         """(elements per unit, units, L1 bytes, double-buffered) for row ops: a row must sit in
         one core's L1 (input, an fp32 working row unless the input is fp32, output, and the
         resident per-row parameters such as norm weights)."""
-        row = self._row_len()
+        row = max(1, self._row_len())      # an empty row (softmax over a 0-size dim): no work
         params = sum(numel(s) * d.itemsize for s, d in zip(self.in_shapes[1:], self.in_dtypes[1:]))
         working = 0 if in_b == 4 else 4 * row
         n_rows = max(1, n_in // max(1, row))
