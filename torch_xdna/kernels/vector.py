@@ -172,7 +172,7 @@ class VectorDesign(Design):
 
     def plan(self, gen: Generation) -> Plan:
         """Stream the operands through up to every core in chunks (whole rows for row ops)."""
-        _, passes = OPS[self.op]
+        passes = self._passes()
         label = f"{self.op} {self.in_shapes}->{self.out_shape}"
         n_out = numel(self.out_shape)
         n_in = max([numel(s) for s in self.in_shapes] + [n_out])
@@ -180,7 +180,7 @@ class VectorDesign(Design):
         write = n_out * self.out_dtype.itemsize
         main_b = self.in_dtypes[0].itemsize if self.in_dtypes else 4
         out_b = self.out_dtype.itemsize
-        if self.op in ROW_OPS:
+        if self._is_row_op():
             work, n_units, l1, double = self._row_tiling(gen, label, main_b, out_b, n_in)
         else:
             work, double = self._flat_tiling(gen, n_in), True
@@ -213,8 +213,16 @@ class VectorDesign(Design):
                    "fill_s": (cycles / max(1, per_core)) / gen.core_clock_hz.value})
         return check_plan(gen, label, plan)
 
+    def _passes(self) -> float:
+        """Vector passes per element (the op table's cost column); subclasses own other tables."""
+        return OPS[self.op][1]
+
+    def _is_row_op(self) -> bool:
+        """True when a whole row must sit in one core's L1 (softmax, norms, scans)."""
+        return self.op in ROW_OPS
+
     def _row_len(self) -> int:
-        if self.op not in ROW_OPS or not self.in_shapes or not self.in_shapes[0]:
+        if not self._is_row_op() or not self.in_shapes or not self.in_shapes[0]:
             return 1
         nd = dict(self.params).get("norm_dims", 1) if self.op == "layer_norm" else 1
         return numel(self.in_shapes[0][-nd:])

@@ -1,0 +1,86 @@
+"""Reductions with indices, selections and moments on the vector unit (TableDesign ops).
+
+argmax/argmin, max/min along a dim (values + first index, as PyTorch), full max/min, topk and
+sort (a row per core: a bitonic network over the row in L1, ~log2(n)^2 / 2 compare-exchange
+passes), and var/std/var_mean/std_mean (two passes: mean, then squared deviations accumulated
+in fp32). Compares and selects keep fp32 operands (exact); moments use bf16 operands.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from torch_xdna.kernels.vector_ops import define
+
+
+def _dims(x: torch.Tensor, dims):
+    return tuple(range(x.dim())) if dims is None or dims == () else dims
+
+
+def _arg(fn):
+    def run(xs, dim=None, keepdim=False, **kw):
+        x = xs[0]
+        if dim is None:
+            return fn(x.reshape(-1), 0) if x.dim() else fn(x.reshape(1), 0).reshape(())
+        r = fn(x, dim, keepdim=keepdim) if x.dim() else fn(x.reshape(1), 0).reshape(())
+        return r
+    return run
+
+
+def _minmax_dim(fn):
+    def run(xs, dim, keepdim=False, **kw):
+        x = xs[0]
+        if not x.dim():
+            return x, torch.zeros((), dtype=torch.int64)
+        r = fn(x, dim, keepdim=keepdim)
+        return r.values, r.indices
+    return run
+
+
+def _topk(xs, k, largest=True, sorted=True, **kw):
+    r = torch.topk(xs[0], k, dim=-1, largest=largest, sorted=sorted)
+    return r.values, r.indices
+
+
+def _sort(xs, descending=False, stable=False, **kw):
+    r = torch.sort(xs[0], dim=-1, descending=descending, stable=stable)
+    return r.values, r.indices
+
+
+def _moment(kind: str):
+    def run(xs, dims=None, correction=1.0, keepdim=False, **kw):
+        x = xs[0]
+        d = _dims(x, dims) if x.dim() else None
+        if d is None:
+            v = torch.var(x.reshape(1), correction=correction)
+            m = x
+        else:
+            v = torch.var(x, dim=d, correction=correction, keepdim=keepdim)
+            m = torch.mean(x, dim=d, keepdim=keepdim)
+        s = torch.sqrt(v) if kind.startswith("std") else v
+        return (s, m) if kind.endswith("_mean") else s
+    return run
+
+
+def sort_passes(n: int) -> float:
+    """Compare-exchange passes of a bitonic sort network over a row of n elements."""
+    lg = max(1, math.ceil(math.log2(max(2, n))))
+    return lg * (lg + 1) / 2
+
+
+define("argmax", _arg(torch.argmax), 1, numerics="exact")
+define("argmin", _arg(torch.argmin), 1, numerics="exact")
+define("max_dim", _minmax_dim(torch.max), 1, numerics="exact")
+define("min_dim", _minmax_dim(torch.min), 1, numerics="exact")
+define("max_all", lambda xs, **kw: torch.max(xs[0]), 1, numerics="exact")
+define("min_all", lambda xs, **kw: torch.min(xs[0]), 1, numerics="exact")
+define("amin", lambda xs, dims, keepdim, **kw: torch.amin(xs[0], _dims(xs[0], dims), keepdim)
+       if xs[0].dim() else xs[0], 1, numerics="exact")
+# row ops: the op layer passes the row's network depth as `passes` (sort_passes(row length))
+define("topk", _topk, 1, row=True, numerics="exact")
+define("sort", _sort, 1, row=True, numerics="exact")
+define("var", _moment("var"), 3)
+define("std", _moment("std"), 4)
+define("var_mean", _moment("var_mean"), 3)
+define("std_mean", _moment("std_mean"), 4)
