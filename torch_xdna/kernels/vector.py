@@ -227,12 +227,18 @@ class VectorDesign(Design):
         nd = dict(self.params).get("norm_dims", 1) if self.op == "layer_norm" else 1
         return numel(self.in_shapes[0][-nd:])
 
+    def _row_streams(self, in_b: int, out_b: int) -> tuple[int, int, int]:
+        """(bytes per row element streamed in, streamed out, resident parameter bytes): the
+        first input streams, the others (norm weights) stay resident."""
+        params = sum(numel(s) * d.itemsize for s, d in zip(self.in_shapes[1:], self.in_dtypes[1:]))
+        return in_b, out_b, params
+
     def _row_tiling(self, gen: Generation, label: str, in_b: int, out_b: int, n_in: int):
         """(elements per unit, units, L1 bytes, double-buffered) for row ops: a row must sit in
         one core's L1 (input, an fp32 working row unless the input is fp32, output, and the
         resident per-row parameters such as norm weights)."""
         row = max(1, self._row_len())      # an empty row (softmax over a 0-size dim): no work
-        params = sum(numel(s) * d.itemsize for s, d in zip(self.in_shapes[1:], self.in_dtypes[1:]))
+        in_b, out_b, params = self._row_streams(in_b, out_b)
         working = 0 if in_b == 4 else 4 * row
         n_rows = max(1, n_in // max(1, row))
         for double in (True, False):

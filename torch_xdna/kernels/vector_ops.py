@@ -65,6 +65,18 @@ class TableDesign(VectorDesign):
         nd = dict(self.params).get("row_dims", 1)
         return numel(self.in_shapes[0][-nd:])
 
+    def _row_streams(self, in_b: int, out_b: int) -> tuple[int, int, int]:
+        """Inputs and outputs the size of the first input stream row by row (grad and saved
+        output of a backward op); smaller ones (statistics, weights) stay resident."""
+        n0 = numel(self.in_shapes[0])
+        ins = list(zip(self.in_shapes, self.in_dtypes))
+        s_in = sum(d.itemsize for s, d in ins if numel(s) == n0)
+        params = sum(numel(s) * d.itemsize for s, d in ins if numel(s) != n0)
+        outs = [(self.out_shape, self.out_dtype)] + list(self.more_outs)
+        s_out = sum(d.itemsize for s, d in outs if numel(s) == n0)
+        params += sum(numel(s) * d.itemsize for s, d in outs if numel(s) != n0)
+        return s_in, max(s_out, 1), params
+
     def reference(self, inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor],
                   **scalars: Any) -> None:
         op = TABLE[self.op]

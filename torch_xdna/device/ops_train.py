@@ -1,0 +1,206 @@
+"""Training ops: activation/softmax/layer-norm backward, losses (nll, mse) and their backward,
+embedding backward, and the optimizer arithmetic (addcmul, addcdiv, lerp) that PyTorch's
+`_foreach_*` kernels decompose into on this device. One vector-unit launch each
+(kernels/train.py); with these an MLP trains under `torch.xdna.strict()` (tests/test_train_strict.py).
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+import torch_xdna.kernels.train  # noqa: F401  (defines the table ops)
+from torch_xdna.device import table
+from torch_xdna.device.ops import as_device_operand
+
+aten = torch.ops.aten
+
+
+def _elementwise_backward(op: str, aten_name: str):
+    """(grad_output, saved) -> grad_input, broadcasting as PyTorch's TensorIterator does."""
+    def kernel(grad_output, saved, *args, grad_input=None, **params):
+        if not table.ok(grad_output, saved, floats_only=True):
+            return None
+        if op == "threshold_backward":
+            params["threshold"] = args[0] if args else params.pop("threshold")
+        shape = tuple(torch.broadcast_shapes(grad_output.shape, saved.shape))
+        g = grad_output if tuple(grad_output.shape) == shape else grad_output.expand(shape)
+        s = saved if tuple(saved.shape) == shape else saved.expand(shape)
+        dtype = torch.promote_types(grad_output.dtype, saved.dtype)
+        res = table.output(grad_input, shape, grad_input.dtype if grad_input is not None else dtype)
+        table.run(op, [g, s], [res], aten_name, **params)
+        return res
+    return kernel
+
+
+def _softmax_backward(op: str, aten_name: str):
+    def kernel(grad_output, output, dim, input_dtype, *, out=None, grad_input=None):
+        if not table.ok(grad_output, output, floats_only=True):
+            return None
+        out = out if out is not None else grad_input
+        res = table.output(out, output.shape, input_dtype if out is None else out.dtype)
+        if not output.numel():
+            return res
+        d = dim % max(output.dim(), 1)
+        last = output.dim() == 0 or d == output.dim() - 1
+        mv = (lambda t: t) if last else (lambda t: t.movedim(d, -1))
+        g, o = mv(grad_output), mv(output)
+        shape = tuple(o.shape) or (1,)
+        tmp = table.output(None, shape, res.dtype)
+        table.run(op, [g.reshape(shape), o.reshape(shape)], [tmp], aten_name)
+        res.copy_(tmp.reshape(output.shape) if last else tmp.movedim(-1, d))
+        return res
+    return kernel
+
+
+def layer_norm_backward(grad_out, input, normalized_shape, mean, rstd, weight, bias, output_mask):
+    if not table.ok(grad_out, input, mean, rstd, weight, bias, floats_only=True):
+        return None
+    nd = len(normalized_shape)
+    ins = [grad_out, input, mean, rstd] + [t for t in (weight, bias) if t is not None]
+    outs = [(input.shape, input.dtype)]
+    wshape = tuple(input.shape[input.dim() - nd:])
+    outs.append((wshape, weight.dtype if weight is not None else input.dtype))
+    outs.append((wshape, bias.dtype if bias is not None else input.dtype))
+    gi, gw, gb = table.run("layer_norm_backward", ins, outs, "aten.native_layer_norm_backward",
+                           row_dims=nd, has_weight=weight is not None, has_bias=bias is not None)
+    return (gi if output_mask[0] else None, gw if output_mask[1] and weight is not None else None,
+            gb if output_mask[2] and bias is not None else None)
+
+
+def _nll_forward(two_d: bool):
+    name = "aten.nll_loss2d_forward" if two_d else "aten.nll_loss_forward"
+
+    def kernel(self, target, weight, reduction, ignore_index, *, output=None, total_weight=None):
+        if not table.ok(self, weight, floats_only=True) or not table.ok(target) \
+                or target.dtype not in (torch.int64, torch.int32, torch.uint8):
+            return None
+        meta = (aten.nll_loss2d_forward if two_d else aten.nll_loss_forward)(
+            torch.empty(self.shape, device="meta", dtype=self.dtype),
+            torch.empty(target.shape, device="meta", dtype=target.dtype),
+            None if weight is None else torch.empty(weight.shape, device="meta", dtype=weight.dtype),
+            reduction, ignore_index)            # shape checks and result shapes, as PyTorch
+        out = table.output(output, meta[0].shape, self.dtype)
+        tw = table.output(total_weight, meta[1].shape, self.dtype)
+        ins = [self, target] + ([weight] if weight is not None else [])
+        table.run("nll_loss_forward", ins, [out, tw], name, reduction=int(reduction),
+                  ignore_index=int(ignore_index), has_weight=weight is not None, two_d=two_d)
+        return out, tw
+    return kernel
+
+
+def _nll_backward(two_d: bool):
+    name = "aten.nll_loss2d_backward" if two_d else "aten.nll_loss_backward"
+
+    def kernel(grad_output, self, target, weight, reduction, ignore_index, total_weight, *,
+               grad_input=None):
+        if not table.ok(grad_output, self, weight, total_weight, floats_only=True) \
+                or not table.ok(target):
+            return None
+        res = table.output(grad_input, self.shape, self.dtype)
+        ins = [grad_output, self, target] + ([weight] if weight is not None else []) + \
+            [total_weight]
+        table.run("nll_loss_backward", ins, [res], name, reduction=int(reduction),
+                  ignore_index=int(ignore_index), has_weight=weight is not None, two_d=two_d)
+        return res
+    return kernel
+
+
+def mse_loss(self, target, reduction=1, *, out=None):
+    if not table.ok(self, target, floats_only=True):
+        return None
+    shape = tuple(torch.broadcast_shapes(self.shape, target.shape))
+    a, b = self.expand(shape), target.expand(shape)
+    res = table.output(out, shape if reduction == 0 else (), self.dtype)
+    table.run("mse_loss", [a, b], [res], "aten.mse_loss", reduction=int(reduction))
+    return res
+
+
+def mse_loss_backward(grad_output, self, target, reduction, *, grad_input=None):
+    if not table.ok(grad_output, self, target, floats_only=True):
+        return None
+    shape = tuple(self.shape)
+    res = table.output(grad_input, shape, self.dtype)
+    table.run("mse_loss_backward", [grad_output.expand(shape), self, target.expand(shape)],
+              [res], "aten.mse_loss_backward", reduction=int(reduction))
+    return res
+
+
+def embedding_dense_backward(grad_output, indices, num_weights, padding_idx, scale_grad_by_freq,
+                             *, out=None):
+    if not table.ok(grad_output, floats_only=True) or not table.ok(indices):
+        return None
+    res = table.output(out, (int(num_weights), grad_output.shape[-1]), grad_output.dtype)
+    table.run("embedding_backward", [grad_output, indices], [res],
+              "aten.embedding_dense_backward", num_weights=int(num_weights),
+              padding_idx=int(padding_idx), scale_grad_by_freq=bool(scale_grad_by_freq))
+    return res
+
+
+def _update(op: str, mode: str):
+    """addcmul / addcdiv / lerp: functional, in-place (`self` is the result) or out=."""
+    name = f"aten.{op}_" if mode == "inplace" else f"aten.{op}"
+
+    def kernel(self, t1, t2=None, *, value=1, out=None, **kw):
+        if op == "lerp":
+            end, weight = t1, t2 if t2 is not None else kw.get("weight")
+            if isinstance(weight, torch.Tensor) and weight.device.type != "xdna" and weight.dim():
+                return None
+            tensors = [self, end] + ([weight] if isinstance(weight, torch.Tensor) else [])
+            params = {} if isinstance(weight, torch.Tensor) else {"weight": float(weight)}
+        else:
+            tensors, params = [self, t1, t2], {"value": float(value) if not
+                                               isinstance(value, bool) else value}
+        tensors = [as_device_operand(t, self.dtype) if isinstance(t, torch.Tensor) and t.dim() == 0
+                   and t.device.type != "xdna" else t for t in tensors]
+        if not table.ok(*tensors, floats_only=True):
+            return None
+        shape = tuple(torch.broadcast_shapes(*[t.shape for t in tensors]))
+        if mode == "inplace" and tuple(self.shape) != shape:
+            raise RuntimeError(f"xdna {op}_: output with shape {list(self.shape)} doesn't match "
+                               f"the broadcast shape {list(shape)}")
+        views = [t if tuple(t.shape) == shape else t.expand(shape) for t in tensors]
+        dtype = self.dtype
+        for t in tensors[1:]:
+            dtype = torch.promote_types(dtype, t.dtype)
+        res = self if mode == "inplace" else table.output(out, shape, out.dtype if out is not None
+                                                          else dtype)
+        table.run(op, views, [res], name, **params)
+        return res
+    return kernel
+
+
+def register_ops(reg: Callable) -> None:
+    for op in ("threshold_backward", "gelu_backward", "sigmoid_backward", "tanh_backward",
+               "silu_backward"):
+        k = _elementwise_backward(op, f"aten.{op}")
+        reg(getattr(aten, op).default, k)
+        reg(getattr(aten, op).grad_input, k)
+    for op, tab in (("_softmax_backward_data", "softmax_backward"),
+                    ("_log_softmax_backward_data", "log_softmax_backward")):
+        k = _softmax_backward(tab, f"aten.{op}")
+        reg(getattr(aten, op).default, k)
+        reg(getattr(aten, op).out, k)
+    reg(aten.native_layer_norm_backward.default, layer_norm_backward)
+    reg(aten.nll_loss_forward.default, _nll_forward(False))
+    reg(aten.nll_loss_forward.output, _nll_forward(False))
+    reg(aten.nll_loss_backward.default, _nll_backward(False))
+    reg(aten.nll_loss_backward.grad_input, _nll_backward(False))
+    reg(aten.nll_loss2d_forward.default, _nll_forward(True))
+    reg(aten.nll_loss2d_forward.output, _nll_forward(True))
+    reg(aten.nll_loss2d_backward.default, _nll_backward(True))
+    reg(aten.nll_loss2d_backward.grad_input, _nll_backward(True))
+    reg(aten.mse_loss.default, mse_loss)
+    reg(aten.mse_loss.out, mse_loss)
+    reg(aten.mse_loss_backward.default, mse_loss_backward)
+    reg(aten.mse_loss_backward.grad_input, mse_loss_backward)
+    reg(aten.embedding_dense_backward.default, embedding_dense_backward)
+    reg(aten.embedding_dense_backward.out, embedding_dense_backward)
+    for op in ("addcmul", "addcdiv"):
+        reg(getattr(aten, op).default, _update(op, "functional"))
+        reg(getattr(aten, op).out, _update(op, "out"))
+        reg(getattr(aten, op + "_").default, _update(op, "inplace"))
+    for ov in ("Scalar", "Tensor"):
+        reg(getattr(aten.lerp, ov), _update("lerp", "functional"))
+        reg(getattr(aten.lerp, ov + "_out"), _update("lerp", "out"))
+        reg(getattr(aten.lerp_, ov), _update("lerp", "inplace"))
