@@ -368,3 +368,45 @@ def test_new_designs_plan_within_capacity():
                       (("passes", 136.0),), (((2, 1 << 16), torch.int64),))
     with pytest.raises(PlanError, match="L1"):
         big.plan(gen)
+
+
+def test_vector_norm_and_clip_grad_norm():
+    x = torch.randn(5, 9)
+    for kw in ({}, {"ord": 1}, {"ord": float("inf")}, {"ord": 3, "dim": 1, "keepdim": True}):
+        close(torch.linalg.vector_norm(D(x), **kw), torch.linalg.vector_norm(r16(x), **kw))
+    exact(torch.sign(D(x)), torch.sign(x))
+    exact(torch.sign(D(torch.tensor([-3, 0, 2]))), torch.tensor([-1, 0, 1]))
+    m = torch.nn.Linear(9, 3).to("xdna")
+    m(D(x)).sum().backward()
+    total = torch.nn.utils.clip_grad_norm_(m.parameters(), 0.5)
+    grads = torch.cat([p.grad.cpu().reshape(-1) for p in m.parameters()])
+    assert abs(grads.norm().item() - 0.5) < 1e-2 and total.item() > 0.5
+
+
+def test_dropout_mask_and_backward():
+    x = torch.randn(64, 64)
+    xd = D(x).requires_grad_()
+    y = F.dropout(xd, 0.25, training=True)
+    kept = (y.detach().cpu() != 0)
+    assert 0.65 < kept.float().mean().item() < 0.85
+    torch.testing.assert_close(y.detach().cpu()[kept], (r16(x) / 0.75)[kept], atol=1e-2,
+                               rtol=2.0 ** -8)
+    y.sum().backward()
+    exact(xd.grad.cpu() != 0, kept)
+    assert torch.equal(F.dropout(D(x), 0.5, training=False).cpu(), x)
+
+
+@pytest.mark.parametrize("loss", ["bce_logits", "bce", "smooth_l1", "l1"])
+def test_more_losses_forward_backward(loss):
+    x, t = torch.randn(6, 4), torch.rand(6, 4)
+    fn = {"bce_logits": F.binary_cross_entropy_with_logits, "smooth_l1": F.smooth_l1_loss,
+          "l1": F.l1_loss,
+          "bce": lambda a, b: F.binary_cross_entropy(torch.sigmoid(a), b)}[loss]
+    xr = x.clone().requires_grad_()
+    ref = fn(xr, t)
+    ref.backward()
+    xd = D(x).requires_grad_()
+    got = fn(xd, D(t))
+    got.backward()
+    torch.testing.assert_close(got.detach().cpu(), ref.detach(), atol=2e-2, rtol=2e-2)
+    torch.testing.assert_close(xd.grad.cpu(), xr.grad, atol=2e-2, rtol=2e-2)

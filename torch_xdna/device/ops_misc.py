@@ -111,6 +111,16 @@ def _scatter(op: str, mode: str, kind: str):
     return kernel
 
 
+def _sign(mode: str):
+    def kernel(self, *, out=None):
+        if not table.ok(self) or self.dtype == torch.bool:
+            return None
+        res = self if mode == "inplace" else table.output(out, self.shape, self.dtype)
+        table.run("sign", [self], [res], "aten.sign")
+        return res
+    return kernel
+
+
 # --- matmul-shaped ops on the GEMM design ------------------------------------------------------
 def _float_gemm_ok(*ts) -> bool:
     return all(isinstance(t, torch.Tensor) and t.device.type == "xdna" and
@@ -224,3 +234,7 @@ def register_ops(reg: Callable) -> None:
     reg(aten.mv.out, mv)
     reg(aten.dot.default, dot)
     reg(aten.dot.out, dot)
+    for op in ("sign", "sgn"):
+        reg(getattr(aten, op).default, _sign("functional"))
+        reg(getattr(aten, op).out, _sign("out"))
+        reg(getattr(aten, op + "_").default, _sign("inplace"))

@@ -147,6 +147,17 @@ def _moment(op: str):
     return kernel
 
 
+def vector_norm(self, ord=2, dim=None, keepdim=False, *, dtype=None, out=None):
+    if not table.ok(self, floats_only=True) or isinstance(ord, complex):
+        return None
+    dims = table.norm_dims(self, dim)
+    res = table.output(out, table.reduced_shape(self, dims, keepdim),
+                       out.dtype if out is not None else (dtype or self.dtype))
+    table.run("vector_norm", [self], [res], "aten.linalg_vector_norm", ord=float(ord),
+              dims=dims or (), keepdim=bool(keepdim))
+    return res
+
+
 def register_ops(reg: Callable) -> None:
     for op in ("argmax", "argmin"):
         k = _arg(op)
@@ -169,3 +180,5 @@ def register_ops(reg: Callable) -> None:
         reg(getattr(aten, op).correction_out, _moment(op))
     for op in ("var_mean", "std_mean"):
         reg(getattr(aten, op).correction, _moment(op))
+    reg(aten.linalg_vector_norm.default, vector_norm)
+    reg(aten.linalg_vector_norm.out, vector_norm)

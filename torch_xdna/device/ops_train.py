@@ -170,6 +170,96 @@ def _update(op: str, mode: str):
     return kernel
 
 
+# -- dropout, log-sigmoid, smooth-L1 and BCE --------------------------------------------------------
+def native_dropout(input, p, train, *, out0=None, out1=None):
+    """The keep-mask is drawn by the xdna generator on the host and written to a BO (host-side
+    initialisation, as torch.rand on the device); the masking and scaling run on the NPU."""
+    if not table.ok(input, floats_only=True):
+        return None
+    from torch_xdna.device import storage
+    from torch_xdna.device.core import RNG
+    out = table.output(out0, input.shape, input.dtype)
+    mask = table.output(out1, input.shape, torch.bool)
+    if train is False or p == 0:
+        keep, scale = torch.ones(input.shape, dtype=torch.bool), 1.0
+    elif p >= 1:
+        keep, scale = torch.zeros(input.shape, dtype=torch.bool), 0.0
+    else:
+        keep = torch.empty(input.shape).bernoulli_(1 - p, generator=RNG.gen).bool()
+        scale = 1.0 / (1.0 - p)
+    if mask.numel():
+        storage.host_view(mask, for_write=True).copy_(keep)
+    table.run("dropout_apply", [input, mask], [out], "aten.native_dropout", scale=float(scale))
+    return out, mask
+
+
+def native_dropout_backward(grad_output, mask, scale, *, out=None):
+    if not table.ok(grad_output, floats_only=True) or not table.ok(mask):
+        return None
+    res = table.output(out, grad_output.shape, grad_output.dtype)
+    table.run("dropout_backward", [grad_output, mask], [res], "aten.native_dropout_backward",
+              scale=float(scale))
+    return res
+
+
+def log_sigmoid_forward(self, *, output=None, buffer=None):
+    if not table.ok(self, floats_only=True):
+        return None
+    out = table.output(output, self.shape, self.dtype)
+    buf = table.output(buffer, self.shape, self.dtype)
+    table.run("log_sigmoid_forward", [self], [out, buf], "aten.log_sigmoid_forward")
+    return out, buf
+
+
+def log_sigmoid_backward(grad_output, self, buffer, *, grad_input=None):
+    if not table.ok(grad_output, self, buffer, floats_only=True):
+        return None
+    res = table.output(grad_input, self.shape, self.dtype)
+    table.run("log_sigmoid_backward", [grad_output.expand(self.shape), self, buffer], [res],
+              "aten.log_sigmoid_backward")
+    return res
+
+
+def smooth_l1_loss(self, target, reduction=1, beta=1.0, *, out=None):
+    if not table.ok(self, target, floats_only=True):
+        return None
+    shape = tuple(torch.broadcast_shapes(self.shape, target.shape))
+    res = table.output(out, shape if reduction == 0 else (), self.dtype)
+    table.run("smooth_l1_loss", [self.expand(shape), target.expand(shape)], [res],
+              "aten.smooth_l1_loss", reduction=int(reduction), beta=float(beta))
+    return res
+
+
+def smooth_l1_loss_backward(grad_output, self, target, reduction, beta, *, grad_input=None):
+    if not table.ok(grad_output, self, target, floats_only=True):
+        return None
+    res = table.output(grad_input, self.shape, self.dtype)
+    table.run("smooth_l1_loss_backward", [grad_output, self, target.expand(self.shape)], [res],
+              "aten.smooth_l1_loss_backward", reduction=int(reduction), beta=float(beta))
+    return res
+
+
+def binary_cross_entropy(self, target, weight=None, reduction=1, *, out=None):
+    if not table.ok(self, target, weight, floats_only=True):
+        return None
+    res = table.output(out, self.shape if reduction == 0 else (), self.dtype)
+    ins = [self, target] + ([weight.expand(self.shape)] if weight is not None else [])
+    table.run("binary_cross_entropy", ins, [res], "aten.binary_cross_entropy",
+              reduction=int(reduction), has_weight=weight is not None)
+    return res
+
+
+def binary_cross_entropy_backward(grad_output, self, target, weight=None, reduction=1, *,
+                                  grad_input=None):
+    if not table.ok(grad_output, self, target, weight, floats_only=True):
+        return None
+    res = table.output(grad_input, self.shape, self.dtype)
+    ins = [grad_output, self, target] + ([weight.expand(self.shape)] if weight is not None else [])
+    table.run("binary_cross_entropy_backward", ins, [res], "aten.binary_cross_entropy_backward",
+              reduction=int(reduction), has_weight=weight is not None)
+    return res
+
+
 def register_ops(reg: Callable) -> None:
     for op in ("threshold_backward", "gelu_backward", "sigmoid_backward", "tanh_backward",
                "silu_backward"):
@@ -204,3 +294,19 @@ def register_ops(reg: Callable) -> None:
         reg(getattr(aten.lerp, ov), _update("lerp", "functional"))
         reg(getattr(aten.lerp, ov + "_out"), _update("lerp", "out"))
         reg(getattr(aten.lerp_, ov), _update("lerp", "inplace"))
+    reg(aten.native_dropout.default, native_dropout)
+    reg(aten.native_dropout.out, native_dropout)
+    reg(aten.native_dropout_backward.default, native_dropout_backward)
+    reg(aten.native_dropout_backward.out, native_dropout_backward)
+    reg(aten.log_sigmoid_forward.default, log_sigmoid_forward)
+    reg(aten.log_sigmoid_forward.output, log_sigmoid_forward)
+    reg(aten.log_sigmoid_backward.default, log_sigmoid_backward)
+    reg(aten.log_sigmoid_backward.grad_input, log_sigmoid_backward)
+    reg(aten.smooth_l1_loss.default, smooth_l1_loss)
+    reg(aten.smooth_l1_loss.out, smooth_l1_loss)
+    reg(aten.smooth_l1_loss_backward.default, smooth_l1_loss_backward)
+    reg(aten.smooth_l1_loss_backward.grad_input, smooth_l1_loss_backward)
+    reg(aten.binary_cross_entropy.default, binary_cross_entropy)
+    reg(aten.binary_cross_entropy.out, binary_cross_entropy)
+    reg(aten.binary_cross_entropy_backward.default, binary_cross_entropy_backward)
+    reg(aten.binary_cross_entropy_backward.grad_input, binary_cross_entropy_backward)

@@ -84,3 +84,12 @@ define("var", _moment("var"), 3)
 define("std", _moment("std"), 4)
 define("var_mean", _moment("var_mean"), 3)
 define("std_mean", _moment("std_mean"), 4)
+
+
+def _vector_norm(xs, ord, dims=None, keepdim=False, **kw):
+    x = xs[0]
+    return torch.linalg.vector_norm(x, ord, dim=dims if dims else None, keepdim=keepdim)
+
+
+# |x|^p summed in fp32 on bf16 operands, then the p-th root (2-norm: squares and a sqrt)
+define("vector_norm", _vector_norm, 3)

@@ -94,3 +94,21 @@ define("addcdiv", lambda xs, value=1.0, **kw: xs[0] + value * (bf16(xs[1]) / bf1
        numerics="exact")
 define("lerp", lambda xs, weight=None, **kw: xs[0] + (
     bf16(xs[2]) if weight is None else weight) * bf16(xs[1] - xs[0]), 2, numerics="exact")
+
+
+# -- dropout (the keep-mask comes from the host RNG, as every torch.rand on the device), more
+# losses and activations training loops meet ---------------------------------------------------
+define("dropout_apply", lambda xs, scale, **kw: xs[0] * xs[1].float() * scale, 2)
+define("dropout_backward", lambda xs, scale, **kw: xs[0] * xs[1].float() * scale, 2)
+define("log_sigmoid_forward", lambda xs, **kw: aten.log_sigmoid_forward(xs[0]), 7)
+define("log_sigmoid_backward", lambda xs, **kw: aten.log_sigmoid_backward(xs[0], xs[1], xs[2]),
+       7)
+define("smooth_l1_loss", lambda xs, reduction, beta, **kw: aten.smooth_l1_loss(
+    xs[0], xs[1], reduction, beta), 4)
+define("smooth_l1_loss_backward", lambda xs, reduction, beta, **kw: aten.smooth_l1_loss_backward(
+    xs[0], xs[1], xs[2], reduction, beta), 4)
+define("binary_cross_entropy", lambda xs, reduction, has_weight, **kw: aten.binary_cross_entropy(
+    xs[0], xs[1], xs[2] if has_weight else None, reduction), 8)
+define("binary_cross_entropy_backward", lambda xs, reduction, has_weight, **kw:
+       aten.binary_cross_entropy_backward(xs[0], xs[1], xs[2], xs[3] if has_weight else None,
+                                          reduction), 6)
