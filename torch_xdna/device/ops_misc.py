@@ -94,7 +94,7 @@ def _scatter(op: str, mode: str, kind: str):
     name = f"aten.{op}" + ("_" if mode == "inplace" else "")
 
     def kernel(self, dim, index, src, *, reduce=None, out=None):
-        if not table.ok(self, index) or index.dtype != torch.int64:
+        if not table.ok(self, index) or index.dtype not in (torch.int64, torch.int32):
             return None
         if kind != "value" and not table.ok(src):
             return None

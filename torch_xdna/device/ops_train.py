@@ -149,12 +149,11 @@ def _update(op: str, mode: str):
             tensors = [self, end] + ([weight] if isinstance(weight, torch.Tensor) else [])
             params = {} if isinstance(weight, torch.Tensor) else {"weight": float(weight)}
         else:
-            tensors, params = [self, t1, t2], {"value": float(value) if not
-                                               isinstance(value, bool) else value}
+            tensors, params = [self, t1, t2], {"value": value}
         tensors = [as_device_operand(t, self.dtype) if isinstance(t, torch.Tensor) and t.dim() == 0
                    and t.device.type != "xdna" else t for t in tensors]
-        if not table.ok(*tensors, floats_only=True):
-            return None
+        if not table.ok(*tensors, floats_only=op != "addcmul"):
+            return None                   # integer addcmul is exact; addcdiv/lerp take floats
         shape = tuple(torch.broadcast_shapes(*[t.shape for t in tensors]))
         if mode == "inplace" and tuple(self.shape) != shape:
             raise RuntimeError(f"xdna {op}_: output with shape {list(self.shape)} doesn't match "
