@@ -370,6 +370,21 @@ def test_new_designs_plan_within_capacity():
         big.plan(gen)
 
 
+def test_long_rows_sort_in_runs_merged_in_the_mem_tile():
+    from torch_xdna.kernels.reduce import SortDesign
+    gen = get_device().gen
+    d = SortDesign("sort", ((8000,),), (torch.float32,), (8000,), torch.float32,
+                   (("descending", False), ("stable", False)), (((8000,), torch.int64),))
+    p = d.plan(gen)
+    assert p.notes["merge_runs"] > 1 and p.memtile_bytes <= gen.memtile_bytes.value
+    x = torch.randn(3, 8000)
+    before = get_device().counters.launches
+    v, i = D(x).sort(-1, descending=True)
+    assert get_device().counters.launches - before == 1
+    exact(v, x.sort(-1, descending=True).values)
+    exact(i, x.sort(-1, descending=True).indices)
+
+
 def test_vector_norm_and_clip_grad_norm():
     x = torch.randn(5, 9)
     for kw in ({}, {"ord": 1}, {"ord": float("inf")}, {"ord": 3, "dim": 1, "keepdim": True}):

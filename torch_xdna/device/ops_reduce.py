@@ -8,7 +8,7 @@ import torch
 
 import torch_xdna.kernels.reduce  # noqa: F401  (defines the table ops)
 from torch_xdna.device import table
-from torch_xdna.kernels.reduce import sort_passes
+from torch_xdna.kernels.reduce import SortDesign, sort_passes
 
 aten = torch.ops.aten
 I64 = torch.int64
@@ -98,7 +98,8 @@ def topk(self, k, dim=-1, largest=True, sorted=True, *, values=None, indices=Non
     shape = list(src.shape[:-1]) + [k]
     v = table.output(None, shape, self.dtype)
     i = table.output(None, shape, I64)
-    table.run("topk", [src], [v, i], "aten.topk", k=int(k), largest=bool(largest),
+    table.run("topk", [src], [v, i], "aten.topk", design_cls=SortDesign, k=int(k),
+              largest=bool(largest),
               sorted=bool(sorted), passes=sort_passes(n))
     v, i = _from_last(v, self, d), _from_last(i, self, d)
     if values is not None:
@@ -114,7 +115,8 @@ def sort(self, dim=-1, descending=False, *, stable=False, values=None, indices=N
     src, d = _to_last(self, dim)
     v = table.output(None, src.shape, self.dtype)
     i = table.output(None, src.shape, I64)
-    table.run("sort", [src], [v, i], "aten.sort", descending=bool(descending),
+    table.run("sort", [src], [v, i], "aten.sort", design_cls=SortDesign,
+              descending=bool(descending),
               stable=bool(stable), passes=sort_passes(src.shape[-1]))
     v, i = _from_last(v, self, d), _from_last(i, self, d)
     if values is not None:

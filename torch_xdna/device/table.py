@@ -35,11 +35,11 @@ def output(out: torch.Tensor | None, shape, dtype: torch.dtype) -> torch.Tensor:
 
 
 def run(op: str, inputs: Sequence[torch.Tensor], outs: Sequence, aten_name: str,
-        **params) -> list[torch.Tensor]:
+        design_cls=TableDesign, **params) -> list[torch.Tensor]:
     """Launch table op `op`; `outs` holds (shape, dtype) pairs or tensors to write."""
     tensors = [o if isinstance(o, torch.Tensor) else storage.empty(list(o[0]), o[1]) for o in outs]
     first = tensors[0]
-    design = design_for(TableDesign, op, tuple(tuple(t.shape) for t in inputs),
+    design = design_for(design_cls, op, tuple(tuple(t.shape) for t in inputs),
                         tuple(t.dtype for t in inputs), tuple(first.shape), first.dtype,
                         tuple(sorted((k, _freeze(v)) for k, v in params.items())),
                         tuple((tuple(t.shape), t.dtype) for t in tensors[1:]))

@@ -7,11 +7,17 @@ in fp32). Compares and selects keep fp32 operands (exact); moments use bf16 oper
 """
 from __future__ import annotations
 
+import dataclasses
 import math
+from dataclasses import dataclass
 
 import torch
 
-from torch_xdna.kernels.vector_ops import define
+from torch_xdna.hw import Generation
+from torch_xdna.kernels.base import ceil_div, numel
+from torch_xdna.kernels.capacity import need
+from torch_xdna.kernels.vector_ops import TableDesign, define
+from torch_xdna.runtime.plan import Plan, PlanError
 
 
 def _dims(x: torch.Tensor, dims):
@@ -93,3 +99,38 @@ def _vector_norm(xs, ord, dims=None, keepdim=False, **kw):
 
 # |x|^p summed in fp32 on bf16 operands, then the p-th root (2-norm: squares and a sqrt)
 define("vector_norm", _vector_norm, 3)
+
+
+@dataclass(frozen=True)
+class SortDesign(TableDesign):
+    """sort / topk over rows. A row that fits one core's L1 is sorted there (a bitonic network);
+    a longer row is sorted in L1-sized runs by the cores of one column and merged in that
+    column's mem tile (log2(runs) merge passes streaming through the cores), so a row must fit
+    the mem tile (values and indices, in and out)."""
+
+    def plan(self, gen: Generation) -> Plan:
+        try:
+            return super().plan(gen)
+        except PlanError as e:
+            if "L1" not in e.limit:
+                raise
+        row = self._row_len()
+        label = f"{self.op} {self.in_shapes}->{self.out_shape}"
+        in_b, out_b, _ = self._row_streams(self.in_dtypes[0].itemsize, self.out_dtype.itemsize)
+        need(label, f"mem tile memory (per column: one {self.op} row of {row} elements, merged)",
+             row * (in_b + out_b), gen.memtile_bytes.value,
+             "rows this long sort on the host; split the row")
+        run = 1 << max(1, (gen.l1_usable // (in_b + out_b)).bit_length() - 1)
+        while run * (in_b + out_b) > gen.l1_usable:
+            run //= 2
+        runs = ceil_div(row, run)
+        merges = max(1, (runs - 1).bit_length())
+        passes = sort_passes(run) + 2 * merges
+        rows = numel(self.in_shapes[0]) // row
+        sub = TableDesign(self.op, ((rows * runs, run),), self.in_dtypes[:1], (rows * runs, run),
+                          self.out_dtype, tuple(p for p in self.params if p[0] != "passes")
+                          + (("passes", float(passes)),), tuple(((rows * runs, run), d)
+                                                                for _, d in self.more_outs))
+        p = sub.plan(gen)
+        notes = dict(p.notes, merge_runs=runs, merge_passes=merges)
+        return dataclasses.replace(p, memtile_bytes=row * (in_b + out_b), notes=notes)
