@@ -1,7 +1,8 @@
 """Training ops: activation/softmax/layer-norm backward, losses (nll, mse) and their backward,
 embedding backward, and the optimizer arithmetic (addcmul, addcdiv, lerp) that PyTorch's
 `_foreach_*` kernels decompose into on this device. One vector-unit launch each
-(kernels/train.py); with these an MLP trains under `torch.xdna.strict()` (tests/test_train_strict.py).
+(kernels/train.py); with these an MLP trains under `torch.xdna.strict()`
+(tests/test_train_strict.py).
 """
 from __future__ import annotations
 
@@ -78,7 +79,8 @@ def _nll_forward(two_d: bool):
         meta = (aten.nll_loss2d_forward if two_d else aten.nll_loss_forward)(
             torch.empty(self.shape, device="meta", dtype=self.dtype),
             torch.empty(target.shape, device="meta", dtype=target.dtype),
-            None if weight is None else torch.empty(weight.shape, device="meta", dtype=weight.dtype),
+            None if weight is None else
+            torch.empty(weight.shape, device="meta", dtype=weight.dtype),
             reduction, ignore_index)            # shape checks and result shapes, as PyTorch
         out = table.output(output, meta[0].shape, self.dtype)
         tw = table.output(total_weight, meta[1].shape, self.dtype)
@@ -169,7 +171,7 @@ def _update(op: str, mode: str):
     return kernel
 
 
-# -- dropout, log-sigmoid, smooth-L1 and BCE --------------------------------------------------------
+# -- dropout, log-sigmoid, smooth-L1 and BCE ----------------------------------------------------
 def native_dropout(input, p, train, *, out0=None, out1=None):
     """The keep-mask is drawn by the xdna generator on the host and written to a BO (host-side
     initialisation, as torch.rand on the device); the masking and scaling run on the NPU."""
