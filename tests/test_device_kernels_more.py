@@ -425,3 +425,31 @@ def test_more_losses_forward_backward(loss):
     got.backward()
     torch.testing.assert_close(got.detach().cpu(), ref.detach(), atol=2e-2, rtol=2e-2)
     torch.testing.assert_close(xd.grad.cpu(), xr.grad, atol=2e-2, rtol=2e-2)
+
+
+def test_foreach_ops_are_one_launch_per_list():
+    shapes = [(3,), (2, 4), (5, 1)]
+    ps = [torch.randn(*s) for s in shapes]
+    gs = [torch.randn(*s) for s in shapes]
+    ds = [torch.rand(*s) + 0.5 for s in shapes]
+    dp = [D(p) for p in ps]
+    _one_launch(lambda: torch._foreach_add_(dp, [D(g) for g in gs], alpha=-0.1))
+    for a, p, g in zip(dp, ps, gs):
+        close(a, p - 0.1 * g)                             # exact add on the accumulator path
+    _one_launch(lambda: torch._foreach_mul_(dp, 0.9))
+    ref = [(p - 0.1 * g) for p, g in zip(ps, gs)]
+    for a, r in zip(dp, ref):
+        close(a, r16(r) * r16(torch.tensor(0.9)))
+    sq = _one_launch(lambda: torch._foreach_sqrt([D(d) for d in ds]))
+    for a, d in zip(sq, ds):
+        close(a, torch.sqrt(r16(d)))
+    before = [a.cpu() for a in dp]
+    _one_launch(lambda: torch._foreach_addcdiv_(dp, [D(g) for g in gs], [D(d) for d in ds],
+                                                [0.5, -0.25, 1e-3]))
+    for a, b, g, d, v in zip(dp, before, gs, ds, [0.5, -0.25, 1e-3]):
+        close(a, b + v * (r16(g) / r16(d)))
+    _one_launch(lambda: torch._foreach_lerp_(dp, [D(g) for g in gs], 0.3))
+    mixed = [D(torch.ones(2)), D(torch.ones(2, dtype=torch.float64))]
+    with torch.xdna.fallback_policy("silent"):
+        torch._foreach_mul_(mixed, 2.0)                   # PyTorch's per-tensor decomposition
+    assert mixed[0].cpu().tolist() == [2.0, 2.0] and mixed[1].cpu().tolist() == [2.0, 2.0]

@@ -11,8 +11,9 @@ from typing import Callable
 import torch
 
 import torch_xdna.kernels.train  # noqa: F401  (defines the table ops)
-from torch_xdna.device import table
-from torch_xdna.device.ops import as_device_operand
+from torch_xdna.device import storage, table
+from torch_xdna.device.ops import as_device_operand, design_for, launch
+from torch_xdna.kernels.foreach import ForeachDesign
 
 aten = torch.ops.aten
 
@@ -177,7 +178,6 @@ def native_dropout(input, p, train, *, out0=None, out1=None):
     initialisation, as torch.rand on the device); the masking and scaling run on the NPU."""
     if not table.ok(input, floats_only=True):
         return None
-    from torch_xdna.device import storage
     from torch_xdna.device.core import RNG
     out = table.output(out0, input.shape, input.dtype)
     mask = table.output(out1, input.shape, torch.bool)
@@ -295,6 +295,7 @@ def register_ops(reg: Callable) -> None:
         reg(getattr(aten.lerp, ov), _update("lerp", "functional"))
         reg(getattr(aten.lerp, ov + "_out"), _update("lerp", "out"))
         reg(getattr(aten.lerp_, ov), _update("lerp", "inplace"))
+    register_foreach(reg)
     reg(aten.native_dropout.default, native_dropout)
     reg(aten.native_dropout.out, native_dropout)
     reg(aten.native_dropout_backward.default, native_dropout_backward)
@@ -311,3 +312,84 @@ def register_ops(reg: Callable) -> None:
     reg(aten.binary_cross_entropy.out, binary_cross_entropy)
     reg(aten.binary_cross_entropy_backward.default, binary_cross_entropy_backward)
     reg(aten.binary_cross_entropy_backward.grad_input, binary_cross_entropy_backward)
+
+
+# -- optimizer _foreach_* ops: one multi-tensor launch per op (kernels/foreach.py) ----------------
+_CEA = torch._C.DispatchKeySet(torch._C.DispatchKey.CompositeExplicitAutograd)
+
+
+def _foreach(overload, base: str, arity: int, inplace: bool, scalars: str, param: str = ""):
+    """scalars: '' (none), 'one' (a Scalar), 'list' (a Scalar[]); they are the last operand
+    unless `param` names the base op's parameter they fill. Lists the design does not take
+    (mixed dtypes or shapes, integer tensors) run PyTorch's per-tensor decomposition, whose ops
+    land on the NPU kernels one by one."""
+    name = f"aten.{overload._schema.name.split('::')[1]}"
+
+    def kernel(*args, **kwargs):
+        lists = [list(a) for a in args[:arity]]
+        rest = list(args[arity:])
+        first = lists[0]
+        n = len(first)
+        dtype = first[0].dtype if n else None
+        good = n > 0 and dtype in table.FLOATS and all(
+            len(lst) == n and all(isinstance(t, torch.Tensor) and t.device.type == "xdna"
+                                  and t.dtype == dtype and t.shape == first[i].shape
+                                  for i, t in enumerate(lst)) for lst in lists)
+        if scalars:
+            v = rest[0] if rest else kwargs.get("scalar", kwargs.get("scalars",
+                                                 kwargs.get("value", kwargs.get("weight"))))
+            values = tuple(v) if scalars == "list" else (v,) * n
+            good = good and len(values) == n and all(isinstance(x, (int, float))
+                                                     for x in values)
+        else:
+            values = ()
+        if not good:
+            return overload.redispatch(_CEA, *args, **kwargs)
+        outs = first if inplace else [storage.empty(t.shape, dtype) for t in first]
+        total = sum(t.numel() for t in first)
+        params = {"alpha": kwargs["alpha"]} if kwargs.get("alpha", 1) != 1 else {}
+        design = design_for(ForeachDesign, base, ((total,),) * arity, (dtype,) * arity,
+                            (total,), dtype, (), n, arity, bool(scalars) and not param, param)
+        launch(design, [t for lst in lists for t in lst], outs, name,
+               **({"values": tuple(float(x) for x in values)} if scalars else {}), **params)
+        return None if inplace else outs
+    return kernel
+
+
+FOREACH = (  # (op, base, arity, scalars, param)
+    ("add", "List", "add", 2, "", ""), ("add", "Scalar", "add", 1, "one", ""),
+    ("add", "ScalarList", "add", 1, "list", ""), ("sub", "List", "sub", 2, "", ""),
+    ("sub", "Scalar", "sub", 1, "one", ""), ("sub", "ScalarList", "sub", 1, "list", ""),
+    ("mul", "List", "mul", 2, "", ""), ("mul", "Scalar", "mul", 1, "one", ""),
+    ("mul", "ScalarList", "mul", 1, "list", ""), ("div", "List", "div", 2, "", ""),
+    ("div", "Scalar", "div", 1, "one", ""), ("div", "ScalarList", "div", 1, "list", ""),
+    ("addcmul", "Scalar", "addcmul", 3, "one", "value"),
+    ("addcmul", "ScalarList", "addcmul", 3, "list", "value"),
+    ("addcdiv", "Scalar", "addcdiv", 3, "one", "value"),
+    ("addcdiv", "ScalarList", "addcdiv", 3, "list", "value"),
+    ("lerp", "List", "lerp", 3, "", ""), ("lerp", "Scalar", "lerp", 2, "one", "weight"),
+    ("sqrt", "default", "sqrt", 1, "", ""), ("neg", "default", "neg", 1, "", ""),
+)
+
+
+_foreach_libs: list[torch.library.Library] = []
+
+
+def register_foreach(reg: Callable) -> None:
+    """Functional variants go through the op table's `reg`; in-place ones return None, which
+    the table's guard reads as "no kernel", so they are registered here directly."""
+    from torch_xdna.device import COVERED_OPS
+    lib = torch.library.Library("aten", "IMPL")
+    _foreach_libs.append(lib)
+    for op, ov, base, arity, scalars, param in FOREACH:
+        for inplace in (True, False):
+            packet = getattr(aten, f"_foreach_{op}" + ("_" if inplace else ""), None)
+            if packet is None or ov not in packet.overloads():
+                continue
+            overload = getattr(packet, ov)
+            fn = _foreach(overload, base, arity, inplace, scalars, param)
+            if inplace:
+                lib.impl(overload, fn, "PrivateUse1")
+                COVERED_OPS.append(f"aten._foreach_{op}_.{ov}")
+            else:
+                reg(overload, fn)
