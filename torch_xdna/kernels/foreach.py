@@ -36,8 +36,9 @@ def base_op(name: str):
 class ForeachDesign(VectorDesign):
     """`op` over `n` tensors; in_shapes/out_shape are the flat totals ((total,) per operand list).
 
-    scalar_operand: the launch's per-tensor `values` are the last operand (add.Scalar, mul.ScalarList);
-    param_name: else, when set, they fill this parameter of the base op (addcdiv value, lerp weight).
+    scalar_operand: the launch's per-tensor `values` are the last operand (add.Scalar,
+    mul.ScalarList); param_name: else, when set, they fill this parameter of the base op
+    (addcdiv value, lerp weight).
     """
 
     n: int = 1
