@@ -453,3 +453,8 @@ def test_foreach_ops_are_one_launch_per_list():
     with torch.xdna.fallback_policy("silent"):
         torch._foreach_mul_(mixed, 2.0)                   # PyTorch's per-tensor decomposition
     assert mixed[0].cpu().tolist() == [2.0, 2.0] and mixed[1].cpu().tolist() == [2.0, 2.0]
+
+
+def test_sparse_tensors_are_refused_clearly():
+    with pytest.raises(NotImplementedError, match="sparse tensors are not supported on the NPU"):
+        torch.eye(3).to_sparse().to("xdna")

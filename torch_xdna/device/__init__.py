@@ -35,6 +35,7 @@ def register() -> None:
         overrideable.register(lib, COVERED_OPS)
         fb = torch.library.Library("_", "IMPL")
         fb.fallback(_boxed_fallback, "PrivateUse1")
+        overrideable.register_sparse(fb)
         _libs.extend([lib, fb])
         from torch_xdna.runtime.profiler import register_fallback_counter
         register_fallback_counter(fallback.report)

@@ -53,3 +53,17 @@ def register(lib: torch.library.Library, covered: list[str]) -> None:
     for name, (op, fn) in OVERRIDEABLE.items():
         if name not in covered:
             lib.impl(op, fn, "PrivateUse1")
+
+
+def _refuse_sparse(op, *args, **kwargs):
+    raise NotImplementedError(
+        f"xdna: sparse tensors are not supported on the NPU ({op._schema.name} was called with "
+        f"a sparse xdna tensor). Keep sparse tensors on the CPU, or call .to_dense() before "
+        f"moving them to 'xdna'.")
+
+
+def register_sparse(lib: torch.library.Library) -> None:
+    """Sparse layouts on the device: a clear refusal instead of PyTorch's raw 'Could not run
+    ... with arguments from the Sparsexdna backend'."""
+    for key in ("SparsePrivateUse1", "SparseCsrPrivateUse1"):
+        lib.fallback(_refuse_sparse, key)
