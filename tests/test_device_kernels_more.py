@@ -458,3 +458,11 @@ def test_foreach_ops_are_one_launch_per_list():
 def test_sparse_tensors_are_refused_clearly():
     with pytest.raises(NotImplementedError, match="sparse tensors are not supported on the NPU"):
         torch.eye(3).to_sparse().to("xdna")
+
+
+def test_autocast_on_the_device_keeps_dtypes():
+    a = torch.randn(4, 4)
+    with torch.autocast("xdna", dtype=torch.bfloat16):
+        y = D(a) @ D(a)
+    assert y.dtype == torch.float32                 # no autocast rules: ops fall through
+    close(y, r16(a) @ r16(a))

@@ -67,3 +67,6 @@ def register_sparse(lib: torch.library.Library) -> None:
     ... with arguments from the Sparsexdna backend'."""
     for key in ("SparsePrivateUse1", "SparseCsrPrivateUse1"):
         lib.fallback(_refuse_sparse, key)
+    # torch.autocast("xdna"): no op has an autocast rule for this device, so every op falls
+    # through and keeps its dtypes (the array takes bf16 operands whatever the dtype)
+    lib.fallback(torch.library.fallthrough_kernel, "AutocastPrivateUse1")
