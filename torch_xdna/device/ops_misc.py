@@ -121,6 +121,14 @@ def _sign(mode: str):
     return kernel
 
 
+def logit(self, eps=None, *, out=None):
+    if not table.ok(self, floats_only=True):
+        return None
+    res = table.output(out, self.shape, self.dtype)
+    table.run("logit", [self], [res], "aten.logit", eps=None if eps is None else float(eps))
+    return res
+
+
 # --- matmul-shaped ops on the GEMM design ------------------------------------------------------
 def _float_gemm_ok(*ts) -> bool:
     return all(isinstance(t, torch.Tensor) and t.device.type == "xdna" and
@@ -238,3 +246,5 @@ def register_ops(reg: Callable) -> None:
         reg(getattr(aten, op).default, _sign("functional"))
         reg(getattr(aten, op).out, _sign("out"))
         reg(getattr(aten, op + "_").default, _sign("inplace"))
+    reg(aten.logit.default, logit)
+    reg(aten.logit.out, logit)

@@ -155,7 +155,9 @@ def vector_norm(self, ord=2, dim=None, keepdim=False, *, dtype=None, out=None):
     dims = table.norm_dims(self, dim)
     res = table.output(out, table.reduced_shape(self, dims, keepdim),
                        out.dtype if out is not None else (dtype or self.dtype))
-    table.run("vector_norm", [self], [res], "aten.linalg_vector_norm", ord=float(ord),
+    op = "vector_norm_select" if float(ord) in (0.0, float("inf"), -float("inf")) else \
+        "vector_norm"
+    table.run(op, [self], [res], "aten.linalg_vector_norm", ord=float(ord),
               dims=dims or (), keepdim=bool(keepdim))
     return res
 

@@ -25,6 +25,9 @@ def _elementwise_backward(op: str, aten_name: str):
             return None
         if op == "threshold_backward":
             params["threshold"] = args[0] if args else params.pop("threshold")
+        elif op == "logit_backward":
+            eps = args[0] if args else params.pop("eps", None)
+            params["eps"] = None if eps is None else float(eps)
         shape = tuple(torch.broadcast_shapes(grad_output.shape, saved.shape))
         g = grad_output if tuple(grad_output.shape) == shape else grad_output.expand(shape)
         s = saved if tuple(saved.shape) == shape else saved.expand(shape)
@@ -263,7 +266,7 @@ def binary_cross_entropy_backward(grad_output, self, target, weight=None, reduct
 
 def register_ops(reg: Callable) -> None:
     for op in ("threshold_backward", "gelu_backward", "sigmoid_backward", "tanh_backward",
-               "silu_backward"):
+               "silu_backward", "logit_backward"):
         k = _elementwise_backward(op, f"aten.{op}")
         reg(getattr(aten, op).default, k)
         reg(getattr(aten, op).grad_input, k)

@@ -42,3 +42,4 @@ define("scatter", _scatter, 1, numerics="exact")
 define("scatter_add", lambda xs, dim, **kw: torch.scatter_add(xs[0], dim, xs[1], xs[2]), 1,
        numerics="exact")
 define("sign", lambda xs, **kw: torch.sign(xs[0]), 1, numerics="exact")
+define("logit", lambda xs, eps=None, **kw: torch.logit(xs[0], eps), 6)

@@ -99,6 +99,9 @@ def _vector_norm(xs, ord, dims=None, keepdim=False, **kw):
 
 # |x|^p summed in fp32 on bf16 operands, then the p-th root (2-norm: squares and a sqrt)
 define("vector_norm", _vector_norm, 3)
+# max/min |x| (ord = +-inf) and the count of nonzeros (ord = 0) only compare: exact, so the
+# backward's `|x| == norm` mask finds the maximum
+define("vector_norm_select", _vector_norm, 1, numerics="exact")
 
 
 @dataclass(frozen=True)

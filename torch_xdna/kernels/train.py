@@ -24,6 +24,7 @@ define("gelu_backward", lambda xs, approximate="none", **kw: aten.gelu_backward(
     xs[0], xs[1], approximate=approximate), 9)
 define("sigmoid_backward", lambda xs, **kw: aten.sigmoid_backward(xs[0], xs[1]), 2)
 define("tanh_backward", lambda xs, **kw: aten.tanh_backward(xs[0], xs[1]), 2)
+define("logit_backward", lambda xs, eps=None, **kw: aten.logit_backward(xs[0], xs[1], eps), 4)
 define("silu_backward", lambda xs, **kw: aten.silu_backward(xs[0], xs[1]), 8)
 
 
@@ -51,12 +52,14 @@ define("layer_norm_backward", _layer_norm_backward, 10, row=True, numerics="exac
 
 # -- losses ------------------------------------------------------------------------------------
 def _nll_forward(xs, reduction, ignore_index, has_weight, two_d=False, **kw):
+    xs = [x.contiguous() for x in xs]             # the CPU formula wants dense rows
     w = xs[2] if has_weight else None
     fn = aten.nll_loss2d_forward if two_d else aten.nll_loss_forward
     return fn(xs[0], xs[1], w, reduction, ignore_index)
 
 
 def _nll_backward(xs, reduction, ignore_index, has_weight, two_d=False, **kw):
+    xs = [x.contiguous() for x in xs]
     w = xs[3] if has_weight else None
     fn = aten.nll_loss2d_backward if two_d else aten.nll_loss_backward
     tw = xs[-1]
