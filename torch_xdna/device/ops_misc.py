@@ -122,9 +122,10 @@ def _sign(mode: str):
 
 
 def logit(self, eps=None, *, out=None):
-    if not table.ok(self, floats_only=True):
+    if not table.ok(self) or self.dtype == torch.bool:
         return None
-    res = table.output(out, self.shape, self.dtype)
+    dtype = self.dtype if self.dtype.is_floating_point else torch.get_default_dtype()
+    res = table.output(out, self.shape, out.dtype if out is not None else dtype)
     table.run("logit", [self], [res], "aten.logit", eps=None if eps is None else float(eps))
     return res
 

@@ -123,8 +123,9 @@ class SortDesign(TableDesign):
         need(label, f"mem tile memory (per column: one {self.op} row of {row} elements, merged)",
              row * (in_b + out_b), gen.memtile_bytes.value,
              "rows this long sort on the host; split the row")
-        run = 1 << max(1, (gen.l1_usable // (in_b + out_b)).bit_length() - 1)
-        while run * (in_b + out_b) > gen.l1_usable:
+        per = in_b + out_b + (0 if in_b == 4 else 4)     # + an fp32 working row, as in L1 rows
+        run = 1 << max(1, (gen.l1_usable // per).bit_length() - 1)
+        while run * per > gen.l1_usable:
             run //= 2
         runs = ceil_div(row, run)
         merges = max(1, (runs - 1).bit_length())
