@@ -131,14 +131,22 @@ def logit(self, eps=None, *, out=None):
 
 
 # --- matmul-shaped ops on the GEMM design ------------------------------------------------------
-def _float_gemm_ok(*ts) -> bool:
-    return all(isinstance(t, torch.Tensor) and t.device.type == "xdna" and
-               t.dtype in table.FLOATS for t in ts)
+# integer operands pass through the GEMM reference unrounded (exact, as mm on int64); int8 has
+# its own int32-accumulating semantics on the array, so those go to the policy here
+_GEMM_DTYPES = table.FLOATS + (torch.int16, torch.int32, torch.int64)
+
+
+def _float_gemm_ok(*ts, alpha=1, beta=1) -> bool:
+    ok = all(isinstance(t, torch.Tensor) and t.device.type == "xdna" and
+             t.dtype in _GEMM_DTYPES for t in ts)
+    if ok and not ts[0].dtype.is_floating_point:    # PyTorch's integer scaling rules: the host
+        ok = isinstance(alpha, int) and isinstance(beta, int)
+    return ok
 
 
 def baddbmm(self, batch1, batch2, *, beta=1, alpha=1, out=None):
     _check_mm("baddbmm", batch1, batch2)
-    if not _float_gemm_ok(self, batch1, batch2):
+    if not _float_gemm_ok(self, batch1, batch2, alpha=alpha, beta=beta):
         return None
     b, m, k = batch1.shape
     n = batch2.shape[2]
@@ -163,7 +171,8 @@ def baddbmm_(self, batch1, batch2, *, beta=1, alpha=1):
 
 def addmv(self, mat, vec, *, beta=1, alpha=1, out=None):
     """out = beta * self + alpha * mat @ vec: a GEMV (n = 1), `self` as the bias column."""
-    if not _float_gemm_ok(*(t for t in (self, mat, vec) if t is not None)):
+    if not _float_gemm_ok(*(t for t in (mat, vec, self) if t is not None), alpha=alpha,
+                          beta=beta):
         return None
     if mat.dim() != 2 or vec.dim() != 1 or mat.shape[1] != vec.shape[0]:
         raise RuntimeError(f"xdna mv: size mismatch, got input ({list(mat.shape)}) and vec "
