@@ -102,6 +102,8 @@ def to_copy(self: torch.Tensor, *, dtype=None, layout=None, device=None, pin_mem
 
 
 def register(lib: torch.library.Library) -> None:
-    lib.impl(aten._pin_memory.default, pin_memory, "CPU")
-    lib.impl(aten.is_pinned.default, is_pinned, "CPU")
+    # a PyTorch build with CUDA/ROCm pins through that accelerator's allocator: leave it alone
+    if torch.version.cuda is None and torch.version.hip is None:
+        lib.impl(aten._pin_memory.default, pin_memory, "CPU")
+        lib.impl(aten.is_pinned.default, is_pinned, "CPU")
     lib.impl(aten._to_copy.default, to_copy, "PrivateUse1")
