@@ -1,0 +1,290 @@
+"""Conv family on the NPU (kernels/conv.py, kernels/pool.py, device/ops_conv.py).
+
+References: PyTorch CPU. Convolutions are compared twice: (1) against the CPU op computed on
+bf16-rounded operands in fp32 (the NPU's documented numerics, kernels/numerics.py): only the
+summation order differs, so the tolerance is fp32 rounding of the sum, 1e-5 relative to
+sum|x||w|; (2) against the plain fp32 CPU op within the bf16 operand bound: RNE to bf16 (8 significant bits) errs by at
+most 2^-8 relative, so each product by 2^-7 and |y - y_cpu| <= 2^-7 * conv(|x|, |w|) (+ fp32
+slack).
+Pooling, upsampling (nearest) and pixel_shuffle are exact (compare/select/add, or data movement).
+"""
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import torch_xdna  # noqa: F401
+from torch_xdna.device import fallback
+from torch_xdna.hw import AIE2P
+from torch_xdna.kernels.conv import ConvDesign
+from torch_xdna.kernels.pool import MoveDesign, WindowDesign
+from torch_xdna.runtime import PlanError, get_device
+
+X = "xdna"
+
+
+def bf(t: torch.Tensor) -> torch.Tensor:
+    return t.bfloat16().float()
+
+
+@pytest.fixture(autouse=True)
+def _clean():
+    fallback.reset()
+    yield
+
+
+def conv_ref(x, w, b, transposed=False, **kw):
+    f = {(3, False): F.conv1d, (4, False): F.conv2d,
+         (3, True): F.conv_transpose1d, (4, True): F.conv_transpose2d}[(x.dim(), transposed)]
+    exact = f(x, w, b, **kw)
+    npu = f(bf(x), bf(w), None if b is None else bf(b), **kw)
+    bound = f(x.abs(), w.abs(), None if b is None else b.abs(), **kw)
+    return exact, npu, bound
+
+
+def check_conv(y, x, w, b, transposed=False, **kw):
+    exact, npu, bound = conv_ref(x, w, b, transposed, **kw)
+    y = y.cpu()
+    assert y.shape == exact.shape
+    assert (y - npu).abs().max() <= 1e-5 * bound.max() + 1e-6
+    assert bool(((y - exact).abs() <= 2 ** -7 * bound + 1e-5).all())
+
+
+CONV2D = [  # (N, C_in, H, W), (C_out, k), kwargs
+    ((2, 3, 9, 11), (8, 3), dict(padding=1)),
+    ((1, 4, 7, 7), (5, 3), dict(stride=2)),
+    ((2, 6, 10, 8), (4, 3), dict(padding=2, dilation=2)),
+    ((1, 8, 8, 8), (8, 3), dict(padding=1, groups=8)),              # depthwise
+    ((1, 4, 6, 6), (8, 3), dict(padding=1, groups=4)),              # depthwise, multiplier 2
+    ((2, 8, 6, 5), (12, 3), dict(padding=(1, 0), groups=2)),        # grouped, asym padding
+    ((1, 3, 13, 13), (7, 5), dict(padding="same")),
+    ((1, 2, 6, 6), (3, 2), dict(padding="same")),                   # even kernel 'same'
+    ((1, 16, 4, 4), (33, 1), dict()),                               # 1x1, edge tiles in N
+]
+
+
+@pytest.mark.parametrize("xs,wk,kw", CONV2D)
+def test_conv2d_eager_matches_cpu(xs, wk, kw):
+    torch.manual_seed(0)
+    g = kw.get("groups", 1)
+    x = torch.randn(xs)
+    w = torch.randn(wk[0], xs[1] // g, wk[1], wk[1])
+    b = torch.randn(wk[0])
+    with torch.xdna.strict():
+        y = F.conv2d(x.to(X), w.to(X), b.to(X), **kw)
+    check_conv(y, x, w, b, **kw)
+    assert fallback.report() == {}
+
+
+@pytest.mark.parametrize("xs,co,k,kw", [((2, 4, 17), 6, 3, dict(padding=1)),
+                                        ((1, 3, 20), 5, 4, dict(stride=3, dilation=2)),
+                                        ((1, 6, 9), 6, 3, dict(groups=6, padding="same"))])
+def test_conv1d_eager_matches_cpu(xs, co, k, kw):
+    torch.manual_seed(1)
+    x, w = torch.randn(xs), torch.randn(co, xs[1] // kw.get("groups", 1), k)
+    with torch.xdna.strict():
+        y = F.conv1d(x.to(X), w.to(X), **kw)
+    check_conv(y, x, w, None, **kw)
+
+
+@pytest.mark.parametrize("xs,co,k,kw", [((1, 4, 5, 5), 3, 3, dict(stride=2)),
+                                        ((2, 6, 4, 3), 4, 3, dict(stride=2, padding=1,
+                                                                  output_padding=1, groups=2)),
+                                        ((1, 4, 9), 2, 4, dict(stride=2, dilation=2))])
+def test_conv_transpose_eager_matches_cpu(xs, co, k, kw):
+    torch.manual_seed(2)
+    x = torch.randn(xs)
+    w = torch.randn((xs[1], co // kw.get("groups", 1)) + (k,) * (len(xs) - 2))
+    f = F.conv_transpose1d if len(xs) == 3 else F.conv_transpose2d
+    with torch.xdna.strict():
+        y = f(x.to(X), w.to(X), **kw)
+    check_conv(y, x, w, None, transposed=True, **kw)
+
+
+def test_conv_bf16_tensors():
+    torch.manual_seed(3)
+    x, w = torch.randn(1, 4, 6, 6).bfloat16(), torch.randn(4, 4, 3, 3).bfloat16()
+    with torch.xdna.strict():
+        y = F.conv2d(x.to(X), w.to(X), padding=1)
+    ref = F.conv2d(x.float(), w.float(), padding=1)
+    assert y.dtype == torch.bfloat16
+    torch.testing.assert_close(y.cpu().float(), ref, rtol=2 ** -7, atol=float(2 ** -7 * ref.abs().max()))
+
+
+def test_conv_backward_matches_cpu():
+    torch.manual_seed(4)
+    for kw in (dict(padding=1, stride=2), dict(groups=2, dilation=2), dict(groups=4, padding=1)):
+        g = kw.get("groups", 1)
+        x = torch.randn(2, 4, 9, 8, requires_grad=True)
+        w = torch.randn(4, 4 // g, 3, 3, requires_grad=True)
+        b = torch.randn(4, requires_grad=True)
+        y = F.conv2d(x, w, b, **kw)
+        gy = torch.randn_like(y)
+        y.backward(gy)
+        xd, wd, bd = (t.detach().to(X).requires_grad_() for t in (x, w, b))
+        with torch.xdna.strict():
+            F.conv2d(xd, wd, bd, **kw).backward(gy.to(X))
+        for dev, cpu, scale in ((xd.grad, x.grad, None), (wd.grad, w.grad, None), (bd.grad, b.grad, None)):
+            torch.testing.assert_close(dev.cpu(), cpu, rtol=2 ** -7, atol=float(2 ** -6 * cpu.abs().max()))
+    assert fallback.report() == {}
+
+
+def test_conv_transpose_backward_matches_cpu():
+    torch.manual_seed(5)
+    x = torch.randn(1, 4, 5, 5, requires_grad=True)
+    w = torch.randn(4, 3, 3, 3, requires_grad=True)
+    F.conv_transpose2d(x, w, stride=2, padding=1).sum().backward()
+    xd, wd = (t.detach().to(X).requires_grad_() for t in (x, w))
+    with torch.xdna.strict():
+        F.conv_transpose2d(xd, wd, stride=2, padding=1).sum().backward()
+    for dev, cpu in ((xd.grad, x.grad), (wd.grad, w.grad)):
+        torch.testing.assert_close(dev.cpu(), cpu, rtol=2 ** -7, atol=float(2 ** -6 * cpu.abs().max()))
+
+
+POOLS = [
+    (lambda t: F.max_pool2d(t, 2), "max2"),
+    (lambda t: F.max_pool2d(t, 3, stride=2, padding=1, ceil_mode=True), "max3"),
+    (lambda t: F.max_pool2d(t, 2, dilation=2), "maxdil"),
+    (lambda t: F.max_pool2d(t, 2, return_indices=True), "maxidx"),
+    (lambda t: F.max_pool1d(t.flatten(2), 3, stride=2), "max1d"),
+    (lambda t: F.avg_pool2d(t, 2), "avg2"),
+    (lambda t: F.avg_pool2d(t, 3, stride=2, padding=1, count_include_pad=False), "avg3"),
+    (lambda t: F.avg_pool1d(t.flatten(2), 4), "avg1d"),
+    (lambda t: F.adaptive_avg_pool2d(t, (3, 2)), "aavg"),
+    (lambda t: F.adaptive_avg_pool2d(t, 1), "gap"),
+    (lambda t: F.adaptive_avg_pool1d(t.flatten(2), 5), "aavg1d"),
+    (lambda t: F.adaptive_max_pool2d(t, 3, return_indices=True), "amax"),
+    (lambda t: F.interpolate(t, scale_factor=2), "nearest2"),
+    (lambda t: F.interpolate(t, size=(5, 13)), "nearest_frac"),
+    (lambda t: F.pixel_shuffle(t, 2), "ps"),
+    (lambda t: F.pixel_unshuffle(t, 1), "pus1"),
+    (lambda t: F.pixel_unshuffle(t[..., :6, :6], 2), "pus"),
+]
+
+
+@pytest.mark.parametrize("fn,name", POOLS, ids=[p[1] for p in POOLS])
+def test_pool_and_movement_exact(fn, name):
+    torch.manual_seed(6)
+    x = torch.randn(2, 4, 7, 9)
+    with torch.xdna.strict():
+        y = fn(x.to(X))
+    ref = fn(x)
+    for a, b in zip(y if isinstance(y, tuple) else (y,), ref if isinstance(ref, tuple) else (ref,)):
+        assert a.dtype == b.dtype and a.shape == b.shape
+        if name.startswith(("avg", "aavg", "gap")):
+            torch.testing.assert_close(a.cpu(), b, rtol=1e-6, atol=1e-6)     # fp32 sum order
+        else:
+            assert torch.equal(a.cpu(), b), name
+    assert fallback.report() == {}
+
+
+def test_pixel_shuffle_bit_exact_all_dtypes():
+    for dt in (torch.float32, torch.bfloat16, torch.int32, torch.uint8):
+        x = (torch.randn(1, 8, 3, 5) * 50).to(dt)
+        with torch.xdna.strict():
+            y = F.pixel_shuffle(x.to(X), 2)
+            z = F.pixel_unshuffle(y, 2)
+        assert torch.equal(y.cpu(), F.pixel_shuffle(x, 2)) and torch.equal(z.cpu(), x)
+
+
+def test_bilinear_matches_bf16_reference():
+    torch.manual_seed(7)
+    x = torch.randn(1, 3, 5, 6)
+    for ac in (False, True):
+        with torch.xdna.strict():
+            y = F.interpolate(x.to(X), scale_factor=2, mode="bilinear", align_corners=ac)
+        npu = F.interpolate(bf(x), scale_factor=2, mode="bilinear", align_corners=ac)
+        torch.testing.assert_close(y.cpu(), npu, rtol=1e-6, atol=1e-6)
+        exact = F.interpolate(x, scale_factor=2, mode="bilinear", align_corners=ac)
+        assert (y.cpu() - exact).abs().max() <= 2 ** -8 * x.abs().max()
+
+
+def test_batch_norm_eval_and_train():
+    torch.manual_seed(8)
+    x = torch.randn(4, 3, 5, 5) * 2 + 1
+    bn = torch.nn.BatchNorm2d(3)
+    with torch.no_grad():
+        bn.weight.uniform_(0.5, 2)
+        bn.bias.uniform_(-1, 1)
+        bn.running_mean.uniform_(-1, 1)
+        bn.running_var.uniform_(0.5, 2)
+    bnd = torch.nn.BatchNorm2d(3).to(X)
+    bnd.load_state_dict(bn.state_dict())
+    for mode in ("eval", "train"):
+        getattr(bn, mode)()
+        getattr(bnd, mode)()
+        with torch.xdna.strict():
+            y = bnd(x.to(X))
+        ref = bn(x)
+        torch.testing.assert_close(y.cpu(), ref, rtol=2 ** -7, atol=float(2 ** -7 * ref.abs().max()))
+    # running statistics updated on the device like on the CPU
+    torch.testing.assert_close(bnd.running_mean.cpu(), bn.running_mean, rtol=1e-2, atol=1e-2)
+    torch.testing.assert_close(bnd.running_var.cpu(), bn.running_var, rtol=1e-2, atol=1e-2)
+    assert int(bnd.num_batches_tracked.cpu()) == 1
+
+
+def test_pool_and_bn_backward_match_cpu():
+    torch.manual_seed(9)
+    x = torch.randn(2, 3, 8, 8)
+    bn = torch.nn.BatchNorm2d(3)
+    def net(t, m):
+        a = F.max_pool2d(m(t), 2)
+        return F.avg_pool2d(a, 2).sum() + F.adaptive_avg_pool2d(a, 1).pow(2).sum() + \
+            F.interpolate(a, scale_factor=2).mul(a.repeat_interleave(2, -1).repeat_interleave(2, -2)).sum()
+    xc = x.clone().requires_grad_()
+    net(xc, bn).backward()
+    bnd = torch.nn.BatchNorm2d(3).to(X)
+    xd = x.to(X).requires_grad_()
+    with torch.xdna.strict():
+        net(xd, bnd).backward()
+    torch.testing.assert_close(xd.grad.cpu(), xc.grad, rtol=2 ** -6, atol=float(2 ** -6 * xc.grad.abs().max()))
+    torch.testing.assert_close(bnd.weight.grad.cpu(), bn.weight.grad, rtol=2 ** -6,
+                               atol=float(2 ** -6 * bn.weight.grad.abs().max()))
+
+
+# --- plans -------------------------------------------------------------------------------------
+def test_conv_plan_uses_native_mmul_and_streams_bands():
+    d = ConvDesign((1, 64, 56, 56), (64, 64, 3, 3), (1, 1), (1, 1), (1, 1))
+    p = d.plan(AIE2P)
+    m, k, n = AIE2P.mmul_shape.value["bf16"]
+    assert p.tile[0] % m == 0 and p.tile[1] % k == 0 and p.tile[2] % n == 0
+    assert p.notes["im2col"]["rows_in"] >= p.notes["im2col"]["rows_out"]
+    # implicit GEMM: DRAM reads far below the explicit im2col matrix (K = 9 * C_in fold)
+    im2col_bytes = 56 * 56 * 64 * 9 * 2
+    assert p.dram_read_bytes < im2col_bytes / 3
+    assert p.macs == 56 * 56 * 64 * 64 * 9
+    dw = ConvDesign((1, 32, 28, 28), (32, 1, 3, 3), (1, 1), (1, 1), (1, 1), groups=32).plan(AIE2P)
+    assert dw.notes["path"].startswith("depthwise")
+
+
+def test_plan_errors_name_the_limit():
+    # an input plane beyond the DMA stride limit (channel stride H*W > 2^20 elements)
+    with pytest.raises(PlanError, match="DMA stride limit"):
+        ConvDesign((1, 3, 2048, 1024), (8, 3, 3, 3), (1, 1), (1, 1), (1, 1)).plan(AIE2P)
+    # a pooling band of a very wide row does not fit a core's L1
+    with pytest.raises(PlanError, match="L1 data memory per core"):
+        WindowDesign("max_pool", ((1, 1, 8, 40000),), (torch.float32,), ((1, 1, 4, 20000),
+                     (1, 1, 4, 20000)), (torch.float32, torch.int64),
+                     (("ceil_mode", False), ("dilation", (1, 1)), ("kernel", (2, 2)),
+                      ("padding", (0, 0)), ("stride", (2, 2)))).plan(AIE2P)
+
+
+def test_unplannable_conv_falls_back_counted():
+    x = torch.zeros(1, 1, 1, 2 ** 21)
+    w = torch.ones(1, 1, 1, 1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        y = F.conv2d(x.to(X), w.to(X))
+    assert y.shape == x.shape
+    assert fallback.report() == {"aten.convolution": 1}
+
+
+def test_conv_launch_is_costed():
+    dev = get_device()
+    x, w = torch.randn(1, 16, 32, 32).to(X), torch.randn(32, 16, 3, 3).to(X)
+    before = dev.counters.modeled_us
+    F.conv2d(x, w, padding=1)
+    assert dev.counters.modeled_us > before
