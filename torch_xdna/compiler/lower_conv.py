@@ -1,9 +1,10 @@
 """Lowering of the conv family in compiled graphs (hooks in partition.py, program.py, capture.py).
 
 - aten.convolution -> one ConvDesign launch. An inference batch-norm reading it
-  (_native_batch_norm_legit_no_training, its output 0) and one activation after that are folded
-  into the same launch: the per-channel scale rsqrt(var + eps) * gamma and shift are applied to
-  the fp32 accumulator in the epilogue, so conv + bn + act is one launch with no intermediate.
+  (_native_batch_norm_legit_no_training, its output 0), then a residual add of a value already
+  computed (ResNet's shortcut), then one activation are folded into the same launch: the
+  per-channel scale rsqrt(var + eps) * gamma and shift are applied to the fp32 accumulator in the
+  epilogue, so conv + bn (+ add) + act is one launch with no intermediate.
 - a batch-norm not after a conv, max/avg/adaptive pooling and bilinear/nearest interpolation ->
   one WindowDesign launch; pixel_shuffle/pixel_unshuffle and integer nearest upsampling -> one
   MoveDesign (DMA) launch. Only output 0 of max pooling is produced (inference graphs do not read
@@ -107,7 +108,7 @@ def _conv(low, n: Node) -> None:
     x, w, b, stride, padding, dilation, transposed, output_padding, groups = n.args[:9]
     xv, wv = val(x), val(w)
     nd = xv.dim() - 2
-    last, bn, epi, absorbed = n, None, "none", []
+    last, bn, epi, absorbed, residual = n, None, "none", [], None
     if low.fuse and not transposed:
         u = _only_user(n)
         if u is not None and u.target in BN_EVAL and u.args[0] is n:
@@ -115,6 +116,15 @@ def _conv(low, n: Node) -> None:
             if g0 is not None:
                 bn, last = u, g0
                 absorbed += [u, g0]
+        r = _only_user(last)
+        if r is not None and r.target == aten.add.Tensor and len(r.args) == 2 and not r.kwargs:
+            other = r.args[1] if r.args[0] is last else r.args[0]
+            ov = val(other) if isinstance(other, Node) else None
+            if other is not last and ov is not None and tuple(ov.shape) == tuple(val(r).shape) \
+                    and ov.dtype == val(r).dtype and (other in low.refs or other in low.in_chain
+                                                      or other in low.lazy):
+                residual, last = other, r
+                absorbed.append(r)
         a = _only_user(last)
         if a is not None and a.target in EPILOGUES and a.args[0] is last and \
                 a.kwargs.get("approximate", "none") == "none" and len(a.args) == 1:
@@ -125,12 +135,14 @@ def _conv(low, n: Node) -> None:
                         _tuple(dilation, nd), int(groups), bool(transposed),
                         _tuple(output_padding, nd) if transposed else (), bias=b is not None,
                         bn=bn is not None, bn_eps=float(bn.args[6]) if bn is not None else 1e-5,
-                        epilogue=epi, out_dtype=val(last).dtype)
+                        residual=residual is not None, epilogue=epi, out_dtype=val(last).dtype)
     if bn is not None:
         bw, bb, mean, var = bn.args[1:5]
         if bw is None or bb is None:
             raise ConvUnlowerable("batch-norm without affine parameters is not folded")
         ins += [low.ref(mean), low.ref(var), low.ref(bw), low.ref(bb)]
+    if residual is not None:
+        ins.append(low.ref(residual))
     if design.out_shape != tuple(val(last).shape):
         raise ConvUnlowerable(f"conv output {design.out_shape} != {tuple(val(last).shape)}")
     out = low.new_value(last)

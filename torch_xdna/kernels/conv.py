@@ -63,7 +63,7 @@ def transposed_size(size: int, k: int, s: int, p: int, d: int, op: int) -> int:
 class ConvDesign(Design):
     """y = epilogue(bn(conv(x, w) + bias)), conv_transpose, or the weight gradient.
 
-    Inputs of `reference`: forward: x, w, [bias], [bn mean, var, weight, bias];
+    Inputs of `reference`: forward: x, w, [bias], [bn mean, var, weight, bias], [residual];
     weight_grad: grad_y, x. Shapes follow aten.convolution: weight [C_out, C_in/g, *k], or for
     transposed [C_in, C_out/g, *k]."""
 
@@ -79,6 +79,7 @@ class ConvDesign(Design):
     bias: bool = False
     bn: bool = False                  # inference batch-norm folded into the epilogue
     bn_eps: float = 1e-5
+    residual: bool = False            # + a [N, C_out, ...] tensor before the activation (ResNet)
     epilogue: str = "none"
     out_dtype: torch.dtype = torch.float32
     kind = "conv"
@@ -137,7 +138,7 @@ class ConvDesign(Design):
                 "weight_grad": "conv_wgrad"}[self.mode]
         base += f"{self.nd}d" + ("[dw]" if self.depthwise else "")
         extra = "".join(f"+{x}" for x in (("bias",) if self.bias else ()) + (("bn",) if self.bn else ())
-                        + ((self.epilogue,) if self.epilogue != "none" else ()))
+                        + (("residual",) if self.residual else ()) + ((self.epilogue,) if self.epilogue != "none" else ()))
         return base + extra
 
     # -- numerics ------------------------------------------------------------------------------
@@ -168,6 +169,9 @@ class ConvDesign(Design):
             # per-channel scale and shift computed once in fp32, applied to the accumulator
             scale = torch.rsqrt(var + self.bn_eps) * gamma
             acc = acc * scale + (beta - mean * scale)
+            i += 4
+        if self.residual:
+            acc = acc + inputs[i].float()          # fp32 accumulator path: exact add
         numerics.store(apply_epilogue(self.epilogue, acc), outputs[0])
 
     # -- planning ------------------------------------------------------------------------------
@@ -187,7 +191,7 @@ class ConvDesign(Design):
         pix = n * numel(self.out_shape[2:])
         return GemmDesign(pix, self.weight_shape[1] * k_elems, self.weight_shape[0] // g, batch=g,
                           out_dtype=self.out_dtype, bias=self.bias or self.bn,
-                          epilogue=self.epilogue)
+                          epilogue=self.epilogue, residual=self.residual)
 
     def _label(self) -> str:
         return (f"{self.name} x{list(self.in_shape)} w{list(self.weight_shape)} s{list(self.stride)} "
