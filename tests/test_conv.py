@@ -181,6 +181,34 @@ def test_pool_and_movement_exact(fn, name):
     assert fallback.report() == {}
 
 
+INTERP = [
+    (lambda t: F.interpolate(t.flatten(2), scale_factor=1.7, mode="nearest"), "exact"),
+    (lambda t: F.interpolate(t, size=(5, 4), mode="nearest-exact"), "exact"),
+    (lambda t: F.interpolate(t.flatten(2), size=20, mode="linear", align_corners=True), "bf16"),
+    (lambda t: F.interpolate(t, scale_factor=2, mode="bicubic"), "bf16"),
+    (lambda t: F.interpolate(t.unsqueeze(2).expand(-1, -1, 3, -1, -1), size=(2, 4, 5),
+                             mode="trilinear"), "bf16"),
+    (lambda t: F.interpolate(t, size=(3, 4), mode="area"), "sum"),
+    (lambda t: F.max_pool3d(t.unsqueeze(1), 2), "exact"),
+    (lambda t: F.avg_pool3d(t.unsqueeze(1), 2), "sum"),
+    (lambda t: F.adaptive_max_pool3d(t.unsqueeze(1), (2, 3, 3)), "exact"),
+]
+
+
+@pytest.mark.parametrize("fn,policy", INTERP, ids=[f"i{i}" for i in range(len(INTERP))])
+def test_other_interpolation_modes_and_3d_pools(fn, policy):
+    torch.manual_seed(14)
+    x = torch.randn(2, 4, 7, 9)
+    with torch.xdna.strict():
+        y = fn(x.to(X))
+    if policy == "bf16":
+        torch.testing.assert_close(y.cpu(), fn(bf(x)), rtol=1e-5, atol=1e-5)
+    elif policy == "sum":
+        torch.testing.assert_close(y.cpu(), fn(x), rtol=1e-6, atol=1e-6)
+    else:
+        assert torch.equal(y.cpu(), fn(x))
+
+
 def test_pixel_shuffle_bit_exact_all_dtypes():
     for dt in (torch.float32, torch.bfloat16, torch.int32, torch.uint8):
         x = (torch.randn(1, 8, 3, 5) * 50).to(dt)

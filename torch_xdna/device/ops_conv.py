@@ -304,6 +304,28 @@ def upsample_bilinear2d_backward(grad_output, output_size, input_size, align_cor
                    "aten.upsample_bilinear2d_backward", (grad_input,))[0]
 
 
+def _frozen(v):
+    if isinstance(v, (list, tuple)):
+        return tuple(_frozen(x) for x in v)
+    if isinstance(v, torch.SymInt):
+        return int(v)
+    return v
+
+
+def _generic_window(name: str) -> Callable:
+    """Interpolation modes and 3-D pooling by name (kernels/pool.py GENERIC)."""
+    op = getattr(aten, name).default
+
+    def kernel(self, *args, out=None, indices=None):
+        if not _float_ok(self):
+            return None
+        args = _frozen(args)
+        prm = dict(aten=name, args=args)
+        res = _window("aten", op, (self, *args), [self], prm, f"aten.{name}", (out, indices))
+        return res if len(res) > 1 else res[0]
+    return kernel
+
+
 # --- batch norm -------------------------------------------------------------------------------
 def native_batch_norm(input, weight, bias, running_mean, running_var, training, momentum, eps,
                       *, aten_name="aten.native_batch_norm"):
@@ -414,5 +436,10 @@ def register_ops(reg: Callable) -> None:
         for ov in outs:
             if ov in packet.overloads():
                 reg(getattr(packet, ov), fn)
+    from torch_xdna.kernels.pool import GENERIC
+    for name in GENERIC:
+        packet = getattr(aten, name)
+        reg(packet.default, _generic_window(name))
+        reg(packet.out, _generic_window(name))
     reg(aten.pixel_shuffle.default, _shuffle("pixel_shuffle", aten.pixel_shuffle.default))
     reg(aten.pixel_unshuffle.default, _shuffle("pixel_unshuffle", aten.pixel_unshuffle.default))

@@ -73,6 +73,24 @@ def _batch_norm_bw(xs, training, eps, has_weight, has_running, mask, **kw):
     return tuple(r for r, m in zip(res, mask) if m)
 
 
+# further window ops run by name (op "aten", params aten=<name>, args=<non-tensor arguments>):
+# name -> (operand policy, vector passes per output element and window element, window rows)
+GENERIC: dict[str, tuple[str, float, int]] = {
+    "upsample_nearest1d": ("exact", 0.5, 1), "_upsample_nearest_exact1d": ("exact", 0.5, 1),
+    "_upsample_nearest_exact2d": ("exact", 0.5, 1), "upsample_nearest3d": ("exact", 0.5, 1),
+    "_upsample_nearest_exact3d": ("exact", 0.5, 1),
+    "upsample_linear1d": ("bf16", 2, 1), "upsample_bicubic2d": ("bf16", 4, 4),   # 4x4 taps
+    "upsample_trilinear3d": ("bf16", 7, 2),
+    "_adaptive_avg_pool3d": ("exact", 1, 2), "adaptive_max_pool3d": ("exact", 1, 2),
+    "max_pool3d_with_indices": ("exact", 1, 2), "avg_pool3d": ("exact", 1, 2),
+}
+
+
+def _generic(xs, aten, args, **kw):
+    r = getattr(torch.ops.aten, aten).default(xs[0], *args)
+    return tuple(r) if isinstance(r, (tuple, list)) else (r,)
+
+
 # op -> (reference, operand policy, vector passes per window element, backward: reads grad_y)
 WINDOW_OPS: dict[str, tuple[Callable, str, float]] = {
     "max_pool": (_max_pool, "exact", 1),
@@ -100,6 +118,7 @@ WINDOW_OPS: dict[str, tuple[Callable, str, float]] = {
     # statistics (training) + normalize: sum, sum of squares, then one multiply-add
     "batch_norm": (_batch_norm, "bf16", 3),
     "batch_norm_backward": (_batch_norm_bw, "bf16", 4),
+    "aten": (_generic, "exact", 1),           # policy and passes per GENERIC entry
 }
 INDEX_OUTPUTS = {"max_pool", "adaptive_max_pool"}
 
@@ -127,6 +146,8 @@ class WindowDesign(Design):
     def reference(self, inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor],
                   **scalars: Any) -> None:
         fn, policy, _ = WINDOW_OPS[self.op]
+        if self.op == "aten":
+            policy = GENERIC[dict(self.params)["aten"]][0]
         xs = []
         for x in inputs:
             if x.dtype in numerics.FLOAT_DTYPES:
@@ -147,6 +168,9 @@ class WindowDesign(Design):
     def _window(self) -> tuple[int, int, int, int]:
         """(window rows, window cols, stride rows, dilation rows) in the input of the op."""
         p = dict(self.params)
+        if self.op == "aten":
+            rows = GENERIC[p["aten"]][2]
+            return rows, rows, 1, 1
         if "kernel" in p:
             k, s = p["kernel"], p["stride"] or p["kernel"]
             d = p.get("dilation", (1, 1))
@@ -161,6 +185,8 @@ class WindowDesign(Design):
 
     def plan(self, gen: Generation) -> Plan:
         _, _, passes = WINDOW_OPS[self.op]
+        if self.op == "aten":
+            passes = GENERIC[dict(self.params)["aten"]][1]
         label = f"{self.op} {list(self.in_shapes)} -> {list(self.out_shapes)}"
         read = sum(numel(s) * d.itemsize for s, d in zip(self.in_shapes, self.in_dtypes))
         write = sum(numel(s) * d.itemsize for s, d in zip(self.out_shapes, self.out_dtypes))
