@@ -12,7 +12,8 @@ then normalization).
 Numerics: max/avg pooling, adaptive pooling and their backward ops only compare, select and add
 (the fp32 accumulator path, vector.EXACT_FP32): computed on the fp32 values, so max pooling is
 bit exact and average pooling is the fp32 sum. Interpolation and batch-norm multiply: bf16
-operands, fp32 arithmetic (the policy of kernels/numerics.py). The references below call
+operands, fp32 arithmetic (the policy of kernels/numerics.py); batch-norm's per-channel weight,
+bias and statistics stay fp32 (they form the fp32 per-channel scale and shift). The references below call
 PyTorch's own CPU kernels on operands prepared that way, so index conventions (flat H*W indices
 of max pooling, ceil_mode, count_include_pad, align_corners) are PyTorch's.
 """
@@ -148,18 +149,18 @@ class WindowDesign(Design):
         fn, policy, _ = WINDOW_OPS[self.op]
         if self.op == "aten":
             policy = GENERIC[dict(self.params)["aten"]][0]
+        # batch-norm: the activations (x, grad_y) enter as bf16; the per-channel parameters and
+        # statistics stay fp32 (they form the fp32 scale/shift of the normalization)
+        streamed = {"batch_norm": 1, "batch_norm_backward": 2}.get(self.op, len(inputs))
         xs = []
-        for x in inputs:
+        for i, x in enumerate(inputs):
             if x.dtype in numerics.FLOAT_DTYPES:
-                xs.append(x.float() if policy == "exact" else numerics.operand(x))
+                rounded = policy != "exact" and i < streamed
+                y = numerics.operand(x) if rounded else x.float()
+                # native_batch_norm updates running statistics in place: work on copies
+                xs.append(y.clone() if self.op == "batch_norm" and y.data_ptr() == x.data_ptr() else y)
             else:
                 xs.append(x)
-        if self.op == "batch_norm":
-            # running statistics are kept in fp32 (they are updated, not multiplied in bf16)
-            p = dict(self.params)
-            n_run = 2 if p["has_running"] else 0
-            if n_run:
-                xs[-2:] = [inputs[-2].float().clone(), inputs[-1].float().clone()]
         res = fn(xs, **dict(self.params))
         for r, o in zip(res, outputs):
             numerics.store(r, o)
