@@ -467,3 +467,20 @@ def test_hf_resnet_eager_and_compiled_under_strict():
     assert s.design_names.get("conv2d+bn+relu") == 3
     assert s.design_names.get("conv2d+bn+residual+relu") == 2
     assert fallback.report() == {}
+
+
+def test_compiled_same_padding_even_kernel_and_constant_pad():
+    """'same' with an even kernel pads asymmetrically (constant_pad_nd): folded into the conv's
+    on-chip padding; a pad elsewhere is one DMA launch, bit exact."""
+    torch.manual_seed(15)
+    m = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 2, padding="same"), torch.nn.ReLU()).eval()
+    x = torch.randn(1, 3, 7, 6)
+    with torch.no_grad():
+        ref = m(x)
+    out, s = _compiled(m.to(X), x.to(X))
+    _close_bf16(out, ref)
+    assert s.nodes_host == 0 and s.design_names == {"conv2d+pad+bias+relu": 1}
+    f = lambda t: -F.pad(t, (1, 2, 0, 3), value=1.5)        # noqa: E731  (neg: exact)
+    out, s = _compiled(f, x.to(X))
+    assert torch.equal(out.cpu(), f(x)) and s.nodes_host == 0
+    assert s.design_names.get("constant_pad") == 1

@@ -19,7 +19,7 @@ import operator
 import torch
 from torch.fx import Node
 
-from torch_xdna.compiler.fusion import FLOAT, val
+from torch_xdna.compiler.fusion import FLOAT, INT, val
 from torch_xdna.kernels.conv import ConvDesign
 from torch_xdna.kernels.pool import MoveDesign, WindowDesign
 from torch_xdna.runtime import PlanError
@@ -36,7 +36,8 @@ POOL = {aten.max_pool2d_with_indices.default: "max_pool", aten.avg_pool2d.defaul
         aten.upsample_nearest2d.default: "upsample_nearest",
         aten.upsample_nearest2d.vec: "upsample_nearest"}
 MOVE = {aten.pixel_shuffle.default: "pixel_shuffle", aten.pixel_unshuffle.default: "pixel_unshuffle"}
-OPS = CONV | BN_EVAL | set(POOL) | set(MOVE)
+PAD = {aten.constant_pad_nd.default}
+OPS = CONV | BN_EVAL | set(POOL) | set(MOVE) | PAD
 HEAVY = CONV
 MULTI = BN_EVAL | {aten.max_pool2d_with_indices.default, aten.adaptive_max_pool2d.default}
 KEEP_WHOLE = (aten.pixel_shuffle.default, aten.pixel_unshuffle.default,
@@ -53,6 +54,10 @@ class ConvUnlowerable(Exception):
 def why_unsupported(node: Node) -> str | None:
     """None when a conv-family node lowers to a design (partition.py calls this)."""
     x = val(node.args[0])
+    if node.target in PAD:
+        value = node.args[2] if len(node.args) > 2 else 0
+        ok = x is not None and x.dtype in FLOAT + INT and isinstance(value, (int, float))
+        return None if ok else "dtype"
     if x is None or x.dtype not in FLOAT or x.dim() not in (3, 4):
         return "dtype"
     if any(val(a) is None or val(a).dtype not in FLOAT for a in node.all_input_nodes):
@@ -88,6 +93,8 @@ def lower(low, n: Node) -> None:
     try:
         if n.target in CONV:
             _conv(low, n)
+        elif n.target in PAD:
+            _pad(low, n)
         elif n.target in BN_EVAL:
             _bn(low, n)
         elif n.target in MOVE:
@@ -104,8 +111,37 @@ def _tuple(v, nd):
     return tuple(int(x) for x in (v * nd if len(v) == 1 else v))
 
 
+def _zero_pad_into_convs(n: Node) -> bool:
+    """A zero constant_pad_nd (no cropping) read only as the input of plain convolutions: the
+    convolutions insert the padding on chip (ConvDesign.pre_pad), no padded copy is made."""
+    value = n.args[2] if len(n.args) > 2 else 0
+    pads = list(n.args[1])
+    x = val(n.args[0])
+    return (value == 0 and all(p >= 0 for p in pads) and x is not None and x.dim() in (3, 4)
+            and len(pads) == 2 * (x.dim() - 2) and bool(n.users)
+            and all(u.target in CONV and u.args[0] is n and not u.args[6] and n not in u.args[1:]
+                    for u in n.users))
+
+
+def _pad(low, n: Node) -> None:
+    if low.fuse and _zero_pad_into_convs(n):
+        low.__dict__.setdefault("conv_pre_pad", {})[n] = (n.args[0], tuple(int(p) for p in n.args[1]))
+        return
+    x = n.args[0]
+    xv, ov = val(x), val(n)
+    value = n.args[2] if len(n.args) > 2 else 0
+    out = low.new_value(n)
+    design = MoveDesign("constant_pad", tuple(xv.shape), xv.dtype, tuple(ov.shape),
+                        pads=tuple(int(p) for p in n.args[1]), value=float(value))
+    low.launch(design, [low.ref(x)], [out], f"constant_pad:{n.name}")
+
+
 def _conv(low, n: Node) -> None:
     x, w, b, stride, padding, dilation, transposed, output_padding, groups = n.args[:9]
+    pre_pad = ()
+    deferred = low.__dict__.get("conv_pre_pad", {})
+    if x in deferred:
+        x, pre_pad = deferred[x]
     xv, wv = val(x), val(w)
     nd = xv.dim() - 2
     last, bn, epi, absorbed, residual = n, None, "none", [], None
@@ -135,7 +171,7 @@ def _conv(low, n: Node) -> None:
                         _tuple(dilation, nd), int(groups), bool(transposed),
                         _tuple(output_padding, nd) if transposed else (), bias=b is not None,
                         bn=bn is not None, bn_eps=float(bn.args[6]) if bn is not None else 1e-5,
-                        residual=residual is not None, epilogue=epi, out_dtype=val(last).dtype)
+                        residual=residual is not None, pre_pad=pre_pad, epilogue=epi, out_dtype=val(last).dtype)
     if bn is not None:
         bw, bb, mean, var = bn.args[1:5]
         if bw is None or bb is None:

@@ -80,6 +80,7 @@ class ConvDesign(Design):
     bn: bool = False                  # inference batch-norm folded into the epilogue
     bn_eps: float = 1e-5
     residual: bool = False            # + a [N, C_out, ...] tensor before the activation (ResNet)
+    pre_pad: tuple = ()               # extra zero padding of x, F.pad order (w_lo, w_hi[, h_lo, h_hi])
     epilogue: str = "none"
     out_dtype: torch.dtype = torch.float32
     kind = "conv"
@@ -101,11 +102,22 @@ class ConvDesign(Design):
         return len(self.in_shape) - 2
 
     @property
+    def x_shape(self) -> tuple:
+        """x as the convolution sees it: in_shape plus the pre-padding (inserted on chip)."""
+        if not self.pre_pad:
+            return tuple(self.in_shape)
+        sp = list(self.in_shape[2:])
+        for i in range(self.nd):
+            lo, hi = self.pre_pad[2 * i], self.pre_pad[2 * i + 1]
+            sp[-1 - i] += lo + hi
+        return tuple(self.in_shape[:2]) + tuple(sp)
+
+    @property
     def out_shape(self) -> tuple:
         """Shape of the convolution's output y (forward) / of dW (weight_grad)."""
         if self.mode == "weight_grad":
             return tuple(self.weight_shape)
-        n, sp = self.in_shape[0], self.in_shape[2:]
+        n, sp = self.x_shape[0], self.x_shape[2:]
         k = self.weight_shape[2:]
         if self.transposed:
             op = self.output_padding or (0,) * self.nd
@@ -118,7 +130,7 @@ class ConvDesign(Design):
     @property
     def conv_out_shape(self) -> tuple:
         """Output of the forward (non-transposed) conv whose weight gradient this is."""
-        n, sp = self.in_shape[0], self.in_shape[2:]
+        n, sp = self.x_shape[0], self.x_shape[2:]
         return (n, self.weight_shape[0]) + tuple(
             out_size(*a) for a in zip(sp, self.weight_shape[2:], self.stride, self.padding,
                                       self.dilation))
@@ -136,7 +148,7 @@ class ConvDesign(Design):
     def name(self) -> str:
         base = {"forward": "conv_transpose" if self.transposed else "conv",
                 "weight_grad": "conv_wgrad"}[self.mode]
-        base += f"{self.nd}d" + ("[dw]" if self.depthwise else "")
+        base += f"{self.nd}d" + ("[dw]" if self.depthwise else "") + ("+pad" if self.pre_pad else "")
         extra = "".join(f"+{x}" for x in (("bias",) if self.bias else ()) + (("bn",) if self.bn else ())
                         + (("residual",) if self.residual else ()) + ((self.epilogue,) if self.epilogue != "none" else ()))
         return base + extra
@@ -154,6 +166,8 @@ class ConvDesign(Design):
             numerics.store(gw, outputs[0])
             return
         x, w = op(inputs[0]), op(inputs[1])
+        if self.pre_pad:
+            x = F.pad(x, list(self.pre_pad))
         i = 2
         b = None
         if self.bias:
@@ -199,8 +213,8 @@ class ConvDesign(Design):
 
     def plan(self, gen: Generation) -> Plan:
         label = self._label()
-        n, c_in = self.in_shape[:2]
-        h, w = self._two_d(self.in_shape[2:], 1)
+        n, c_in = self.x_shape[:2]
+        h, w = self._two_d(self.x_shape[2:], 1)
         kh, kw = self._two_d(self.weight_shape[2:], 1)
         sh, sw = self._two_d(self.stride, 1)
         ph, pw = self._two_d(self.padding, 0)

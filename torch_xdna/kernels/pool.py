@@ -271,13 +271,13 @@ class WindowDesign(Design):
         return check_plan(gen, label, plan)
 
 
-MOVE_OPS = ("pixel_shuffle", "pixel_unshuffle", "upsample_nearest")
+MOVE_OPS = ("pixel_shuffle", "pixel_unshuffle", "upsample_nearest", "constant_pad")
 
 
 @dataclass(frozen=True)
 class MoveDesign(Design):
-    """Pure data movement, bit exact in every dtype: pixel_shuffle / pixel_unshuffle by `factor`
-    and nearest upsampling by integer factors. The shim DMA reads the source contiguously; the
+    """Pure data movement, bit exact in every dtype: pixel_shuffle / pixel_unshuffle by `factor`,
+    nearest upsampling by integer factors, constant padding. The shim DMA reads the source contiguously; the
     mem tile's write descriptors scatter each source row to its strided place in the output
     (pixel_shuffle: one BD per (image, out channel, sub-row, sub-column) walking (H, W) with
     strides (r * r * W, r); nearest upsampling: a repeat dimension of stride 0)."""
@@ -287,6 +287,8 @@ class MoveDesign(Design):
     dtype: torch.dtype
     out_shape: tuple
     factor: tuple = (1, 1)           # r for pixel_(un)shuffle; (fh, fw) for upsampling
+    pads: tuple = ()                 # constant_pad: F.pad order; negative crops
+    value: float = 0.0
     kind = "move"
 
     def __post_init__(self):
@@ -304,6 +306,8 @@ class MoveDesign(Design):
             r = torch.pixel_shuffle(x, self.factor[0])
         elif self.op == "pixel_unshuffle":
             r = torch.pixel_unshuffle(x, self.factor[0])
+        elif self.op == "constant_pad":
+            r = torch.constant_pad_nd(x, list(self.pads), self.value)
         else:
             fh, fw = self.factor
             r = x.repeat_interleave(fh, dim=-2).repeat_interleave(fw, dim=-1)
@@ -313,6 +317,12 @@ class MoveDesign(Design):
         label = f"{self.op} {list(self.in_shape)} -> {list(self.out_shape)}"
         item = self.dtype.itemsize
         total = numel(self.out_shape) * item
+        if self.op == "constant_pad":
+            # one BD per source row lands at its offset; the mem tile's MM2S padding (or a
+            # constant fill of the output BDs) supplies the border
+            w = self.in_shape[-1] if self.in_shape else 1
+            return _dma_plan(gen, label, "move", numel(self.in_shape[:-1]), w, item,
+                             numel(self.in_shape) * item, total)
         h, w = self.in_shape[-2], self.in_shape[-1]
         if self.op == "upsample_nearest":
             fh, fw = self.factor
