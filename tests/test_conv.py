@@ -484,3 +484,32 @@ def test_compiled_same_padding_even_kernel_and_constant_pad():
     out, s = _compiled(f, x.to(X))
     assert torch.equal(out.cpu(), f(x)) and s.nodes_host == 0
     assert s.design_names.get("constant_pad") == 1
+
+
+def test_compiled_cnn_training_forward_on_npu():
+    """Training forward graphs: batch-norm with batch statistics and max pooling with its indices
+    lower whole (one partition, zero host nodes); the backward runs op by op on the device."""
+    from torch_xdna.compiler import backend as B
+    torch._dynamo.reset()
+    x, t = torch.randn(4, 3, 8, 8), torch.randn(4, 4)
+    loss_fn = lambda out, tt: (out - tt).pow(2).mean()     # noqa: E731
+    ref, ref_losses = _train(_cnn(False), x, t, loss_fn, steps=2)
+    model = _cnn(False).to(X)
+    compiled = torch.compile(model, backend="xdna", options={"cache": False, "fallback": "silent"})
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    losses = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for _ in range(2):
+            opt.zero_grad()
+            loss = loss_fn(compiled(x.to(X)), t.to(X))
+            loss.backward()
+            opt.step()
+            losses.append(float(loss.detach().cpu()))
+    s = B.HISTORY[-1]
+    assert s.nodes_host == 0 and s.partitions == 1
+    assert fallback.report() == {}
+    torch.testing.assert_close(torch.tensor(losses), torch.tensor(ref_losses), rtol=2e-2, atol=2e-2)
+    for p, q in zip(model.cpu().state_dict().values(), ref.state_dict().values()):
+        if p.dtype.is_floating_point:
+            torch.testing.assert_close(p, q, rtol=2e-2, atol=float(2e-2 * max(1.0, q.abs().max())))

@@ -20,6 +20,7 @@ import torch
 from torch.fx import Node
 
 from torch_xdna.compiler.fusion import FLOAT, INT, val
+from torch_xdna.compiler.lowered import Ref, contiguous
 from torch_xdna.kernels.conv import ConvDesign
 from torch_xdna.kernels.pool import MoveDesign, WindowDesign
 from torch_xdna.runtime import PlanError
@@ -28,6 +29,7 @@ aten = torch.ops.aten
 
 CONV = {aten.convolution.default}
 BN_EVAL = {aten._native_batch_norm_legit_no_training.default}
+BN_TRAIN = {aten._native_batch_norm_legit_functional.default}     # training forward graphs
 POOL = {aten.max_pool2d_with_indices.default: "max_pool", aten.avg_pool2d.default: "avg_pool",
         aten._adaptive_avg_pool2d.default: "adaptive_avg_pool",
         aten.adaptive_max_pool2d.default: "adaptive_max_pool",
@@ -37,10 +39,21 @@ POOL = {aten.max_pool2d_with_indices.default: "max_pool", aten.avg_pool2d.defaul
         aten.upsample_nearest2d.vec: "upsample_nearest"}
 MOVE = {aten.pixel_shuffle.default: "pixel_shuffle", aten.pixel_unshuffle.default: "pixel_unshuffle"}
 PAD = {aten.constant_pad_nd.default}
-OPS = CONV | BN_EVAL | set(POOL) | set(MOVE) | PAD
+OPS = CONV | BN_EVAL | BN_TRAIN | set(POOL) | set(MOVE) | PAD
 HEAVY = CONV
 MULTI = BN_EVAL | {aten.max_pool2d_with_indices.default, aten.adaptive_max_pool2d.default}
+# multi-output ops lowered with every output a getitem reads (training forward graphs keep the
+# pooling indices and the batch statistics for backward)
+ALL_OUTPUTS = BN_TRAIN | {aten.max_pool2d_with_indices.default, aten.adaptive_max_pool2d.default}
+
+
+def all_outputs(node) -> bool:
+    """Whether every getitem of this node lowers (partition.py asks for getitems other than 0)."""
+    return isinstance(node, Node) and node.target in ALL_OUTPUTS
+# native_batch_norm_backward: backward graphs run op by op on the eager device, where it is one
+# WindowDesign launch (decomposed it would be ~20 elementwise launches)
 KEEP_WHOLE = (aten.pixel_shuffle.default, aten.pixel_unshuffle.default,
+              aten.native_batch_norm_backward.default,
               aten.upsample_nearest2d.default, aten.upsample_nearest2d.vec,
               aten.upsample_bilinear2d.default, aten.upsample_bilinear2d.vec)
 EPILOGUES = {aten.relu.default: "relu", aten.silu.default: "silu", aten.sigmoid.default: "sigmoid",
@@ -62,8 +75,10 @@ def why_unsupported(node: Node) -> str | None:
         return "dtype"
     if any(val(a) is None or val(a).dtype not in FLOAT for a in node.all_input_nodes):
         return "dtype"
-    if node.target in MULTI:
-        if any(not (u.target is operator.getitem and u.args[1] == 0) for u in node.users):
+    if node.target in MULTI or node.target in ALL_OUTPUTS:
+        first = node.target not in ALL_OUTPUTS
+        if any(not (u.target is operator.getitem and (u.args[1] == 0 or not first))
+               for u in node.users):
             return "auxiliary output used (training graph)"
     if node.target in CONV:
         if x.dim() - 2 != len(node.args[3]):
@@ -97,6 +112,8 @@ def lower(low, n: Node) -> None:
             _pad(low, n)
         elif n.target in BN_EVAL:
             _bn(low, n)
+        elif n.target in BN_TRAIN:
+            _bn_train(low, n)
         elif n.target in MOVE:
             _move(low, n)
         else:
@@ -203,6 +220,37 @@ def _bn(low, n: Node) -> None:
     low.handled.add(g0)
 
 
+def _getitem_outs(low, n: Node, metas: list) -> list:
+    """Refs for every output of a multi-output node: the getitems' values, or scratch temps for
+    outputs nobody reads (the design writes all of them)."""
+    by_idx = {u.args[1]: u for u in n.users if u.target is operator.getitem}
+    outs = []
+    for i, m in enumerate(metas):
+        u = by_idx.get(i)
+        if u is not None:
+            outs.append(low.new_value(u))
+            low.handled.add(u)
+        else:
+            shape = tuple(m.shape)
+            outs.append(Ref(low.slot("temp", m.dtype, max(1, m.numel())), shape, contiguous(shape), 0))
+    return outs
+
+
+def _bn_train(low, n: Node) -> None:
+    x, w, b, rm, rv, training, momentum, eps = n.args[:8]
+    metas = list(n.meta["val"])
+    ins_n = [x] + [t for t in (w, b) if t is not None] + [rm, rv]
+    prm = dict(training=bool(training), momentum=float(momentum), eps=float(eps),
+               has_weight=w is not None, has_bias=b is not None, has_running=True)
+    if not training:
+        raise ConvUnlowerable("functional batch-norm in eval mode")
+    outs = _getitem_outs(low, n, metas)
+    design = WindowDesign("batch_norm", tuple(tuple(val(t).shape) for t in ins_n),
+                          tuple(val(t).dtype for t in ins_n), tuple(tuple(m.shape) for m in metas),
+                          tuple(m.dtype for m in metas), tuple(sorted(prm.items())))
+    low.launch(design, [low.ref(t) for t in ins_n], outs, f"batch_norm_train:{n.name}")
+
+
 def _pool(low, n: Node) -> None:
     wop = POOL[n.target]
     if n.target is UPSAMPLE:
@@ -214,9 +262,10 @@ def _pool(low, n: Node) -> None:
     x = n.args[0]
     xv = val(x)
     res = _getitem0(n) if n.target in MULTI else n
-    if res is None:
+    both = res is None and n.target in ALL_OUTPUTS      # the indices are read (training)
+    if res is None and not both:
         raise ConvUnlowerable("pooling indices are read")
-    rv = val(res)
+    rv = val(res) if not both else n.meta["val"][0]
     a = list(n_args) + [None] * 8
     kw = n.kwargs
 
@@ -256,12 +305,16 @@ def _pool(low, n: Node) -> None:
                                 (osz[0] // h, osz[1] // w))
             low.launch(design, [low.ref(x)], [out], f"upsample_nearest:{n.name}")
             return
-    out = low.new_value(res)
-    design = WindowDesign(wop, (tuple(xv.shape),), (xv.dtype,), (tuple(rv.shape),), (rv.dtype,),
-                          tuple(sorted(prm.items())))
-    low.launch(design, [low.ref(x)], [out], f"{wop}:{n.name}")
-    if res is not n:
-        low.handled.add(res)
+    if both:
+        metas = list(n.meta["val"])
+        outs = _getitem_outs(low, n, metas)
+    else:
+        metas, outs = [rv], [low.new_value(res)]
+        if res is not n:
+            low.handled.add(res)
+    design = WindowDesign(wop, (tuple(xv.shape),), (xv.dtype,), tuple(tuple(m.shape) for m in metas),
+                          tuple(m.dtype for m in metas), tuple(sorted(prm.items())))
+    low.launch(design, [low.ref(x)], outs, f"{wop}:{n.name}")
 
 
 def _move(low, n: Node) -> None:

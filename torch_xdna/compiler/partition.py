@@ -51,7 +51,7 @@ def why_unsupported(node: Node) -> str | None:
         return "not a call"
     if t is operator.getitem:
         parent = node.args[0]
-        if node.args[1] != 0:
+        if node.args[1] != 0 and not lower_conv.all_outputs(parent):
             return "auxiliary output (statistics for backward)"
         return why_unsupported(parent) if isinstance(parent, Node) else "getitem"
     if not _static(node):
