@@ -513,3 +513,23 @@ def test_compiled_cnn_training_forward_on_npu():
     for p, q in zip(model.cpu().state_dict().values(), ref.state_dict().values()):
         if p.dtype.is_floating_point:
             torch.testing.assert_close(p, q, rtol=2e-2, atol=float(2e-2 * max(1.0, q.abs().max())))
+
+
+def test_compile_cache_round_trips_conv_designs(tmp_path):
+    from torch_xdna.compiler import backend as B
+    torch.manual_seed(16)
+    m = torch.nn.Sequential(torch.nn.Conv2d(2, 4, 3, padding=1), torch.nn.BatchNorm2d(4),
+                            torch.nn.ReLU(), torch.nn.MaxPool2d(2), torch.nn.Upsample(scale_factor=2),
+                            torch.nn.PixelUnshuffle(2), torch.nn.Conv2d(16, 4, 1)).eval()
+    x = torch.randn(1, 2, 8, 8)
+    with torch.no_grad():
+        ref = m(x)
+    outs = []
+    for _ in range(2):
+        torch._dynamo.reset()
+        with torch.no_grad():
+            outs.append(torch.compile(m, backend="xdna", options={"cache_dir": tmp_path})(x))
+    assert B.HISTORY[-2].cache == "miss" and B.HISTORY[-1].cache == "hit"
+    assert B.HISTORY[-1].nodes_host == 0
+    _close_bf16(outs[1], ref)
+    assert torch.equal(outs[0], outs[1])
