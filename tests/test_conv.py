@@ -293,6 +293,11 @@ def test_plan_errors_name_the_limit():
     # an input plane beyond the DMA stride limit (channel stride H*W > 2^20 elements)
     with pytest.raises(PlanError, match="DMA stride limit"):
         ConvDesign((1, 3, 2048, 1024), (8, 3, 3, 3), (1, 1), (1, 1), (1, 1)).plan(AIE2P)
+    # a very wide image: its input band does not fit the mem tile beside the weight panel
+    with pytest.raises(PlanError, match="mem tile memory .input band"):
+        ConvDesign((1, 3, 3, 200000), (8, 3, 3, 3), (1, 1), (1, 1), (1, 1)).plan(AIE2P)
+    with pytest.raises(PlanError, match="depthwise band"):
+        ConvDesign((1, 16, 3, 60000), (16, 1, 3, 3), (1, 1), (1, 1), (1, 1), groups=16).plan(AIE2P)
     # a pooling band of a very wide row does not fit a core's L1
     with pytest.raises(PlanError, match="L1 data memory per core"):
         WindowDesign("max_pool", ((1, 1, 8, 40000),), (torch.float32,), ((1, 1, 4, 20000),
