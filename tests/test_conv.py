@@ -538,3 +538,30 @@ def test_compile_cache_round_trips_conv_designs(tmp_path):
     assert B.HISTORY[-1].nodes_host == 0
     _close_bf16(outs[1], ref)
     assert torch.equal(outs[0], outs[1])
+
+
+class _Transposed1d(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.t = torch.nn.ConvTranspose2d(4, 3, 3, stride=2, padding=1, output_padding=1)
+        self.c = torch.nn.Conv1d(3, 5, 3, padding=1)
+        self.bn = torch.nn.BatchNorm1d(5)
+
+    def forward(self, x):
+        z = self.t(x).flatten(2)
+        return (F.relu(self.bn(self.c(z))), F.max_pool1d(z, 2), F.avg_pool1d(z, 3),
+                F.adaptive_avg_pool1d(z, 4))
+
+
+def test_compiled_conv_transpose_and_1d_ops():
+    torch.manual_seed(17)
+    m = _Transposed1d().eval()
+    x = torch.randn(2, 4, 5, 5)
+    with torch.no_grad():
+        ref = m(x)
+    out, s = _compiled(m.to(X), x.to(X))
+    for o, r in zip(out, ref):
+        _close_bf16(o, r)
+    assert s.nodes_host == 0 and s.partitions == 1
+    assert s.design_names.get("conv_transpose2d+bias") == 1
+    assert s.design_names.get("conv1d+bias+bn+relu") == 1
