@@ -374,6 +374,19 @@ def test_cnn_trains_under_strict_cross_entropy():
     _check_training(True, F.cross_entropy, torch.tensor([0, 1, 2, 3]))
 
 
+def test_cnn_cross_entropy_training_conv_family_never_falls_back():
+    """Default policy: whatever still lacks a kernel (loss, relu backward) runs counted on the
+    host, but no op of the conv family does, and the training matches the CPU."""
+    x, target = torch.randn(4, 3, 8, 8), torch.tensor([0, 1, 2, 3])
+    ref, ref_losses = _train(_cnn(True), x, target, F.cross_entropy)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        dev, losses = _train(_cnn(True), x, target, F.cross_entropy, device=X)
+    conv_family = ("conv", "batch_norm", "pool", "upsample", "pixel")
+    assert not [op for op in fallback.report() if any(k in op for k in conv_family)]
+    torch.testing.assert_close(torch.tensor(losses), torch.tensor(ref_losses), rtol=2e-2, atol=2e-2)
+
+
 # --- compiled ----------------------------------------------------------------------------------
 def _compiled(model, *inputs):
     from torch_xdna.compiler import backend as B
