@@ -287,6 +287,11 @@ def test_conv_plan_uses_native_mmul_and_streams_bands():
     assert p.macs == 56 * 56 * 64 * 64 * 9
     dw = ConvDesign((1, 32, 28, 28), (32, 1, 3, 3), (1, 1), (1, 1), (1, 1), groups=32).plan(AIE2P)
     assert dw.notes["path"].startswith("depthwise")
+    # pixel_shuffle is DMA only: no core computes, bytes in == bytes out
+    ps = MoveDesign("pixel_shuffle", (1, 64, 32, 32), torch.bfloat16, (1, 4, 128, 128),
+                    (4, 4)).plan(AIE2P)
+    assert ps.cores == 0 and ps.compute_cycles == 0
+    assert ps.dram_read_bytes == ps.dram_write_bytes == 64 * 32 * 32 * 2
 
 
 def test_plan_errors_name_the_limit():

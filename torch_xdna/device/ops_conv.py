@@ -9,7 +9,6 @@ derivative (convolution_backward, registered here too).
 """
 from __future__ import annotations
 
-import functools
 from typing import Callable, Sequence
 
 import torch
@@ -18,7 +17,7 @@ from torch_xdna.device import storage
 from torch_xdna.device.ops import FLOAT_COMPUTE, _is_xdna, design_for, launch
 from torch_xdna.kernels import VectorDesign
 from torch_xdna.kernels.conv import ConvDesign, transposed_size
-from torch_xdna.kernels.pool import MoveDesign, WindowDesign
+from torch_xdna.kernels.pool import GENERIC, MoveDesign, WindowDesign
 
 aten = torch.ops.aten
 
@@ -436,7 +435,6 @@ def register_ops(reg: Callable) -> None:
         for ov in outs:
             if ov in packet.overloads():
                 reg(getattr(packet, ov), fn)
-    from torch_xdna.kernels.pool import GENERIC
     for name in GENERIC:
         packet = getattr(aten, name)
         reg(packet.default, _generic_window(name))

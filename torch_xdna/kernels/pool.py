@@ -121,7 +121,6 @@ WINDOW_OPS: dict[str, tuple[Callable, str, float]] = {
     "batch_norm_backward": (_batch_norm_bw, "bf16", 4),
     "aten": (_generic, "exact", 1),           # policy and passes per GENERIC entry
 }
-INDEX_OUTPUTS = {"max_pool", "adaptive_max_pool"}
 
 
 @dataclass(frozen=True)
