@@ -10,6 +10,8 @@ Pooling, upsampling (nearest) and pixel_shuffle are exact (compare/select/add, o
 """
 from __future__ import annotations
 
+import os
+import sys
 import warnings
 
 import pytest
@@ -583,3 +585,49 @@ def test_compiled_conv_transpose_and_1d_ops():
     assert s.nodes_host == 0 and s.partitions == 1
     assert s.design_names.get("conv_transpose2d+bias") == 1
     assert s.design_names.get("conv1d+bias+bn+relu") == 1
+
+
+OPINFO_OPS = ("nn.functional.conv1d", "nn.functional.conv2d", "nn.functional.conv_transpose1d",
+              "nn.functional.conv_transpose2d", "nn.functional.max_pool1d",
+              "nn.functional.max_pool2d", "nn.functional.avg_pool1d", "nn.functional.avg_pool2d",
+              "nn.functional.adaptive_avg_pool1d", "nn.functional.adaptive_avg_pool2d",
+              "nn.functional.adaptive_max_pool1d", "nn.functional.adaptive_max_pool2d",
+              "nn.functional.batch_norm", "nn.functional.instance_norm",
+              "nn.functional.interpolate", "nn.functional.pixel_shuffle",
+              "nn.functional.pixel_unshuffle", "nn.functional.upsample_nearest",
+              "nn.functional.upsample_bilinear")
+
+
+@pytest.mark.skipif(
+    "torch.testing._internal.common_methods_invocations" not in sys.modules
+    and os.environ.get("TORCH_XDNA_OPINFO") != "1",
+    reason="importing PyTorch's OpInfo database takes ~10-35 s; runs when the conformance suite "
+           "has loaded it, or with TORCH_XDNA_OPINFO=1")
+def test_opinfo_samples_of_the_conv_family_under_strict():
+    """PyTorch's own OpInfo samples (common_methods_invocations.op_db, float32, first 6 per op
+    and variant) on 'xdna' under strict() vs CPU. Tolerance from the numerics: bf16 operands
+    (2^-8 relative each) with fp32 accumulation, so 2^-6 of the output's scale."""
+    pytest.importorskip("expecttest")          # needed by torch.testing._internal
+    from torch.testing._internal.common_methods_invocations import op_db
+    from torch.utils._pytree import tree_map
+    to = lambda t: t.to(X) if isinstance(t, torch.Tensor) else t          # noqa: E731
+    passed, failed = 0, []
+    for op in (o for o in op_db if o.name in OPINFO_OPS):
+        for i, s in enumerate(op.sample_inputs("cpu", torch.float32)):
+            if i >= 6:
+                break
+            ref = op(s.input, *s.args, **s.kwargs)
+            with torch.xdna.strict():
+                out = op(to(s.input), *tree_map(to, s.args), **tree_map(to, s.kwargs))
+            for o, r in zip(out if isinstance(out, tuple) else (out,),
+                            ref if isinstance(ref, tuple) else (ref,)):
+                o = o.cpu()
+                scale = max(1.0, float(r.abs().max())) if r.numel() else 1.0
+                ok = o.shape == r.shape and o.dtype == r.dtype and (
+                    torch.allclose(o, r, rtol=2 ** -6, atol=2 ** -6 * scale, equal_nan=True)
+                    if r.dtype.is_floating_point else torch.equal(o, r))
+                if not ok:
+                    failed.append(f"{op.name}.{op.variant_test_name} {list(s.input.shape)}")
+            passed += 1
+    assert not failed, failed
+    assert passed > 100
