@@ -631,3 +631,15 @@ def test_opinfo_samples_of_the_conv_family_under_strict():
             passed += 1
     assert not failed, failed
     assert passed > 100
+
+
+def test_empty_batch_forward_and_backward():
+    x = torch.randn(0, 3, 5, 5, device=X, requires_grad=True)
+    w = torch.randn(4, 3, 3, 3, device=X, requires_grad=True)
+    b = torch.randn(4, device=X, requires_grad=True)
+    with torch.xdna.strict():
+        y = F.conv2d(x, w, b)
+        y.sum().backward()
+        p = F.max_pool2d(torch.randn(0, 3, 4, 4, device=X), 2)
+    assert y.shape == (0, 4, 3, 3) and p.shape == (0, 3, 2, 2)
+    assert float(w.grad.cpu().abs().sum()) == 0 and torch.equal(b.grad.cpu(), torch.zeros(4))

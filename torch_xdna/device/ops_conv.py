@@ -92,6 +92,15 @@ def convolution_backward(grad_output, input, weight, bias_sizes, stride, padding
     nd = input.dim() - 2
     g = int(groups)
     gi = gw = gb = None
+    if grad_output.numel() == 0 or input.numel() == 0:
+        # nothing to reduce over: the gradients are zero (no launch), as on the CPU
+        gi = storage.empty(input.shape, input.dtype) if output_mask[0] else None
+        gw = storage.empty(weight.shape, weight.dtype) if output_mask[1] else None
+        gb = storage.empty((grad_output.shape[1],), grad_output.dtype) if output_mask[2] else None
+        for t in (gi, gw, gb):
+            if t is not None and t.numel():
+                t.zero_()
+        return gi, gw, gb
     if output_mask[0]:
         if transposed:
             dg = design_for(ConvDesign, tuple(grad_output.shape), tuple(weight.shape), s, p, d, g,
