@@ -134,15 +134,13 @@ def kernel_objects(program, arch: str) -> dict[str, tuple[Path, tuple[str, ...]]
 
 
 def _defines(decl, spec) -> list[tuple[str, int]]:
-    """Tile-size defines a kernel reads, from the shapes of the buffers the IR passes it."""
-    shapes = [t.shape for t in decl.arg_types if not isinstance(t, str)]
-    names = set(spec.defines)
-    got: dict[str, int] = {}
-    if {"DIM_M", "DIM_K", "DIM_N"} <= names and len(shapes) >= 2 and len(shapes[0]) == 2:
-        got.update(DIM_M=shapes[0][0], DIM_K=shapes[0][1], DIM_N=shapes[1][-1])
-    elif {"DIM_M", "DIM_N"} <= names and shapes and len(shapes[0]) == 2:
-        got.update(DIM_M=shapes[0][0], DIM_N=shapes[0][1])
-    return [(k, got[k]) for k in spec.defines if k in got]
+    """Tile-size defines a kernel reads, from the shapes of the buffers the IR passes it (the
+    kernel table knows which argument and axis each define comes from)."""
+    shapes = [None if isinstance(t, str) else t.shape for t in decl.arg_types]
+    try:
+        return sorted(spec.tile_defines(shapes).items())
+    except ValueError as e:
+        raise BuildError(f"core kernel {decl.symbol}: {e}") from None
 
 
 def scalar_patches(program, binding_bytes: Sequence[int], encode) -> dict[str, int]:
