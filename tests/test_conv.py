@@ -374,10 +374,8 @@ def test_cnn_trains_under_strict_mse():
     _check_training(False, lambda out, t: (out - t).pow(2).mean(), torch.randn(4, 4))
 
 
-@pytest.mark.xfail(raises=NotImplementedError, strict=False,
-                   reason="relu backward (threshold_backward) and nll_loss/cross_entropy kernels "
-                          "come from the training-ops branch (device/ops_train.py)")
 def test_cnn_trains_under_strict_cross_entropy():
+    """With the training ops (device/ops_train.py): relu backward and cross_entropy on the NPU."""
     _check_training(True, F.cross_entropy, torch.tensor([0, 1, 2, 3]))
 
 
