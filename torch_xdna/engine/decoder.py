@@ -10,7 +10,6 @@ memory, and the decode Program stays one hardware context.
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping
@@ -283,8 +282,9 @@ class Decoder:
 
 
 def default_cache_dir() -> Path:
-    env = os.environ.get("TORCH_XDNA_CACHE_DIR")
-    return Path(env) if env else Path.home() / ".cache" / "torch_xdna" / "decoder-weights"
+    """Quantized-weight cache: <cache root>/decoder-weights (runtime/cachedir.py's rules)."""
+    from torch_xdna.runtime.cachedir import cache_root
+    return cache_root() / "decoder-weights"
 
 
 def estimate_step(spec: DecoderSpec, policy: PrecisionPolicy, cost, rows: int, pos: int, n: int,
