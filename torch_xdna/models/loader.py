@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import errno
 import hashlib
-import json
 import os
 import sys
 from dataclasses import dataclass, field
@@ -22,7 +21,8 @@ from typing import Callable
 import torch
 
 from torch_xdna.models.families import spec_from_config
-from torch_xdna.models.hf import ModelDirError, read_config, safetensors_files
+from torch_xdna.models import validate
+from torch_xdna.models.hf import ModelDirError, read_config, read_json, safetensors_files
 from torch_xdna.models.spec import DecoderSpec
 from torch_xdna.runtime.cachedir import CacheDir, sign, verify, warn_once
 
@@ -49,13 +49,19 @@ class ModelFiles:
 
 
 def read_model(model_dir: str | Path) -> ModelFiles:
+    """The validated description of a decoder directory (models/validate.py: config, generation
+    config, tokenizer + chat template, weight shapes), before any weight is read."""
     d = Path(model_dir)
     if not d.is_dir():
-        raise ModelDirError(f"{model_dir}: not a directory; pass a Hugging Face model directory")
+        raise ModelDirError(f"{model_dir}: not a directory; pass a Hugging Face model directory",
+                            public="the model path is not a directory")
     cfg = read_config(d)
+    validate.check_config(d / "config.json", cfg)
+    spec = spec_from_config(cfg)
     gen_path = d / "generation_config.json"
-    gen = json.loads(gen_path.read_text()) if gen_path.is_file() else {}
-    return ModelFiles(d, cfg, spec_from_config(cfg), gen)
+    gen = read_json(gen_path) if gen_path.is_file() else None
+    validate.check_decoder_dir(d, cfg, spec, gen)
+    return ModelFiles(d, cfg, spec, gen or {})
 
 
 def site_names(spec: DecoderSpec) -> list[str]:
