@@ -20,7 +20,7 @@ from typing import Callable
 
 import torch
 
-from torch_xdna.models.families import spec_from_config
+from torch_xdna.models.families import family_of, spec_from_config
 from torch_xdna.models import validate
 from torch_xdna.models.hf import ModelDirError, read_config, read_json, safetensors_files
 from torch_xdna.models.spec import DecoderSpec
@@ -56,6 +56,7 @@ def read_model(model_dir: str | Path) -> ModelFiles:
         raise ModelDirError(f"{model_dir}: not a directory; pass a Hugging Face model directory",
                             public="the model path is not a directory")
     cfg = read_config(d)
+    family_of(cfg)                             # an unsupported family is named before field errors
     validate.check_config(d / "config.json", cfg)
     spec = spec_from_config(cfg)
     gen_path = d / "generation_config.json"
