@@ -108,13 +108,19 @@ def secret_key() -> bytes | None:
         return hit
     try:
         path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-        except FileExistsError:
-            fd = None
-        if fd is not None:
-            with os.fdopen(fd, "w") as f:
-                f.write(secrets.token_hex(KEY_BYTES) + "\n")
+        if not os.path.lexists(path):
+            # write a complete key under a temp name, then link it into place: a concurrent
+            # first use never reads a half-written key, and an existing key is never replaced
+            fd, tmp = tempfile.mkstemp(prefix=".cache.key-", dir=path.parent)
+            try:
+                with os.fdopen(fd, "w") as f:
+                    f.write(secrets.token_hex(KEY_BYTES) + "\n")
+                try:
+                    os.link(tmp, path)
+                except FileExistsError:
+                    pass
+            finally:
+                os.unlink(tmp)
         why = _unsafe(os.lstat(path), want_dir=False)
         if why is None and stat.S_IMODE(os.lstat(path).st_mode) & 0o077:
             why = f"is readable by others (mode {stat.S_IMODE(os.lstat(path).st_mode):04o})"
