@@ -8,7 +8,6 @@ import json
 import os
 import signal
 import stat
-import tempfile
 import warnings
 from contextlib import contextmanager
 from pathlib import Path
