@@ -1,9 +1,11 @@
 """On-disk compile cache: graph -> lowered plan (partition assignment + design specs), as JSON.
 
 Key: graph structure with shapes/dtypes/strides + options that change lowering (precision plan,
-min partition size, fusion) + torch_xdna and torch versions + NPU generation. Entries are
-published atomically (temp file + os.replace) and carry a sha256 of their payload: a corrupt or
-truncated entry is detected, warned about, deleted and rebuilt, never used.
+min partition size, fusion) + torch_xdna and torch versions + NPU generation. The trust rules
+are runtime/cachedir.py's: a private directory, regular bounded files, unique temp files + atomic
+os.replace, and an HMAC under the per-user key over the payload, so a corrupt, truncated or
+planted entry is detected, warned about, deleted and rebuilt, never used. The design classes an
+entry may name are a fixed allowlist (compiler/lowered.py).
 """
 from __future__ import annotations
 
@@ -11,14 +13,16 @@ import hashlib
 import json
 import logging
 import os
-import tempfile
 import warnings
 from pathlib import Path
 
 import torch
 from torch.fx import GraphModule, Node
 
-FORMAT = 3                  # 3: input-independent values folded before partitioning
+from torch_xdna.runtime.cachedir import CacheDir, loads_bounded, sign, verify
+
+FORMAT = 4                  # 4: entries signed with the per-user cache key (runtime/cachedir.py)
+MAX_ENTRY_BYTES = 64 << 20  # a plan is KBs; anything this large is not ours
 log = logging.getLogger("torch_xdna.compiler")
 
 
@@ -59,58 +63,63 @@ def graph_key(gm: GraphModule, extra: str) -> str:
     return h.hexdigest()[:32]
 
 
+def _name(key: str) -> str:
+    return f"graph-{key}.json"
+
+
 def _path(cache_dir: Path, key: str) -> Path:
-    return Path(cache_dir) / f"graph-{key}.json"
+    return Path(cache_dir) / _name(key)
+
+
+def _corrupt(p: Path, why: str) -> None:
+    msg = (f"xdna compile cache entry {p} is corrupt or was not written by you ({why}); it was "
+           f"deleted and the graph is being recompiled")
+    warnings.warn(msg, CacheCorruptWarning, stacklevel=3)
+    log.warning(msg)
 
 
 def load(cache_dir: Path, key: str) -> dict | None:
-    """The payload stored under `key`, or None (missing, or corrupt: warned and deleted)."""
+    """The payload stored under `key`, or None (missing, untrusted, or corrupt: warned, deleted)."""
+    d = CacheDir(cache_dir, "compile cache")
+    raw = d.read(_name(key), MAX_ENTRY_BYTES)
+    if raw is None:
+        return None
     p = _path(cache_dir, key)
     try:
-        raw = p.read_bytes()
-    except FileNotFoundError:
-        return None
-    except OSError as e:
-        log.warning("xdna compile cache: cannot read %s (%s); rebuilding", p, e)
-        return None
-    try:
-        doc = json.loads(raw)
-        payload = doc["payload"]
-        body = json.dumps(payload, sort_keys=True).encode()
+        doc = loads_bounded(raw)
+        if not isinstance(doc, dict) or not isinstance(doc.get("payload"), dict):
+            raise ValueError("not an entry object")
         if doc.get("format") != FORMAT or doc.get("key") != key:
             raise ValueError("format or key mismatch")
-        if hashlib.sha256(body).hexdigest() != doc.get("sha256"):
-            raise ValueError("checksum mismatch")
-        return payload
-    except (ValueError, KeyError, TypeError, UnicodeDecodeError) as e:
-        msg = (f"xdna compile cache entry {p} is corrupt ({e}); it was deleted and the graph is "
-               f"being recompiled")
-        warnings.warn(msg, CacheCorruptWarning, stacklevel=2)
-        log.warning(msg)
-        discard(p)
+        body = json.dumps(doc["payload"], sort_keys=True)
+        if not verify(d.key, doc.get("mac"), f"compile-v{FORMAT}", key, body):
+            raise ValueError("signature mismatch")
+        return doc["payload"]
+    except (ValueError, KeyError, TypeError, UnicodeDecodeError, RecursionError) as e:
+        _corrupt(p, str(e) or type(e).__name__)
+        d.discard(_name(key))
         return None
 
 
 def discard(p: Path) -> None:
-    try:
-        p.unlink()
-    except OSError:
-        pass
+    CacheDir(p.parent, "compile cache").discard(p.name)
 
 
 def store(cache_dir: Path, key: str, payload: dict) -> Path | None:
-    """Publish an entry atomically; a failure to write is logged, never raised."""
-    p = _path(cache_dir, key)
-    body = json.dumps(payload, sort_keys=True)
-    doc = {"format": FORMAT, "key": key, "sha256": hashlib.sha256(body.encode()).hexdigest(),
-           "payload": payload}
-    try:
-        p.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".json", dir=p.parent)
-        with os.fdopen(fd, "w") as f:
-            json.dump(doc, f, sort_keys=True)
-        os.replace(tmp, p)
-        return p
-    except OSError as e:
-        log.warning("xdna compile cache: cannot write %s (%s); continuing without caching", p, e)
+    """Publish a signed entry atomically; a failure to write is warned once, never raised."""
+    d = CacheDir(cache_dir, "compile cache")
+    if not d.usable:
         return None
+    body = json.dumps(payload, sort_keys=True)
+    doc = {"format": FORMAT, "key": key, "mac": sign(d.key, f"compile-v{FORMAT}", key, body),
+           "payload": payload}
+    data = json.dumps(doc, sort_keys=True).encode()
+    if len(data) > MAX_ENTRY_BYTES:
+        log.info("xdna compile cache: entry %s is %d bytes, over the bound; not cached", key, len(data))
+        return None
+
+    def fill(fd: int, _tmp: str) -> None:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+    return d.write(_name(key), fill)

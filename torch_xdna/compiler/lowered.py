@@ -125,12 +125,40 @@ def _dec(v):
         if "design" in v:
             return decode_design(v["design"])
         if "dtype" in v:
-            return getattr(torch, v["dtype"])
+            dt = getattr(torch, str(v["dtype"]), None)
+            if not isinstance(dt, torch.dtype):
+                raise ValueError(f"cached dtype {v['dtype']!r} is not a torch dtype")
+            return dt
         if "tuple" in v:
             return tuple(_dec(x) for x in v["tuple"])
         if "float" in v:
             return float(v["float"])
     return v
+
+
+DESIGN_PACKAGE = "torch_xdna.kernels"
+
+
+def design_class(name: str) -> type:
+    """The Design class a cache entry names, from the allowlist: a Design subclass defined at
+    the top level of a module of the torch_xdna.kernels package. Anything else (another
+    package, a function, a nested attribute path) is refused without importing it."""
+    mod, sep, qual = str(name).partition(":")
+    sub = mod.removeprefix(DESIGN_PACKAGE + ".")
+    if (not sep or sub == mod or not sub.isidentifier() or not qual.isidentifier()
+            or sub not in _kernel_modules()):
+        raise ValueError(f"cached design class {name!r} is not a torch_xdna design")
+    cls = getattr(importlib.import_module(mod), qual, None)
+    if not (isinstance(cls, type) and issubclass(cls, Design) and cls.__module__ == mod
+            and dataclasses.is_dataclass(cls)):
+        raise ValueError(f"cached design class {name!r} is not a torch_xdna design")
+    return cls
+
+
+def _kernel_modules() -> frozenset[str]:
+    import pkgutil
+    import torch_xdna.kernels as pkg
+    return frozenset(m.name for m in pkgutil.iter_modules(pkg.__path__) if not m.ispkg)
 
 
 def encode_design(d: Design) -> dict:
@@ -140,8 +168,8 @@ def encode_design(d: Design) -> dict:
 
 
 def decode_design(d: dict) -> Design:
-    mod, _, qual = d["cls"].partition(":")
-    if not mod.startswith("torch_xdna."):
-        raise ValueError(f"cached design class {d['cls']!r} is not a torch_xdna design")
-    cls = getattr(importlib.import_module(mod), qual)
-    return cls(**{k: _dec(v) for k, v in d["fields"].items()})
+    cls = design_class(d["cls"])
+    fields = d["fields"]
+    if not isinstance(fields, dict):
+        raise ValueError("cached design fields are not an object")
+    return cls(**{str(k): _dec(v) for k, v in fields.items()})

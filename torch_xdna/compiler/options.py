@@ -5,19 +5,19 @@ validates it so a typo fails at compile time with the list of known keys.
 """
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
 from torch_xdna.kernels.precision import PrecisionPlan
+from torch_xdna.runtime.cachedir import cache_root
 
 FALLBACK_MODES = ("warn", "error", "silent")
 COMPILER_DTYPES = ("bf16", "bfp16")      # GEMM numerics the compiler lowers today
 
 
 def default_cache_dir() -> Path:
-    env = os.environ.get("TORCH_XDNA_CACHE_DIR")
-    return Path(env) if env else Path.home() / ".cache" / "torch_xdna"
+    """The cache root (runtime/cachedir.py: $TORCH_XDNA_CACHE_DIR or ~/.cache/torch_xdna)."""
+    return cache_root()
 
 
 class FallbackRefused(NotImplementedError):

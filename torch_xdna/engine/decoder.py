@@ -10,7 +10,6 @@ memory, and the decode Program stays one hardware context.
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping
@@ -20,8 +19,9 @@ import torch
 from torch_xdna.kernels.base import Design
 from torch_xdna.kernels.llm_blocks import (
     OPERANDS, PRECISIONS, AttentionBlockDesign, DecoderLayerDesign, EmbedDesign, HeadDesign,
-    MlpBlockDesign, default_group, rows_bucket,
+    MlpBlockDesign, default_group, rows_bucket, weight_bytes,
 )
+from torch_xdna.models.hf import ModelDirError
 from torch_xdna.models.spec import DecoderSpec
 from torch_xdna.runtime import Device, Launch, Program, TensorArg, get_device
 from torch_xdna.engine.kv_cache import KVCache
@@ -101,6 +101,45 @@ class PrecisionPolicy:
                 return (w.to(torch.float32 if self.exact else torch.bfloat16).contiguous(),)
             return quantize(w, getattr(self, kind), self.block_group(spec, kind))
         return transform
+
+
+class ModelTooLarge(ModelDirError):
+    """The model would not fit the device's memory budget (checked before any allocation)."""
+
+
+def resident_bytes_estimate(spec: DecoderSpec, policy: PrecisionPolicy, capacity: int,
+                            chunk: int = DEFAULT_CHUNK) -> int:
+    """Device bytes a Decoder of `spec` holds: weights in their stored formats, norms, RoPE
+    tables, the KV cache at `capacity` and the activation/logit buffers. From shapes only, so
+    an impossible config is refused before anything is read or allocated."""
+    h, f = spec.hidden, spec.intermediate
+    wb = weight_bytes
+    ga, gm, gh = (policy.block_group(spec, k) for k in SITE_KINDS)
+    per_layer = (wb(spec.q_dim + 2 * spec.kv_dim, h, policy.attention, ga)
+                 + wb(h, spec.q_dim, policy.attention, ga)
+                 + wb(2 * f, h, policy.mlp, gm) + wb(h, f, policy.mlp, gm))
+    norm = 4 if policy.exact else 2
+    norms = (2 + 2 * spec.sandwich_norms) * h + 2 * spec.qk_norm * spec.head_dim
+    head = wb(spec.vocab, h, policy.head, gh) * (1 if spec.tie_embeddings else 2)
+    kv = 2 * spec.layers * spec.kv_heads * capacity * spec.head_dim * (4 if policy.exact else 2)
+    rope = len(spec.ropes) * 2 * capacity * spec.head_dim * 4
+    acts = chunk * h * 4 + chunk * 4 + spec.vocab * 4
+    return spec.layers * (per_layer + norms * norm) + h * norm + head + kv + rope + acts
+
+
+def check_fits(spec: DecoderSpec, policy: PrecisionPolicy, capacity: int, dev: Device,
+               chunk: int = DEFAULT_CHUNK) -> int:
+    """Raise ModelTooLarge when the model cannot fit what the device has free; returns bytes."""
+    need = resident_bytes_estimate(spec, policy, capacity, chunk)
+    free = dev.memory_budget - dev.counters.allocated_bytes
+    if need > free:
+        tail = (f"{spec.family} with {spec.layers} layers, hidden {spec.hidden}, vocab "
+                f"{spec.vocab} at precision {policy.ident()} and a {capacity}-token context needs "
+                f"~{need / 2**30:.2f} GiB of NPU-reachable memory; {free / 2**30:.2f} GiB of the "
+                f"{dev.memory_budget / 2**30:.2f} GiB budget is free. Use a smaller --precision "
+                f"(int8/int4), a smaller --max-context, or raise TORCH_XDNA_MEMORY_BUDGET")
+        raise ModelTooLarge(f"config.json: {tail}", public=tail)
+    return need
 
 
 LAYOUTS = ("block", "layer")
@@ -283,8 +322,9 @@ class Decoder:
 
 
 def default_cache_dir() -> Path:
-    env = os.environ.get("TORCH_XDNA_CACHE_DIR")
-    return Path(env) if env else Path.home() / ".cache" / "torch_xdna" / "decoder-weights"
+    """Quantized-weight cache: <cache root>/decoder-weights (runtime/cachedir.py's rules)."""
+    from torch_xdna.runtime.cachedir import cache_root
+    return cache_root() / "decoder-weights"
 
 
 def estimate_step(spec: DecoderSpec, policy: PrecisionPolicy, cost, rows: int, pos: int, n: int,

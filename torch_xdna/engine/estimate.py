@@ -12,16 +12,20 @@ from pathlib import Path
 from torch_xdna.engine.decoder import DEFAULT_CHUNK, DEFAULT_LAYOUT, PrecisionPolicy, estimate_step
 from torch_xdna.hw import Generation, get_generation
 from torch_xdna.kernels.llm_blocks import rows_bucket
-from torch_xdna.models.families import BUILTIN_CONFIGS, spec_from_config
+from torch_xdna.models.families import BUILTIN_CONFIGS, family_of, spec_from_config
 from torch_xdna.models.hf import read_config
 from torch_xdna.models.spec import DecoderSpec
+from torch_xdna.models.validate import check_config
 from torch_xdna.runtime.sim.cost import CostModel
 
 
 def resolve_spec(model: str) -> tuple[str, DecoderSpec]:
     """A model directory (config.json only) or a built-in shape name like 'qwen3-0.6b'."""
     if Path(model).is_dir():
-        return Path(model).name, spec_from_config(read_config(model))
+        cfg = read_config(model)
+        family_of(cfg)
+        check_config(Path(model) / "config.json", cfg)      # bounds before any shape math
+        return Path(model).name, spec_from_config(cfg)
     key = model.lower()
     if key in BUILTIN_CONFIGS:
         return key, spec_from_config(BUILTIN_CONFIGS[key])

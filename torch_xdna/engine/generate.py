@@ -20,12 +20,12 @@ from typing import Callable, Iterator, Mapping, Sequence
 import torch
 
 from torch_xdna.engine.decoder import (
-    DEFAULT_LAYOUT, ContextOverflow, Decoder, PrecisionPolicy, default_cache_dir,
+    DEFAULT_LAYOUT, ContextOverflow, Decoder, PrecisionPolicy, check_fits, default_cache_dir,
 )
 from torch_xdna.engine.sampler import Sampler, SamplingParams
 from torch_xdna.models.loader import ModelFiles, load_weights, read_model
 from torch_xdna.models.tokenizer import Tokenizer
-from torch_xdna.runtime import Device
+from torch_xdna.runtime import Device, get_device
 
 Prompt = str | Sequence[int] | Sequence[Mapping[str, str]]
 
@@ -317,13 +317,17 @@ def load_decoder(model_dir: str | Path, precision: str | Mapping[str, str] = "bf
 
     precision: bf16 | int8 | int4 | bfp16 | fp32 (verification mode), or per site
     {'attention': ..., 'mlp': ..., 'head': ..., 'default': ...}. Quantized weights are cached on
-    disk under cache_dir (default $TORCH_XDNA_CACHE_DIR or ~/.cache/torch_xdna; False disables).
+    disk under cache_dir (default <$TORCH_XDNA_CACHE_DIR or ~/.cache/torch_xdna>/decoder-weights;
+    False disables; trust rules: runtime/cachedir.py).
     max_context: KV cache capacity in tokens (default min(4096, the model's maximum)).
     layout: "layer" (one launch per layer, the default) or "block" (an attention-block and an
     MLP-block launch per layer; same tokens, more configure points).
     """
-    files = read_model(model_dir)
+    files = read_model(model_dir)             # validates every file before anything is allocated
     policy = PrecisionPolicy.parse(precision, group)
+    device = device or get_device()
+    check_fits(files.spec, policy, int(min(max_context or 4096, files.spec.max_positions)), device,
+               prefill_chunk)
     quantized = any(p in ("int8", "int4", "bfp16") for p in (policy.attention, policy.mlp, policy.head))
     cdir = None
     if quantized and cache_dir is not False:

@@ -6,13 +6,12 @@ output is L2-normalized (modules.json). We honor them so results match sentence-
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from torch_xdna.models.hf import ModelDirError, iter_tensors, read_config
+from torch_xdna.models.hf import ModelDirError, iter_tensors, read_config, read_json
 
 ENCODER_TYPES = ("bert",)
 # HF hidden_act -> the epilogue name the GEMM designs know
@@ -53,10 +52,7 @@ class EncoderSpec:
 def _read_json(path: Path) -> dict | list | None:
     if not path.is_file():
         return None
-    try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise ModelDirError(f"{path}: not valid JSON ({e})") from None
+    return read_json(path)
 
 
 def transformer_dir(model_dir: str | Path) -> Path:
@@ -113,6 +109,8 @@ def load_spec(model_dir: str | Path, name: str | None = None) -> EncoderSpec:
     if act is None:
         raise ModelDirError(f"{tdir}/config.json: hidden_act {cfg.get('hidden_act')!r} not supported "
                             f"(supported: {', '.join(ACTIVATION_NAMES)})")
+    from torch_xdna.models.validate import check_encoder_config
+    check_encoder_config(tdir / "config.json", cfg)
     try:
         hidden, heads = int(cfg["hidden_size"]), int(cfg["num_attention_heads"])
         layers, inter = int(cfg["num_hidden_layers"]), int(cfg["intermediate_size"])

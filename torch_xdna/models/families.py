@@ -187,14 +187,19 @@ HINTS = {
 }
 
 
-def spec_from_config(cfg: dict) -> DecoderSpec:
-    """The DecoderSpec of a HF config dict; UnsupportedModelError names what is not supported."""
+def family_of(cfg: dict) -> Callable[[dict], DecoderSpec]:
+    """The spec builder of a config's model_type; UnsupportedModelError when there is none."""
     mt = cfg.get("model_type")
-    if mt not in FAMILIES:
+    if not isinstance(mt, str) or mt not in FAMILIES:
         raise UnsupportedModelError(
             f"model_type {mt!r} is not supported by the xdna decode engine "
             f"(supported: {', '.join(FAMILIES)})" + (f"; {HINTS[mt]}" if mt in HINTS else ""))
-    return FAMILIES[mt](cfg)
+    return FAMILIES[mt]
+
+
+def spec_from_config(cfg: dict) -> DecoderSpec:
+    """The DecoderSpec of a HF config dict; UnsupportedModelError names what is not supported."""
+    return family_of(cfg)(cfg)
 
 
 # Built-in configs (shapes only, no weights) for `xdna estimate` and the benchmark.

@@ -4,12 +4,15 @@
 and generation defaults. `load_weights` maps HF tensor names to canonical sites (fusing q/k/v and
 gate/up so each block streams one weight per matmul), applies a per-site transform (the engine's
 quantizer) under a tqdm bar, and caches the result on disk keyed by the weights' hash and the
-transform's identity; a corrupt cache file is detected (digest) and rebuilt.
+transform's identity, under runtime/cachedir.py's trust rules: an entry is used only when its
+HMAC under the per-user key verifies (a corrupt or planted file is refused and rebuilt), and an
+unwritable cache means the weights are kept in memory only.
 """
 from __future__ import annotations
 
+import errno
 import hashlib
-import json
+import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,11 +20,13 @@ from typing import Callable
 
 import torch
 
-from torch_xdna.models.families import spec_from_config
-from torch_xdna.models.hf import ModelDirError, read_config, safetensors_files
+from torch_xdna.models.families import family_of, spec_from_config
+from torch_xdna.models import validate
+from torch_xdna.models.hf import ModelDirError, read_config, read_json, safetensors_files
 from torch_xdna.models.spec import DecoderSpec
+from torch_xdna.runtime.cachedir import CacheDir, sign, verify, warn_once
 
-CACHE_FORMAT = "xdna-decoder-weights-v1"
+CACHE_FORMAT = "xdna-decoder-weights-v2"     # v2: signed entries
 Transform = Callable[[str, torch.Tensor], tuple[torch.Tensor, ...]]
 
 
@@ -44,13 +49,20 @@ class ModelFiles:
 
 
 def read_model(model_dir: str | Path) -> ModelFiles:
+    """The validated description of a decoder directory (models/validate.py: config, generation
+    config, tokenizer + chat template, weight shapes), before any weight is read."""
     d = Path(model_dir)
     if not d.is_dir():
-        raise ModelDirError(f"{model_dir}: not a directory; pass a Hugging Face model directory")
+        raise ModelDirError(f"{model_dir}: not a directory; pass a Hugging Face model directory",
+                            public="the model path is not a directory")
     cfg = read_config(d)
+    family_of(cfg)                             # an unsupported family is named before field errors
+    validate.check_config(d / "config.json", cfg)
+    spec = spec_from_config(cfg)
     gen_path = d / "generation_config.json"
-    gen = json.loads(gen_path.read_text()) if gen_path.is_file() else {}
-    return ModelFiles(d, cfg, spec_from_config(cfg), gen)
+    gen = read_json(gen_path) if gen_path.is_file() else None
+    validate.check_decoder_dir(d, cfg, spec, gen)
+    return ModelFiles(d, cfg, spec, gen or {})
 
 
 def site_names(spec: DecoderSpec) -> list[str]:
@@ -88,28 +100,59 @@ def _digest(tensors: dict[str, torch.Tensor]) -> str:
     return h.hexdigest()
 
 
-def _read_cache(path: Path, key: str) -> dict[str, torch.Tensor] | None:
+def _cache_bound(mf: ModelFiles) -> int:
+    """Largest plausible cache entry: quantized sites are never more than 2x the source bytes."""
+    return 2 * sum(f.stat().st_size for f in safetensors_files(mf.path)) + (64 << 20)
+
+
+def _read_cache(cd: CacheDir, name: str, key: str, max_bytes: int) -> dict[str, torch.Tensor] | None:
+    """The tensors of a trusted, signed entry, or None (missing/refused/corrupt: rebuilt)."""
     from safetensors import safe_open
+    fd = cd.open_entry(name, max_bytes)
+    if fd is None:
+        return None
+    why = ""
     try:
-        with safe_open(str(path), framework="pt") as fh:
+        # read through the checked descriptor, never by re-resolving the name
+        with safe_open(f"/proc/self/fd/{fd}", framework="pt") as fh:
             meta = fh.metadata() or {}
             if meta.get("format") != CACHE_FORMAT or meta.get("key") != key:
-                return None
-            tensors = {n: fh.get_tensor(n) for n in fh.keys()}
-        if _digest(tensors) != meta.get("digest"):
-            return None
-        return tensors
-    except Exception:                   # truncated / garbage file: rebuild it
-        return None
+                why = "format or key mismatch"
+            else:
+                tensors = {n: fh.get_tensor(n) for n in fh.keys()}
+        if not why:
+            digest = _digest(tensors)
+            if digest != meta.get("digest"):
+                why = "digest mismatch"
+            elif not verify(cd.key, meta.get("mac"), CACHE_FORMAT, key, digest):
+                why = "signature mismatch (not written with your cache key)"
+            else:
+                return tensors
+    except Exception as e:              # truncated / garbage file: rebuild it
+        why = f"unreadable ({type(e).__name__})"
+    finally:
+        os.close(fd)
+    warn_once(cd.entry(name), "corrupt", f"xdna weight cache entry {cd.entry(name)} is refused "
+              f"({why}); the weights are re-quantized and the entry rewritten")
+    cd.discard(name)
+    return None
 
 
-def _write_cache(path: Path, key: str, tensors: dict[str, torch.Tensor]) -> None:
+def _write_cache(cd: CacheDir, name: str, key: str, tensors: dict[str, torch.Tensor]) -> None:
     from safetensors.torch import save_file
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
     flat = {n: t.contiguous() for n, t in tensors.items()}
-    save_file(flat, str(tmp), metadata={"format": CACHE_FORMAT, "key": key, "digest": _digest(flat)})
-    tmp.replace(path)
+    digest = _digest(flat)
+    meta = {"format": CACHE_FORMAT, "key": key, "digest": digest,
+            "mac": sign(cd.key, CACHE_FORMAT, key, digest)}
+
+    def fill(_fd: int, tmp: str) -> None:
+        try:
+            save_file(flat, tmp, metadata=meta)
+        except OSError:
+            raise
+        except Exception as e:          # safetensors reports I/O failures as its own error
+            raise OSError(errno.EIO, str(e)) from None
+    cd.write(name, fill)
 
 
 def _hf_tensors(mf: ModelFiles) -> dict[str, torch.Tensor]:
@@ -151,12 +194,14 @@ def load_weights(mf: ModelFiles, transform: Transform, transform_id: str,
     """Canonical site -> transformed tensors, from the cache when a valid one exists."""
     spec = mf.spec
     sites = site_names(spec)
-    cache_path = key = None
+    cd = name = key = None
     if cache_dir:
-        key = hashlib.sha256(f"{CACHE_FORMAT}|{weights_hash(mf.path)}|{transform_id}".encode()).hexdigest()
-        cache_path = Path(cache_dir) / f"{key[:32]}.safetensors"
-        if cache_path.is_file():
-            flat = _read_cache(cache_path, key)
+        cd = CacheDir(cache_dir, "weight cache")
+        if cd.usable:
+            key = hashlib.sha256(f"{CACHE_FORMAT}|{weights_hash(mf.path)}|{transform_id}".encode()
+                                 ).hexdigest()
+            name = f"{key[:32]}.safetensors"
+            flat = _read_cache(cd, name, key, _cache_bound(mf))
             if flat is not None:
                 return _unflatten(flat)
     sd = _hf_tensors(mf)
@@ -178,8 +223,8 @@ def load_weights(mf: ModelFiles, transform: Transform, transform_id: str,
         raise ModelDirError(
             f"{mf.path}: {len(unused)} weight(s) the {spec.family} spec does not use, e.g. "
             f"{', '.join(unused[:3])}; this checkpoint has features the engine does not implement")
-    if cache_path is not None:
-        _write_cache(cache_path, key, {f"{s}#{j}": t for s, ts in out.items() for j, t in enumerate(ts)})
+    if cd is not None and cd.usable and name is not None:
+        _write_cache(cd, name, key, {f"{s}#{j}": t for s, ts in out.items() for j, t in enumerate(ts)})
     return out
 
 

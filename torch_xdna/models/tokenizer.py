@@ -7,7 +7,25 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from torch_xdna.models.hf import ModelDirError
+from torch_xdna.models.hf import ModelDirError, read_json
+
+
+def compile_template(template: str):
+    """A chat template compiled the way HF renders it (immutable sandbox, HF's helpers);
+    raises jinja2.TemplateSyntaxError for a malformed one."""
+    import jinja2
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    def raise_exception(msg):
+        raise jinja2.exceptions.TemplateError(msg)
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                        extensions=["jinja2.ext.loopcontrols"])
+    env.filters["tojson"] = lambda x, indent=None, ensure_ascii=False: json.dumps(
+        x, indent=indent, ensure_ascii=ensure_ascii)
+    env.globals["raise_exception"] = raise_exception
+    env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+    return env.from_string(template)
 
 
 def _token_str(v: Any) -> str | None:
@@ -28,12 +46,16 @@ class Tokenizer:
         try:
             self.tok = _Tok.from_file(str(path))
         except Exception as e:                       # tokenizers raises plain Exception
-            raise ModelDirError(f"{path}: unreadable tokenizer ({e})") from None
+            raise ModelDirError(f"{path}: unreadable tokenizer ({e})",
+                                public="tokenizer.json: unreadable tokenizer") from None
         cfg_path = d / "tokenizer_config.json"
-        self.config: dict = json.loads(cfg_path.read_text()) if cfg_path.is_file() else {}
+        self.config: dict = read_json(cfg_path) if cfg_path.is_file() else {}
+        if not isinstance(self.config, dict):
+            raise ModelDirError(f"{cfg_path}: expected a JSON object",
+                                public="tokenizer_config.json: expected a JSON object")
         template = self.config.get("chat_template")
         if isinstance(template, list):               # named templates: use "default"
-            named = {t.get("name"): t.get("template") for t in template}
+            named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
             template = named.get("default") or next(iter(named.values()), None)
         jinja_file = d / "chat_template.jinja"
         if template is None and jinja_file.is_file():
@@ -63,19 +85,7 @@ class Tokenizer:
             raise ModelDirError("this model directory has no chat_template (tokenizer_config.json "
                                 "or chat_template.jinja); pass a plain prompt instead of messages")
         if self._compiled is None:
-            import jinja2
-            from jinja2.sandbox import ImmutableSandboxedEnvironment
-
-            def raise_exception(msg):
-                raise jinja2.exceptions.TemplateError(msg)
-
-            env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                                extensions=["jinja2.ext.loopcontrols"])
-            env.filters["tojson"] = lambda x, indent=None, ensure_ascii=False: json.dumps(
-                x, indent=indent, ensure_ascii=ensure_ascii)
-            env.globals["raise_exception"] = raise_exception
-            env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
-            self._compiled = env.from_string(self.chat_template)
+            self._compiled = compile_template(self.chat_template)
         return self._compiled.render(messages=messages, add_generation_prompt=add_generation_prompt,
                                      bos_token=self.bos_token or "", eos_token=self.eos_token or "",
                                      **extra)
