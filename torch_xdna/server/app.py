@@ -841,7 +841,7 @@ def _as_api_error(e: BaseException) -> APIError:
                         code="model_load_failed")
     if isinstance(e, ValueError):           # the engine's verdict on this request's input
         code = "context_length_exceeded" if type(e).__name__ == "ContextOverflow" else None
-        return APIError(400, str(e), code=code)
+        return APIError(400, getattr(e, "public_message", None) or str(e), code=code)
     log.error("request failed", exc_info=e)
     return APIError(500, f"internal server error ({type(e).__name__}); the server log has the "
                          f"details.", type="server_error")
