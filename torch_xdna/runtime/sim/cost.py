@@ -21,6 +21,9 @@ from dataclasses import dataclass, fields
 from torch_xdna.hw import AIE2P, Generation
 from torch_xdna.runtime.plan import Plan
 
+# Bump when a term or constant changes the modeled figures (docs/simulator.md lists the history).
+MODEL_VERSION = "cost-v1"
+
 
 @dataclass
 class CostTerms:
