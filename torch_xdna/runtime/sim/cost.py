@@ -3,7 +3,8 @@
 Terms (microseconds), each kept separately so a profile can say where time goes:
   dispatch        fixed command round trip (a chained launch inside a program pays the chained cost)
   reconfig        the design differs from the previous launch: array reconfiguration; inside a
-                  chained program a configure point of the same ELF instead
+                  chained program a configure point of the same ELF instead; a non-chained
+                  dispatch of another design in the live context: a design change (cost-v2)
   context_switch  more live hardware contexts than the firmware holds: the LRU one is swapped out
   dma             DRAM <-> array bytes of the plan (with its tiling reuse) at the streaming rate
   onchip          mem tile <-> core traffic (partial sums, re-broadcast tiles) at the on-chip rate
@@ -22,7 +23,7 @@ from torch_xdna.hw import AIE2P, Generation
 from torch_xdna.runtime.plan import Plan
 
 # Bump when a term or constant changes the modeled figures (docs/simulator.md lists the history).
-MODEL_VERSION = "cost-v1"
+MODEL_VERSION = "cost-v2"
 
 
 @dataclass
@@ -142,6 +143,10 @@ class CostModel:
                         t.context_switch = g.ctx_switch_us.value
                     self.contexts[ctx] = None
                 self.current_context = ctx
+            elif design_key != self.current:
+                # same hardware context, another of its designs: the array is re-programmed
+                # for it like a configure point (cost-v2; back-tested on xdna-engine's decode)
+                t.reconfig = g.design_change_us.value
             self.contexts.move_to_end(ctx)
         elif design_key != self.current:
             # inside one chained program a different design is a configure point of its ELF
