@@ -26,6 +26,23 @@ from torch_xdna.runtime.plan import Plan
 MODEL_VERSION = "cost-v2"
 
 
+# Where each term's constants come from: Generation fields (each a Sourced value in hw/) or a
+# documented derivation (docs/simulator.md section 2). tests/test_cost_sources.py fails when a
+# CostTerms field has no entry here or a named field has no source.
+TERM_SOURCES: dict[str, tuple[str, ...]] = {
+    "dispatch": ("dispatch_us", "chained_dispatch_us"),
+    "reconfig": ("reconfig_us", "configure_point_us", "design_change_us"),
+    "context_switch": ("ctx_switch_us", "hw_contexts"),
+    "dma": ("npu_read_bps", "npu_mixed_bps", "shim_dma_bps"),
+    "onchip": ("onchip_bps",),
+    "compute": ("macs_per_core_cycle", "measured_gemm_ops", "core_clock_hz", "vector_bits",
+                "vector_flops_per_lane", "kernel_call_cycles", "dequant_ops_per_weight"),
+    "sync": ("sync_point_us", "shim_task_queue_depth"),
+    "overlap": ("derivation: docs/simulator.md 'overlap' (double buffering hides all but the "
+                "slowest stage and the plan's fill_s; fused designs: sum of stage fills)",),
+}
+
+
 @dataclass
 class CostTerms:
     dispatch: float = 0.0
