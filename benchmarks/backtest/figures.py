@@ -10,6 +10,8 @@ from dataclasses import dataclass
 
 XE_README = "xdna-engine README, 'Representative measured results' (shared/seeds/xdna-engine-readme.txt)"
 FACTS = "shared/docs/xdna2-facts.md"
+AIR_DOC = ("Xilinx/mlir-air programming_examples/llama32_1b/docs/profile.md (commit 4216fa49; "
+           "AIR on NPU2 Strix, bf16)")
 FLM_DOCS = "FastFlowLM benchmark docs (via shared/docs/xdna2-facts.md 'Published end-to-end results')"
 
 
@@ -59,6 +61,25 @@ FIGURES: tuple[Figure, ...] = (
            "FastFlowLM", "Ryzen AI 7 350 (Krackan, XDNA2)", "FastFlowLM (version per facts doc)",
            "Llama-3.2-1B", "1024", "int4 groups (q4nx-like)", FLM_DOCS, "flm_llama_prefill",
            held_out=True, note="closed source: layout assumed"),
+    # --- end to end: mlir-air Llama-3.2-1B bf16 (open source; per-kernel profile published) ---
+    *(Figure(k, what, v, "ms", "mlir-air (Xilinx)", "Strix (NPU2)", "mlir-air llama32_1b example",
+             "Llama-3.2-1B", ctx, "bf16", AIR_DOC, layout, held_out=True, note=note)
+      for k, what, v, ctx, layout, note in (
+        ("air_decode_qkv", "Llama-3.2-1B decode rms_gemv_rope call (6 launches)", 0.9,
+         "decode", "air_decode_qkv", "per layer, per token"),
+        ("air_decode_ffn", "Llama-3.2-1B decode o_gemv_ffn call (8 launches)", 3.6,
+         "decode", "air_decode_ffn", "per layer, per token"),
+        ("air_decode_head", "Llama-3.2-1B decode lm_head_gemv (8 launches)", 13.5,
+         "decode", "air_decode_head", "per token"),
+        ("air_decode_npu", "Llama-3.2-1B decode, NPU part of a token", 86.0, "decode",
+         "air_decode_npu", "92 ms/token minus CPU attention/norm/host 5 ms and BO <1 ms"),
+        ("air_prefill_ffn", "Llama-3.2-1B prefill o_ffn call (8 launches, M=2048)", 41.0,
+         "2048", "air_prefill_ffn", "per layer"),
+        ("air_prefill_attn", "Llama-3.2-1B prefill flash_attn (causal, 2048)", 22.0,
+         "2048", "air_prefill_attn", "per layer"),
+        ("air_prefill_npu", "Llama-3.2-1B prefill 2048 tokens, kernel time", 1160.0, "2048",
+         "air_prefill_npu", "1.27 s wall minus 0.11 s Python host overhead"),
+    )),
     # --- whole-array GEMM calibration points (consistency check, +-15%) ------------------------
     Figure("gemm_bf16", "whole-array GEMM 4096^3 bf16", 14.71e12, "ops/s", "arXiv 2512.13282",
            "Ryzen AI (XDNA2)", "paper", "-", "-", "bf16", "arXiv 2512.13282", "gemm_bf16",
