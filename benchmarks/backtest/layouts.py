@@ -259,3 +259,25 @@ LAYOUTS.update({
     "air_prefill_attn": lambda g: _air_call(g, True, "flash_attn"),
     "air_prefill_npu": lambda g: _air_total(g, True),
 })
+
+
+def _decode_us(gen: Generation, model: str, precision: str, context: int) -> tuple[float, dict]:
+    """Steady-state modeled decode step at `context` tokens in the project's fused layout."""
+    from torch_xdna.engine.decoder import PrecisionPolicy, estimate_step
+    _, spec = resolve_spec(model)
+    policy, cm = PrecisionPolicy.parse(precision), CostModel(gen)
+    cap = max(4096, context + 1)
+    estimate_step(spec, policy, cm, 1, context, 1, cap, True)
+    r = estimate_step(spec, policy, cm, 1, context, 1, cap, True)
+    return r["modeled_us"], r["terms_us"]
+
+
+def _flm_context_scaling(gen: Generation):
+    """Decode speed at 4k context over 1k (dimensionless): tests the KV-streaming share of a
+    token. ASSUMED layout as _flm (int4 g32, one fused launch per layer)."""
+    t1, _ = _decode_us(gen, "llama-3.2-1b", "int4", 1024)
+    t4, terms = _decode_us(gen, "llama-3.2-1b", "int4", 4096)
+    return t1 / t4, terms, {}
+
+
+LAYOUTS["flm_llama_ctx4k"] = _flm_context_scaling
