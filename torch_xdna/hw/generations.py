@@ -95,6 +95,9 @@ class Generation:
     kernel_call_cycles: Sourced[int] = Sourced(0, "")       # per core-kernel invocation
     vector_flops_per_lane: Sourced[int] = Sourced(1, "")    # fp32 vector op results per lane/cycle
     subnormals_flushed: Sourced[bool] = Sourced(True, SRC_AM020)
+    # --- cost-model v2 terms (benchmarks/backtest, docs/simulator.md section 2) -------------
+    design_change_us: Sourced[float] = Sourced(0.0, "")      # other design, same hw context
+    dequant_ops_per_weight: Sourced[int] = Sourced(0, "")    # vector ops per int4/int8 weight
 
     # --- derived, never stored twice ------------------------------------------------------
     @property
@@ -169,6 +172,13 @@ AIE2P = Generation(
     kernel_call_cycles=S(128, SRC_MODEL + ": lock acquire/release + loop prologue/epilogue of one "
                          "kernel call (mlir-aie mm.cc / vector kernels), order of 100 cycles"),
     vector_flops_per_lane=S(1, SRC_AM027 + " (one fp32 vector result per lane per cycle)"),
+    design_change_us=S(56.0, SRC_GEN_DECODE + " configure point (51-62 us): a non-chained "
+                       "dispatch of another design in the same hardware context re-writes the "
+                       "same switch/BD/core state; back-tested on xdna-engine's 170/8 Qwen3 "
+                       "decode (benchmarks/backtest)"),
+    dequant_ops_per_weight=S(2, SRC_MODEL + ": int4/int8 weight-only dequant = unpack+convert "
+                             "and one scale multiply per weight element on the 512-bit vector "
+                             "unit (bf16 lanes), as in mlir-aie aie_kernels/aie2p dequant loops"),
 )
 
 NPU4 = AIE2P

@@ -45,7 +45,6 @@ L2_FACTORS = (1, 2, 3, 4, 6, 8)
 KC_STEPS = (16, 8, 4, 2, 1)
 ELEM_BYTES = {"bf16": 2, "int8": 1, "bfp16": 9 / 8, "int4": 0.5}
 DTYPES = tuple(ELEM_BYTES)
-DEQUANT_PASSES = 2            # vector ops per weight element to dequantize (unpack/convert, scale)
 _PLAN_CACHE: dict[tuple, Plan] = {}
 
 
@@ -258,7 +257,7 @@ class GemmDesign(Design):
         if partial:
             tile_cycles += (k_chunks - 1) * gen.kernel_call_cycles.value
         if self.weight_only:
-            tile_cycles += DEQUANT_PASSES * kp * tn / (gen.vector_bits.value // 16)
+            tile_cycles += gen.dequant_ops_per_weight.value * kp * tn / (gen.vector_bits.value // 16)
         cycles = tiles_per_core * tile_cycles
         clock = gen.core_clock_hz.value
         t_dram = dram_time_s(gen, cols, read, c_write)

@@ -293,7 +293,15 @@ def _fused_plan(name: str, kind: str, precision: str, gen: Generation, stages: S
         double_buffered=True, dram_read_bytes=int(read), dram_write_bytes=int(write),
         macs=sum(p.macs for p in stages), padded_macs=sum(p.padded_macs for p in stages),
         vector_elems=sum(p.vector_elems for p in stages),
-        compute_cycles=sum(p.compute_cycles for p in stages), notes=notes)
+        compute_cycles=sum(p.compute_cycles for p in stages),
+        notes={**notes, "fill_s": stage_fill_s(stages)})
+
+
+def stage_fill_s(stages: Sequence[Plan]) -> float:
+    """Pipeline fill/drain of a fused design (cost-v2): each stage consumes the previous
+    stage's whole output, so every stage's first tile (transfer + compute) and last tile are
+    exposed once; the stages' own fill figures add up (docs/simulator.md, section 2)."""
+    return sum(p.notes.get("fill_s", 0.0) for p in stages)
 
 
 def attention_tiles(gen: Generation, name: str, q_rows: int, head_dim: int) -> tuple[int, int]:
@@ -625,4 +633,4 @@ class DecoderLayerDesign(Design):
             vector_elems=a.vector_elems + m.vector_elems,
             compute_cycles=a.compute_cycles + m.compute_cycles,
             notes={k: a.notes.get(k, 0) + m.notes.get(k, 0)
-                   for k in ("weight_bytes", "kv_read_bytes", "kv_write_bytes")})
+                   for k in ("weight_bytes", "kv_read_bytes", "kv_write_bytes", "fill_s")})

@@ -3,7 +3,8 @@
 Terms (microseconds), each kept separately so a profile can say where time goes:
   dispatch        fixed command round trip (a chained launch inside a program pays the chained cost)
   reconfig        the design differs from the previous launch: array reconfiguration; inside a
-                  chained program a configure point of the same ELF instead
+                  chained program a configure point of the same ELF instead; a non-chained
+                  dispatch of another design in the live context: a design change (cost-v2)
   context_switch  more live hardware contexts than the firmware holds: the LRU one is swapped out
   dma             DRAM <-> array bytes of the plan (with its tiling reuse) at the streaming rate
   onchip          mem tile <-> core traffic (partial sums, re-broadcast tiles) at the on-chip rate
@@ -20,6 +21,26 @@ from dataclasses import dataclass, fields
 
 from torch_xdna.hw import AIE2P, Generation
 from torch_xdna.runtime.plan import Plan
+
+# Bump when a term or constant changes the modeled figures (docs/simulator.md lists the history).
+MODEL_VERSION = "cost-v2"
+
+
+# Where each term's constants come from: Generation fields (each a Sourced value in hw/) or a
+# documented derivation (docs/simulator.md section 2). tests/test_cost_sources.py fails when a
+# CostTerms field has no entry here or a named field has no source.
+TERM_SOURCES: dict[str, tuple[str, ...]] = {
+    "dispatch": ("dispatch_us", "chained_dispatch_us"),
+    "reconfig": ("reconfig_us", "configure_point_us", "design_change_us"),
+    "context_switch": ("ctx_switch_us", "hw_contexts"),
+    "dma": ("npu_read_bps", "npu_mixed_bps", "shim_dma_bps"),
+    "onchip": ("onchip_bps",),
+    "compute": ("macs_per_core_cycle", "measured_gemm_ops", "core_clock_hz", "vector_bits",
+                "vector_flops_per_lane", "kernel_call_cycles", "dequant_ops_per_weight"),
+    "sync": ("sync_point_us", "shim_task_queue_depth"),
+    "overlap": ("derivation: docs/simulator.md 'overlap' (double buffering hides all but the "
+                "slowest stage and the plan's fill_s; fused designs: sum of stage fills)",),
+}
 
 
 @dataclass
@@ -161,6 +182,10 @@ class CostModel:
                         t.context_switch = g.ctx_switch_us.value
                     self.contexts[ctx] = None
                 self.current_context = ctx
+            elif design_key != self.current:
+                # same hardware context, another of its designs: the array is re-programmed
+                # for it like a configure point (cost-v2; back-tested on xdna-engine's decode)
+                t.reconfig = g.design_change_us.value
             self.contexts.move_to_end(ctx)
         elif design_key != self.current:
             # inside one chained program a different design is a configure point of its ELF
