@@ -160,12 +160,13 @@ class CostModel:
         g = self.gen
         memo_key = id(plan) if stream is None else (id(plan), id(stream))
         memo = self._transfer.get(memo_key)
-        if memo is None or memo[0] is not plan or (stream is not None and memo[2] is not stream):
+        memo_plan, m, memo_stream = memo if memo is not None else (None, None, None)
+        if memo_plan is not plan or (stream is not None and memo_stream is not stream):
             if len(self._transfer) > 4096:            # eager designs come and go
                 self._transfer.clear()
-            terms = transfer_terms(g, plan) if stream is None else stream_transfer_terms(g, plan, stream)
-            memo = self._transfer[memo_key] = (plan, terms, stream)
-        m = memo[1]                                   # a plan's own time never changes
+            m = transfer_terms(g, plan) if stream is None else stream_transfer_terms(g, plan, stream)
+            self._transfer[memo_key] = (plan, m, stream)
+        # m: a plan's own time never changes
         t = CostTerms(0.0, 0.0, 0.0, m.dma, m.onchip, m.compute, m.sync, m.overlap)
         t.dispatch = g.chained_dispatch_us.value if chained else g.dispatch_us.value
         ctx = design_key if context is None else context
