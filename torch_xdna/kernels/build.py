@@ -115,32 +115,29 @@ def xclbin_uuid(data: bytes) -> str:
 
 
 def kernel_objects(program, arch: str) -> dict[str, tuple[Path, tuple[str, ...]]]:
-    """object file -> (core-kernel source, -D defines) for every kernel a program declares."""
+    """object file -> (core-kernel source, -D defines) for every kernel a program declares.
+
+    Refuses (BuildError) a declaration whose argument list disagrees with the C++ signature in
+    the kernel table (count, pointer or scalar, element type), and object files not named per
+    source and defines (kernels/aie.object_files), which would link a symbol twice into a core."""
     from torch_xdna.kernels import aie
+    try:
+        for decl in program.kernels:
+            aie.check_decl(decl.symbol, decl.arg_types)
+        objs = aie.object_files(program.kernels)
+    except aie.KernelContractError as e:
+        raise BuildError(f"{program.name}: {e}") from None
     out: dict[str, tuple[Path, tuple[str, ...]]] = {}
     for decl in program.kernels:
-        spec = aie.KERNELS.get(decl.symbol)
-        if spec is None:
-            raise BuildError(f"{program.name}: core kernel {decl.symbol!r} has no C++ source in "
-                             f"torch_xdna/kernels/aie/{arch}/ (known: {len(aie.KERNELS)} symbols)")
-        src = Path(aie.__file__).resolve().parent / arch / spec.source
-        defines = tuple(f"-D{k}={v}" for k, v in _defines(decl, spec))
-        prev = out.get(decl.object_file)
-        if prev is not None and prev != (src, defines):
-            raise BuildError(f"{program.name}: object {decl.object_file} is needed with two "
-                             f"different sources/defines ({prev} vs {(src, defines)})")
-        out[decl.object_file] = (src, defines)
+        obj, source, defs = objs[decl.symbol]
+        if decl.object_file != obj:
+            raise BuildError(f"{program.name}: core kernel {decl.symbol} declares object "
+                             f"{decl.object_file!r}; objects are one per source and defines "
+                             f"({obj!r}), so a core linking several symbols of {source} gets "
+                             f"each once")
+        src = Path(aie.__file__).resolve().parent / arch / source
+        out[obj] = (src, tuple(f"-D{k}={v}" for k, v in defs))
     return out
-
-
-def _defines(decl, spec) -> list[tuple[str, int]]:
-    """Tile-size defines a kernel reads, from the shapes of the buffers the IR passes it (the
-    kernel table knows which argument and axis each define comes from)."""
-    shapes = [None if isinstance(t, str) else t.shape for t in decl.arg_types]
-    try:
-        return sorted(spec.tile_defines(shapes).items())
-    except ValueError as e:
-        raise BuildError(f"core kernel {decl.symbol}: {e}") from None
 
 
 def scalar_patches(program, binding_bytes: Sequence[int], encode) -> dict[str, int]:

@@ -165,3 +165,69 @@ _SPECS += [
 ]
 KERNELS: dict[str, KernelSpec] = {s.symbol: s for s in _SPECS}
 SOURCES: tuple[str, ...] = tuple(sorted({s.source for s in _SPECS}))
+
+
+# --- the array IR's view of the table: signatures and object files ------------------------------
+_IR_PTR = {"bf16": "bf16*", "f32": "f32*", "i8": "i8*", "u8": "u8*", "i32": "i32*", "i16": "i16*",
+           "u32": "u32*", "f16": "f16*", "i4": "u8*", "i64": "i64*"}
+
+
+class KernelContractError(ValueError):
+    """An array-IR kernel declaration disagrees with the C++ kernel table."""
+
+
+def ir_signature(arg_types) -> tuple[str, ...]:
+    """The C argument types of an ir.KernelDecl's arg_types (a TensorType is a pointer to its
+    element type; a str is a scalar)."""
+    return tuple(t if isinstance(t, str) else _IR_PTR[t.dtype] for t in arg_types)
+
+
+def check_decl(symbol: str, arg_types) -> KernelSpec:
+    """The table entry of `symbol` if the IR's argument list matches it exactly (count,
+    pointer or scalar, element type); else KernelContractError naming both signatures."""
+    spec = KERNELS.get(symbol)
+    if spec is None:
+        raise KernelContractError(f"core kernel {symbol!r} has no C++ source in "
+                                  f"torch_xdna/kernels/aie/{ARCH}/ ({len(KERNELS)} symbols known)")
+    ir_sig = ir_signature(arg_types)
+    c_sig = tuple(t for _, t in spec.args)
+    if ir_sig != c_sig:
+        raise KernelContractError(
+            f"core kernel {symbol}: the array IR calls it as ({', '.join(ir_sig)}) but "
+            f"{spec.source} declares ({', '.join(f'{t} {n}' for n, t in spec.args)})")
+    return spec
+
+
+def object_files(decls) -> dict[str, tuple[str, str, tuple[tuple[str, int], ...]]]:
+    """symbol -> (object file, source, -D defines) for a program's kernel declarations.
+
+    One object per source: every extern "C" symbol of a source is in each object compiled from
+    it, so two objects of one source linked into one core would define each symbol twice. The
+    defines of the symbols of one source are merged (they come from the same tile shapes); two
+    declarations that need one define at different values are refused. Symbols the table does
+    not know, or whose arguments do not match it, keep `<symbol>.o` (check_decl reports them)."""
+    by_src: dict[str, dict[str, int]] = {}
+    known = set()
+    for d in decls:
+        spec = KERNELS.get(d.symbol)
+        if spec is None or ir_signature(d.arg_types) != tuple(t for _, t in spec.args):
+            continue
+        known.add(d.symbol)
+        defs = spec.tile_defines([None if isinstance(t, str) else t.shape for t in d.arg_types])
+        merged = by_src.setdefault(spec.source, {})
+        for k, v in defs.items():
+            if merged.setdefault(k, v) != v:
+                raise KernelContractError(
+                    f"core kernel {d.symbol}: {spec.source} is needed with {k}={v} and "
+                    f"{k}={merged[k]} in one program; one object per source cannot hold both")
+    out = {}
+    for d in decls:
+        spec = KERNELS.get(d.symbol)
+        if d.symbol not in known:
+            out[d.symbol] = (f"{d.symbol}.o", spec.source if spec else "", ())
+            continue
+        defs = tuple(sorted(by_src[spec.source].items()))
+        stem = spec.source.rsplit(".", 1)[0]
+        tag = "".join(f"_{k.split('_', 1)[-1].lower()}{v}" for k, v in defs)
+        out[d.symbol] = (f"{stem}{tag}.o", spec.source, defs)
+    return out
