@@ -101,7 +101,8 @@ def _vector(op: str):
         kinds = [type(a).__name__ for a in call.args]
         tensors = [x for x, k in zip(args, kinds) if k == "FifoElem"]
         consts = [x for x, k in zip(args, kinds) if k == "Const"]
-        params = dict(zip(_PARAM_NAMES.get(op, ()), consts[1:]))
+        # row units pass (rows, n, op scalars); the others (n, op scalars)
+        params = dict(zip(_PARAM_NAMES.get(op, ()), consts[2:] if row else consts[1:]))
         out = tensors[-1]
         u = out.numel()
         ins = []
@@ -138,9 +139,16 @@ def _vector(op: str):
     return run
 
 
-def _gate_mul(t0: torch.Tensor, t1: torch.Tensor, out: torch.Tensor, work: int = 0) -> None:
-    """gated GEMM's last stage: the two fp32 accumulators multiplied, stored (GatedGemmDesign)."""
-    numerics.store(t0.float() * t1.float(), out)
+def _gate_mul(*args) -> None:
+    """gated GEMM's last stage: the two fp32 accumulators multiplied, stored (GatedGemmDesign);
+    gate_mul_f32_<out>(t0, t1, out, n) or gate_mul_pk_f32_<out>(t0t1, out, n)."""
+    bufs = [a for a in args if isinstance(a, torch.Tensor)]
+    if len(bufs) == 2:
+        t0, t1 = bufs[0].reshape(2, -1).unbind(0)
+    else:
+        t0, t1 = bufs[0], bufs[1]
+    out = bufs[-1]
+    numerics.store((t0.float() * t1.float()).reshape(out.shape), out)
 
 
 def _epilogue(act: str, bias: bool, res: bool):
@@ -215,7 +223,7 @@ def _resolve(symbol: str):
     from torch_xdna.kernels.vector import OPS
     if symbol.startswith("chain_"):
         return _chain
-    if symbol.startswith("gate_mul_f32_"):
+    if symbol.startswith("gate_mul_"):
         return _gate_mul
     if symbol.startswith("epilogue_"):
         body = symbol[len("epilogue_"):].rsplit("_", 2)[0]       # <act>[_bias][_res]
@@ -231,6 +239,8 @@ def _resolve(symbol: str):
             return _store(act)
         return None
     parts = symbol.split("_")
+    if len(parts) > 3 and parts[-3] in ("pk", "w", "b", "nw"):
+        parts = parts[:-3] + parts[-2:]               # packed inputs / a norm's parameter form
     for cut in range(len(parts) - 2, 0, -1):
         op = "_".join(parts[:cut])
         if op in OPS and len(parts) - cut == 2:

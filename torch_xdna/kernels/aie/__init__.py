@@ -118,23 +118,58 @@ for _op in UNIT_OPS:
             if _sym not in _have:
                 _SPECS.append(_k(_sym, "eltwise.cc", [f"x:{_in}*", f"out:{_out}*", "n:i32"],
                                  golden=f"unit:{_op}", reference=f"vector.OPS['{_op}']"))
+# the array IR's two-input unit kernels (binary.cc): separate buffers <op>_<in>_<out>(a, b, out,
+# n) and packed <op>_pk_<in>_<out>(ab, out, n); int32 forms for the integer ops
+BINARY_OPS_EXACT = ("add", "sub", "maximum", "minimum")
+BINARY_OPS = BINARY_OPS_EXACT + ("mul", "div")
+BINARY_OPS_I32 = ("add", "sub", "mul", "maximum", "minimum")
+_have = {s.symbol for s in _SPECS}
+
+
+def _binary_specs(op, dts, golden):
+    for _in, _out in dts:
+        ref = f"vector.OPS['{op}']" if not op.startswith("gate_mul") else "fused.GatedGemmDesign"
+        sym = f"{op}_{_in}_{_out}"
+        if sym not in _have:
+            _SPECS.append(_k(sym, "binary.cc", [f"a:{_in}*", f"b:{_in}*", f"out:{_out}*", "n:i32"],
+                             golden=golden, reference=ref))
+        _SPECS.append(_k(f"{op}_pk_{_in}_{_out}", "binary.cc",
+                         [f"ab:{_in}*", f"out:{_out}*", "n:i32"], golden=golden, reference=ref))
+
+
+_FLOATS = [(i, o) for i in ("f32", "bf16") for o in ("f32", "bf16")]
+for _op in BINARY_OPS:
+    _binary_specs(_op, _FLOATS + ([("i32", "i32")] if _op in BINARY_OPS_I32 else []), f"binary:{_op}")
+_binary_specs("gate_mul", [("f32", "f32"), ("f32", "bf16")], "binary:gate_mul")
 _SPECS += [
     _k("silu_mul_bf16_f32", "eltwise.cc", ["gate:bf16*", "up:bf16*", "out:f32*", "n:i32"],
        golden="silu_mul", reference="llm_blocks (SwiGLU MLP: silu(gate) * up)"),
     _k("cast_f32_bf16", "eltwise.cc", ["x:f32*", "out:bf16*", "n:i32"], golden="cast_bf16",
        reference="numerics.operand"),
-    _k("softmax_bf16_f32", "softmax.cc", ["x:bf16*", "out:f32*", "rows:i32", "n:i32"],
-       golden="softmax", reference="vector.OPS['softmax']"),
-    _k("layer_norm_bf16_f32", "layer_norm.cc",
-       ["x:bf16*", "w:bf16*", "b:bf16*", "out:f32*", "rows:i32", "n:i32", "eps:f32"],
-       golden="layer_norm", reference="vector.OPS['layer_norm']"),
-    _k("rms_norm_bf16_f32", "rms_norm.cc",
-       ["x:bf16*", "w:bf16*", "out:f32*", "rows:i32", "n:i32", "eps:f32", "offset:f32"],
-       golden="rms_norm", reference="llm_blocks._rms"),
     _k("rope_bf16_f32", "rope.cc",
        ["x:bf16*", "cos:bf16*", "signed_sin:bf16*", "out:f32*", "rows:i32", "d:i32"],
        golden="rope", reference="llm_blocks._rope"),
 ]
+# the array IR's row units (softmax.cc, layer_norm.cc, rms_norm.cc): <op>[_w|_nw]_<in>_<out>
+# (x, [params], out, [work f32* for bf16 inputs], rows, n, [eps, [offset]]); params are the IR's
+# one resident element in the input's dtype ([w | b], [w], or none)
+ROW_KERNELS = {                     # (op, variant) -> (source, parameter buffer, float scalars)
+    ("softmax", ""): ("softmax.cc", "", ()),
+    ("layer_norm", ""): ("layer_norm.cc", "wb", ("eps",)),
+    ("layer_norm", "w"): ("layer_norm.cc", "w", ("eps",)),
+    ("layer_norm", "nw"): ("layer_norm.cc", "", ("eps",)),
+    ("rms_norm", ""): ("rms_norm.cc", "w", ("eps", "offset")),
+    ("rms_norm", "nw"): ("rms_norm.cc", "", ("eps", "offset")),
+}
+_ROW_REF = {"softmax": "vector.OPS['softmax']", "layer_norm": "vector.OPS['layer_norm']",
+            "rms_norm": "llm_blocks._rms, vector.OPS['rms_norm']"}
+for (_op, _var), (_src, _par, _fl) in ROW_KERNELS.items():
+    for _in, _out in _FLOATS:
+        _args = [f"x:{_in}*"] + ([f"{_par}:{_in}*"] if _par else []) + [f"out:{_out}*"]
+        _args += (["work:f32*"] if _in != "f32" else []) + ["rows:i32", "n:i32"]
+        _args += [f"{f}:f32" for f in _fl]
+        _SPECS.append(_k(f"{_op}{'_' + _var if _var else ''}_{_in}_{_out}", _src, _args,
+                         golden=_op, reference=_ROW_REF[_op]))
 _ATT = ("ATT_TQ", "ATT_TKV", "ATT_D")
 _SPECS += [
     _k("attn_qk_bf16_f32", "attention.cc",

@@ -239,6 +239,23 @@ def unit(op: str, x: torch.Tensor, out_dtype: torch.dtype, exact: bool) -> torch
     return cast_bf16(r) if out_dtype == torch.bfloat16 else r
 
 
+BINARY_EXACT = ("add", "sub", "maximum", "minimum", "gate_mul")
+_BINARY = {"maximum": "max", "minimum": "min", "gate_mul": "mul"}
+
+
+def binary(op: str, a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
+    """<op>[_pk]_<in>_<out> (binary.cc): exact ops widen their operands, mul / div see bf16
+    operands of fp32 inputs; int32 wraps; a bf16 output rounds to nearest even."""
+    if a.dtype == torch.int32:
+        fn = {"add": torch.add, "sub": torch.sub, "mul": torch.mul, "maximum": torch.maximum,
+              "minimum": torch.minimum}[op]
+        return fn(a, b)
+    exact = op in BINARY_EXACT
+    xs = [f32(x) if exact or x.dtype == torch.bfloat16 else f32(cast_bf16(x)) for x in (a, b)]
+    r = ELTWISE[_BINARY.get(op, op)](*xs)
+    return cast_bf16(r) if out_dtype == torch.bfloat16 else r
+
+
 def silu_mul(gate, up):
     return silu_f32(f32(gate)) * f32(up)
 
