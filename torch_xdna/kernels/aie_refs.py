@@ -151,34 +151,33 @@ def _gate_mul(*args) -> None:
     numerics.store((t0.float() * t1.float()).reshape(out.shape), out)
 
 
-def _epilogue(act: str, bias: bool, res: bool):
+def _epilogue(act: str, bias: bool, res: bool, packed: bool = False):
     """GEMM epilogue stage (kernels/lower/vector.epilogue_program): out = act(T + beta * bias)
-    (+ R) over whole rows; T is the GEMM stage's accumulator (alpha applied), as GemmDesign."""
+    (+ R) over whole rows; T is the GEMM stage's accumulator (alpha applied), as GemmDesign.
+    Arguments as kernels/aie/epilogue.cc: (T | TR packed, [R], [bias], C, n, cols, beta)."""
     def run(*args, call, program) -> None:
         kinds = [type(a).__name__ for a in call.args]
         tensors = [x for x, k in zip(args, kinds) if k == "FifoElem"]
         consts = [x for x, k in zip(args, kinds) if k == "Const"]
-        beta = float(consts[1]) if len(consts) > 1 else 1.0
+        cols, beta = int(consts[1]), float(consts[2])      # (n, cols, beta)
         out = tensors[-1]
         u = out.numel()
-        streamed, par = [], None
-        for t in tensors[:-1]:
-            if t.numel() == u:
-                streamed.append(t)
-            elif t.numel() == 2 * u:                    # T and R packed on one channel
-                streamed.extend(t.reshape(2, u).unbind(0))
-            else:
-                par = t
-        T0 = streamed[0]
-        n = par.numel() if par is not None else u
-        x = T0.reshape(-1, n)
-        if bias and par is not None:
-            b = par.reshape(1, -1)
+        if packed:
+            T0, R = tensors[0].reshape(-1)[:2 * u].reshape(2, u).unbind(0)
+            rest = tensors[1:-1]
+        else:
+            T0, rest = tensors[0], tensors[1:-1]
+            R = None
+            if res:
+                R, rest = rest[0], rest[1:]
+        x = T0.reshape(-1, cols)
+        if bias:
+            b = rest[0].reshape(1, -1)
             b = b.to(torch.int32) if T0.dtype == torch.int32 else numerics.operand(b)
             x = x + (b * beta if beta != 1.0 else b)
         x = apply_epilogue(act, x) if act != "none" else x
         if res:
-            x = x + streamed[1].reshape(x.shape).float()
+            x = x + R.reshape(x.shape).float()
         numerics.store(x.reshape(out.shape), out)
     run.wants_call = True
     return run
@@ -226,12 +225,14 @@ def _resolve(symbol: str):
     if symbol.startswith("gate_mul_"):
         return _gate_mul
     if symbol.startswith("epilogue_"):
-        body = symbol[len("epilogue_"):].rsplit("_", 2)[0]       # <act>[_bias][_res]
+        body = symbol[len("epilogue_"):].rsplit("_", 2)[0]       # <act>[_bias][_res[_pk]]
+        packed = body.endswith("_pk")
+        body = body.removesuffix("_pk")
         res = body.endswith("_res")
         body = body[:-4] if res else body
         bias = body.endswith("_bias")
         act = body[:-5] if bias else body
-        return _epilogue(act, bias, res) if act in ACTIVATIONS else None
+        return _epilogue(act, bias, res, packed) if act in ACTIVATIONS else None
     if symbol.startswith("store_"):
         parts = symbol.split("_")[1:]
         act = "_".join(parts[:-2])

@@ -150,6 +150,15 @@ _SPECS += [
        ["x:bf16*", "cos:bf16*", "signed_sin:bf16*", "out:f32*", "rows:i32", "d:i32"],
        golden="rope", reference="llm_blocks._rope"),
 ]
+# the GEMM epilogue stage (epilogue.cc): epilogue_<act>[_bias][_res[_pk]]_f32_<out>
+for _act in STORE_ACTS:
+    for _out in ("f32", "bf16"):
+        for _form, _bufs in (("", ["t:f32*"]), ("_bias", ["t:f32*", "bias:bf16*"]),
+                             ("_res", ["t:f32*", "r:f32*"]), ("_res_pk", ["tr:f32*"]),
+                             ("_bias_res_pk", ["tr:f32*", "bias:bf16*"])):
+            _SPECS.append(_k(f"epilogue_{_act}{_form}_f32_{_out}", "epilogue.cc",
+                             _bufs + [f"c:{_out}*", "n:i32", "cols:i32", "beta:f32"],
+                             golden="epilogue", reference="gemm.GemmDesign (bias, residual, epilogue)"))
 # the array IR's row units (softmax.cc, layer_norm.cc, rms_norm.cc): <op>[_w|_nw]_<in>_<out>
 # (x, [params], out, [work f32* for bf16 inputs], rows, n, [eps, [offset]]); params are the IR's
 # one resident element in the input's dtype ([w | b], [w], or none)

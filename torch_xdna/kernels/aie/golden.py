@@ -277,6 +277,17 @@ def store(acc: torch.Tensor, alpha: float, act: str, out_dtype: torch.dtype) -> 
     return cast_bf16(r) if out_dtype == torch.bfloat16 else r
 
 
+def epilogue(t, bias, r, beta: float, act: str, out_dtype: torch.dtype) -> torch.Tensor:
+    """epilogue_*: t [rows, cols] fp32; act(t + beta * bias) (+ r), stored in out_dtype."""
+    x = t.float()
+    if bias is not None:
+        x = x + f32(bias) * _c(beta)
+    x = STORE_ACT[act](x)
+    if r is not None:
+        x = x + r.float()
+    return cast_bf16(x) if out_dtype == torch.bfloat16 else x
+
+
 # --- row kernels -------------------------------------------------------------------------------
 def softmax(x: torch.Tensor) -> torch.Tensor:
     """softmax_bf16_f32 on [rows, n] bf16."""

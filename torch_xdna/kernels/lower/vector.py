@@ -304,7 +304,8 @@ def chain_program(d, gen: Generation) -> ir.ArrayProgram:
 
 
 def epilogue_program(d, gen: Generation, scratch: str = "T") -> ir.ArrayProgram:
-    """GEMM epilogue stage: out = act(T + beta * bias) + residual over whole output rows."""
+    """GEMM epilogue stage: out = act(T + beta * bias) + residual over whole output rows; the
+    unit kernel takes (T | T and R packed, [R], [bias], C, n, cols, beta), kernels/aie/epilogue.cc."""
     m_total, N = d.batch * d.m, d.n
     out_dt = tt((1,), d.out_dtype).dtype
     acc_dt = "i32" if d.compute_dtype == "int8" else "f32"
@@ -327,5 +328,6 @@ def epilogue_program(d, gen: Generation, scratch: str = "T") -> ir.ArrayProgram:
         f"{d.name}_epilogue", gen, work=work, n_units=n_units, cores=cores, cols=cols, depth=2,
         streamed=streamed, resident=resident, outputs=[Operand("C", out_dt, m_total * N, work)],
         kernel=f"epilogue_{d.epilogue}{'_bias' if d.bias else ''}{'_res' if d.residual else ''}_{acc_dt}_{out_dt}",
-        consts=(ir.Const(float(d.beta), "f32"),),
+        packed_kernel=f"epilogue_{d.epilogue}{'_bias' if d.bias else ''}_res_pk_{acc_dt}_{out_dt}",
+        consts=(ir.Const(N, "i32"), ir.Const(float(d.beta), "f32")),
         notes={"design": d.name, "stage": "epilogue", "scratch_args": (scratch,)})
