@@ -283,6 +283,7 @@ def attn_init(o: torch.Tensor, ml: torch.Tensor, state: torch.Tensor) -> None:
     state[0] = 0
 
 
+@ck.register("attn_q_masked_bf16")
 @ck.register("attn_q_bf16")
 def attn_q(kv: torch.Tensor, q: torch.Tensor, state: torch.Tensor) -> None:
     flat = kv.reshape(-1)

@@ -206,6 +206,13 @@ _SPECS += [
        "attention_item", _IR_ATT, ("bf16", (4, 8, 8))),
     _k("attn_finish_f32", "attention.cc", ["o:f32*", "ml:f32*", "state:i32*"], ("ATT_TQ", "ATT_D"),
        "attention_item", _IR_ATT),
+    _k("attn_q_masked_bf16", "attention.cc", ["kvm:u8*", "q:bf16*", "state:i32*"],
+       ("ATT_TQ", "ATT_D"), "attention_item", _IR_ATT),
+    _k("attn_tile_masked_bf16", "attention.cc",
+       ["q:bf16*", "kvm:u8*", "s:f32*", "p:bf16*", "o:f32*", "ml:f32*", "state:i32*",
+        "kv_len:i32", "q_offset:i32", "scale:f32", "core:i32", "cores:i32", "q_tiles:i32",
+        "tq:i32", "group:i32", "causal:i32", "window:i32", "softcap:f32", "mask_kind:i32"], _ATT,
+       "attention_item", _IR_ATT + "; mask tile in the element", ("bf16", (4, 8, 8))),
 ]
 KERNELS: dict[str, KernelSpec] = {s.symbol: s for s in _SPECS}
 SOURCES: tuple[str, ...] = tuple(sorted({s.source for s in _SPECS}))

@@ -1,0 +1,319 @@
+"""The array IR's core-kernel calls and the C++ kernels agree exactly.
+
+For representative designs of every lowering family (tests/test_array_ir.py's designs, the
+catalog's, and the forms those miss: packed / separate two-input units, norms with and without
+parameters, bf16 rows, the gated GEMM, weight-only GEMV), each KernelDecl must name a symbol of
+kernels/aie KERNELS with exactly its argument list (count, pointer or scalar, element type), each
+Call must pass values of those types, and the object files must be one per source + defines.
+Every C++ kernel those designs use is then run on the host (g++ against the aie_api emulation)
+against its golden, and a few whole designs run at the transaction level with the C++ kernels in
+place of the torch references. Host emulation only: nothing here ran on an NPU.
+"""
+from __future__ import annotations
+
+import re
+from functools import lru_cache
+from pathlib import Path
+
+import pytest
+import torch
+
+import torch_xdna.kernels.aie_refs  # noqa: F401  (registers the core-kernel references)
+from torch_xdna.array import ir
+from torch_xdna.hw import NPU4
+from torch_xdna.kernels import aie, catalog, numerics
+from torch_xdna.kernels.aie import KERNELS, golden, host_build
+from torch_xdna.kernels.build import BuildError, kernel_objects
+from torch_xdna.kernels.fused import GatedGemmDesign
+from torch_xdna.kernels.gemm import GemmDesign
+from torch_xdna.kernels.lower import lower
+from torch_xdna.kernels.vector import VectorDesign
+from test_array_ir import DESIGNS as IR_DESIGNS, lowered
+
+F32, BF16 = torch.float32, torch.bfloat16
+EXTRA = [
+    VectorDesign("mul", ((5000,), (5000,)), (BF16, BF16), (5000,), BF16),     # packed (4 cores/col)
+    VectorDesign("sub", ((100,), (100,)), (F32, F32), (100,), F32),           # separate (1 core)
+    VectorDesign("maximum", ((64, 32), (32,)), (F32, F32), (64, 32), F32),    # resident broadcast
+    VectorDesign("softmax", ((8, 100),), (F32,), (8, 100), BF16),
+    VectorDesign("rms_norm", ((4, 256), (256,)), (BF16, BF16), (4, 256), BF16,
+                 (("eps", 1e-6), ("has_weight", True), ("weight_offset", 1.0))),
+    VectorDesign("rms_norm", ((4, 128),), (F32,), (4, 128), F32, (("eps", 1e-6), ("has_weight", False))),
+    VectorDesign("layer_norm", ((6, 64), (64,)), (BF16, BF16), (6, 64), F32,
+                 (("eps", 1e-5), ("has_bias", False), ("has_weight", True), ("norm_dims", 1))),
+    VectorDesign("layer_norm", ((6, 64),), (F32,), (6, 64), F32,
+                 (("eps", 1e-5), ("has_bias", False), ("has_weight", False), ("norm_dims", 1))),
+    GemmDesign(1, 256, 200, dtype="int8", w_group=64),                         # GEMV, int8 weights
+    GemmDesign(8, 64, 96, residual=True, out_dtype=BF16),                      # residual only
+    GatedGemmDesign(m=4, k=64, n=96, dtype="bf16"),
+]
+CATALOG = [catalog.example(n, "64x64x64" if n.startswith("gemm") else
+                           "32x256" if n == "softmax" else "1024").design for n in catalog.DESIGNS]
+DESIGNS = IR_DESIGNS + EXTRA + CATALOG
+# fused elementwise chains: one generated kernel per chain, no C++ yet (docs/kernels.md)
+UNMATCHED = re.compile(r"chain_[0-9a-f]{10}$")
+
+
+@lru_cache(maxsize=None)
+def programs(i: int):
+    d = DESIGNS[i]
+    return lowered(d) if i < len(IR_DESIGNS) else lower(d, NPU4)
+
+
+def _walk(body):
+    for op in body:
+        if isinstance(op, ir.Call):
+            yield op
+        elif isinstance(op, ir.Loop):
+            yield from _walk(op.body)
+
+
+def _arg_type(prog, a):
+    """What a Call passes: a TensorType for buffers, the scalar dtype for scalars."""
+    if isinstance(a, ir.FifoElem):
+        return prog.fifo(a.fifo).elem
+    if isinstance(a, ir.BufferRef):
+        return prog.buffer(a.name).type
+    if isinstance(a, ir.Const):
+        return a.dtype
+    scal = {s.name: s.dtype for s in prog.sequence.scalars}
+    return scal[a.name] if a.name in scal else prog.buffer(a.name).type.dtype
+
+
+def used_symbols() -> set[str]:
+    return {k.symbol for i in range(len(DESIGNS)) for p in programs(i) for k in p.kernels}
+
+
+@pytest.mark.parametrize("i", range(len(DESIGNS)), ids=lambda i: DESIGNS[i].name)
+def test_every_call_matches_its_cpp_signature(i):
+    for prog in programs(i):
+        decls = {k.symbol: k for k in prog.kernels}
+        for k in prog.kernels:
+            if UNMATCHED.match(k.symbol):
+                with pytest.raises(BuildError, match=k.symbol):
+                    kernel_objects(prog, "aie2p")
+                continue
+            aie.check_decl(k.symbol, k.arg_types)              # count, pointer/scalar, dtype
+        for core in prog.cores:
+            for c in _walk(core.body):
+                want = decls[c.kernel].arg_types
+                got = tuple(_arg_type(prog, a) for a in c.args)
+                assert got == want, (prog.name, core.tile.name, c.kernel)
+        if any(UNMATCHED.match(k.symbol) for k in prog.kernels):
+            continue
+        objs = kernel_objects(prog, "aie2p")
+        for core in prog.cores:                      # one object per source in each core
+            assert len(set(core.link_with)) == len(core.link_with)
+            assert set(core.link_with) <= set(objs)
+            srcs = [objs[o][0] for o in core.link_with]
+            assert len(set(srcs)) == len(srcs), (prog.name, core.link_with)
+
+
+def test_object_files_are_per_source_and_defines():
+    d = next(d for d in IR_DESIGNS if d.kind == "attention")
+    prog = lowered(d)[0]
+    objs = {k.object_file for k in prog.kernels}
+    assert len(objs) == 1 and objs.pop().startswith("attention_d")     # four symbols, one .o
+    (src, defines), = kernel_objects(prog, "aie2p").values()
+    assert src.name == "attention.cc" and {x.split("=")[0] for x in defines} == \
+        {"-DATT_TQ", "-DATT_TKV", "-DATT_D"}
+    gemm = lower(GemmDesign(64, 64, 64), NPU4)[0]
+    assert sorted(k.object_file.split("_")[0] for k in gemm.kernels) == ["mm", "store", "zero"]
+
+
+def test_build_refuses_a_mismatched_declaration():
+    import dataclasses
+    prog = lower(VectorDesign("silu", ((512,),), (BF16,), (512,), F32), NPU4)[0]
+    k = prog.kernels[0]
+    cases = {"count": k.arg_types[:-1], "scalar": k.arg_types[:-1] + (k.arg_types[0],),
+             "dtype": (ir.TensorType(k.arg_types[0].shape, "f32"),) + k.arg_types[1:]}
+    for what, types in cases.items():
+        bad = dataclasses.replace(prog, kernels=(dataclasses.replace(k, arg_types=types),))
+        with pytest.raises(BuildError) as e:
+            kernel_objects(bad, "aie2p")
+        msg = str(e.value)
+        assert k.symbol in msg and "eltwise.cc declares (x:bf16*" not in msg, what
+        assert "the array IR calls it as (" in msg and "declares (bf16* x, f32* out, i32 n)" in msg
+    dup = dataclasses.replace(prog, kernels=(dataclasses.replace(k, object_file="silu.o"),))
+    with pytest.raises(BuildError, match="one per source"):
+        kernel_objects(dup, "aie2p")
+
+
+# --- the C++ kernels the designs use, on the host, against their goldens -------------------------
+MAIN = {"DIM_M": 32, "DIM_K": 64, "DIM_N": 32, "ATT_TQ": 8, "ATT_TKV": 16, "ATT_D": 32}
+# symbols whose host checks live in tests/test_aie_kernels.py (test name there)
+ELSEWHERE = {
+    r"zero_(f32|i32)": "test_matmul_bf16_f32_bit_exact",
+    r"matmul_(bf16_f32|i8_i32)": "test_matmul_i8_i32_exact",
+    r"matmul_bf16_bfp16_f32": "test_matmul_bfp16_bit_exact",
+    r"(matmul|gemv)_int[48]_bf16": "test_weight_only_tile_bit_exact",
+    r"store_\w+_f32_(f32|bf16)|store_none_i32_i32": "test_store_kernels",
+    r"attn_(init_f32|q_bf16|tile_bf16|finish_f32)": "test_ir_attention_work_item",
+}
+DT = {"f32": F32, "bf16": BF16, "i32": torch.int32}
+
+
+@pytest.fixture(scope="module")
+def lib():
+    if host_build.find_compiler() is None:
+        pytest.skip("no host C++ compiler (g++) to build the AIE kernels")
+    cdll = host_build.load(aie.SOURCES, MAIN)
+    return lambda sym: host_build.bind(cdll, sym)
+
+
+def _rand(n, dt, g, scale=3.0):
+    if dt == torch.int32:
+        return torch.randint(-2 ** 31, 2 ** 31 - 1, (n,), dtype=torch.int32, generator=g)
+    return (torch.randn(n, generator=g) * scale).to(dt)
+
+
+def _bits(x):
+    return x.float().view(torch.int32) if x.dtype != torch.int32 else x
+
+
+def test_used_symbols_are_host_tested():
+    """Every symbol the designs use is either checked below or in test_aie_kernels.py."""
+    here = re.compile(r"(add|sub|mul|div|maximum|minimum|gate_mul)(_pk)?_(f32|bf16|i32)_(f32|bf16|i32)"
+                      r"|(softmax|layer_norm(_w|_nw)?|rms_norm(_nw)?)_(f32|bf16)_(f32|bf16)"
+                      r"|epilogue_\w+|attn_(q|tile)_masked_bf16"
+                      r"|(neg|relu|abs|exp|sigmoid|silu|tanh|gelu|gelu_tanh|reciprocal|sqrt|rsqrt"
+                      r"|square)_(f32|bf16)_(f32|bf16)$")
+    other = (Path(__file__).with_name("test_aie_kernels.py")).read_text()
+    for sym in sorted(used_symbols()):
+        if UNMATCHED.match(sym) or here.fullmatch(sym):
+            continue
+        test = next((t for pat, t in ELSEWHERE.items() if re.fullmatch(pat, sym)), None)
+        assert test is not None and f"def {test}(" in other, f"{sym} is not host-tested"
+
+
+@pytest.mark.parametrize("sym", sorted(s for s in KERNELS if KERNELS[s].source == "binary.cc")
+                         + ["mul_bf16_f32", "div_bf16_f32"])
+def test_binary_units(lib, sym):
+    parts = sym.split("_")
+    op = "_".join(p for p in parts[:-2] if p != "pk")
+    tin, tout = DT[parts[-2]], DT[parts[-1]]
+    g = torch.Generator().manual_seed(len(sym))
+    n = 77
+    a, b = _rand(n, tin, g), _rand(n, tin, g)
+    if op == "div":
+        b = torch.where(b.float().abs() < 0.1, torch.ones_like(b), b)
+    out = torch.empty(n, dtype=tout)
+    if "_pk_" in sym:
+        lib(sym)(torch.cat([a, b]), out, n)
+    else:
+        lib(sym)(a, b, out, n)
+    want = golden.binary(op, a, b, tout)
+    assert torch.equal(_bits(out), _bits(want)), sym
+    if op in ("add", "sub", "maximum", "minimum", "mul"):      # and vector.OPS, bit for bit
+        ref = torch.empty(n, dtype=tout)
+        VectorDesign(op, ((n,), (n,)), (tin, tin), (n,), tout).reference([a, b], [ref])
+        assert torch.equal(_bits(out), _bits(ref)), sym
+
+
+@pytest.mark.parametrize("op", ["neg", "relu", "abs", "exp", "sigmoid", "silu", "tanh", "gelu",
+                                "gelu_tanh", "reciprocal", "sqrt", "rsqrt", "square"])
+def test_unit_kernels_all_dtypes(lib, op):
+    exact = op in aie.UNIT_OPS_EXACT
+    g = torch.Generator().manual_seed(3)
+    for tin in (F32, BF16):
+        for tout in (F32, BF16):
+            x = _rand(50, tin, g)
+            if op in ("sqrt", "rsqrt"):
+                x = x.abs() + 0.5
+            out = torch.empty(50, dtype=tout)
+            sym = f"{op}_{'f32' if tin == F32 else 'bf16'}_{'f32' if tout == F32 else 'bf16'}"
+            lib(sym)(x, out, 50)
+            want = golden.unit(op, x, tout, exact)
+            assert torch.equal(_bits(out), _bits(want)), sym
+
+
+ROW_SHAPES = [(3, 50), (2, 64), (1, 300)]
+
+
+@pytest.mark.parametrize("rows,n", ROW_SHAPES)
+@pytest.mark.parametrize("tin,tout", [(F32, F32), (F32, BF16), (BF16, F32), (BF16, BF16)])
+def test_row_units(lib, rows, n, tin, tout):
+    g = torch.Generator().manual_seed(rows * n)
+    x = _rand(rows * n, tin, g).reshape(rows, n) + 1
+    x[0, 0] = 30.0
+    w, b = _rand(n, tin, g, 1.0), _rand(n, tin, g, 1.0)
+    tn = lambda t: "f32" if t == F32 else "bf16"   # noqa: E731
+    work = [torch.empty(n)] if tin == BF16 else []
+    op_ = golden.row_operand
+    cases = {
+        "softmax": ([], (), golden.softmax(op_(x))),
+        "layer_norm": ([torch.cat([w, b])], (1e-5,), golden.layer_norm(op_(x), op_(w), op_(b), 1e-5)),
+        "layer_norm_w": ([w], (1e-5,), golden.layer_norm(op_(x), op_(w), None, 1e-5)),
+        "layer_norm_nw": ([], (1e-5,), golden.layer_norm(op_(x), None, None, 1e-5)),
+        "rms_norm": ([w], (1e-6, 1.0), golden.rms_norm(op_(x), op_(w), 1e-6, 1.0)),
+        "rms_norm_nw": ([], (1e-6, 0.0), golden.rms_norm(op_(x), None, 1e-6)),
+    }
+    for name, (par, scal, want) in cases.items():
+        sym = f"{name}_{tn(tin)}_{tn(tout)}"
+        out = torch.empty(rows, n, dtype=tout)
+        lib(sym)(x.contiguous(), *par, out, *work, rows, n, *scal)
+        assert torch.equal(_bits(out), _bits(golden.row_out(want, tout))), sym
+
+
+@pytest.mark.parametrize("act", aie.STORE_ACTS)
+def test_epilogue_units(lib, act):
+    g = torch.Generator().manual_seed(7)
+    rows, cols = 3, 40
+    n = rows * cols
+    t, r = torch.randn(rows, cols, generator=g) * 2, torch.randn(rows, cols, generator=g)
+    bias = torch.randn(cols, generator=g).to(BF16)
+    for out_n, tout in (("f32", F32), ("bf16", BF16)):
+        for form in ("", "_bias", "_res", "_res_pk", "_bias_res_pk"):
+            sym = f"epilogue_{act}{form}_f32_{out_n}"
+            out = torch.empty(rows, cols, dtype=tout)
+            bufs = [torch.cat([t.flatten(), r.flatten()])] if "pk" in form else [t]
+            if form == "_res":
+                bufs.append(r)
+            if "bias" in form:
+                bufs.append(bias)
+            lib(sym)(*bufs, out, n, cols, 0.5)
+            want = golden.epilogue(t, bias if "bias" in form else None, r if "res" in form else None,
+                                   0.5, act, tout)
+            assert torch.equal(_bits(out), _bits(want)), sym
+
+
+@pytest.mark.parametrize("kind", [1, 2])
+def test_masked_attention_tile(lib, kind):
+    """attn_q_masked / attn_tile_masked on one work item: [K | V | mask] bytes per key tile."""
+    rows, tkv, d = MAIN["ATT_TQ"], MAIN["ATT_TKV"], MAIN["ATT_D"]
+    g = torch.Generator().manual_seed(kind)
+    s_len = 40
+    pk = -(-s_len // tkv) * tkv
+    q = (torch.randn(rows, d, generator=g) * 2).to(BF16)
+    k = torch.zeros(pk, d, dtype=BF16)
+    v = torch.zeros(pk, d, dtype=BF16)
+    k[:s_len] = (torch.randn(s_len, d, generator=g) * 2).to(BF16)
+    v[:s_len] = torch.randn(s_len, d, generator=g).to(BF16)
+    if kind == 1:
+        mask = torch.randn(rows, pk, generator=g)
+        mask[:, 5] = float("-inf")
+    else:
+        mask = torch.rand(rows, pk, generator=g) > 0.3
+    o, ml, state = torch.empty(rows, d), torch.empty(rows, 2), torch.zeros(2, dtype=torch.int32)
+    qb, s, p = torch.empty(rows, d, dtype=BF16), torch.empty(rows, tkv), torch.empty(rows, tkv, dtype=BF16)
+
+    def element(j):
+        kv = torch.stack([k[j * tkv:(j + 1) * tkv], v[j * tkv:(j + 1) * tkv]]).contiguous()
+        mt = mask[:, j * tkv:(j + 1) * tkv].contiguous()
+        mt = mt.view(torch.uint8) if kind == 1 else mt.to(torch.uint8)
+        return torch.cat([kv.view(torch.uint8).flatten(), mt.flatten()])
+
+    lib("attn_init_f32")(o, ml, state)
+    first = element(0).clone()
+    first[:rows * d * 2] = q.view(torch.uint8).flatten()
+    lib("attn_q_masked_bf16")(first, qb, state)
+    assert torch.equal(qb, q)
+    for j in range(pk // tkv):
+        lib("attn_tile_masked_bf16")(qb, element(j), s, p, o, ml, state, s_len, s_len - rows, 0.125, 0, 1, 1,
+                                     rows, 1, 1, 0, 0.0, kind)
+    lib("attn_finish_f32")(o, ml, state)
+    want = golden.attention_item(q, k, v, kv_len=s_len, q_offset=s_len - rows, t0=0, tq=rows,
+                                 scale=0.125, tkv=tkv, causal=True,
+                                 mask_add=mask if kind == 1 else None,
+                                 mask_keep=mask if kind == 2 else None)
+    assert torch.equal(_bits(o), _bits(want))
