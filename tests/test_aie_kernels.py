@@ -45,7 +45,7 @@ def lib():
 
 @pytest.fixture(scope="session")
 def small(lib):
-    return Lib(["mm.cc", "mm_bfp16.cc"], SMALL_MM)
+    return Lib(["mm.cc", "mm_i8.cc", "mm_bfp16.cc"], SMALL_MM)
 
 
 @pytest.fixture(scope="session")

@@ -118,8 +118,9 @@ def kernel_objects(program, arch: str) -> dict[str, tuple[Path, tuple[str, ...]]
     """object file -> (core-kernel source, -D defines) for every kernel a program declares.
 
     Refuses (BuildError) a declaration whose argument list disagrees with the C++ signature in
-    the kernel table (count, pointer or scalar, element type), and object files not named per
-    source and defines (kernels/aie.object_files), which would link a symbol twice into a core."""
+    the kernel table (count, pointer or scalar, element type), object files not named per
+    source and defines (kernels/aie.object_files), which would link a symbol twice into a core,
+    and tiles a source's static_asserts reject (kernels/aie.TILE_RULES)."""
     from torch_xdna.kernels import aie
     try:
         for decl in program.kernels:
@@ -135,6 +136,11 @@ def kernel_objects(program, arch: str) -> dict[str, tuple[Path, tuple[str, ...]]
                              f"{decl.object_file!r}; objects are one per source and defines "
                              f"({obj!r}), so a core linking several symbols of {source} gets "
                              f"each once")
+        bad = aie.tile_errors(source, defs)
+        if bad:
+            raise BuildError(f"{program.name}: core kernel {decl.symbol}: {source} does not "
+                             f"compile for this design's tiles: needs {'; '.join(bad)} "
+                             f"(static_assert in the source; the plan chose the tile)")
         src = Path(aie.__file__).resolve().parent / arch / source
         out[obj] = (src, tuple(f"-D{k}={v}" for k, v in defs))
     return out

@@ -73,7 +73,7 @@ _SPECS = [
     _k("zero_i32", "zero.cc", ["c:i32*"], ("DIM_M", "DIM_N"), "zeros"),
     _k("matmul_bf16_f32", "mm.cc", ["a:bf16*", "b:bf16*", "c:f32*"], _MM, "matmul_rowmajor",
        "gemm.GemmDesign (dtype bf16)", ("bf16", (4, 8, 8))),
-    _k("matmul_i8_i32", "mm.cc", ["a:i8*", "b:i8*", "c:i32*"], _MM, "matmul_rowmajor",
+    _k("matmul_i8_i32", "mm_i8.cc", ["a:i8*", "b:i8*", "c:i32*"], _MM, "matmul_rowmajor",
        "gemm.GemmDesign (dtype int8)", ("int8", (8, 8, 8))),
     _k("matmul_bf16_bfp16_f32", "mm_bfp16.cc", ["a:bf16*", "bt:u8*", "c:f32*"], _MM,
        "matmul_bfp16", "gemm.GemmDesign (dtype bfp16)", ("bfp16", (8, 8, 8))),
@@ -282,3 +282,27 @@ def object_files(decls) -> dict[str, tuple[str, str, tuple[tuple[str, int], ...]
         tag = "".join(f"_{k.split('_', 1)[-1].lower()}{v}" for k, v in defs)
         out[d.symbol] = (f"{stem}{tag}.o", spec.source, defs)
     return out
+
+
+def _mult(**m):
+    return [(f"{k} a multiple of {v}", (lambda k, v: lambda d: d.get(k, v) % v == 0)(k, v))
+            for k, v in m.items()]
+
+
+# the compile-time tile rules of each source (its static_asserts): one object holds every symbol
+# of its source, so a rule of any of them applies to the object
+TILE_RULES = {
+    "mm.cc": _mult(DIM_M=4, DIM_K=8, DIM_N=8),
+    "mm_i8.cc": _mult(DIM_M=8, DIM_K=16, DIM_N=16),
+    "mm_bfp16.cc": _mult(DIM_M=8, DIM_K=8, DIM_N=8),
+    "wq.cc": _mult(DIM_M=4, DIM_K=32, DIM_N=8),        # includes xdna_mm.h's bf16 matmul
+    "zero.cc": [("DIM_M * DIM_N a multiple of 16", lambda d: d.get("DIM_M", 32) * d.get("DIM_N", 32) % 16 == 0)],
+    "attention.cc": _mult(ATT_TQ=4, ATT_TKV=16, ATT_D=16),
+}
+
+
+def tile_errors(source: str, defines) -> list[str]:
+    """The tile rules of `source` that `defines` ((name, value) pairs) break."""
+    d = dict(defines)
+    return [f"{what} ({', '.join(f'{k}={v}' for k, v in sorted(d.items()))})"
+            for what, ok in TILE_RULES.get(source, ()) if not ok(d)]
