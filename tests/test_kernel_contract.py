@@ -24,7 +24,7 @@ from torch_xdna.hw import NPU4
 from torch_xdna.kernels import aie, catalog, numerics
 from torch_xdna.kernels.aie import KERNELS, golden, host_build
 from torch_xdna.kernels.build import BuildError, kernel_objects
-from torch_xdna.kernels.fused import GatedGemmDesign
+from torch_xdna.kernels.fused import ChainDesign, GatedGemmDesign
 from torch_xdna.kernels.gemm import GemmDesign
 from torch_xdna.kernels.lower import lower
 from torch_xdna.kernels.vector import VectorDesign
@@ -46,12 +46,14 @@ EXTRA = [
     GemmDesign(1, 256, 200, dtype="int8", w_group=64),                         # GEMV, int8 weights
     GemmDesign(8, 64, 96, residual=True, out_dtype=BF16),                      # residual only
     GatedGemmDesign(m=4, k=64, n=96, dtype="bf16"),
+    ChainDesign(((3000,), (3000,)), ("bfloat16", "bfloat16"),          # two streamed, packed
+                (("mul", (("in", 0), ("in", 1)), ()), ("mul", (("s", 0), 0.5), ()),
+                 ("exp", (("s", 1),), ()), ("sub", (("s", 2), ("in", 0)), ())), (3, 1), ("float32", "bfloat16")),
 ]
 CATALOG = [catalog.example(n, "64x64x64" if n.startswith("gemm") else
                            "32x256" if n == "softmax" else "1024").design for n in catalog.DESIGNS]
 DESIGNS = IR_DESIGNS + EXTRA + CATALOG
-# fused elementwise chains: one generated kernel per chain, no C++ yet (docs/kernels.md)
-UNMATCHED = re.compile(r"chain_[0-9a-f]{10}$")
+CHAIN = re.compile(r"chain_[0-9a-f]{10}$")    # generated per chain (kernels/aie/chain_gen.py)
 
 
 @lru_cache(maxsize=None)
@@ -85,23 +87,18 @@ def used_symbols() -> set[str]:
 
 
 @pytest.mark.parametrize("i", range(len(DESIGNS)), ids=lambda i: DESIGNS[i].name)
-def test_every_call_matches_its_cpp_signature(i):
+def test_every_call_matches_its_cpp_signature(i, tmp_path):
     for prog in programs(i):
         decls = {k.symbol: k for k in prog.kernels}
+        chain = dict(prog.notes).get("chain")
         for k in prog.kernels:
-            if UNMATCHED.match(k.symbol):
-                with pytest.raises(BuildError, match=k.symbol):
-                    kernel_objects(prog, "aie2p")
-                continue
-            aie.check_decl(k.symbol, k.arg_types)              # count, pointer/scalar, dtype
+            aie.check_decl(k.symbol, k.arg_types, chain)       # count, pointer/scalar, dtype
         for core in prog.cores:
             for c in _walk(core.body):
                 want = decls[c.kernel].arg_types
                 got = tuple(_arg_type(prog, a) for a in c.args)
                 assert got == want, (prog.name, core.tile.name, c.kernel)
-        if any(UNMATCHED.match(k.symbol) for k in prog.kernels):
-            continue
-        objs = kernel_objects(prog, "aie2p")
+        objs = kernel_objects(prog, "aie2p", gen_dir=tmp_path)  # + tile rules, generated sources
         for core in prog.cores:                      # one object per source in each core
             assert len(set(core.link_with)) == len(core.link_with)
             assert set(core.link_with) <= set(objs)
@@ -180,7 +177,7 @@ def test_used_symbols_are_host_tested():
                       r"|square)_(f32|bf16)_(f32|bf16)$")
     other = (Path(__file__).with_name("test_aie_kernels.py")).read_text()
     for sym in sorted(used_symbols()):
-        if UNMATCHED.match(sym) or here.fullmatch(sym):
+        if CHAIN.match(sym) or here.fullmatch(sym):
             continue
         test = next((t for pat, t in ELSEWHERE.items() if re.fullmatch(pat, sym)), None)
         assert test is not None and f"def {test}(" in other, f"{sym} is not host-tested"
@@ -349,17 +346,47 @@ def test_masked_attention_tile(lib, kind):
 
 
 # --- whole designs at the transaction level with the C++ kernels in place of the references ------
-def _cpp_registry(progs):
+def _cpp_registry(progs, gen_dir):
     """symbol -> host C++ callable for every kernel of a launch's programs, from one library
-    built with the programs' tile defines (kernels/aie.object_files)."""
+    built with the programs' tile defines (kernels/aie.object_files; chains generated)."""
     sources, defines = set(), {}
     for p in progs:
-        for _, src, defs in aie.object_files(p.kernels).values():
-            sources.add(src)
+        for src, defs in kernel_objects(p, "aie2p", gen_dir=gen_dir).values():
+            defs = [tuple(x[2:].split("=")) for x in defs]
+            defs = [(k, int(v)) for k, v in defs]
+            sources.add(str(src))
             for k, v in defs:
                 assert defines.setdefault(k, v) == v, (k, v, defines[k])
     cdll = host_build.load(sorted(sources), defines)
-    return {k.symbol: host_build.bind(cdll, k.symbol) for p in progs for k in p.kernels}
+    out = {}
+    for p in progs:
+        chain = dict(p.notes).get("chain")
+        for k in p.kernels:
+            g = aie.generated(k.symbol, k.arg_types, chain)
+            out[k.symbol] = _bind_spec(cdll, g[1]) if g else host_build.bind(cdll, k.symbol)
+    return out
+
+
+def _bind_spec(cdll, spec):
+    """host_build.bind for a generated kernel (not in KERNELS)."""
+    import ctypes
+    fn = getattr(cdll, spec.symbol)
+    fn.restype = None
+    fn.argtypes = [ctypes.c_void_p if t.endswith("*") else
+                   (ctypes.c_int32 if t == "i32" else ctypes.c_float) for _, t in spec.args]
+
+    def call(*args):
+        assert len(args) == len(spec.args)
+        conv = []
+        for (_, t), a in zip(spec.args, args):
+            if t.endswith("*"):
+                assert a.is_contiguous() and str(a.dtype).endswith(
+                    {"f32*": "float32", "bf16*": "bfloat16"}.get(t, t)), (spec.symbol, t, a.dtype)
+                conv.append(a.data_ptr())
+            else:
+                conv.append(a)
+        fn(*conv)
+    return call
 
 
 EXACT_E2E = [
@@ -369,6 +396,9 @@ EXACT_E2E = [
     (VectorDesign("mul", ((5000,), (5000,)), (BF16, BF16), (5000,), BF16), "packed bf16"),
     (VectorDesign("relu", ((3000,),), (F32,), (3000,), F32), "unit"),
     (GemmDesign(64, 96, 80, dtype="int8", out_dtype=torch.int32), "int8 gemm, 8-row tiles"),
+    (ChainDesign(((64, 96), (96,)), ("float32", "float32"),               # resident broadcast
+                 (("add", (("in", 0), ("in", 1)), ()), ("relu", (("s", 0),), ()),
+                  ("maximum", (("s", 1), ("in", 0)), ())), (2,), ("float32",)), "exact chain"),
 ]
 BOUNDED_E2E = [
     (VectorDesign("softmax", ((64, 500),), (BF16,), (64, 500), F32, (("dim", -1),)), 8),
@@ -378,10 +408,14 @@ BOUNDED_E2E = [
                   (("eps", 1e-5), ("has_bias", True), ("has_weight", True), ("norm_dims", 1))), 256),
     (GemmDesign(8, 64, 96, bias=True, residual=True, epilogue="relu"), 64),
     (GemmDesign(36, 100, 52), 128),                        # 16 x 64 x 8 tiles, K and M edges
+    (IR_DESIGNS[12], 8),                                    # chain add + silu (torch silu vs poly)
 ]
 
 
 def _inputs(d, g):
+    if isinstance(d, ChainDesign):
+        return [(torch.randn(s, generator=g) * 2).to(getattr(torch, dt))
+                for s, dt in zip(d.in_shapes, d.in_dtypes)]
     out = []
     for s, dt in zip(d.in_shapes if hasattr(d, "in_shapes") else (), getattr(d, "in_dtypes", ())):
         out.append((torch.randn(s, generator=g) * 2).to(dt))
@@ -397,11 +431,11 @@ def _inputs(d, g):
     return out
 
 
-def _run_cpp(d, monkeypatch, ins, out_shape, out_dtype):
+def _run_cpp(d, monkeypatch, ins, out_shape, out_dtype, gen_dir):
     from torch_xdna.runtime.sim import core_kernels, txn_level
     func = torch.zeros(out_shape, dtype=out_dtype)
     d.reference(ins, [func])
-    monkeypatch.setattr(core_kernels, "_REGISTRY", _cpp_registry(lower(d, NPU4)))
+    monkeypatch.setattr(core_kernels, "_REGISTRY", _cpp_registry(lower(d, NPU4), gen_dir))
     monkeypatch.setattr(core_kernels, "_RESOLVERS", [])
     txn = torch.zeros(out_shape, dtype=out_dtype)
     txn_level.TxnRunner(NPU4).run(d, ins, [txn], {})
@@ -409,29 +443,61 @@ def _run_cpp(d, monkeypatch, ins, out_shape, out_dtype):
 
 
 def _out(d):
+    if isinstance(d, ChainDesign):
+        return d.in_shapes[0], getattr(torch, d.out_dtypes[0])
     if isinstance(d, GemmDesign):
         return (d.m, d.n), d.out_dtype
     return tuple(d.out_shape), d.out_dtype
 
 
 @pytest.mark.parametrize("d,what", EXACT_E2E, ids=[w for _, w in EXACT_E2E])
-def test_txn_with_cpp_kernels_bit_identical(lib, d, what, monkeypatch):
+def test_txn_with_cpp_kernels_bit_identical(lib, d, what, monkeypatch, tmp_path):
     """The IR's calls drive the C++ kernels (argument order, packing, Consts) at the transaction
     level: integer and exact elementwise designs equal the functional level bit for bit."""
     g = torch.Generator().manual_seed(11)
     ins = _inputs(d, g)
-    func, txn = _run_cpp(d, monkeypatch, ins, *_out(d))
+    func, txn = _run_cpp(d, monkeypatch, ins, *_out(d), tmp_path)
     assert torch.equal(_bits(func), _bits(txn)), what
 
 
 @pytest.mark.parametrize("d,ulp", BOUNDED_E2E, ids=lambda x: getattr(x, "name", str(x)))
-def test_txn_with_cpp_kernels_within_bound(lib, d, ulp, monkeypatch):
+def test_txn_with_cpp_kernels_within_bound(lib, d, ulp, monkeypatch, tmp_path):
     """Float reductions and polynomial transcendentals: the C++ kernels' lane-order sums and
     xdna_vec.h polynomials against torch's, within `ulp` fp32 ulps of the result's magnitude
     (docs/kernels.md bounds; layer_norm's two-pass variance and the GEMM's K-ordered fp32 sums
     get the wider ones)."""
     g = torch.Generator().manual_seed(5)
     ins = _inputs(d, g)
-    func, txn = _run_cpp(d, monkeypatch, ins, *_out(d))
+    func, txn = _run_cpp(d, monkeypatch, ins, *_out(d), tmp_path)
     scale = float(func.abs().max()) + 1.0
     assert float((func.float() - txn.float()).abs().max()) <= ulp * 2.0 ** -23 * scale
+
+
+@pytest.mark.parametrize("i", [i for i, d in enumerate(DESIGNS) if d.kind == "chain"],
+                         ids=lambda i: DESIGNS[i].name)
+def test_generated_chain_kernels_bit_exact(i, tmp_path):
+    """chain_<hash> generated from the steps, compiled on the host, against golden.chain on
+    unit-length inputs in the IR's argument form (packed parts, repeated residents)."""
+    if host_build.find_compiler() is None:
+        pytest.skip("no host C++ compiler")
+    prog = programs(i)[0]
+    chain = dict(prog.notes)["chain"]
+    decl = next(k for k in prog.kernels if CHAIN.match(k.symbol))
+    src, spec = aie.generated(decl.symbol, decl.arg_types, chain)
+    path = tmp_path / spec.source
+    path.write_text(src)
+    fn = _bind_spec(host_build.load([path]), spec)
+    in_shapes, in_dtypes, steps, outputs, out_dtypes = chain
+    n = 50
+    g = torch.Generator().manual_seed(i)
+    xs = [(torch.randn(n, generator=g) * 2).to(getattr(torch, dt)) for dt in in_dtypes]
+    from torch_xdna.kernels.aie.chain_gen import _layout
+    groups, resident, _ = _layout(decl, chain)
+    bufs = [torch.cat([xs[j] for j in grp]) for grp in groups]
+    if resident:
+        bufs.append(torch.cat([xs[j] for j in resident]))
+    outs = [torch.empty(n, dtype=getattr(torch, dt)) for dt in out_dtypes]
+    fn(*bufs, *outs, n)
+    for got, want, dt in zip(outs, golden.chain(steps, outputs, xs), out_dtypes):
+        want = golden.row_out(want, getattr(torch, dt))
+        assert torch.equal(_bits(got), _bits(want)), decl.symbol

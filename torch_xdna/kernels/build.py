@@ -114,18 +114,24 @@ def xclbin_uuid(data: bytes) -> str:
     return str(uuidlib.UUID(bytes=data[off:off + 16]))
 
 
-def kernel_objects(program, arch: str) -> dict[str, tuple[Path, tuple[str, ...]]]:
+def kernel_objects(program, arch: str, gen_dir: Path | None = None) -> dict[str, tuple[Path, tuple[str, ...]]]:
     """object file -> (core-kernel source, -D defines) for every kernel a program declares.
 
     Refuses (BuildError) a declaration whose argument list disagrees with the C++ signature in
     the kernel table (count, pointer or scalar, element type), object files not named per
     source and defines (kernels/aie.object_files), which would link a symbol twice into a core,
-    and tiles a source's static_asserts reject (kernels/aie.TILE_RULES)."""
+    and tiles a source's static_asserts reject (kernels/aie.TILE_RULES). Generated kernels
+    (fused chains, kernels/aie/chain_gen.py) are written to `gen_dir` (the build directory)."""
     from torch_xdna.kernels import aie
+    chain = dict(program.notes).get("chain")
+    generated = {}
     try:
         for decl in program.kernels:
-            aie.check_decl(decl.symbol, decl.arg_types)
-        objs = aie.object_files(program.kernels)
+            aie.check_decl(decl.symbol, decl.arg_types, chain)
+            g = aie.generated(decl.symbol, decl.arg_types, chain)
+            if g:
+                generated[decl.symbol] = g[0]
+        objs = aie.object_files(program.kernels, chain)
     except aie.KernelContractError as e:
         raise BuildError(f"{program.name}: {e}") from None
     out: dict[str, tuple[Path, tuple[str, ...]]] = {}
@@ -141,7 +147,14 @@ def kernel_objects(program, arch: str) -> dict[str, tuple[Path, tuple[str, ...]]
             raise BuildError(f"{program.name}: core kernel {decl.symbol}: {source} does not "
                              f"compile for this design's tiles: needs {'; '.join(bad)} "
                              f"(static_assert in the source; the plan chose the tile)")
-        src = Path(aie.__file__).resolve().parent / arch / source
+        if decl.symbol in generated:
+            if gen_dir is None:
+                raise BuildError(f"{program.name}: core kernel {decl.symbol} is generated at build "
+                                 "time and needs a build directory (gen_dir)")
+            src = Path(gen_dir) / source
+            src.write_text(generated[decl.symbol])
+        else:
+            src = Path(aie.__file__).resolve().parent / arch / source
         out[obj] = (src, tuple(f"-D{k}={v}" for k, v in defs))
     return out
 
@@ -213,9 +226,10 @@ def build_artifact(ex: Example, gen: Generation, toolchain: Toolchain, store_roo
 
     try:
         (work / "design.mlir").write_text(aie_mlir.to_mlir(program, gen.arch))
-        for obj, (src, defines) in kernel_objects(program, gen.arch).items():
+        kdir = Path(__file__).resolve().parent / "aie" / gen.arch
+        for obj, (src, defines) in kernel_objects(program, gen.arch, gen_dir=work).items():
             argv = [toolchain.peano_cxx, *PEANO_FLAGS, f"--target={PEANO_TARGET[gen.arch]}",
-                    *defines]
+                    *defines, f"-I{kdir}"]
             if toolchain.aie_include:
                 argv.append(f"-I{toolchain.aie_include}")
             step(argv + ["-c", str(src), "-o", obj], f"compile {src.name} -> {obj}")

@@ -233,10 +233,22 @@ def ir_signature(arg_types) -> tuple[str, ...]:
     return tuple(t if isinstance(t, str) else _IR_PTR[t.dtype] for t in arg_types)
 
 
-def check_decl(symbol: str, arg_types) -> KernelSpec:
-    """The table entry of `symbol` if the IR's argument list matches it exactly (count,
-    pointer or scalar, element type); else KernelContractError naming both signatures."""
-    spec = KERNELS.get(symbol)
+def generated(symbol: str, arg_types, chain) -> tuple[str, KernelSpec] | None:
+    """(C++ source, spec) of a kernel generated at build time (fused chains: chain_gen.py, from
+    the program's notes["chain"]), or None for table kernels."""
+    if symbol in KERNELS or chain is None or not symbol.startswith("chain_"):
+        return None
+    from torch_xdna.array.ir import KernelDecl
+    from torch_xdna.kernels.aie.chain_gen import chain_source
+    return chain_source(KernelDecl(symbol, f"{symbol}.o", tuple(arg_types)), chain)
+
+
+def check_decl(symbol: str, arg_types, chain=None) -> KernelSpec:
+    """The table entry of `symbol` (or the generated chain kernel, given the program's chain
+    note) if the IR's argument list matches it exactly (count, pointer or scalar, element
+    type); else KernelContractError naming both signatures."""
+    gen = generated(symbol, arg_types, chain)
+    spec = gen[1] if gen else KERNELS.get(symbol)
     if spec is None:
         raise KernelContractError(f"core kernel {symbol!r} has no C++ source in "
                                   f"torch_xdna/kernels/aie/{ARCH}/ ({len(KERNELS)} symbols known)")
@@ -249,7 +261,7 @@ def check_decl(symbol: str, arg_types) -> KernelSpec:
     return spec
 
 
-def object_files(decls) -> dict[str, tuple[str, str, tuple[tuple[str, int], ...]]]:
+def object_files(decls, chain=None) -> dict[str, tuple[str, str, tuple[tuple[str, int], ...]]]:
     """symbol -> (object file, source, -D defines) for a program's kernel declarations.
 
     One object per source: every extern "C" symbol of a source is in each object compiled from
@@ -274,6 +286,9 @@ def object_files(decls) -> dict[str, tuple[str, str, tuple[tuple[str, int], ...]
     out = {}
     for d in decls:
         spec = KERNELS.get(d.symbol)
+        if spec is None and chain is not None and d.symbol.startswith("chain_"):
+            out[d.symbol] = (f"{d.symbol}.o", f"{d.symbol}.cc", ())    # generated, one per chain
+            continue
         if d.symbol not in known:
             out[d.symbol] = (f"{d.symbol}.o", spec.source if spec else "", ())
             continue

@@ -408,3 +408,21 @@ def attention_item(q_rows, k, v, *, kv_len: int, q_offset: int, t0: int, tq: int
     return flash_rows(f32(q_rows), qpos, f32(k), f32(v), kv_valid=kv_len, scale=scale, tkv=tkv,
                       causal=causal, window=window, softcap=softcap, sum_rounded=True,
                       mask_add=mask_add, mask_keep=mask_keep)
+
+
+# --- generated chain kernels -------------------------------------------------------------------
+def chain(steps, outputs, xs) -> list[torch.Tensor]:
+    """chain_<hash> (chain_gen.py) on unit-length inputs xs: each step in order, exact ops on the
+    fp32 values, the others on their bf16 operands; xdna_vec.h's transcendentals."""
+    from torch_xdna.kernels.aie.chain_gen import CHAIN_CXX
+    names = {"maximum": "max", "minimum": "min"}
+    xs = [f32(x) for x in xs]
+    vals: list[torch.Tensor] = []
+    for op, args, _ in steps:
+        exact = CHAIN_CXX[op][1]
+        vs = []
+        for a in args:
+            v = (xs[a[1]] if a[0] == "in" else vals[a[1]]) if isinstance(a, tuple) else _c(float(a))
+            vs.append(v if exact else f32(cast_bf16(v)))
+        vals.append(ELTWISE[names.get(op, op)](*vs))
+    return [vals[i] for i in outputs]

@@ -228,7 +228,7 @@ class Builder:
         symbols of one source share one object, so a core never links a symbol twice."""
         from torch_xdna.kernels.aie import KernelContractError, object_files
         try:
-            objs = object_files(self.kernels.values())
+            objs = object_files(self.kernels.values(), self.notes.get("chain"))
         except KernelContractError as e:
             raise LoweringError(f"{self.name}: {e}") from None
         old = {}
