@@ -21,7 +21,7 @@ import torch
 import torch_xdna.kernels.aie_refs  # noqa: F401  (registers the core-kernel references)
 from torch_xdna.array import ir
 from torch_xdna.hw import NPU4
-from torch_xdna.kernels import aie, catalog, numerics
+from torch_xdna.kernels import aie, catalog
 from torch_xdna.kernels.aie import KERNELS, golden, host_build
 from torch_xdna.kernels.build import BuildError, kernel_objects
 from torch_xdna.kernels.fused import ChainDesign, GatedGemmDesign
