@@ -1,6 +1,6 @@
 module {
   aie.device(npu2) {
-    func.func private @mul_f32_f32(memref<256xf32>, memref<256xf32>, memref<256xf32>, i32) attributes {link_with = "mul_f32_f32.o"}
+    func.func private @mul_f32_f32(memref<256xf32>, memref<256xf32>, memref<256xf32>, i32) attributes {link_with = "binary.o"}
     %shim_noc_tile_0_0 = aie.tile(0, 0)
     %mem_tile_0_1 = aie.tile(0, 1)
     %tile_0_2 = aie.tile(0, 2)

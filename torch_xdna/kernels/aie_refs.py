@@ -101,7 +101,8 @@ def _vector(op: str):
         kinds = [type(a).__name__ for a in call.args]
         tensors = [x for x, k in zip(args, kinds) if k == "FifoElem"]
         consts = [x for x, k in zip(args, kinds) if k == "Const"]
-        params = dict(zip(_PARAM_NAMES.get(op, ()), consts[1:]))
+        # row units pass (rows, n, op scalars); the others (n, op scalars)
+        params = dict(zip(_PARAM_NAMES.get(op, ()), consts[2:] if row else consts[1:]))
         out = tensors[-1]
         u = out.numel()
         ins = []
@@ -138,39 +139,45 @@ def _vector(op: str):
     return run
 
 
-def _gate_mul(t0: torch.Tensor, t1: torch.Tensor, out: torch.Tensor, work: int = 0) -> None:
-    """gated GEMM's last stage: the two fp32 accumulators multiplied, stored (GatedGemmDesign)."""
-    numerics.store(t0.float() * t1.float(), out)
+def _gate_mul(*args) -> None:
+    """gated GEMM's last stage: the two fp32 accumulators multiplied, stored (GatedGemmDesign);
+    gate_mul_f32_<out>(t0, t1, out, n) or gate_mul_pk_f32_<out>(t0t1, out, n)."""
+    bufs = [a for a in args if isinstance(a, torch.Tensor)]
+    if len(bufs) == 2:
+        t0, t1 = bufs[0].reshape(2, -1).unbind(0)
+    else:
+        t0, t1 = bufs[0], bufs[1]
+    out = bufs[-1]
+    numerics.store((t0.float() * t1.float()).reshape(out.shape), out)
 
 
-def _epilogue(act: str, bias: bool, res: bool):
+def _epilogue(act: str, bias: bool, res: bool, packed: bool = False):
     """GEMM epilogue stage (kernels/lower/vector.epilogue_program): out = act(T + beta * bias)
-    (+ R) over whole rows; T is the GEMM stage's accumulator (alpha applied), as GemmDesign."""
+    (+ R) over whole rows; T is the GEMM stage's accumulator (alpha applied), as GemmDesign.
+    Arguments as kernels/aie/epilogue.cc: (T | TR packed, [R], [bias], C, n, cols, beta)."""
     def run(*args, call, program) -> None:
         kinds = [type(a).__name__ for a in call.args]
         tensors = [x for x, k in zip(args, kinds) if k == "FifoElem"]
         consts = [x for x, k in zip(args, kinds) if k == "Const"]
-        beta = float(consts[1]) if len(consts) > 1 else 1.0
+        cols, beta = int(consts[1]), float(consts[2])      # (n, cols, beta)
         out = tensors[-1]
         u = out.numel()
-        streamed, par = [], None
-        for t in tensors[:-1]:
-            if t.numel() == u:
-                streamed.append(t)
-            elif t.numel() == 2 * u:                    # T and R packed on one channel
-                streamed.extend(t.reshape(2, u).unbind(0))
-            else:
-                par = t
-        T0 = streamed[0]
-        n = par.numel() if par is not None else u
-        x = T0.reshape(-1, n)
-        if bias and par is not None:
-            b = par.reshape(1, -1)
+        if packed:
+            T0, R = tensors[0].reshape(-1)[:2 * u].reshape(2, u).unbind(0)
+            rest = tensors[1:-1]
+        else:
+            T0, rest = tensors[0], tensors[1:-1]
+            R = None
+            if res:
+                R, rest = rest[0], rest[1:]
+        x = T0.reshape(-1, cols)
+        if bias:
+            b = rest[0].reshape(1, -1)
             b = b.to(torch.int32) if T0.dtype == torch.int32 else numerics.operand(b)
             x = x + (b * beta if beta != 1.0 else b)
         x = apply_epilogue(act, x) if act != "none" else x
         if res:
-            x = x + streamed[1].reshape(x.shape).float()
+            x = x + R.reshape(x.shape).float()
         numerics.store(x.reshape(out.shape), out)
     run.wants_call = True
     return run
@@ -215,15 +222,17 @@ def _resolve(symbol: str):
     from torch_xdna.kernels.vector import OPS
     if symbol.startswith("chain_"):
         return _chain
-    if symbol.startswith("gate_mul_f32_"):
+    if symbol.startswith("gate_mul_"):
         return _gate_mul
     if symbol.startswith("epilogue_"):
-        body = symbol[len("epilogue_"):].rsplit("_", 2)[0]       # <act>[_bias][_res]
+        body = symbol[len("epilogue_"):].rsplit("_", 2)[0]       # <act>[_bias][_res[_pk]]
+        packed = body.endswith("_pk")
+        body = body.removesuffix("_pk")
         res = body.endswith("_res")
         body = body[:-4] if res else body
         bias = body.endswith("_bias")
         act = body[:-5] if bias else body
-        return _epilogue(act, bias, res) if act in ACTIVATIONS else None
+        return _epilogue(act, bias, res, packed) if act in ACTIVATIONS else None
     if symbol.startswith("store_"):
         parts = symbol.split("_")[1:]
         act = "_".join(parts[:-2])
@@ -231,6 +240,8 @@ def _resolve(symbol: str):
             return _store(act)
         return None
     parts = symbol.split("_")
+    if len(parts) > 3 and parts[-3] in ("pk", "w", "b", "nw"):
+        parts = parts[:-3] + parts[-2:]               # packed inputs / a norm's parameter form
     for cut in range(len(parts) - 2, 0, -1):
         op = "_".join(parts[:cut])
         if op in OPS and len(parts) - cut == 2:
@@ -272,6 +283,7 @@ def attn_init(o: torch.Tensor, ml: torch.Tensor, state: torch.Tensor) -> None:
     state[0] = 0
 
 
+@ck.register("attn_q_masked_bf16")
 @ck.register("attn_q_bf16")
 def attn_q(kv: torch.Tensor, q: torch.Tensor, state: torch.Tensor) -> None:
     flat = kv.reshape(-1)

@@ -114,33 +114,49 @@ def xclbin_uuid(data: bytes) -> str:
     return str(uuidlib.UUID(bytes=data[off:off + 16]))
 
 
-def kernel_objects(program, arch: str) -> dict[str, tuple[Path, tuple[str, ...]]]:
-    """object file -> (core-kernel source, -D defines) for every kernel a program declares."""
+def kernel_objects(program, arch: str, gen_dir: Path | None = None) -> dict[str, tuple[Path, tuple[str, ...]]]:
+    """object file -> (core-kernel source, -D defines) for every kernel a program declares.
+
+    Refuses (BuildError) a declaration whose argument list disagrees with the C++ signature in
+    the kernel table (count, pointer or scalar, element type), object files not named per
+    source and defines (kernels/aie.object_files), which would link a symbol twice into a core,
+    and tiles a source's static_asserts reject (kernels/aie.TILE_RULES). Generated kernels
+    (fused chains, kernels/aie/chain_gen.py) are written to `gen_dir` (the build directory)."""
     from torch_xdna.kernels import aie
+    chain = dict(program.notes).get("chain")
+    generated = {}
+    try:
+        for decl in program.kernels:
+            aie.check_decl(decl.symbol, decl.arg_types, chain)
+            g = aie.generated(decl.symbol, decl.arg_types, chain)
+            if g:
+                generated[decl.symbol] = g[0]
+        objs = aie.object_files(program.kernels, chain)
+    except aie.KernelContractError as e:
+        raise BuildError(f"{program.name}: {e}") from None
     out: dict[str, tuple[Path, tuple[str, ...]]] = {}
     for decl in program.kernels:
-        spec = aie.KERNELS.get(decl.symbol)
-        if spec is None:
-            raise BuildError(f"{program.name}: core kernel {decl.symbol!r} has no C++ source in "
-                             f"torch_xdna/kernels/aie/{arch}/ (known: {len(aie.KERNELS)} symbols)")
-        src = Path(aie.__file__).resolve().parent / arch / spec.source
-        defines = tuple(f"-D{k}={v}" for k, v in _defines(decl, spec))
-        prev = out.get(decl.object_file)
-        if prev is not None and prev != (src, defines):
-            raise BuildError(f"{program.name}: object {decl.object_file} is needed with two "
-                             f"different sources/defines ({prev} vs {(src, defines)})")
-        out[decl.object_file] = (src, defines)
+        obj, source, defs = objs[decl.symbol]
+        if decl.object_file != obj:
+            raise BuildError(f"{program.name}: core kernel {decl.symbol} declares object "
+                             f"{decl.object_file!r}; objects are one per source and defines "
+                             f"({obj!r}), so a core linking several symbols of {source} gets "
+                             f"each once")
+        bad = aie.tile_errors(source, defs)
+        if bad:
+            raise BuildError(f"{program.name}: core kernel {decl.symbol}: {source} does not "
+                             f"compile for this design's tiles: needs {'; '.join(bad)} "
+                             f"(static_assert in the source; the plan chose the tile)")
+        if decl.symbol in generated:
+            if gen_dir is None:
+                raise BuildError(f"{program.name}: core kernel {decl.symbol} is generated at build "
+                                 "time and needs a build directory (gen_dir)")
+            src = Path(gen_dir) / source
+            src.write_text(generated[decl.symbol])
+        else:
+            src = Path(aie.__file__).resolve().parent / arch / source
+        out[obj] = (src, tuple(f"-D{k}={v}" for k, v in defs))
     return out
-
-
-def _defines(decl, spec) -> list[tuple[str, int]]:
-    """Tile-size defines a kernel reads, from the shapes of the buffers the IR passes it (the
-    kernel table knows which argument and axis each define comes from)."""
-    shapes = [None if isinstance(t, str) else t.shape for t in decl.arg_types]
-    try:
-        return sorted(spec.tile_defines(shapes).items())
-    except ValueError as e:
-        raise BuildError(f"core kernel {decl.symbol}: {e}") from None
 
 
 def scalar_patches(program, binding_bytes: Sequence[int], encode) -> dict[str, int]:
@@ -210,9 +226,10 @@ def build_artifact(ex: Example, gen: Generation, toolchain: Toolchain, store_roo
 
     try:
         (work / "design.mlir").write_text(aie_mlir.to_mlir(program, gen.arch))
-        for obj, (src, defines) in kernel_objects(program, gen.arch).items():
+        kdir = Path(__file__).resolve().parent / "aie" / gen.arch
+        for obj, (src, defines) in kernel_objects(program, gen.arch, gen_dir=work).items():
             argv = [toolchain.peano_cxx, *PEANO_FLAGS, f"--target={PEANO_TARGET[gen.arch]}",
-                    *defines]
+                    *defines, f"-I{kdir}"]
             if toolchain.aie_include:
                 argv.append(f"-I{toolchain.aie_include}")
             step(argv + ["-c", str(src), "-o", obj], f"compile {src.name} -> {obj}")

@@ -73,7 +73,7 @@ _SPECS = [
     _k("zero_i32", "zero.cc", ["c:i32*"], ("DIM_M", "DIM_N"), "zeros"),
     _k("matmul_bf16_f32", "mm.cc", ["a:bf16*", "b:bf16*", "c:f32*"], _MM, "matmul_rowmajor",
        "gemm.GemmDesign (dtype bf16)", ("bf16", (4, 8, 8))),
-    _k("matmul_i8_i32", "mm.cc", ["a:i8*", "b:i8*", "c:i32*"], _MM, "matmul_rowmajor",
+    _k("matmul_i8_i32", "mm_i8.cc", ["a:i8*", "b:i8*", "c:i32*"], _MM, "matmul_rowmajor",
        "gemm.GemmDesign (dtype int8)", ("int8", (8, 8, 8))),
     _k("matmul_bf16_bfp16_f32", "mm_bfp16.cc", ["a:bf16*", "bt:u8*", "c:f32*"], _MM,
        "matmul_bfp16", "gemm.GemmDesign (dtype bfp16)", ("bfp16", (8, 8, 8))),
@@ -118,23 +118,67 @@ for _op in UNIT_OPS:
             if _sym not in _have:
                 _SPECS.append(_k(_sym, "eltwise.cc", [f"x:{_in}*", f"out:{_out}*", "n:i32"],
                                  golden=f"unit:{_op}", reference=f"vector.OPS['{_op}']"))
+# the array IR's two-input unit kernels (binary.cc): separate buffers <op>_<in>_<out>(a, b, out,
+# n) and packed <op>_pk_<in>_<out>(ab, out, n); int32 forms for the integer ops
+BINARY_OPS_EXACT = ("add", "sub", "maximum", "minimum")
+BINARY_OPS = BINARY_OPS_EXACT + ("mul", "div")
+BINARY_OPS_I32 = ("add", "sub", "mul", "maximum", "minimum")
+_have = {s.symbol for s in _SPECS}
+
+
+def _binary_specs(op, dts, golden):
+    for _in, _out in dts:
+        ref = f"vector.OPS['{op}']" if not op.startswith("gate_mul") else "fused.GatedGemmDesign"
+        sym = f"{op}_{_in}_{_out}"
+        if sym not in _have:
+            _SPECS.append(_k(sym, "binary.cc", [f"a:{_in}*", f"b:{_in}*", f"out:{_out}*", "n:i32"],
+                             golden=golden, reference=ref))
+        _SPECS.append(_k(f"{op}_pk_{_in}_{_out}", "binary.cc",
+                         [f"ab:{_in}*", f"out:{_out}*", "n:i32"], golden=golden, reference=ref))
+
+
+_FLOATS = [(i, o) for i in ("f32", "bf16") for o in ("f32", "bf16")]
+for _op in BINARY_OPS:
+    _binary_specs(_op, _FLOATS + ([("i32", "i32")] if _op in BINARY_OPS_I32 else []), f"binary:{_op}")
+_binary_specs("gate_mul", [("f32", "f32"), ("f32", "bf16")], "binary:gate_mul")
 _SPECS += [
     _k("silu_mul_bf16_f32", "eltwise.cc", ["gate:bf16*", "up:bf16*", "out:f32*", "n:i32"],
        golden="silu_mul", reference="llm_blocks (SwiGLU MLP: silu(gate) * up)"),
     _k("cast_f32_bf16", "eltwise.cc", ["x:f32*", "out:bf16*", "n:i32"], golden="cast_bf16",
        reference="numerics.operand"),
-    _k("softmax_bf16_f32", "softmax.cc", ["x:bf16*", "out:f32*", "rows:i32", "n:i32"],
-       golden="softmax", reference="vector.OPS['softmax']"),
-    _k("layer_norm_bf16_f32", "layer_norm.cc",
-       ["x:bf16*", "w:bf16*", "b:bf16*", "out:f32*", "rows:i32", "n:i32", "eps:f32"],
-       golden="layer_norm", reference="vector.OPS['layer_norm']"),
-    _k("rms_norm_bf16_f32", "rms_norm.cc",
-       ["x:bf16*", "w:bf16*", "out:f32*", "rows:i32", "n:i32", "eps:f32", "offset:f32"],
-       golden="rms_norm", reference="llm_blocks._rms"),
     _k("rope_bf16_f32", "rope.cc",
        ["x:bf16*", "cos:bf16*", "signed_sin:bf16*", "out:f32*", "rows:i32", "d:i32"],
        golden="rope", reference="llm_blocks._rope"),
 ]
+# the GEMM epilogue stage (epilogue.cc): epilogue_<act>[_bias][_res[_pk]]_f32_<out>
+for _act in STORE_ACTS:
+    for _out in ("f32", "bf16"):
+        for _form, _bufs in (("", ["t:f32*"]), ("_bias", ["t:f32*", "bias:bf16*"]),
+                             ("_res", ["t:f32*", "r:f32*"]), ("_res_pk", ["tr:f32*"]),
+                             ("_bias_res_pk", ["tr:f32*", "bias:bf16*"])):
+            _SPECS.append(_k(f"epilogue_{_act}{_form}_f32_{_out}", "epilogue.cc",
+                             _bufs + [f"c:{_out}*", "n:i32", "cols:i32", "beta:f32"],
+                             golden="epilogue", reference="gemm.GemmDesign (bias, residual, epilogue)"))
+# the array IR's row units (softmax.cc, layer_norm.cc, rms_norm.cc): <op>[_w|_nw]_<in>_<out>
+# (x, [params], out, [work f32* for bf16 inputs], rows, n, [eps, [offset]]); params are the IR's
+# one resident element in the input's dtype ([w | b], [w], or none)
+ROW_KERNELS = {                     # (op, variant) -> (source, parameter buffer, float scalars)
+    ("softmax", ""): ("softmax.cc", "", ()),
+    ("layer_norm", ""): ("layer_norm.cc", "wb", ("eps",)),
+    ("layer_norm", "w"): ("layer_norm.cc", "w", ("eps",)),
+    ("layer_norm", "nw"): ("layer_norm.cc", "", ("eps",)),
+    ("rms_norm", ""): ("rms_norm.cc", "w", ("eps", "offset")),
+    ("rms_norm", "nw"): ("rms_norm.cc", "", ("eps", "offset")),
+}
+_ROW_REF = {"softmax": "vector.OPS['softmax']", "layer_norm": "vector.OPS['layer_norm']",
+            "rms_norm": "llm_blocks._rms, vector.OPS['rms_norm']"}
+for (_op, _var), (_src, _par, _fl) in ROW_KERNELS.items():
+    for _in, _out in _FLOATS:
+        _args = [f"x:{_in}*"] + ([f"{_par}:{_in}*"] if _par else []) + [f"out:{_out}*"]
+        _args += (["work:f32*"] if _in != "f32" else []) + ["rows:i32", "n:i32"]
+        _args += [f"{f}:f32" for f in _fl]
+        _SPECS.append(_k(f"{_op}{'_' + _var if _var else ''}_{_in}_{_out}", _src, _args,
+                         golden=_op, reference=_ROW_REF[_op]))
 _ATT = ("ATT_TQ", "ATT_TKV", "ATT_D")
 _SPECS += [
     _k("attn_qk_bf16_f32", "attention.cc",
@@ -162,6 +206,118 @@ _SPECS += [
        "attention_item", _IR_ATT, ("bf16", (4, 8, 8))),
     _k("attn_finish_f32", "attention.cc", ["o:f32*", "ml:f32*", "state:i32*"], ("ATT_TQ", "ATT_D"),
        "attention_item", _IR_ATT),
+    _k("attn_q_masked_bf16", "attention.cc", ["kvm:u8*", "q:bf16*", "state:i32*"],
+       ("ATT_TQ", "ATT_D"), "attention_item", _IR_ATT),
+    _k("attn_tile_masked_bf16", "attention.cc",
+       ["q:bf16*", "kvm:u8*", "s:f32*", "p:bf16*", "o:f32*", "ml:f32*", "state:i32*",
+        "kv_len:i32", "q_offset:i32", "scale:f32", "core:i32", "cores:i32", "q_tiles:i32",
+        "tq:i32", "group:i32", "causal:i32", "window:i32", "softcap:f32", "mask_kind:i32"], _ATT,
+       "attention_item", _IR_ATT + "; mask tile in the element", ("bf16", (4, 8, 8))),
 ]
 KERNELS: dict[str, KernelSpec] = {s.symbol: s for s in _SPECS}
 SOURCES: tuple[str, ...] = tuple(sorted({s.source for s in _SPECS}))
+
+
+# --- the array IR's view of the table: signatures and object files ------------------------------
+_IR_PTR = {"bf16": "bf16*", "f32": "f32*", "i8": "i8*", "u8": "u8*", "i32": "i32*", "i16": "i16*",
+           "u32": "u32*", "f16": "f16*", "i4": "u8*", "i64": "i64*"}
+
+
+class KernelContractError(ValueError):
+    """An array-IR kernel declaration disagrees with the C++ kernel table."""
+
+
+def ir_signature(arg_types) -> tuple[str, ...]:
+    """The C argument types of an ir.KernelDecl's arg_types (a TensorType is a pointer to its
+    element type; a str is a scalar)."""
+    return tuple(t if isinstance(t, str) else _IR_PTR[t.dtype] for t in arg_types)
+
+
+def generated(symbol: str, arg_types, chain) -> tuple[str, KernelSpec] | None:
+    """(C++ source, spec) of a kernel generated at build time (fused chains: chain_gen.py, from
+    the program's notes["chain"]), or None for table kernels."""
+    if symbol in KERNELS or chain is None or not symbol.startswith("chain_"):
+        return None
+    from torch_xdna.array.ir import KernelDecl
+    from torch_xdna.kernels.aie.chain_gen import chain_source
+    return chain_source(KernelDecl(symbol, f"{symbol}.o", tuple(arg_types)), chain)
+
+
+def check_decl(symbol: str, arg_types, chain=None) -> KernelSpec:
+    """The table entry of `symbol` (or the generated chain kernel, given the program's chain
+    note) if the IR's argument list matches it exactly (count, pointer or scalar, element
+    type); else KernelContractError naming both signatures."""
+    gen = generated(symbol, arg_types, chain)
+    spec = gen[1] if gen else KERNELS.get(symbol)
+    if spec is None:
+        raise KernelContractError(f"core kernel {symbol!r} has no C++ source in "
+                                  f"torch_xdna/kernels/aie/{ARCH}/ ({len(KERNELS)} symbols known)")
+    ir_sig = ir_signature(arg_types)
+    c_sig = tuple(t for _, t in spec.args)
+    if ir_sig != c_sig:
+        raise KernelContractError(
+            f"core kernel {symbol}: the array IR calls it as ({', '.join(ir_sig)}) but "
+            f"{spec.source} declares ({', '.join(f'{t} {n}' for n, t in spec.args)})")
+    return spec
+
+
+def object_files(decls, chain=None) -> dict[str, tuple[str, str, tuple[tuple[str, int], ...]]]:
+    """symbol -> (object file, source, -D defines) for a program's kernel declarations.
+
+    One object per source: every extern "C" symbol of a source is in each object compiled from
+    it, so two objects of one source linked into one core would define each symbol twice. The
+    defines of the symbols of one source are merged (they come from the same tile shapes); two
+    declarations that need one define at different values are refused. Symbols the table does
+    not know, or whose arguments do not match it, keep `<symbol>.o` (check_decl reports them)."""
+    by_src: dict[str, dict[str, int]] = {}
+    known = set()
+    for d in decls:
+        spec = KERNELS.get(d.symbol)
+        if spec is None or ir_signature(d.arg_types) != tuple(t for _, t in spec.args):
+            continue
+        known.add(d.symbol)
+        defs = spec.tile_defines([None if isinstance(t, str) else t.shape for t in d.arg_types])
+        merged = by_src.setdefault(spec.source, {})
+        for k, v in defs.items():
+            if merged.setdefault(k, v) != v:
+                raise KernelContractError(
+                    f"core kernel {d.symbol}: {spec.source} is needed with {k}={v} and "
+                    f"{k}={merged[k]} in one program; one object per source cannot hold both")
+    out = {}
+    for d in decls:
+        spec = KERNELS.get(d.symbol)
+        if spec is None and chain is not None and d.symbol.startswith("chain_"):
+            out[d.symbol] = (f"{d.symbol}.o", f"{d.symbol}.cc", ())    # generated, one per chain
+            continue
+        if d.symbol not in known:
+            out[d.symbol] = (f"{d.symbol}.o", spec.source if spec else "", ())
+            continue
+        defs = tuple(sorted(by_src[spec.source].items()))
+        stem = spec.source.rsplit(".", 1)[0]
+        tag = "".join(f"_{k.split('_', 1)[-1].lower()}{v}" for k, v in defs)
+        out[d.symbol] = (f"{stem}{tag}.o", spec.source, defs)
+    return out
+
+
+def _mult(**m):
+    return [(f"{k} a multiple of {v}", (lambda k, v: lambda d: d.get(k, v) % v == 0)(k, v))
+            for k, v in m.items()]
+
+
+# the compile-time tile rules of each source (its static_asserts): one object holds every symbol
+# of its source, so a rule of any of them applies to the object
+TILE_RULES = {
+    "mm.cc": _mult(DIM_M=4, DIM_K=8, DIM_N=8),
+    "mm_i8.cc": _mult(DIM_M=8, DIM_K=16, DIM_N=16),
+    "mm_bfp16.cc": _mult(DIM_M=8, DIM_K=8, DIM_N=8),
+    "wq.cc": _mult(DIM_M=4, DIM_K=32, DIM_N=8),        # includes xdna_mm.h's bf16 matmul
+    "zero.cc": [("DIM_M * DIM_N a multiple of 16", lambda d: d.get("DIM_M", 32) * d.get("DIM_N", 32) % 16 == 0)],
+    "attention.cc": _mult(ATT_TQ=4, ATT_TKV=16, ATT_D=16),
+}
+
+
+def tile_errors(source: str, defines) -> list[str]:
+    """The tile rules of `source` that `defines` ((name, value) pairs) break."""
+    d = dict(defines)
+    return [f"{what} ({', '.join(f'{k}={v}' for k, v in sorted(d.items()))})"
+            for what, ok in TILE_RULES.get(source, ()) if not ok(d)]

@@ -239,6 +239,23 @@ def unit(op: str, x: torch.Tensor, out_dtype: torch.dtype, exact: bool) -> torch
     return cast_bf16(r) if out_dtype == torch.bfloat16 else r
 
 
+BINARY_EXACT = ("add", "sub", "maximum", "minimum", "gate_mul")
+_BINARY = {"maximum": "max", "minimum": "min", "gate_mul": "mul"}
+
+
+def binary(op: str, a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
+    """<op>[_pk]_<in>_<out> (binary.cc): exact ops widen their operands, mul / div see bf16
+    operands of fp32 inputs; int32 wraps; a bf16 output rounds to nearest even."""
+    if a.dtype == torch.int32:
+        fn = {"add": torch.add, "sub": torch.sub, "mul": torch.mul, "maximum": torch.maximum,
+              "minimum": torch.minimum}[op]
+        return fn(a, b)
+    exact = op in BINARY_EXACT
+    xs = [f32(x) if exact or x.dtype == torch.bfloat16 else f32(cast_bf16(x)) for x in (a, b)]
+    r = ELTWISE[_BINARY.get(op, op)](*xs)
+    return cast_bf16(r) if out_dtype == torch.bfloat16 else r
+
+
 def silu_mul(gate, up):
     return silu_f32(f32(gate)) * f32(up)
 
@@ -260,6 +277,17 @@ def store(acc: torch.Tensor, alpha: float, act: str, out_dtype: torch.dtype) -> 
     return cast_bf16(r) if out_dtype == torch.bfloat16 else r
 
 
+def epilogue(t, bias, r, beta: float, act: str, out_dtype: torch.dtype) -> torch.Tensor:
+    """epilogue_*: t [rows, cols] fp32; act(t + beta * bias) (+ r), stored in out_dtype."""
+    x = t.float()
+    if bias is not None:
+        x = x + f32(bias) * _c(beta)
+    x = STORE_ACT[act](x)
+    if r is not None:
+        x = x + r.float()
+    return cast_bf16(x) if out_dtype == torch.bfloat16 else x
+
+
 # --- row kernels -------------------------------------------------------------------------------
 def softmax(x: torch.Tensor) -> torch.Tensor:
     """softmax_bf16_f32 on [rows, n] bf16."""
@@ -270,19 +298,33 @@ def softmax(x: torch.Tensor) -> torch.Tensor:
 
 
 def layer_norm(x, w, b, eps: float) -> torch.Tensor:
-    x, w, b = f32(x), f32(w), f32(b)
+    """layer_norm[_w|_nw]: w / b may be None (the parameter-less forms)."""
+    x = f32(x)
     n = float(x.shape[1])
     mean = _div(lane_sum(x), n).unsqueeze(1)
     d = x - mean
     var = _div(lane_sum(d * d), n)
     rstd = inv(_sqrt(var + _c(eps))).unsqueeze(1)
-    return (d * rstd) * w + b
+    y = d * rstd
+    if w is not None:
+        y = y * f32(w)
+    return y + f32(b) if b is not None else y
 
 
 def rms_norm(x, w, eps: float, offset: float = 0.0) -> torch.Tensor:
-    x, w = f32(x), f32(w)
+    """rms_norm[_nw]: w may be None."""
+    x = f32(x)
     rstd = inv(_sqrt(_div(lane_sum(x * x), float(x.shape[1])) + _c(eps))).unsqueeze(1)
-    return (x * rstd) * (w + _c(offset))
+    return (x * rstd) * (f32(w) + _c(offset)) if w is not None else x * rstd
+
+
+def row_operand(x: torch.Tensor) -> torch.Tensor:
+    """A row kernel's operand: bf16 as it is, fp32 rounded to its bf16 operand (xdna_row.h)."""
+    return x if x.dtype == torch.bfloat16 else cast_bf16(x)
+
+
+def row_out(y: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
+    return cast_bf16(y) if out_dtype == torch.bfloat16 else y
 
 
 def rope(x, cos, signed_sin) -> torch.Tensor:
@@ -295,9 +337,11 @@ def rope(x, cos, signed_sin) -> torch.Tensor:
 # --- attention ---------------------------------------------------------------------------------
 def flash_rows(qf: torch.Tensor, qpos: torch.Tensor, kf: torch.Tensor, vf: torch.Tensor, *,
                kv_valid: int, scale: float, tkv: int, causal: bool, window: int, softcap: float,
-               sum_rounded: bool) -> torch.Tensor:
+               sum_rounded: bool, mask_add=None, mask_keep=None) -> torch.Tensor:
     """attention.cc's tile loop for one set of query rows: qf [rows, D] fp32 (bf16 values) at
-    absolute positions qpos [rows]; kf / vf [S, D] with S a multiple of tkv. -> [rows, D]."""
+    absolute positions qpos [rows]; kf / vf [S, D] with S a multiple of tkv. -> [rows, D].
+    mask_add [rows, S] fp32 is added to the masked scores, mask_keep [rows, S] bool hides keys
+    (attn_tile_masked_bf16's mask kinds 1 and 2)."""
     rows, d = qf.shape
     ninf = float("-inf")
     m = torch.full((rows,), ninf, dtype=F32)
@@ -315,6 +359,10 @@ def flash_rows(qf: torch.Tensor, qpos: torch.Tensor, kf: torch.Tensor, vf: torch
         if window > 0:
             masked = masked | (kpos <= qp - window)
         s = s.masked_fill(masked, ninf)
+        if mask_add is not None:
+            s = s + mask_add[:, k0:k0 + tkv].float()
+        if mask_keep is not None:
+            s = s.masked_fill(~mask_keep[:, k0:k0 + tkv], ninf)
         m_new = torch.maximum(m, lane_max(s))
         live = m_new != ninf
         alpha = exp_f32(m - m_new)
@@ -351,11 +399,30 @@ def attention_flash(q, k, v, *, scale: float, tq: int, tkv: int, causal: bool = 
 
 def attention_item(q_rows, k, v, *, kv_len: int, q_offset: int, t0: int, tq: int, scale: float,
                    tkv: int, causal: bool = False, window: int = 0,
-                   softcap: float = 0.0) -> torch.Tensor:
+                   softcap: float = 0.0, mask_add=None, mask_keep=None) -> torch.Tensor:
     """The IR work item (attn_init / attn_q / attn_tile per key tile / attn_finish): q_rows
     [rows, D] (the group's heads, tq rows each, padded), row r at position q_offset + t0 + r % tq;
     k / v [S, D] with S a multiple of tkv; the running sum adds the bf16 P."""
     rows = q_rows.shape[0]
     qpos = torch.arange(rows) % tq + t0 + q_offset
     return flash_rows(f32(q_rows), qpos, f32(k), f32(v), kv_valid=kv_len, scale=scale, tkv=tkv,
-                      causal=causal, window=window, softcap=softcap, sum_rounded=True)
+                      causal=causal, window=window, softcap=softcap, sum_rounded=True,
+                      mask_add=mask_add, mask_keep=mask_keep)
+
+
+# --- generated chain kernels -------------------------------------------------------------------
+def chain(steps, outputs, xs) -> list[torch.Tensor]:
+    """chain_<hash> (chain_gen.py) on unit-length inputs xs: each step in order, exact ops on the
+    fp32 values, the others on their bf16 operands; xdna_vec.h's transcendentals."""
+    from torch_xdna.kernels.aie.chain_gen import CHAIN_CXX
+    names = {"maximum": "max", "minimum": "min"}
+    xs = [f32(x) for x in xs]
+    vals: list[torch.Tensor] = []
+    for op, args, _ in steps:
+        exact = CHAIN_CXX[op][1]
+        vs = []
+        for a in args:
+            v = (xs[a[1]] if a[0] == "in" else vals[a[1]]) if isinstance(a, tuple) else _c(float(a))
+            vs.append(v if exact else f32(cast_bf16(v)))
+        vals.append(ELTWISE[names.get(op, op)](*vs))
+    return [vals[i] for i in outputs]

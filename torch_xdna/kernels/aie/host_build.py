@@ -72,7 +72,7 @@ def _compiler_id(cxx: str) -> str:
 
 def _headers(sources: Sequence[Path]) -> list[Path]:
     """Every header a kernel may include: the emulation and the kernels' own .h files."""
-    dirs = {EMU_INCLUDE} | {s.parent for s in sources}
+    dirs = {EMU_INCLUDE, kernel_dir()} | {s.parent for s in sources}
     return sorted(p for d in dirs for p in d.rglob("*") if p.suffix in (".h", ".hpp"))
 
 
@@ -115,7 +115,7 @@ def build(sources: Sequence[str | Path], defines: Mapping[str, object] | None = 
 
     try:
         objs = [work / f"{i}_{s.stem}.o" for i, s in enumerate(srcs)]
-        jobs = [([cxx, *CXX_FLAGS, opt, f"-I{EMU_INCLUDE}", *defs, "-c", str(s), "-o", str(o)],
+        jobs = [([cxx, *CXX_FLAGS, opt, f"-I{EMU_INCLUDE}", f"-I{kernel_dir()}", *defs, "-c", str(s), "-o", str(o)],
                  s.name) for s, o in zip(srcs, objs)]
         with ThreadPoolExecutor(max_workers=max(1, min(len(jobs), os.cpu_count() or 1))) as ex:
             for f in [ex.submit(run, *j) for j in jobs]:

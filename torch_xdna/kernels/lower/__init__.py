@@ -15,18 +15,22 @@ Core kernels the lowerings call (symbol: arguments, all tiles row-major; C++ in 
        (tn x sg bf16)], Wdq[tk,tn] bf16 scratch, acc f32, group i32, sg i32)
                                                             acc += A @ bf16(W * scale)^T
   store_<act>_<acc>_<out> (acc, C[tm,tn], alpha f32)        C = act(alpha * acc), rounded to C
-  <op>_<in>_<out> (inputs..., [resident], out, [work f32], n i32, [op params f32])
-                                                            one unit of VectorDesign op <op>;
-                                                            several inputs packed in one element
-                                                            are equal-length parts in order; a
-                                                            reduction (sum/mean/amax/...) writes
-                                                            one output per row of n/len(out)
-  chain_<hash> (same form)                                  one unit of a fused chain (the
-                                                            program's notes["chain"] has it)
-  epilogue_<act>[_bias][_res]_<acc>_<out> (T, [R] | [bias], C, n i32, beta f32)
+  <op>_<in>_<out> (x, out, n i32)                        one-input unit of VectorDesign op <op>
+  <op>_<in>_<out> (a, b, out, n) / <op>_pk_<in>_<out> (ab, out, n)
+                                                            two-input unit: inputs on two
+                                                            channels (or b resident), or packed
+                                                            in one element (a then b)
+  <row op>[_w|_nw]_<in>_<out> (x, [params], out, [work f32], rows i32, n i32, [eps, [offset]])
+                                                            softmax / layer_norm / rms_norm rows
+  chain_<hash> (streamed..., [resident], outs..., n)        one unit of a fused chain; C++
+                                                            generated from notes["chain"]
+  epilogue_<act>[_bias][_res[_pk]]_<acc>_<out> (T | TR, [R], [bias], C, n i32, cols i32, beta f32)
                                                             C = act(T + beta*bias) (+ R)
-  gate_mul_f32_<out> (T0 and T1 packed, out, n i32)         out = T0 * T1 (fp32, then stored)
-  attn_init_f32 / attn_q_bf16 / attn_tile_bf16 / attn_finish_f32   see lower/attention.py
+  gate_mul[_pk]_f32_<out> (T0, T1 | T0T1, out, n i32)       out = T0 * T1 (fp32, then stored)
+  attn_init_f32 / attn_q[_masked]_bf16 / attn_tile[_masked]_bf16 / attn_finish_f32
+                                                            see lower/attention.py
+Each declaration matches kernels/aie KERNELS exactly (aie.check_decl; tests/test_kernel_contract.py);
+object files are one per kernel source and tile defines (aie.object_files).
 """
 from __future__ import annotations
 

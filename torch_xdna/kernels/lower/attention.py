@@ -93,7 +93,7 @@ def attention_program(d, gen: Generation, kv_len: int | None = None, q_offset: i
     st_t = tt((2,), "i32")
     one = tt((1,), "i32")
     init = b.kernel("attn_init_f32", (o_t, ml_t, st_t))
-    ldq = b.kernel("attn_q_bf16", (kv_t, q_t, st_t))
+    ldq = b.kernel("attn_q_masked_bf16" if d.mask else "attn_q_bf16", (kv_t, q_t, st_t))
     mask_kind = 0 if not d.mask else (2 if d.mask_bool else 1)
     tile_k = b.kernel("attn_tile_masked_bf16" if d.mask else "attn_tile_bf16", (q_t, kv_t, s_t, p_t, o_t, ml_t, st_t, "i32", "i32", "f32",
                                          "i32", "i32", "i32", "i32", "i32", "i32", "i32", "f32")

@@ -223,11 +223,28 @@ class Builder:
         if pending:
             self._await(pending)
 
+    def _name_objects(self) -> None:
+        """Object files named per kernel source and tile defines (kernels/aie.object_files):
+        symbols of one source share one object, so a core never links a symbol twice."""
+        from torch_xdna.kernels.aie import KernelContractError, object_files
+        try:
+            objs = object_files(self.kernels.values(), self.notes.get("chain"))
+        except KernelContractError as e:
+            raise LoweringError(f"{self.name}: {e}") from None
+        old = {}
+        for sym, k in list(self.kernels.items()):
+            if k.object_file == f"{sym}.o":            # not set explicitly by the lowering
+                old[k.object_file] = objs[sym][0]
+                self.kernels[sym] = ir.KernelDecl(sym, objs[sym][0], k.arg_types)
+        self.cores = [ir.CoreBody(c.tile, c.body, _rename_objects(c.link_with, old))
+                      for c in self.cores]
+
     def rtp(self, buffer: str, index: int, value) -> None:
         self.ops.append(ir.RtpWrite(buffer, index, value))
 
     def build(self) -> ir.ArrayProgram:
         self.end_round()
+        self._name_objects()
         return ir.ArrayProgram(
             name=self.name, generation=self.gen.name,
             tiles=tuple(sorted(self.tiles.values(), key=lambda t: (t.col, t.row))),
@@ -235,6 +252,10 @@ class Builder:
             kernels=tuple(self.kernels.values()), cores=tuple(self.cores),
             sequence=ir.RuntimeSequence(tuple(self.args), tuple(self.ops), tuple(self.scalars)),
             notes=tuple(sorted((k, v) for k, v in self.notes.items())))
+
+
+def _rename_objects(objs, names):
+    return tuple(dict.fromkeys(names.get(o, o) for o in objs))
 
 
 def _refactor_inner(sizes, strides, pads, bits: int):

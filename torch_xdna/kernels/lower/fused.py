@@ -59,6 +59,7 @@ def gated_gemm_programs(d, gen: Generation, **_) -> tuple[ir.ArrayProgram, ...]:
         f"{d.name}_gate", gen, work=work, n_units=-(-m // work), cores=cores, cols=cols, depth=2,
         streamed=[Operand("T0", "f32", m, work), Operand("T1", "f32", m, work)], resident=[],
         outputs=[Operand("out", out_dt, m, work)], kernel=f"gate_mul_f32_{out_dt}",
+        packed_kernel=f"gate_mul_pk_f32_{out_dt}",
         notes={"stage": "gate", "scratch_args": ("T0", "T1")})
     return (rename_args(g, {"B": "Wg", "C": "T0"}, {"stage": "gate_proj", "launch_args": ("A", "Wg", "Wu", "out"),
                                                     "scratch_args": ("T0",), "plan_tile": plan.tile}),

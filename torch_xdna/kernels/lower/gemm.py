@@ -292,4 +292,8 @@ def gemm_programs(d, gen: Generation) -> tuple[ir.ArrayProgram, ...]:
     names = ("A", "B", "T")
     acc = torch.int32 if d.compute_dtype == "int8" else torch.float32
     main = gemm_program(d, gen, args=names, store_act="none", out_dtype=acc)
+    if not d.weight_only and d.dtype != "bfp16":     # their host layouts re-pack B: not named here
+        from torch_xdna.kernels.lower.fused import rename_args
+        la = ("A", "B") + (("bias",) if d.bias else ()) + (("R",) if d.residual else ()) + ("C",)
+        main = rename_args(main, {}, {"launch_args": la, "scratch_args": ("T",)})
     return (main, epilogue_program(d, gen, scratch="T"))

@@ -37,7 +37,11 @@ class Operand:
 def stream_program(name: str, gen: Generation, *, work: int, n_units: int, cores: int,
                    cols: int, depth: int, streamed: list[Operand], resident: list[Operand],
                    outputs: list[Operand], kernel: str, consts=(), working: int = 0,
-                   notes: dict | None = None) -> ir.ArrayProgram:
+                   notes: dict | None = None, packed_kernel: str | None = None,
+                   unit_const: bool = True) -> ir.ArrayProgram:
+    """`kernel` is called with one buffer per input group; when several streamed inputs share
+    one channel (packed in one element) `packed_kernel` is called instead (the C signatures
+    differ: kernels/aie/binary.cc). `unit_const`: pass Const(work) before `consts`."""
     b = Builder(name, gen)
     b.notes.update(notes or {})
     b.notes.update({"work": work, "units": n_units, "cores": cores, "columns": cols})
@@ -53,6 +57,8 @@ def stream_program(name: str, gen: Generation, *, work: int, n_units: int, cores
         len(streamed) * rmax + len(outputs) <= gen.memtile_dma_channels.value[1]
     groups = [streamed[:1], streamed[1:]] if separate else [streamed]
     groups = [g for g in groups if g]
+    if packed_kernel and any(len(g) > 1 for g in groups):
+        kernel = packed_kernel
     if len(outputs) * rmax + len(groups) > gen.memtile_dma_channels.value[0]:
         raise LoweringError(f"{name}: {len(outputs)} outputs from {rmax} cores per column "
                             f"exceed the mem tile's {gen.memtile_dma_channels.value[0]} input "
@@ -113,7 +119,7 @@ def stream_program(name: str, gen: Generation, *, work: int, n_units: int, cores
     arg_types = list(g_types) + ([par_t] if par_t else []) + out_t
     if working:
         arg_types.append(tt((working,), "f32"))
-    arg_types += ["i32"] + [c.dtype for c in consts]
+    arg_types += (["i32"] if unit_const else []) + [c.dtype for c in consts]
     b.kernel(kernel, tuple(arg_types))
     units_per_core = ceil_div(n_units, cores)
     for c in range(cols):
@@ -124,7 +130,7 @@ def stream_program(name: str, gen: Generation, *, work: int, n_units: int, cores
             args = [elem(f) for f in ins] + ([elem("par")] if par_t else []) + [elem(f) for f in outs]
             if working:
                 args.append(ir.BufferRef(b.buffer(f"work_{c}_{t.row}", t, tt((working,), "f32"))))
-            args += [ir.Const(work, "i32"), *consts]
+            args += ([ir.Const(work, "i32")] if unit_const else []) + list(consts)
             unit = flat([acq(f) for f in ins], [acq(f, "produce") for f in outs], call(kernel, *args),
                         [rel(f) for f in ins], [rel(f, "produce") for f in outs])
             body = flat(acq("par") if par_t else (), loop(units_per_core, *unit),
@@ -172,8 +178,8 @@ def _run(b, fifo, op: Operand, c, first, R, cores, g0, n):
         b.task(fifo, op.arg, start(g) if v else 0, (v,), (1,), (span - v,))
 
 
-def _kernel_name(base: str, dtypes) -> str:
-    return f"{base}_" + "_".join(dtypes)
+def _kernel_name(base: str, dtypes, packed: bool = False) -> str:
+    return f"{base}_{'pk_' if packed else ''}" + "_".join(dtypes)
 
 
 def vector_program(d, gen: Generation) -> ir.ArrayProgram:
@@ -224,11 +230,36 @@ def vector_program(d, gen: Generation) -> ir.ArrayProgram:
         working = d._row_len()
     params = tuple(ir.Const(v, "f32") for k, v in d.params if isinstance(v, float))
     kernel = _kernel_name(d.op, [dts[0], out_dt])
+    packed = _kernel_name(d.op, [dts[0], out_dt], packed=True)
+    unit_const = True
+    if row_op:
+        # row units: (x, [params], out, [work], rows, n, op scalars), kernels/aie ROW_KERNELS
+        kernel = _kernel_name(d.op + _row_variant(d), [dts[0], out_dt])
+        packed, unit_const = None, False
+        row = d._row_len()
+        p = dict(d.params)
+        scal = {"layer_norm": (p.get("eps", 1e-5),),
+                "rms_norm": (p.get("eps", 1e-6), float(p.get("weight_offset", 0.0)))}.get(d.op, ())
+        params = (ir.Const(work // row, "i32"), ir.Const(row, "i32")) + \
+            tuple(ir.Const(float(v), "f32") for v in scal)
     return stream_program(
         f"{d.op}_{n_in}", gen, work=work, n_units=n_units, cores=cores, cols=cols, depth=depth,
         streamed=streamed, resident=resident,
-        outputs=[Operand("out0", out_dt, n_out, per_out)], kernel=kernel, consts=params,
+        outputs=[Operand("out0", out_dt, n_out, per_out)], kernel=kernel, packed_kernel=packed, consts=params,
+        unit_const=unit_const,
         working=working, notes={"design": d.name, "row_len": d._row_len() if row_op else 0})
+
+
+def _row_variant(d) -> str:
+    """The row kernel's parameter form: layer_norm [w | b] "", [w] "_w", none "_nw"; rms_norm
+    [w] "", none "_nw" (kernels/aie ROW_KERNELS)."""
+    p = dict(d.params)
+    if d.op == "layer_norm":
+        w, b = p.get("has_weight", False), p.get("has_bias", False)
+        return "" if w and b else "_w" if w else "_b" if b else "_nw"
+    if d.op == "rms_norm":
+        return "" if p.get("has_weight", len(d.in_shapes) > 1) else "_nw"
+    return ""
 
 
 def chain_program(d, gen: Generation) -> ir.ArrayProgram:
@@ -273,7 +304,8 @@ def chain_program(d, gen: Generation) -> ir.ArrayProgram:
 
 
 def epilogue_program(d, gen: Generation, scratch: str = "T") -> ir.ArrayProgram:
-    """GEMM epilogue stage: out = act(T + beta * bias) + residual over whole output rows."""
+    """GEMM epilogue stage: out = act(T + beta * bias) + residual over whole output rows; the
+    unit kernel takes (T | T and R packed, [R], [bias], C, n, cols, beta), kernels/aie/epilogue.cc."""
     m_total, N = d.batch * d.m, d.n
     out_dt = tt((1,), d.out_dtype).dtype
     acc_dt = "i32" if d.compute_dtype == "int8" else "f32"
@@ -296,5 +328,6 @@ def epilogue_program(d, gen: Generation, scratch: str = "T") -> ir.ArrayProgram:
         f"{d.name}_epilogue", gen, work=work, n_units=n_units, cores=cores, cols=cols, depth=2,
         streamed=streamed, resident=resident, outputs=[Operand("C", out_dt, m_total * N, work)],
         kernel=f"epilogue_{d.epilogue}{'_bias' if d.bias else ''}{'_res' if d.residual else ''}_{acc_dt}_{out_dt}",
-        consts=(ir.Const(float(d.beta), "f32"),),
+        packed_kernel=f"epilogue_{d.epilogue}{'_bias' if d.bias else ''}_res_pk_{acc_dt}_{out_dt}",
+        consts=(ir.Const(N, "i32"), ir.Const(float(d.beta), "f32")),
         notes={"design": d.name, "stage": "epilogue", "scratch_args": (scratch,)})

@@ -14,6 +14,8 @@
 // within the bound docs/kernels.md states.
 #include "xdna_vec.h"
 
+#include <cstring>
+
 #ifndef ATT_TQ
 #define ATT_TQ 8
 #endif
@@ -179,6 +181,40 @@ void attn_tile_bf16(const bfloat16 *q, const bfloat16 *kv, float *s, bfloat16 *p
   const int w = state[1] * cores + core;
   const int t0 = (w % q_tiles) * tq;
   score_tile(q, kv, s, scale, q_offset + t0, tq, j * ATT_TKV, kv_len, causal, window, softcap);
+  online_update(s, p, ml, ml + 1, 2, o, true);
+  pv_tile(p, kv + ATT_TKV * ATT_D, o);
+}
+
+// Masked designs (AttentionDesign mask=True): the element is bytes [K tile | V tile | mask tile],
+// the mask tile ATT_TQ x ATT_TKV after the two bf16 tiles: mask_kind 1 = fp32 additive (added to
+// the masked scores), 2 = bool bytes (0 hides the key: -inf). attn_q_masked_bf16 reads Q from the
+// first element's bytes as attn_q_bf16 does.
+void attn_q_masked_bf16(const uint8_t *kvm, bfloat16 *q, int32 *state) {
+  attn_q_bf16(reinterpret_cast<const bfloat16 *>(kvm), q, state);
+}
+
+void attn_tile_masked_bf16(const bfloat16 *q, const uint8_t *kvm, float *s, bfloat16 *p, float *o,
+                           float *ml, int32 *state, int32 kv_len, int32 q_offset, float scale,
+                           int32 core, int32 cores, int32 q_tiles, int32 tq, int32 group,
+                           int32 causal, int32 window, float softcap, int32 mask_kind) {
+  (void)group;
+  xdna::set_numerics();
+  const bfloat16 *kv = reinterpret_cast<const bfloat16 *>(kvm);
+  const uint8_t *mt = kvm + 2 * ATT_TKV * ATT_D * sizeof(bfloat16);
+  const int j = state[0]++;
+  const int w = state[1] * cores + core;
+  const int t0 = (w % q_tiles) * tq;
+  score_tile(q, kv, s, scale, q_offset + t0, tq, j * ATT_TKV, kv_len, causal, window, softcap);
+  const float ninf = -std::numeric_limits<float>::infinity();
+  for (int i = 0; i < ATT_TQ * ATT_TKV; ++i) {
+    if (mask_kind == 1) {
+      float m;
+      std::memcpy(&m, mt + 4 * i, sizeof m);
+      s[i] = s[i] + m;
+    } else if (mask_kind == 2 && mt[i] == 0) {
+      s[i] = ninf;
+    }
+  }
   online_update(s, p, ml, ml + 1, 2, o, true);
   pv_tile(p, kv + ATT_TKV * ATT_D, o);
 }

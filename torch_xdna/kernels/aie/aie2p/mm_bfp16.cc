@@ -52,9 +52,21 @@ static inline aie::block_vector<bfp16ebs8, 64> bt_block(const uint8 *bt, unsigne
 static inline void matmul_bfp16(const bfloat16 *__restrict pA, const uint8 *__restrict pBt,
                                 float *__restrict pC) {
   constexpr unsigned r = 8, s = 8, t = 8;
-  static_assert(DIM_M % (2 * r) == 0 && DIM_K % s == 0 && DIM_N % (2 * t) == 0,
-                "bfp16 tiles: DIM_M, DIM_N multiples of 16, DIM_K of 8");
+  static_assert(DIM_M % r == 0 && DIM_K % s == 0 && DIM_N % t == 0,
+                "bfp16 tiles: DIM_M, DIM_K, DIM_N multiples of 8");
   xdna::set_numerics();
+  if constexpr (DIM_M % (2 * r) != 0 || DIM_N % (2 * t) != 0) {   // one 8x8 block at a time
+    for (unsigned z = 0; z < DIM_M; z += r)
+      for (unsigned j = 0; j < DIM_N; j += t) {
+        aie::accum<accfloat, 64> c(rows_x8<8>(pC, DIM_N, z, j));
+        for (unsigned k = 0; k < DIM_K; k += s) {
+          aie::accum<accfloat, 64> a(rows_x8<8>(pA, DIM_K, z, k));
+          c = mac_8x8_8x8T(a.to_vector<bfp16ebs8>(), bt_block(pBt, j, k / s), c);
+        }
+        store_8x8(pC, DIM_N, z, j, c.to_vector<float>());
+      }
+    return;
+  }
   for (unsigned z = 0; z < DIM_M; z += 2 * r) XDNA_PIPELINE {
     for (unsigned j = 0; j < DIM_N; j += 2 * t) {
       aie::accum<accfloat, 64> c00(rows_x8<8>(pC, DIM_N, z, j)), c01(rows_x8<8>(pC, DIM_N, z, j + t));

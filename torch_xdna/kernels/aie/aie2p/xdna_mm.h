@@ -30,15 +30,28 @@ static inline void store_rows_x8(T *p, unsigned ld, unsigned r0, unsigned c0,
   for (unsigned i = 0; i < rows; ++i) aie::store_v(p + (r0 + i) * ld + c0, v.template extract<8>(i));
 }
 
-// bf16: mmul 4x8x8; every row segment is 8 x 16 bits (a 128-bit load).
+// bf16: mmul 4x8x8; every row segment is 8 x 16 bits (a 128-bit load). Tiles that are whole
+// 2x2 expansions (DIM_M % 8, DIM_N % 16) keep four accumulators live; other tiles (the plans'
+// small-M and narrow tiles: DIM_M % 4, DIM_N % 8) run one mmul block at a time. Each C lane adds
+// its products in ascending k either way, so the numerics are the same.
 static inline void matmul_bf16(const bfloat16 *__restrict pA, const bfloat16 *__restrict pB,
                                float *__restrict pC) {
   constexpr unsigned r = 4, s = 8, t = 8;
   using MMUL = aie::mmul<r, s, t, bfloat16, bfloat16>;
-  static_assert(DIM_M % (2 * r) == 0, "DIM_M must be a multiple of 8");
+  static_assert(DIM_M % r == 0, "DIM_M must be a multiple of 4");
   static_assert(DIM_K % s == 0, "DIM_K must be a multiple of 8");
-  static_assert(DIM_N % (2 * t) == 0, "DIM_N must be a multiple of 16");
+  static_assert(DIM_N % t == 0, "DIM_N must be a multiple of 8");
   xdna::set_numerics();
+  if constexpr (DIM_M % (2 * r) != 0 || DIM_N % (2 * t) != 0) {
+    for (unsigned z = 0; z < DIM_M; z += r)
+      for (unsigned j = 0; j < DIM_N; j += t) {
+        MMUL C(rows_x8<r>(pC, DIM_N, z, j));
+        for (unsigned k = 0; k < DIM_K; k += s)
+          C.mac(rows_x8<r>(pA, DIM_K, z, k), rows_x8<s>(pB, DIM_N, k, j));
+        store_rows_x8<r>(pC, DIM_N, z, j, C.to_vector<float>());
+      }
+    return;
+  }
   for (unsigned z = 0; z < DIM_M; z += 2 * r) XDNA_PIPELINE {
     for (unsigned j = 0; j < DIM_N; j += 2 * t) {
       MMUL C00(rows_x8<r>(pC, DIM_N, z, j)), C01(rows_x8<r>(pC, DIM_N, z, j + t));
@@ -58,4 +71,3 @@ static inline void matmul_bf16(const bfloat16 *__restrict pA, const bfloat16 *__
     }
   }
 }
-
