@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import torch
 from torch._functorch.aot_autograd import make_boxed_func
 
-from torch_xdna.compiler import cache, fold, partition, specialize
+from torch_xdna.compiler import cache, fold, partition, specialize, views
 from torch_xdna.compiler.capture import capture
 from torch_xdna.compiler.options import CompileOptions, FallbackRefused
 from torch_xdna.compiler.lowered import Lowered
@@ -88,6 +88,7 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs, options: CompileOpti
     stats = CompileStats()
     key = cache.graph_key(gm, f"gen={gen.name};{options.cache_key_part()}")
     fold.fold_constants(gm)        # deterministic: the key of the unfolded graph still fits
+    views.rewrite_views(gm)        # split/unbind/narrow pieces -> slice/select views
     entry = cache.load(options.cache_dir, key) if options.cache else None
     lowered: list[Lowered | None] = []
     parts = None

@@ -9,6 +9,10 @@ inputs) are kept, and only when they are dense (an expanded constant stays a vie
 An `index` whose index tensors are such constants and affine in the output coordinates (e.g.
 `mask[arange(B)[:, None, None, None], arange(S)[None, None, None, :]]`) picks a strided window:
 it is rewritten to `strided_index`, a pure view the lowering expresses as strides.
+
+Nothing here dispatches on the device: every value is computed and inspected on host copies
+(an `xdna` constant is read through its host view), so compiling never adds eager launches or
+entries to the user's fallback report, and works inside `torch.xdna.strict()`.
 """
 from __future__ import annotations
 
@@ -37,6 +41,15 @@ def _pure(node: Node) -> bool:
     return t not in (aten.empty.memory_format, aten.empty_like.default, aten.empty_strided.default)
 
 
+def host_copy(t: torch.Tensor) -> torch.Tensor:
+    """A CPU copy of a tensor; an xdna tensor is read through its host view (no dispatch)."""
+    t = t.detach()
+    if t.device.type == "xdna":
+        from torch_xdna.device import storage
+        return storage.host_view(t).clone()
+    return t.cpu()
+
+
 def _on_cpu(kwargs: dict) -> dict:
     return {k: (torch.device("cpu") if k == "device" else v) for k, v in kwargs.items()}
 
@@ -55,7 +68,7 @@ def _fold(gm: GraphModule) -> int:
         if n.op == "get_attr":
             t = getattr(gm, n.target, None)
             if isinstance(t, torch.Tensor):
-                vals[n] = t.detach().cpu()
+                vals[n] = host_copy(t)
             continue
         if not _pure(n) or any(a not in vals for a in n.all_input_nodes):
             continue
@@ -77,6 +90,7 @@ def _fold(gm: GraphModule) -> int:
                 folded.discard(n)
                 changed = True
     made = 0
+    host: dict[str, torch.Tensor] = {}       # folded buffer name -> its host value
     for n in list(gm.graph.nodes):
         if n not in folded or all(u in folded for u in n.users):
             continue
@@ -86,6 +100,7 @@ def _fold(gm: GraphModule) -> int:
             name += "_"
         t = torch.empty_strided(tuple(v.shape), tuple(v.stride()), dtype=v.dtype)
         t.copy_(vals[n])
+        host[name] = t
         if v.device.type != "cpu":
             t = t.to(v.device)
         gm.register_buffer(name, t, persistent=False)
@@ -97,8 +112,8 @@ def _fold(gm: GraphModule) -> int:
     for n in reversed(list(gm.graph.nodes)):
         if n in folded and not n.users:
             gm.graph.erase_node(n)
-    rewrite_affine_index(gm)
-    drop_identities(gm)
+    rewrite_affine_index(gm, host)
+    drop_identities(gm, host)
     for n in reversed(list(gm.graph.nodes)):
         if n.op == "get_attr" and not n.users and n.target.startswith(PREFIX):
             gm.graph.erase_node(n)
@@ -111,7 +126,17 @@ IDENTITY = {aten.bitwise_and.Tensor: True, aten.logical_and.default: True,
             aten.bitwise_or.Tensor: False, aten.logical_or.default: False}
 
 
-def drop_identities(gm: GraphModule) -> int:
+def _host_attr(gm: GraphModule, name: str, host: dict | None) -> torch.Tensor:
+    """The host value of a get_attr target (never an xdna tensor: checks must not dispatch)."""
+    if host is not None and name in host:
+        return host[name]
+    t = host_copy(getattr(gm, name))
+    if host is not None:
+        host[name] = t
+    return t
+
+
+def drop_identities(gm: GraphModule, host: dict | None = None) -> int:
     done = 0
     for n in list(gm.graph.nodes):
         if n.op != "call_function" or n.target not in IDENTITY or len(n.args) != 2:
@@ -120,7 +145,7 @@ def drop_identities(gm: GraphModule) -> int:
         for c, x in (n.args, n.args[::-1]):
             if not (isinstance(c, Node) and c.op == "get_attr" and isinstance(x, Node)):
                 continue
-            cv, xv = getattr(gm, c.target), x.meta.get("val")
+            cv, xv = _host_attr(gm, c.target, host), x.meta.get("val")
             if (xv is None or out is None or cv.dtype != torch.bool or xv.dtype != torch.bool
                     or not bool((cv == IDENTITY[n.target]).all())):
                 continue
@@ -176,7 +201,7 @@ def affine_params(x: torch.Tensor, indices: list) -> tuple | None:
     return shape, tuple(coeffs), tuple(consts)
 
 
-def rewrite_affine_index(gm: GraphModule) -> int:
+def rewrite_affine_index(gm: GraphModule, host: dict | None = None) -> int:
     """index(x, [constant affine grids]) -> strided_index(x, ...) (a view, no gather)."""
     done = 0
     for n in list(gm.graph.nodes):
@@ -186,7 +211,7 @@ def rewrite_affine_index(gm: GraphModule) -> int:
         xv = x.meta.get("val") if isinstance(x, Node) else None
         if xv is None or not all(isinstance(i, Node) and i.op == "get_attr" for i in idx):
             continue
-        p = affine_params(xv, [getattr(gm, i.target) for i in idx])
+        p = affine_params(xv, [_host_attr(gm, i.target, host) for i in idx])
         if p is None:
             continue
         with gm.graph.inserting_before(n):
