@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import torch
 from torch._functorch.aot_autograd import make_boxed_func
 
-from torch_xdna.compiler import cache, fold, partition, specialize, views
+from torch_xdna.compiler import cache, costing, fold, partition, specialize, views
 from torch_xdna.compiler.capture import capture
 from torch_xdna.compiler.options import CompileOptions, FallbackRefused
 from torch_xdna.compiler.lowered import Lowered
@@ -47,7 +47,8 @@ class CompileStats:
         return (f"xdna compiled {name}: {self.nodes_npu} nodes on NPU, {self.nodes_host} on host "
                 f"[{host}]; {self.partitions} partitions, {self.designs} designs, "
                 f"{self.launches} launches in {self.dispatches} dispatches per call; "
-                f"modeled {self.modeled_us:.1f} us/call (simulated NPU); cache {self.cache}; "
+                f"modeled {self.modeled_us:.1f} us/call (simulated NPU"
+                f"{'; host nodes not included' if self.nodes_host else ''}); cache {self.cache}; "
                 f"compiled in {self.compile_s * 1e3:.1f} ms")
 
 
@@ -80,8 +81,12 @@ def wrap_host_nodes(gm: torch.fx.GraphModule) -> Counter:
     return ops
 
 
-def compile_graph(gm: torch.fx.GraphModule, example_inputs, options: CompileOptions):
+def compile_graph(gm: torch.fx.GraphModule, example_inputs, options: CompileOptions,
+                  static: set[int] | None = None):
+    """Lower one static graph. `static`: indices of inputs that are the same tensors every
+    call (parameters), for the modeled figure; by default aot_autograd's record of them."""
     from torch_xdna.runtime import get_device
+    static = costing.static_input_indices() if static is None else static
     t0 = time.perf_counter()
     name = f"graph{next(_counter)}"
     gen = get_device().gen
@@ -113,6 +118,7 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs, options: CompileOpti
     subs.sort(key=lambda x: int(x[0].target.removeprefix(partition.PREFIX)))
     fresh = stats.cache != "hit"
     failed_ops: Counter = Counter()
+    compiled: dict[str, Lowered] = {}
     for i, (node, sub) in enumerate(subs):
         if fresh:
             try:
@@ -127,13 +133,16 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs, options: CompileOpti
             continue
         consts = {s.name: getattr(sub, s.name) for s in low.slots if s.kind == "const"}
         setattr(split, node.target, CompiledPartition(low, consts))
+        compiled[node.target] = low
         stats.partitions += 1
         stats.launches += len(low.launches)
         stats.dispatches += 1 if low.launches else 0
         stats.designs += len({l.design.key for l in low.launches})
         for l in low.launches:
             stats.design_names[l.design.name] = stats.design_names.get(l.design.name, 0) + 1
-        stats.modeled_us += low.modeled_us
+    # programs in call order with the context switches between them, plus per-call staging
+    stats.modeled_us = costing.call_modeled_us(
+        costing.partition_calls(split, compiled, static), gen)
     host_ops = wrap_host_nodes(split) + failed_ops
     stats.host_ops = {k: v for k, v in host_ops.items() if not k.startswith("xdna_host_")}
     stats.nodes_host = sum(host_ops.values())
@@ -166,7 +175,8 @@ def forward_compiler(gm: torch.fx.GraphModule, example_inputs, options: CompileO
         return compile_graph(gm, example_inputs, options)
     log.info("xdna: graph has dynamic shapes; NPU programs are specialized per input signature")
     return specialize.Specializer(
-        gm, functools.partial(compile_graph, example_inputs=None, options=options))
+        gm, functools.partial(compile_graph, example_inputs=None, options=options,
+                              static=costing.static_input_indices()))
 
 
 def xdna_backend(gm: torch.fx.GraphModule, example_inputs, options: dict | None = None,
