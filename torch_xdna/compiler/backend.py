@@ -94,6 +94,7 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs, options: CompileOpti
     key = cache.graph_key(gm, f"gen={gen.name};{options.cache_key_part()}")
     fold.fold_constants(gm)        # deterministic: the key of the unfolded graph still fits
     views.rewrite_views(gm)        # split/unbind/narrow pieces -> slice/select views
+    views.rewrite_reductions(gm)   # leading-dim sums (bias gradients) -> trailing-dim sums
     entry = cache.load(options.cache_dir, key) if options.cache else None
     lowered: list[Lowered | None] = []
     parts = None
@@ -179,13 +180,42 @@ def forward_compiler(gm: torch.fx.GraphModule, example_inputs, options: CompileO
                               static=costing.static_input_indices()))
 
 
+def backward_compiler(gm: torch.fx.GraphModule, example_inputs, options: CompileOptions,
+                      fw_static: frozenset = frozenset()):
+    """Training backward graphs go through the same pipeline as forward graphs. Saved
+    parameters (placeholders `primals_<i>` of a static forward input) are staged once."""
+    static = set()
+    for i, n in enumerate(n for n in gm.graph.nodes if n.op == "placeholder"):
+        head, _, num = n.name.rpartition("_")
+        if head == "primals" and num.isdigit() and int(num) - 1 in fw_static:
+            static.add(i)
+    if not specialize.is_dynamic(gm):
+        return compile_graph(gm, example_inputs, options, static=static)
+    return specialize.Specializer(
+        gm, functools.partial(compile_graph, example_inputs=None, options=options, static=static))
+
+
+def _training_compilers(options: CompileOptions):
+    """(forward, backward) compilers sharing the forward's record of static inputs."""
+    seen: dict = {}
+
+    def fw(gm, example_inputs):
+        seen["static"] = frozenset(costing.static_input_indices())
+        return forward_compiler(gm, example_inputs, options)
+
+    def bw(gm, example_inputs):
+        return backward_compiler(gm, example_inputs, options, seen.get("static", frozenset()))
+    return fw, bw
+
+
 def xdna_backend(gm: torch.fx.GraphModule, example_inputs, options: dict | None = None,
                  mode: str | None = None):
     """The Dynamo backend registered as "xdna" (torch.compile passes `options`/`mode` as keywords)."""
     opts = CompileOptions.from_dict(options)
     if mode not in (None, "default"):
         log.info("xdna backend: mode=%r has no effect; use options={...}", mode)
-    return capture(gm, example_inputs, functools.partial(forward_compiler, options=opts))
+    fw, bw = _training_compilers(opts)
+    return capture(gm, example_inputs, fw, bw)
 
 
 def xdna_backend_with(**options):

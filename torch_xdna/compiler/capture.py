@@ -83,22 +83,24 @@ def replace_sdpa(gm: torch.fx.GraphModule) -> int:
     return n_done
 
 
-def backward_compiler(gm: torch.fx.GraphModule, example_inputs):
-    """Backward graphs are not fused: they run op by op (host, or the eager xdna device)."""
+def host_backward_compiler(gm: torch.fx.GraphModule, example_inputs):
+    """Backward graphs run op by op (host, or the eager xdna device): used only when a caller
+    passes no backward compiler."""
     n = sum(1 for x in gm.graph.nodes if x.op == "call_function")
     msg = (f"xdna compile: backward graph ({n} nodes) is not compiled for the NPU; it runs op by "
-           f"op (on the host for CPU tensors, through the eager 'xdna' device for xdna tensors). "
-           f"Use torch.no_grad()/inference_mode for NPU-fused inference.")
+           f"op (on the host for CPU tensors, through the eager 'xdna' device for xdna tensors).")
     log.info(msg)
     warnings.warn(msg, TrainingGraphWarning, stacklevel=2)
     return make_boxed_func(gm.forward)
 
 
-def capture(gm, example_inputs, forward_compiler):
+def capture(gm, example_inputs, forward_compiler, backward_compiler=None):
     """aot_autograd with our decompositions; `forward_compiler(gm, inputs)` lowers forward or
-    inference graphs."""
+    inference graphs, `backward_compiler` the backward graphs of training (the same pipeline:
+    partition, fuse, one Program per partition)."""
     if not torch.is_grad_enabled():
         replace_sdpa(gm)
-    return aot_autograd(fw_compiler=forward_compiler, bw_compiler=backward_compiler,
+    return aot_autograd(fw_compiler=forward_compiler,
+                        bw_compiler=backward_compiler or host_backward_compiler,
                         inference_compiler=forward_compiler,
                         decompositions=decompositions())(gm, example_inputs)

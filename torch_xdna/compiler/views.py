@@ -6,6 +6,10 @@ form in the lowering: HF GPT-2's `qkv.split(n_embd, dim=2)` left them on the hos
 graph into several partitions. Each piece read through `getitem` becomes one `slice`/`select`
 node over the source (`narrow` becomes a `slice`), all of which lower as strided refs (no copy).
 Runs before partitioning, on any graph (inference, training forward and backward).
+
+`rewrite_reductions`: a sum/mean/amax over leading dims (a bias gradient `sum(g, [0])` in every
+backward graph) becomes the same reduction over the trailing dims of a permuted view, the form
+the row-streaming chain reduces (the permute is a strided read, no copy).
 """
 from __future__ import annotations
 
@@ -82,6 +86,57 @@ def rewrite_views(gm: GraphModule) -> int:
             for u in users:
                 lo, hi = bounds[u.args[1]]
                 _replace(gm, u, aten.slice.Tensor, (x, dim, lo, hi, 1))
+        gm.graph.erase_node(n)
+        done += 1
+    if done:
+        gm.recompile()
+    return done
+
+
+REDUCTIONS = {aten.sum.dim_IntList, aten.mean.dim, aten.amax.default}
+FULL = {aten.sum.default: aten.sum.dim_IntList, aten.mean.default: aten.mean.dim}
+
+
+def rewrite_reductions(gm: GraphModule) -> int:
+    """sum/mean/amax over non-trailing dims -> permute (view) + trailing-dim reduction."""
+    done = 0
+    for n in list(gm.graph.nodes):
+        if n.op == "call_function" and n.target in FULL and not n.kwargs.get("dtype") \
+                and isinstance(n.args[0], Node) and isinstance(n.args[0].meta.get("val"), torch.Tensor):
+            nd = n.args[0].meta["val"].dim()     # a full reduction (a loss) over every dim
+            if nd:
+                _replace(gm, n, FULL[n.target], (n.args[0], list(range(nd)), False))
+                done += 1
+            continue
+        if n.op != "call_function" or n.target not in REDUCTIONS or n.kwargs.get("dtype"):
+            continue
+        x = n.args[0]
+        xv, out = (x.meta.get("val") if isinstance(x, Node) else None), n.meta.get("val")
+        if not isinstance(xv, torch.Tensor) or not isinstance(out, torch.Tensor) or xv.dim() < 2:
+            continue
+        dims = n.args[1] if len(n.args) > 1 else []
+        if not isinstance(dims, (list, tuple)) or not dims:
+            continue
+        nd = xv.dim()
+        red = sorted({d % nd for d in dims})
+        if red == list(range(nd - len(red), nd)):
+            continue                              # already trailing
+        perm = [d for d in range(nd) if d not in red] + red
+        keep = n.args[2] if len(n.args) > 2 else n.kwargs.get("keepdim", False)
+        tail = list(range(nd - len(red), nd))
+        with gm.graph.inserting_before(n):
+            p = gm.graph.call_function(aten.permute.default, (x, perm))
+            p.meta.update(n.meta)
+            p.meta["val"] = xv.permute(perm)
+            r = gm.graph.call_function(n.target, (p, tail, False))
+            r.meta.update(n.meta)
+            r.meta["val"] = p.meta["val"].sum(tail) if n.target != aten.amax.default \
+                else p.meta["val"].amax(tail)
+            new = r
+            if keep:
+                new = gm.graph.call_function(aten.view.default, (r, list(out.shape)))
+                new.meta.update(n.meta)
+        n.replace_all_uses_with(new)
         gm.graph.erase_node(n)
         done += 1
     if done:
