@@ -112,12 +112,17 @@ def rewrite_reductions(gm: GraphModule) -> int:
             continue
         x = n.args[0]
         xv, out = (x.meta.get("val") if isinstance(x, Node) else None), n.meta.get("val")
-        if not isinstance(xv, torch.Tensor) or not isinstance(out, torch.Tensor) or xv.dim() < 2:
+        if not isinstance(xv, torch.Tensor) or not isinstance(out, torch.Tensor) or xv.dim() < 1:
             continue
         dims = n.args[1] if len(n.args) > 1 else []
-        if not isinstance(dims, (list, tuple)) or not dims:
+        if not isinstance(dims, (list, tuple)):
             continue
         nd = xv.dim()
+        if not dims:                              # [] (or None): every dim, as torch reads it
+            keep = n.args[2] if len(n.args) > 2 else n.kwargs.get("keepdim", False)
+            _replace(gm, n, n.target, (x, list(range(nd)), keep))
+            done += 1
+            continue
         red = sorted({d % nd for d in dims})
         if red == list(range(nd - len(red), nd)):
             continue                              # already trailing
