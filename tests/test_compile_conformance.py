@@ -166,9 +166,9 @@ def test_log_equals_counters_for_a_multi_partition_graph(tmp_path):
 
 
 # --- 4. HF models on the device: one partition, no host, strict-clean -------------------------
-def _gpt2(head: bool, mask: bool):
+def _gpt2(head: bool, mask: bool, layers: int = 1):
     from transformers import GPT2Config, GPT2LMHeadModel, GPT2Model
-    cfg = GPT2Config(n_embd=32, n_layer=2, n_head=2, vocab_size=100, n_positions=64,
+    cfg = GPT2Config(n_embd=32, n_layer=layers, n_head=2, vocab_size=100, n_positions=64,
                      bos_token_id=0, eos_token_id=0)
     m = (GPT2LMHeadModel if head else GPT2Model)(cfg)
     kw = {"input_ids": torch.randint(0, 100, (2, 8)), "use_cache": False}
@@ -180,8 +180,8 @@ def _gpt2(head: bool, mask: bool):
 
 def _t5(generation: bool):
     from transformers import T5Config, T5EncoderModel, T5ForConditionalGeneration
-    cfg = T5Config(d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4, vocab_size=100,
-                   decoder_start_token_id=0)
+    cfg = T5Config(d_model=32, d_kv=8, d_ff=64, num_layers=1 if generation else 2, num_heads=4,
+                   vocab_size=100, decoder_start_token_id=0)
     kw = {"input_ids": torch.randint(0, 100, (2, 8))}
     if generation:
         kw.update(decoder_input_ids=torch.randint(0, 100, (2, 5)), use_cache=False)
@@ -217,7 +217,7 @@ def run_on_device(name: str, m, kw, tmp_path, mask_check=None):
 @pytest.mark.parametrize("name", ["bert", "gpt2", "gpt2_mask", "gpt2_lm", "t5_encoder",
                                   "t5_generation"])
 def test_hf_model_on_device_is_one_partition_strict_clean(name, tmp_path):
-    m, kw = {"bert": _bert, "gpt2": lambda: _gpt2(False, False),
+    m, kw = {"bert": _bert, "gpt2": lambda: _gpt2(False, False, layers=2),
              "gpt2_mask": lambda: _gpt2(False, True), "gpt2_lm": lambda: _gpt2(True, False),
              "t5_encoder": lambda: _t5(False), "t5_generation": lambda: _t5(True)}[name]()
     run_on_device(name, m, kw, tmp_path)
@@ -288,3 +288,16 @@ def test_compiled_training_step_no_worse_than_eager(tmp_path):
     print(f"training step: compiled {compiled} vs eager {eager} (launches, dispatches, us)")
     assert compiled[0] <= eager[0]
     assert compiled[1] < eager[1] and compiled[2] < eager[2]
+
+
+def test_strict_at_call_time_refuses_host_nodes(tmp_path):
+    """A graph compiled outside strict() (policy 'silent') still refuses its host nodes when
+    called inside strict(); outside, they run and are counted."""
+    m = Cut().eval()
+    x = torch.randn(4, 32)
+    with torch.no_grad():
+        c = torch.compile(m, backend="xdna", options={"cache_dir": tmp_path, "fallback": "silent"})
+        close(c(x), m(x))
+        assert fallback.report() == {"aten.remainder.Scalar": 2}
+        with torch.xdna.strict(), pytest.raises(NotImplementedError, match="remainder"):
+            c(x)

@@ -162,8 +162,12 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs, options: CompileOpti
     split.recompile()
 
     def run(*args):
+        # host nodes follow the policy in force at CALL time: torch.xdna.strict() (or an 'error'
+        # environment) always wins; an explicit `fallback` option applies otherwise
         from torch_xdna.device import fallback
-        with fallback.policy(mode):
+        if options.fallback is None or fallback.mode() == "error":
+            return split(*args)
+        with fallback.policy(options.fallback):
             return split(*args)
     run.xdna_stats = stats
     return make_boxed_func(run)

@@ -18,7 +18,8 @@ from pathlib import Path
 import torch
 from torch.fx import GraphModule, Node
 
-FORMAT = 3                  # 3: input-independent values folded before partitioning
+FORMAT = 4                  # 3: input-independent values folded before partitioning;
+#                             4: view/reduction rewrites, views of inputs left to the host
 log = logging.getLogger("torch_xdna.compiler")
 
 
