@@ -95,6 +95,7 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs, options: CompileOpti
     fold.fold_constants(gm)        # deterministic: the key of the unfolded graph still fits
     views.rewrite_views(gm)        # split/unbind/narrow pieces -> slice/select views
     views.rewrite_reductions(gm)   # leading-dim sums (bias gradients) -> trailing-dim sums
+    views.rewrite_layer_norm_stats(gm)   # training: LayerNorm's saved mean/rstd as chain ops
     entry = cache.load(options.cache_dir, key) if options.cache else None
     lowered: list[Lowered | None] = []
     parts = None

@@ -27,6 +27,8 @@ from torch_xdna.kernels.fused import strided_index
 aten = torch.ops.aten
 MAX_FOLD_ELEMS = 1 << 22          # larger constants would cost more memory than they save
 PREFIX = "_xdna_folded_"
+# factories whose value depends on their argument's shape and dtype only (HF's full_like(x, 0))
+LIKE = {aten.full_like.default, aten.zeros_like.default, aten.ones_like.default}
 
 
 def _pure(node: Node) -> bool:
@@ -69,6 +71,16 @@ def _fold(gm: GraphModule) -> int:
             t = getattr(gm, n.target, None)
             if isinstance(t, torch.Tensor):
                 vals[n] = host_copy(t)
+            continue
+        if n.target in LIKE and isinstance(n.args[0], Node) and n.args[0] not in vals \
+                and isinstance(n.args[0].meta.get("val"), torch.Tensor):
+            like = n.args[0].meta["val"]          # the value depends on the shape alone
+            if all(isinstance(d, int) for d in like.shape):
+                try:
+                    vals[n] = n.target(torch.empty(tuple(like.shape), dtype=like.dtype),
+                                       *n.args[1:], **_on_cpu(dict(n.kwargs)))
+                except Exception:        # noqa: BLE001 - stays in the graph
+                    pass
             continue
         if not _pure(n) or any(a not in vals for a in n.all_input_nodes):
             continue

@@ -147,3 +147,44 @@ def rewrite_reductions(gm: GraphModule) -> int:
     if done:
         gm.recompile()
     return done
+
+
+def rewrite_layer_norm_stats(gm: GraphModule) -> int:
+    """A training forward reads native_layer_norm's mean and rstd (saved for backward): compute
+    them as their own trailing-dim chain ops (mean, and rsqrt(mean((x - mean)^2) + eps)), so the
+    norm itself keeps one output and stays one chain step instead of a host node."""
+    done = 0
+    for n in list(gm.graph.nodes):
+        if n.op != "call_function" or n.target != aten.native_layer_norm.default:
+            continue
+        stats = [u for u in n.users if u.target is operator.getitem and u.args[1] in (1, 2)]
+        if not stats or len(stats) + sum(u.args[1] == 0 for u in n.users
+                                         if u.target is operator.getitem) != len(n.users):
+            continue
+        x, shape, _, _, eps = n.args
+        xv = x.meta.get("val") if isinstance(x, Node) else None
+        if not isinstance(xv, torch.Tensor) or not isinstance(eps, (int, float)):
+            continue
+        dims = list(range(xv.dim() - len(shape), xv.dim()))
+
+        def add(target, args, like):
+            with gm.graph.inserting_before(n):
+                new = gm.graph.call_function(target, args)
+            new.meta.update(n.meta)
+            new.meta["val"] = like
+            return new
+        stat_val = next(u.meta["val"] for u in stats)
+        red = xv.mean(dims, keepdim=True)
+        mean = add(aten.mean.dim, (x, dims, True), red.to(stat_val.dtype))
+        cen = add(aten.sub.Tensor, (x, mean), xv)
+        sq = add(aten.mul.Tensor, (cen, cen), xv)
+        var = add(aten.mean.dim, (sq, dims, True), red.to(stat_val.dtype))
+        veps = add(aten.add.Scalar, (var, float(eps)), red.to(stat_val.dtype))
+        rstd = add(aten.rsqrt.default, (veps,), red.to(stat_val.dtype))
+        for u in stats:
+            u.replace_all_uses_with(mean if u.args[1] == 1 else rstd)
+            gm.graph.erase_node(u)
+        done += 1
+    if done:
+        gm.recompile()
+    return done
