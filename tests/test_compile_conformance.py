@@ -232,7 +232,8 @@ def _whisper():
     from transformers import WhisperConfig, WhisperModel
     cfg = WhisperConfig(d_model=32, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2,
                         decoder_attention_heads=2, encoder_ffn_dim=64, decoder_ffn_dim=64,
-                        num_mel_bins=8, max_source_positions=16, vocab_size=100)
+                        num_mel_bins=8, max_source_positions=16, vocab_size=100,
+                        pad_token_id=0, bos_token_id=0, eos_token_id=0, decoder_start_token_id=0)
     return WhisperModel(cfg).get_encoder().eval(), {"input_features": torch.randn(1, 8, 32)}
 
 
