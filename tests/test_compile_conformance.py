@@ -335,3 +335,21 @@ def test_compiled_bert_training_step_beats_eager(tmp_path):
     eager = step(m)
     print(f"BERT training step: compiled {compiled} vs eager {eager}")
     assert compiled[0] <= eager[0] and compiled[1] < eager[1] and compiled[2] < eager[2]
+
+
+def test_training_passes_log_what_the_counters_charge(tmp_path):
+    """Forward and backward programs alternate, so each pass switches contexts; the logged
+    figures of both graphs equal the counters' delta of each pass (CPU model, fresh batches)."""
+    m = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 16))
+    f = torch.compile(m, backend="xdna", options={"cache_dir": tmp_path, "fallback": "silent"})
+    for _ in range(3):
+        x, y = torch.randn(8, 32), torch.randn(8, 16)
+        c0 = counters()
+        out = f(x)
+        c1 = counters()
+        torch.nn.functional.mse_loss(out, y).backward()
+        c2 = counters()
+    fw, bw = B.HISTORY[-2], B.HISTORY[-1]
+    assert c1[2] - c0[2] == pytest.approx(fw.modeled_us, rel=1e-9)
+    assert c2[2] - c1[2] == pytest.approx(bw.modeled_us, rel=1e-9)
+    assert fw.modeled_us > get_device().gen.ctx_switch_us.value

@@ -82,9 +82,11 @@ def wrap_host_nodes(gm: torch.fx.GraphModule) -> Counter:
 
 
 def compile_graph(gm: torch.fx.GraphModule, example_inputs, options: CompileOptions,
-                  static: set[int] | None = None):
+                  static: set[int] | None = None, training: bool = False):
     """Lower one static graph. `static`: indices of inputs that are the same tensors every
-    call (parameters), for the modeled figure; by default aot_autograd's record of them."""
+    call (parameters), for the modeled figure; by default aot_autograd's record of them.
+    `training`: a forward or backward graph of a training step, which alternates with the other
+    pass (and the eager loss), so each call switches into its first program's context."""
     from torch_xdna.runtime import get_device
     static = costing.static_input_indices() if static is None else static
     t0 = time.perf_counter()
@@ -144,7 +146,7 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs, options: CompileOpti
             stats.design_names[l.design.name] = stats.design_names.get(l.design.name, 0) + 1
     # programs in call order with the context switches between them, plus per-call staging
     stats.modeled_us = costing.call_modeled_us(
-        costing.partition_calls(split, compiled, static), gen)
+        costing.partition_calls(split, compiled, static), gen, switched_in=training)
     host_ops = wrap_host_nodes(split) + failed_ops
     stats.host_ops = {k: v for k, v in host_ops.items() if not k.startswith("xdna_host_")}
     stats.nodes_host = sum(host_ops.values())
@@ -174,15 +176,16 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs, options: CompileOpti
     return make_boxed_func(run)
 
 
-def forward_compiler(gm: torch.fx.GraphModule, example_inputs, options: CompileOptions):
+def forward_compiler(gm: torch.fx.GraphModule, example_inputs, options: CompileOptions,
+                     training: bool = False):
     """Static graphs compile now; symbolic ones compile per concrete input signature at run
     time (specialize.py), falling back to the host for a signature that cannot be specialized."""
     if not specialize.is_dynamic(gm):
-        return compile_graph(gm, example_inputs, options)
+        return compile_graph(gm, example_inputs, options, training=training)
     log.info("xdna: graph has dynamic shapes; NPU programs are specialized per input signature")
     return specialize.Specializer(
         gm, functools.partial(compile_graph, example_inputs=None, options=options,
-                              static=costing.static_input_indices()))
+                              static=costing.static_input_indices(), training=training))
 
 
 def backward_compiler(gm: torch.fx.GraphModule, example_inputs, options: CompileOptions,
@@ -195,9 +198,10 @@ def backward_compiler(gm: torch.fx.GraphModule, example_inputs, options: Compile
         if head == "primals" and num.isdigit() and int(num) - 1 in fw_static:
             static.add(i)
     if not specialize.is_dynamic(gm):
-        return compile_graph(gm, example_inputs, options, static=static)
+        return compile_graph(gm, example_inputs, options, static=static, training=True)
     return specialize.Specializer(
-        gm, functools.partial(compile_graph, example_inputs=None, options=options, static=static))
+        gm, functools.partial(compile_graph, example_inputs=None, options=options, static=static,
+                              training=True))
 
 
 def _training_compilers(options: CompileOptions):
@@ -206,7 +210,7 @@ def _training_compilers(options: CompileOptions):
 
     def fw(gm, example_inputs):
         seen["static"] = frozenset(costing.static_input_indices())
-        return forward_compiler(gm, example_inputs, options)
+        return forward_compiler(gm, example_inputs, options, training=True)
 
     def bw(gm, example_inputs):
         return backward_compiler(gm, example_inputs, options, seen.get("static", frozenset()))
@@ -220,7 +224,8 @@ def xdna_backend(gm: torch.fx.GraphModule, example_inputs, options: dict | None 
     if mode not in (None, "default"):
         log.info("xdna backend: mode=%r has no effect; use options={...}", mode)
     fw, bw = _training_compilers(opts)
-    return capture(gm, example_inputs, fw, bw)
+    return capture(gm, example_inputs, fw, bw,
+                   inference_compiler=functools.partial(forward_compiler, options=opts))
 
 
 def xdna_backend_with(**options):

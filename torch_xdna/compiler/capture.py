@@ -94,13 +94,15 @@ def host_backward_compiler(gm: torch.fx.GraphModule, example_inputs):
     return make_boxed_func(gm.forward)
 
 
-def capture(gm, example_inputs, forward_compiler, backward_compiler=None):
-    """aot_autograd with our decompositions; `forward_compiler(gm, inputs)` lowers forward or
-    inference graphs, `backward_compiler` the backward graphs of training (the same pipeline:
-    partition, fuse, one Program per partition)."""
+def capture(gm, example_inputs, forward_compiler, backward_compiler=None,
+            inference_compiler=None):
+    """aot_autograd with our decompositions; `forward_compiler(gm, inputs)` lowers training
+    forward graphs (and inference graphs unless `inference_compiler` is given),
+    `backward_compiler` the backward graphs (the same pipeline: partition, fuse, one Program
+    per partition)."""
     if not torch.is_grad_enabled():
         replace_sdpa(gm)
     return aot_autograd(fw_compiler=forward_compiler,
                         bw_compiler=backward_compiler or host_backward_compiler,
-                        inference_compiler=forward_compiler,
+                        inference_compiler=inference_compiler or forward_compiler,
                         decompositions=decompositions())(gm, example_inputs)

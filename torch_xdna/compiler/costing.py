@@ -42,8 +42,13 @@ def _slot_bytes(low: Lowered, slot: int) -> int:
     return aligned(s.numel * getattr(torch, s.dtype).itemsize)
 
 
-def call_modeled_us(calls: list[PartitionCall], gen: Generation) -> float:
-    """Steady-state modeled us of one call (the second of two back-to-back calls)."""
+ELSEWHERE = ("elsewhere",)      # the context of whatever ran between two calls
+
+
+def call_modeled_us(calls: list[PartitionCall], gen: Generation, switched_in: bool = False) -> float:
+    """Steady-state modeled us of one call (the second of two back-to-back calls). With
+    `switched_in` (a training pass, which alternates with the other pass and the eager loss),
+    another context runs before each call, so the call switches into its first program."""
     from torch_xdna.runtime.sim.cost import CostModel
     cm = CostModel(gen)
     flush = gen.flush_us_per_mb.value
@@ -51,6 +56,10 @@ def call_modeled_us(calls: list[PartitionCall], gen: Generation) -> float:
     total = 0.0
     for _ in range(2):
         total = 0.0
+        if switched_in:
+            cm.contexts[ELSEWHERE] = None
+            cm.contexts.move_to_end(ELSEWHERE)
+            cm.current_context = cm.current = ELSEWHERE
         for c, plans in zip(calls, items):
             if not plans:               # no launch: the runtime submits nothing, syncs nothing
                 continue
