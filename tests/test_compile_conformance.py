@@ -353,3 +353,31 @@ def test_training_passes_log_what_the_counters_charge(tmp_path):
     assert c1[2] - c0[2] == pytest.approx(fw.modeled_us, rel=1e-9)
     assert c2[2] - c1[2] == pytest.approx(bw.modeled_us, rel=1e-9)
     assert fw.modeled_us > get_device().gen.ctx_switch_us.value
+
+
+def test_strict_reaches_the_compiled_backward(monkeypatch):
+    """autograd runs an xdna backward on its own device thread, where the caller's thread-local
+    policy is unset: the policy of the forward call (strict()) is carried to the backward."""
+    import threading
+    from torch_xdna.compiler.options import CompileOptions
+    seen = []
+
+    def fake(*a, **k):
+        def run(args):
+            seen.append(fallback.mode())
+        run._boxed_call = True
+        return run
+    monkeypatch.setattr(B, "forward_compiler", fake)
+    monkeypatch.setattr(B, "backward_compiler", fake)
+    fw, bw = B._training_compilers(CompileOptions.from_dict({}))
+    f, b = fw(None, []), bw(None, [])
+    with torch.xdna.strict():
+        f([])
+    t = threading.Thread(target=b, args=([],))       # as autograd's device thread
+    t.start()
+    t.join()
+    f([])                                            # outside strict: the backward is not
+    t = threading.Thread(target=b, args=([],))
+    t.start()
+    t.join()
+    assert seen == ["error", "error", fallback.mode(), fallback.mode()]

@@ -205,15 +205,33 @@ def backward_compiler(gm: torch.fx.GraphModule, example_inputs, options: Compile
 
 
 def _training_compilers(options: CompileOptions):
-    """(forward, backward) compilers sharing the forward's record of static inputs."""
+    """(forward, backward) compilers sharing the forward's record of static inputs. The
+    backward runs on autograd's device thread, where the caller's thread-local fallback policy
+    is not set: the policy in force at the forward call (e.g. torch.xdna.strict()) is carried
+    over to the backward call."""
+    from torch_xdna.device import fallback
     seen: dict = {}
 
     def fw(gm, example_inputs):
         seen["static"] = frozenset(costing.static_input_indices())
-        return forward_compiler(gm, example_inputs, options, training=True)
+        inner = forward_compiler(gm, example_inputs, options, training=True)
+
+        def run(args):
+            seen["mode"] = fallback.mode()
+            return inner(args)
+        run._boxed_call = True
+        return run
 
     def bw(gm, example_inputs):
-        return backward_compiler(gm, example_inputs, options, seen.get("static", frozenset()))
+        inner = backward_compiler(gm, example_inputs, options, seen.get("static", frozenset()))
+
+        def run(args):
+            if seen.get("mode") == "error" and fallback.mode() != "error":
+                with fallback.policy("error"):
+                    return inner(args)
+            return inner(args)
+        run._boxed_call = True
+        return run
     return fw, bw
 
 
