@@ -160,23 +160,23 @@ def test_int_and_bool_mask_ops_run_on_the_npu_exactly(tmp_path):
     assert fallback.report() == {}
 
 
-def test_cnn_conv_runs_on_host_counted(tmp_path):
+def test_cnn_conv_on_npu(tmp_path):
+    """conv lowers to a ConvDesign (compiler/lower_conv.py; more in tests/test_conv.py)."""
     cnn = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.ReLU(),
                               torch.nn.Flatten(), torch.nn.Linear(8 * 8 * 8, 10)).eval()
     x = torch.randn(2, 3, 8, 8)
     with torch.no_grad():
         close(compile_(cnn, tmp_path)(x), cnn(x))
     s = B.HISTORY[-1]
-    assert s.host_ops == {"aten.convolution": 1}
-    assert fallback.report().get("aten.convolution") == 1
+    assert s.host_ops == {} and fallback.report() == {}
     assert s.dispatches == 1
 
 
 def test_fallback_error_refuses_at_compile_time(tmp_path):
-    cnn = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.Flatten()).eval()
-    with torch.no_grad(), pytest.raises(Exception, match="aten.convolution"):
-        torch.compile(cnn, backend="xdna", options={"cache": False, "fallback": "error"})(
-            torch.randn(1, 3, 6, 6))
+    f = lambda x: torch.special.bessel_j0(x) + 1.0          # noqa: E731  (no NPU lowering)
+    with torch.no_grad(), pytest.raises(Exception, match="bessel_j0"):
+        torch.compile(f, backend="xdna", options={"cache": False, "fallback": "error"})(
+            torch.randn(4, 6))
 
 
 def test_oversized_row_does_not_crash(tmp_path):

@@ -24,7 +24,8 @@ KEEP_WHOLE = (aten._scaled_dot_product_flash_attention_for_cpu.default, aten.sil
 @functools.lru_cache(maxsize=1)
 def decompositions() -> dict:
     table = dict(core_aten_decompositions())
-    for op in KEEP_WHOLE:
+    from torch_xdna.compiler.lower_conv import KEEP_WHOLE as CONV_WHOLE
+    for op in KEEP_WHOLE + CONV_WHOLE:
         table.pop(op, None)
     return table
 
@@ -102,6 +103,8 @@ def capture(gm, example_inputs, forward_compiler, backward_compiler=None,
     per partition)."""
     if not torch.is_grad_enabled():
         replace_sdpa(gm)
+        from torch_xdna.compiler.lower_conv import replace_interpolate
+        replace_interpolate(gm)
     return aot_autograd(fw_compiler=forward_compiler,
                         bw_compiler=backward_compiler or host_backward_compiler,
                         inference_compiler=inference_compiler or forward_compiler,

@@ -14,7 +14,7 @@ from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
 from torch.fx.passes.operator_support import OperatorSupport
 from torch.fx.passes.utils.fuser_utils import fuse_by_partitions
 
-from torch_xdna.compiler import fusion
+from torch_xdna.compiler import fusion, lower_conv
 from torch_xdna.compiler.fusion import CHAIN_DTYPES, FLOAT, INT, val
 
 aten = torch.ops.aten
@@ -26,7 +26,7 @@ FACTORY_OPS = {aten.arange.start_step, aten.arange.default, aten.arange.start, a
                aten.ones_like.default, aten.empty_like.default}
 
 
-HEAVY = fusion.GEMM_OPS | fusion.SDPA_OPS | fusion.EMBEDDING_OPS
+HEAVY = fusion.GEMM_OPS | fusion.SDPA_OPS | fusion.EMBEDDING_OPS | lower_conv.HEAVY
 
 
 def _static(node: Node) -> bool:
@@ -51,11 +51,13 @@ def why_unsupported(node: Node) -> str | None:
         return "not a call"
     if t is operator.getitem:
         parent = node.args[0]
-        if node.args[1] != 0:
+        if node.args[1] != 0 and not lower_conv.all_outputs(parent):
             return "auxiliary output (statistics for backward)"
         return why_unsupported(parent) if isinstance(parent, Node) else "getitem"
     if not _static(node):
         return "dynamic shape"
+    if t in lower_conv.OPS:                 # conv family: compiler/lower_conv.py
+        return lower_conv.why_unsupported(node)
     if t in fusion.MULTI_OUTPUT:
         for u in node.users:
             if not (u.target is operator.getitem and u.args[1] == 0):

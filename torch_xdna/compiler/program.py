@@ -17,7 +17,7 @@ import re
 import torch
 from torch.fx import GraphModule, Node
 
-from torch_xdna.compiler import fusion
+from torch_xdna.compiler import fusion, lower_conv
 from torch_xdna.compiler.fusion import val
 from torch_xdna.compiler.lowered import (LaunchSpec, Lowered, Ref, Slot, contiguous, dname,
                                          is_non_overlapping_and_dense, storage_numel)
@@ -277,6 +277,8 @@ class Lowerer:
                 self.lower_gather(n)
             elif n.target in fusion.VIEW_OPS:
                 self.lower_view(n)
+            elif n.target in lower_conv.OPS:       # conv family: compiler/lower_conv.py
+                lower_conv.lower(self, n)
             elif n.target is operator.getitem:
                 raise Unlowerable(f"{n.name}: getitem of an unsupported op")
             else:
