@@ -153,16 +153,16 @@ def test_fallback_policy_warn_count_error():
     d = torch.tensor([3.0, 1.0, 2.0]).to(X)
     with warnings.catch_warnings(record=True) as w:
         warnings.simplefilter("always")
-        s = torch.sort(d).values
-        torch.sort(d)
-    assert torch.equal(s.cpu(), torch.tensor([1.0, 2.0, 3.0]))
+        s = torch.kthvalue(d, 2).values      # no NPU kernel (sort has one: ops_reduce)
+        torch.kthvalue(d, 2)
+    assert torch.equal(s.cpu(), torch.tensor(2.0))
     assert s.device.type == "xdna"
-    msgs = [str(x.message) for x in w if "aten.sort" in str(x.message)]
+    msgs = [str(x.message) for x in w if "aten.kthvalue" in str(x.message)]
     assert len(msgs) == 1                                    # warned once per op
-    assert torch.xdna.fallback_report()["aten.sort.values_stable"] == 2
+    assert torch.xdna.fallback_report()["aten.kthvalue.values"] == 2
     with torch.xdna.strict():
-        with pytest.raises(NotImplementedError, match=r"aten.sort.values_stable has no NPU kernel .*float32\[3\]@xdna"):
-            torch.sort(d)
+        with pytest.raises(NotImplementedError, match=r"aten.kthvalue.values has no NPU kernel .*float32\[3\]@xdna"):
+            torch.kthvalue(d, 2)
     # out= and in-place through the fallback give real results, not empty or stale ones
     out = torch.empty(0, device=X)
     torch.cumsum(d, 0, out=out)

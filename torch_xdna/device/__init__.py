@@ -23,15 +23,19 @@ def register() -> None:
             return
         from torch.utils.backend_registration import _setup_privateuseone_for_python_backend
 
-        from torch_xdna.device import core, fallback, module, ops, printing, serialization
+        from torch_xdna.device import (core, fallback, module, ops, overrideable, pinned, printing,
+                                       serialization)
 
         if torch._C._get_privateuse1_backend_name() != "xdna":
-            _setup_privateuseone_for_python_backend("xdna", module)
+            _setup_privateuseone_for_python_backend("xdna", module, pinned.HOOKS)
         lib = torch.library.Library("aten", "IMPL")
         core.register(lib)
+        pinned.register(lib)
         COVERED_OPS.extend(ops.register(lib))
+        overrideable.register(lib, COVERED_OPS)
         fb = torch.library.Library("_", "IMPL")
         fb.fallback(_boxed_fallback, "PrivateUse1")
+        overrideable.register_sparse(fb)
         _libs.extend([lib, fb])
         from torch_xdna.runtime.profiler import register_fallback_counter
         register_fallback_counter(fallback.report)

@@ -28,8 +28,13 @@ class XdnaFallbackWarning(UserWarning):
     pass
 
 
+# the innermost policy() block of any thread: PyTorch runs the backward pass of device tensors on
+# its own autograd worker thread, which must obey the block that called .backward()
+_process_modes: list[str] = []
+
+
 def mode() -> str:
-    forced = getattr(_local, "mode", None)
+    forced = getattr(_local, "mode", None) or (_process_modes[-1] if _process_modes else None)
     if forced:
         return forced
     m = os.environ.get("TORCH_XDNA_FALLBACK", "warn").strip().lower() or "warn"
@@ -44,10 +49,14 @@ def policy(new_mode: str):
         raise ValueError(f"fallback mode {new_mode!r}: use one of {', '.join(MODES)}")
     prev = getattr(_local, "mode", None)
     _local.mode = new_mode
+    _process_modes.append(new_mode)
     try:
         yield
     finally:
         _local.mode = prev
+        _process_modes.reverse()
+        _process_modes.remove(new_mode)          # this block's entry (the latest of its mode)
+        _process_modes.reverse()
 
 
 def strict():

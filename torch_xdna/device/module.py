@@ -175,3 +175,9 @@ def _lazy_init() -> None:
 
 def is_bf16_supported(including_emulation: bool = True) -> bool:
     return True
+
+
+def get_amp_supported_dtype() -> list[torch.dtype]:
+    """Dtypes `torch.autocast("xdna", dtype=...)` accepts: the array's operands are bf16; fp16
+    is stored and widened like bf16."""
+    return [torch.bfloat16, torch.float16]

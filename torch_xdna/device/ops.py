@@ -44,6 +44,8 @@ def _is_xdna(x) -> bool:
 
 def launch(design, inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor], op: str,
            **scalars) -> None:
+    if not any(t.numel() for t in outputs):
+        return                  # nothing to write (zero-size result): no launch, as on the CPU
     arg = storage.arg
     get_device().run(Launch(design, [arg(t) for t in inputs], [arg(t) for t in outputs], scalars,
                             op=op))
@@ -119,6 +121,8 @@ def _vector(op: str, inputs: list[torch.Tensor], out_dtype: torch.dtype, out: to
     else:
         views = [t if t.shape == shape else t.expand(shape) for t in inputs]
         in_shapes = tuple(tuple(t.shape) for t in inputs)
+    if 0 in shape:
+        return out              # zero-size result: nothing to compute
     design = design_for(VectorDesign, op, in_shapes, tuple(t.dtype for t in inputs), shape,
                         out.dtype, tuple(sorted(params.items())) if params else ())
     arg = storage.arg

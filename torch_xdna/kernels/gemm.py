@@ -222,7 +222,7 @@ class GemmDesign(Design):
         out_b = self.out_dtype.itemsize
         m2, n2 = gm * tm * p, gn * tn * q
         partial = p * q > 1
-        kp = round_up(self.k, tk)
+        kp = max(tk, round_up(self.k, tk))     # K = 0 (addmm of an empty product): one zero step
         # mem tile (per column): K-chunk of the A panel (spread over columns) and of the B panel,
         # double-buffered; partial sums when the block exceeds one tile per core; output joins
         kc = None

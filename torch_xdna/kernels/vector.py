@@ -172,7 +172,7 @@ class VectorDesign(Design):
 
     def plan(self, gen: Generation) -> Plan:
         """Stream the operands through up to every core in chunks (whole rows for row ops)."""
-        _, passes = OPS[self.op]
+        passes = self._passes()
         label = f"{self.op} {self.in_shapes}->{self.out_shape}"
         n_out = numel(self.out_shape)
         n_in = max([numel(s) for s in self.in_shapes] + [n_out])
@@ -180,7 +180,7 @@ class VectorDesign(Design):
         write = n_out * self.out_dtype.itemsize
         main_b = self.in_dtypes[0].itemsize if self.in_dtypes else 4
         out_b = self.out_dtype.itemsize
-        if self.op in ROW_OPS:
+        if self._is_row_op():
             work, n_units, l1, double = self._row_tiling(gen, label, main_b, out_b, n_in)
         else:
             work, double = self._flat_tiling(gen, n_in), True
@@ -213,18 +213,32 @@ class VectorDesign(Design):
                    "fill_s": (cycles / max(1, per_core)) / gen.core_clock_hz.value})
         return check_plan(gen, label, plan)
 
+    def _passes(self) -> float:
+        """Vector passes per element (the op table's cost column); subclasses own other tables."""
+        return OPS[self.op][1]
+
+    def _is_row_op(self) -> bool:
+        """True when a whole row must sit in one core's L1 (softmax, norms, scans)."""
+        return self.op in ROW_OPS
+
     def _row_len(self) -> int:
-        if self.op not in ROW_OPS or not self.in_shapes or not self.in_shapes[0]:
+        if not self._is_row_op() or not self.in_shapes or not self.in_shapes[0]:
             return 1
         nd = dict(self.params).get("norm_dims", 1) if self.op == "layer_norm" else 1
         return numel(self.in_shapes[0][-nd:])
+
+    def _row_streams(self, in_b: int, out_b: int) -> tuple[int, int, int]:
+        """(bytes per row element streamed in, streamed out, resident parameter bytes): the
+        first input streams, the others (norm weights) stay resident."""
+        params = sum(numel(s) * d.itemsize for s, d in zip(self.in_shapes[1:], self.in_dtypes[1:]))
+        return in_b, out_b, params
 
     def _row_tiling(self, gen: Generation, label: str, in_b: int, out_b: int, n_in: int):
         """(elements per unit, units, L1 bytes, double-buffered) for row ops: a row must sit in
         one core's L1 (input, an fp32 working row unless the input is fp32, output, and the
         resident per-row parameters such as norm weights)."""
-        row = self._row_len()
-        params = sum(numel(s) * d.itemsize for s, d in zip(self.in_shapes[1:], self.in_dtypes[1:]))
+        row = max(1, self._row_len())      # an empty row (softmax over a 0-size dim): no work
+        in_b, out_b, params = self._row_streams(in_b, out_b)
         working = 0 if in_b == 4 else 4 * row
         n_rows = max(1, n_in // max(1, row))
         for double in (True, False):
