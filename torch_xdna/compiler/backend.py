@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import torch
 from torch._functorch.aot_autograd import make_boxed_func
 
-from torch_xdna.compiler import cache, fold, partition, specialize
+from torch_xdna.compiler import cache, costing, fold, partition, specialize, views
 from torch_xdna.compiler.capture import capture
 from torch_xdna.compiler.options import CompileOptions, FallbackRefused
 from torch_xdna.compiler.lowered import Lowered
@@ -47,7 +47,8 @@ class CompileStats:
         return (f"xdna compiled {name}: {self.nodes_npu} nodes on NPU, {self.nodes_host} on host "
                 f"[{host}]; {self.partitions} partitions, {self.designs} designs, "
                 f"{self.launches} launches in {self.dispatches} dispatches per call; "
-                f"modeled {self.modeled_us:.1f} us/call (simulated NPU); cache {self.cache}; "
+                f"modeled {self.modeled_us:.1f} us/call (simulated NPU"
+                f"{'; host nodes not included' if self.nodes_host else ''}); cache {self.cache}; "
                 f"compiled in {self.compile_s * 1e3:.1f} ms")
 
 
@@ -80,14 +81,23 @@ def wrap_host_nodes(gm: torch.fx.GraphModule) -> Counter:
     return ops
 
 
-def compile_graph(gm: torch.fx.GraphModule, example_inputs, options: CompileOptions):
+def compile_graph(gm: torch.fx.GraphModule, example_inputs, options: CompileOptions,
+                  static: set[int] | None = None, training: bool = False):
+    """Lower one static graph. `static`: indices of inputs that are the same tensors every
+    call (parameters), for the modeled figure; by default aot_autograd's record of them.
+    `training`: a forward or backward graph of a training step, which alternates with the other
+    pass (and the eager loss), so each call switches into its first program's context."""
     from torch_xdna.runtime import get_device
+    static = costing.static_input_indices() if static is None else static
     t0 = time.perf_counter()
     name = f"graph{next(_counter)}"
     gen = get_device().gen
     stats = CompileStats()
     key = cache.graph_key(gm, f"gen={gen.name};{options.cache_key_part()}")
     fold.fold_constants(gm)        # deterministic: the key of the unfolded graph still fits
+    views.rewrite_views(gm)        # split/unbind/narrow pieces -> slice/select views
+    views.rewrite_reductions(gm)   # leading-dim sums (bias gradients) -> trailing-dim sums
+    views.rewrite_layer_norm_stats(gm)   # training: LayerNorm's saved mean/rstd as chain ops
     entry = cache.load(options.cache_dir, key) if options.cache else None
     lowered: list[Lowered | None] = []
     parts = None
@@ -112,6 +122,7 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs, options: CompileOpti
     subs.sort(key=lambda x: int(x[0].target.removeprefix(partition.PREFIX)))
     fresh = stats.cache != "hit"
     failed_ops: Counter = Counter()
+    compiled: dict[str, Lowered] = {}
     for i, (node, sub) in enumerate(subs):
         if fresh:
             try:
@@ -126,13 +137,16 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs, options: CompileOpti
             continue
         consts = {s.name: getattr(sub, s.name) for s in low.slots if s.kind == "const"}
         setattr(split, node.target, CompiledPartition(low, consts))
+        compiled[node.target] = low
         stats.partitions += 1
         stats.launches += len(low.launches)
         stats.dispatches += 1 if low.launches else 0
         stats.designs += len({l.design.key for l in low.launches})
         for l in low.launches:
             stats.design_names[l.design.name] = stats.design_names.get(l.design.name, 0) + 1
-        stats.modeled_us += low.modeled_us
+    # programs in call order with the context switches between them, plus per-call staging
+    stats.modeled_us = costing.call_modeled_us(
+        costing.partition_calls(split, compiled, static), gen, switched_in=training)
     host_ops = wrap_host_nodes(split) + failed_ops
     stats.host_ops = {k: v for k, v in host_ops.items() if not k.startswith("xdna_host_")}
     stats.nodes_host = sum(host_ops.values())
@@ -151,21 +165,74 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs, options: CompileOpti
     split.recompile()
 
     def run(*args):
+        # host nodes follow the policy in force at CALL time: torch.xdna.strict() (or an 'error'
+        # environment) always wins; an explicit `fallback` option applies otherwise
         from torch_xdna.device import fallback
-        with fallback.policy(mode):
+        if options.fallback is None or fallback.mode() == "error":
+            return split(*args)
+        with fallback.policy(options.fallback):
             return split(*args)
     run.xdna_stats = stats
     return make_boxed_func(run)
 
 
-def forward_compiler(gm: torch.fx.GraphModule, example_inputs, options: CompileOptions):
+def forward_compiler(gm: torch.fx.GraphModule, example_inputs, options: CompileOptions,
+                     training: bool = False):
     """Static graphs compile now; symbolic ones compile per concrete input signature at run
     time (specialize.py), falling back to the host for a signature that cannot be specialized."""
     if not specialize.is_dynamic(gm):
-        return compile_graph(gm, example_inputs, options)
+        return compile_graph(gm, example_inputs, options, training=training)
     log.info("xdna: graph has dynamic shapes; NPU programs are specialized per input signature")
     return specialize.Specializer(
-        gm, functools.partial(compile_graph, example_inputs=None, options=options))
+        gm, functools.partial(compile_graph, example_inputs=None, options=options,
+                              static=costing.static_input_indices(), training=training))
+
+
+def backward_compiler(gm: torch.fx.GraphModule, example_inputs, options: CompileOptions,
+                      fw_static: frozenset = frozenset()):
+    """Training backward graphs go through the same pipeline as forward graphs. Saved
+    parameters (placeholders `primals_<i>` of a static forward input) are staged once."""
+    static = set()
+    for i, n in enumerate(n for n in gm.graph.nodes if n.op == "placeholder"):
+        head, _, num = n.name.rpartition("_")
+        if head == "primals" and num.isdigit() and int(num) - 1 in fw_static:
+            static.add(i)
+    if not specialize.is_dynamic(gm):
+        return compile_graph(gm, example_inputs, options, static=static, training=True)
+    return specialize.Specializer(
+        gm, functools.partial(compile_graph, example_inputs=None, options=options, static=static,
+                              training=True))
+
+
+def _training_compilers(options: CompileOptions):
+    """(forward, backward) compilers sharing the forward's record of static inputs. The
+    backward runs on autograd's device thread, where the caller's thread-local fallback policy
+    is not set: the policy in force at the forward call (e.g. torch.xdna.strict()) is carried
+    over to the backward call."""
+    from torch_xdna.device import fallback
+    seen: dict = {}
+
+    def fw(gm, example_inputs):
+        seen["static"] = frozenset(costing.static_input_indices())
+        inner = forward_compiler(gm, example_inputs, options, training=True)
+
+        def run(args):
+            seen["mode"] = fallback.mode()
+            return inner(args)
+        run._boxed_call = True
+        return run
+
+    def bw(gm, example_inputs):
+        inner = backward_compiler(gm, example_inputs, options, seen.get("static", frozenset()))
+
+        def run(args):
+            if seen.get("mode") == "error" and fallback.mode() != "error":
+                with fallback.policy("error"):
+                    return inner(args)
+            return inner(args)
+        run._boxed_call = True
+        return run
+    return fw, bw
 
 
 def xdna_backend(gm: torch.fx.GraphModule, example_inputs, options: dict | None = None,
@@ -174,7 +241,9 @@ def xdna_backend(gm: torch.fx.GraphModule, example_inputs, options: dict | None 
     opts = CompileOptions.from_dict(options)
     if mode not in (None, "default"):
         log.info("xdna backend: mode=%r has no effect; use options={...}", mode)
-    return capture(gm, example_inputs, functools.partial(forward_compiler, options=opts))
+    fw, bw = _training_compilers(opts)
+    return capture(gm, example_inputs, fw, bw,
+                   inference_compiler=functools.partial(forward_compiler, options=opts))
 
 
 def xdna_backend_with(**options):

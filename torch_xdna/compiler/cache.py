@@ -21,7 +21,8 @@ from torch.fx import GraphModule, Node
 
 from torch_xdna.runtime.cachedir import CacheDir, loads_bounded, sign, verify
 
-FORMAT = 4                  # 4: entries signed with the per-user cache key (runtime/cachedir.py)
+FORMAT = 5                  # 4: view/reduction rewrites, views of inputs left to the host;
+#                             5: entries signed with the per-user cache key (runtime/cachedir.py)
 MAX_ENTRY_BYTES = 64 << 20  # a plan is KBs; anything this large is not ours
 log = logging.getLogger("torch_xdna.compiler")
 

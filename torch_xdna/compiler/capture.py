@@ -84,24 +84,28 @@ def replace_sdpa(gm: torch.fx.GraphModule) -> int:
     return n_done
 
 
-def backward_compiler(gm: torch.fx.GraphModule, example_inputs):
-    """Backward graphs are not fused: they run op by op (host, or the eager xdna device)."""
+def host_backward_compiler(gm: torch.fx.GraphModule, example_inputs):
+    """Backward graphs run op by op (host, or the eager xdna device): used only when a caller
+    passes no backward compiler."""
     n = sum(1 for x in gm.graph.nodes if x.op == "call_function")
     msg = (f"xdna compile: backward graph ({n} nodes) is not compiled for the NPU; it runs op by "
-           f"op (on the host for CPU tensors, through the eager 'xdna' device for xdna tensors). "
-           f"Use torch.no_grad()/inference_mode for NPU-fused inference.")
+           f"op (on the host for CPU tensors, through the eager 'xdna' device for xdna tensors).")
     log.info(msg)
     warnings.warn(msg, TrainingGraphWarning, stacklevel=2)
     return make_boxed_func(gm.forward)
 
 
-def capture(gm, example_inputs, forward_compiler):
-    """aot_autograd with our decompositions; `forward_compiler(gm, inputs)` lowers forward or
-    inference graphs."""
+def capture(gm, example_inputs, forward_compiler, backward_compiler=None,
+            inference_compiler=None):
+    """aot_autograd with our decompositions; `forward_compiler(gm, inputs)` lowers training
+    forward graphs (and inference graphs unless `inference_compiler` is given),
+    `backward_compiler` the backward graphs (the same pipeline: partition, fuse, one Program
+    per partition)."""
     if not torch.is_grad_enabled():
         replace_sdpa(gm)
         from torch_xdna.compiler.lower_conv import replace_interpolate
         replace_interpolate(gm)
-    return aot_autograd(fw_compiler=forward_compiler, bw_compiler=backward_compiler,
-                        inference_compiler=forward_compiler,
+    return aot_autograd(fw_compiler=forward_compiler,
+                        bw_compiler=backward_compiler or host_backward_compiler,
+                        inference_compiler=inference_compiler or forward_compiler,
                         decompositions=decompositions())(gm, example_inputs)

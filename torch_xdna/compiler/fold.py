@@ -9,6 +9,10 @@ inputs) are kept, and only when they are dense (an expanded constant stays a vie
 An `index` whose index tensors are such constants and affine in the output coordinates (e.g.
 `mask[arange(B)[:, None, None, None], arange(S)[None, None, None, :]]`) picks a strided window:
 it is rewritten to `strided_index`, a pure view the lowering expresses as strides.
+
+Nothing here dispatches on the device: every value is computed and inspected on host copies
+(an `xdna` constant is read through its host view), so compiling never adds eager launches or
+entries to the user's fallback report, and works inside `torch.xdna.strict()`.
 """
 from __future__ import annotations
 
@@ -23,6 +27,8 @@ from torch_xdna.kernels.fused import strided_index
 aten = torch.ops.aten
 MAX_FOLD_ELEMS = 1 << 22          # larger constants would cost more memory than they save
 PREFIX = "_xdna_folded_"
+# factories whose value depends on their argument's shape and dtype only (HF's full_like(x, 0))
+LIKE = {aten.full_like.default, aten.zeros_like.default, aten.ones_like.default}
 
 
 def _pure(node: Node) -> bool:
@@ -35,6 +41,15 @@ def _pure(node: Node) -> bool:
     if torch.Tag.nondeterministic_seeded in tags or t._schema.is_mutable:
         return False
     return t not in (aten.empty.memory_format, aten.empty_like.default, aten.empty_strided.default)
+
+
+def host_copy(t: torch.Tensor) -> torch.Tensor:
+    """A CPU copy of a tensor; an xdna tensor is read through its host view (no dispatch)."""
+    t = t.detach()
+    if t.device.type == "xdna":
+        from torch_xdna.device import storage
+        return storage.host_view(t).clone()
+    return t.cpu()
 
 
 def _on_cpu(kwargs: dict) -> dict:
@@ -55,7 +70,17 @@ def _fold(gm: GraphModule) -> int:
         if n.op == "get_attr":
             t = getattr(gm, n.target, None)
             if isinstance(t, torch.Tensor):
-                vals[n] = t.detach().cpu()
+                vals[n] = host_copy(t)
+            continue
+        if n.target in LIKE and isinstance(n.args[0], Node) and n.args[0] not in vals \
+                and isinstance(n.args[0].meta.get("val"), torch.Tensor):
+            like = n.args[0].meta["val"]          # the value depends on the shape alone
+            if all(isinstance(d, int) for d in like.shape):
+                try:
+                    vals[n] = n.target(torch.empty(tuple(like.shape), dtype=like.dtype),
+                                       *n.args[1:], **_on_cpu(dict(n.kwargs)))
+                except Exception:        # noqa: BLE001 - stays in the graph
+                    pass
             continue
         if not _pure(n) or any(a not in vals for a in n.all_input_nodes):
             continue
@@ -77,6 +102,7 @@ def _fold(gm: GraphModule) -> int:
                 folded.discard(n)
                 changed = True
     made = 0
+    host: dict[str, torch.Tensor] = {}       # folded buffer name -> its host value
     for n in list(gm.graph.nodes):
         if n not in folded or all(u in folded for u in n.users):
             continue
@@ -86,6 +112,7 @@ def _fold(gm: GraphModule) -> int:
             name += "_"
         t = torch.empty_strided(tuple(v.shape), tuple(v.stride()), dtype=v.dtype)
         t.copy_(vals[n])
+        host[name] = t
         if v.device.type != "cpu":
             t = t.to(v.device)
         gm.register_buffer(name, t, persistent=False)
@@ -97,8 +124,8 @@ def _fold(gm: GraphModule) -> int:
     for n in reversed(list(gm.graph.nodes)):
         if n in folded and not n.users:
             gm.graph.erase_node(n)
-    rewrite_affine_index(gm)
-    drop_identities(gm)
+    rewrite_affine_index(gm, host)
+    drop_identities(gm, host)
     for n in reversed(list(gm.graph.nodes)):
         if n.op == "get_attr" and not n.users and n.target.startswith(PREFIX):
             gm.graph.erase_node(n)
@@ -111,7 +138,17 @@ IDENTITY = {aten.bitwise_and.Tensor: True, aten.logical_and.default: True,
             aten.bitwise_or.Tensor: False, aten.logical_or.default: False}
 
 
-def drop_identities(gm: GraphModule) -> int:
+def _host_attr(gm: GraphModule, name: str, host: dict | None) -> torch.Tensor:
+    """The host value of a get_attr target (never an xdna tensor: checks must not dispatch)."""
+    if host is not None and name in host:
+        return host[name]
+    t = host_copy(getattr(gm, name))
+    if host is not None:
+        host[name] = t
+    return t
+
+
+def drop_identities(gm: GraphModule, host: dict | None = None) -> int:
     done = 0
     for n in list(gm.graph.nodes):
         if n.op != "call_function" or n.target not in IDENTITY or len(n.args) != 2:
@@ -120,7 +157,7 @@ def drop_identities(gm: GraphModule) -> int:
         for c, x in (n.args, n.args[::-1]):
             if not (isinstance(c, Node) and c.op == "get_attr" and isinstance(x, Node)):
                 continue
-            cv, xv = getattr(gm, c.target), x.meta.get("val")
+            cv, xv = _host_attr(gm, c.target, host), x.meta.get("val")
             if (xv is None or out is None or cv.dtype != torch.bool or xv.dtype != torch.bool
                     or not bool((cv == IDENTITY[n.target]).all())):
                 continue
@@ -176,7 +213,7 @@ def affine_params(x: torch.Tensor, indices: list) -> tuple | None:
     return shape, tuple(coeffs), tuple(consts)
 
 
-def rewrite_affine_index(gm: GraphModule) -> int:
+def rewrite_affine_index(gm: GraphModule, host: dict | None = None) -> int:
     """index(x, [constant affine grids]) -> strided_index(x, ...) (a view, no gather)."""
     done = 0
     for n in list(gm.graph.nodes):
@@ -186,7 +223,7 @@ def rewrite_affine_index(gm: GraphModule) -> int:
         xv = x.meta.get("val") if isinstance(x, Node) else None
         if xv is None or not all(isinstance(i, Node) and i.op == "get_attr" for i in idx):
             continue
-        p = affine_params(xv, [getattr(gm, i.target) for i in idx])
+        p = affine_params(xv, [_host_attr(gm, i.target, host) for i in idx])
         if p is None:
             continue
         with gm.graph.inserting_before(n):

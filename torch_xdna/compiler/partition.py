@@ -84,12 +84,24 @@ def why_unsupported(node: Node) -> str | None:
     if out is None or out.dtype not in CHAIN_DTYPES + INT:
         return "dtype"
     if t in fusion.VIEW_OPS:
+        if _view_of_inputs(node) and any(u.op == "output" for u in node.users):
+            return "view of a graph input (free on the host)"   # else a copy launch
         return None
     ints = out.dtype in INT or any(v is not None and v.dtype in INT
                                    for v in map(val, node.all_input_nodes))
     if ints and step[0] not in fusion.INT_OPS:
         return "dtype"                   # integer arithmetic the array does not do exactly
     return None if _inputs_ok(node, CHAIN_DTYPES + INT) else "dtype"
+
+
+def _view_of_inputs(node: Node) -> bool:
+    """A pure view chain over placeholders/constants (a training graph saves `t(weight)`)."""
+    while node.op == "call_function" and node.target in fusion.VIEW_OPS \
+            and node.target != aten.clone.default:
+        if not isinstance(node.args[0], Node):
+            return False
+        node = node.args[0]
+    return node.op in ("placeholder", "get_attr")
 
 
 def _why_gather(node: Node) -> str | None:

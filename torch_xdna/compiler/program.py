@@ -9,6 +9,7 @@ here (capacity checks), and a design that does not fit is split or the partition
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 import operator
 import re
@@ -30,6 +31,7 @@ from torch_xdna.kernels.fused import ChainDesign, GatedGemmDesign, PrologueGemmD
 from torch_xdna.runtime import PlanError
 
 aten = torch.ops.aten
+log = logging.getLogger("torch_xdna.compiler")
 
 
 class Unlowerable(Exception):
@@ -126,6 +128,9 @@ class Lowerer:
         if node in self.lazy and node not in self.refs:
             src, op, params = self.lazy[node]
             r = self.view_ref(self.ref(src), op, params)
+            if r is None:             # the layout the source got cannot express it: one copy
+                base = self.copy(self.ref(src), f"copy:{node.name}")
+                r = self.view_ref(base, op, params)
             if r is None:
                 raise Unlowerable(f"{node.name}: view of a chain output")
             self.refs[node] = r
@@ -632,9 +637,10 @@ def lower(gm: GraphModule, gen: Generation, options: CompileOptions, name: str) 
     """Fused lowering; if a node fits no design, retry unfused; Unlowerable if that fails too."""
     try:
         return Lowerer(gm, gen, options, name).run()
-    except Unlowerable:
+    except Unlowerable as e:
         if not options.fuse:
             raise
+        log.info("xdna: partition %s lowered unfused: %s", name, e)
     return Lowerer(gm, gen, dataclasses.replace(options, fuse=False), name).run()
 
 

@@ -79,6 +79,7 @@ CHAIN_OPS: dict[str, tuple[Callable, float, bool]] = {
     "rsqrt": (torch.rsqrt, 4, False), "sqrt": (torch.sqrt, 4, False),
     "reciprocal": (torch.reciprocal, 4, False), "pow": (torch.pow, 2, False),
     "cos": (torch.cos, 8, False), "sin": (torch.sin, 8, False),
+    "erf": (torch.erf, 6, False), "log": (torch.log, 4, False),     # gelu backward, losses
     "where": (_where, 1, True), "to": (_to, 0.5, True),
     "eq": (torch.eq, 1, True), "ne": (torch.ne, 1, True), "lt": (torch.lt, 1, True),
     "le": (torch.le, 1, True), "gt": (torch.gt, 1, True), "ge": (torch.ge, 1, True),

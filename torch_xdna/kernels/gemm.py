@@ -45,7 +45,7 @@ L2_FACTORS = (1, 2, 3, 4, 6, 8)
 KC_STEPS = (16, 8, 4, 2, 1)
 ELEM_BYTES = {"bf16": 2, "int8": 1, "bfp16": 9 / 8, "int4": 0.5}
 DTYPES = tuple(ELEM_BYTES)
-_PLAN_CACHE: dict[tuple, Plan] = {}
+_PLAN_CACHE: dict[tuple, tuple] = {}      # (design key, id(gen)) -> (gen, plan)
 
 
 @dataclass(frozen=True)
@@ -143,11 +143,13 @@ class GemmDesign(Design):
         return 2, ELEM_BYTES[self.dtype], 0.0
 
     def plan(self, gen: Generation) -> Plan:
-        key = (self.key, gen.name, gen.arch, gen.columns.value)
-        plan = _PLAN_CACHE.get(key)
-        if plan is None:
-            plan = _PLAN_CACHE[key] = self._plan(gen)
-        return plan
+        # keyed by the Generation object: a modified generation (dataclasses.replace, e.g. a
+        # tighter DMA limit) must not reuse the plan of the original one with the same name
+        key = (self.key, id(gen))
+        hit = _PLAN_CACHE.get(key)
+        if hit is None or hit[0] is not gen:
+            hit = _PLAN_CACHE[key] = (gen, self._plan(gen))
+        return hit[1]
 
     def _plan(self, gen: Generation) -> Plan:
         label = f"{self.name} {self.batch}x{self.m}x{self.k}x{self.n}"
