@@ -116,6 +116,7 @@ class SampleResult:
     default_ok: bool
     fallbacks: tuple[str, ...] = ()
     reason: str = ""                # why the strict or default run failed
+    units: float = 0.0              # worst error, in bf16 roundings of (|ref| + max|ref|)
 
 
 @dataclasses.dataclass
@@ -127,13 +128,15 @@ class OpSummary:
     default_pass: int = 0
     strict_pass: int = 0
     skipped: int = 0            # samples that draw random numbers (dropout_p > 0)
+    worst_units: float = 0.0    # largest error seen, in bf16 roundings (bound: ROUNDED_K)
     fallbacks: Counter = dataclasses.field(default_factory=Counter)
     reasons: Counter = dataclasses.field(default_factory=Counter)
 
     def as_dict(self) -> dict:
         return {"op": self.op, "kind": self.kind, "models": list(self.models),
                 "samples": self.samples, "default_pass": self.default_pass,
-                "strict_pass": self.strict_pass, "skipped": self.skipped, "fallbacks": dict(self.fallbacks),
+                "strict_pass": self.strict_pass, "skipped": self.skipped,
+                "worst_units": round(self.worst_units, 2), "fallbacks": dict(self.fallbacks),
                 "reasons": dict(self.reasons.most_common(3))}
 
 
@@ -248,6 +251,20 @@ def _math_sdpa():
     return sdpa_kernel([SDPBackend.MATH])
 
 
+def error_units(got, ref) -> float:
+    """The largest error of float outputs in units of U_BF16 * (|ref| + max|ref|)."""
+    worst = 0.0
+    for a, b in zip(_leaves(got), _leaves(ref)):
+        if not a.dtype.is_floating_point or a.shape != b.shape or not a.numel():
+            continue
+        af, bf = a.double(), b.double()
+        fin = torch.isfinite(bf) & torch.isfinite(af)
+        if bool(fin.any()):
+            denom = (bf[fin].abs() + float(bf[fin].abs().max())).clamp_min(1e-300)
+            worst = max(worst, float(((af[fin] - bf[fin]).abs() / denom).max()) / U_BF16)
+    return worst
+
+
 def reference(kind: str, fn: Callable, sample, native) -> Any:
     """The CPU result xdna must match: the op itself for exact ops; for FP32 ops (adds only,
     or the fp32-angle sin/cos) the op on the untouched inputs; for rounded ops the op with
@@ -299,6 +316,7 @@ def run_sample(op: ConfOp, fn: Callable, sample, dtype: torch.dtype, index: int)
         res.strict_ok = res.default_ok = not why
         res.reason = why
         if not why:
+            res.units = error_units(got, ref)
             return res
     except NotImplementedError as e:
         res.reason = "strict: " + _short(e)
@@ -377,6 +395,7 @@ def run(ops: Iterable[ConfOp] | None = None, dtypes: Iterable[torch.dtype] = DEF
                 s.samples += 1
                 s.default_pass += r.default_ok
                 s.strict_pass += r.strict_ok
+                s.worst_units = max(s.worst_units, r.units)
                 s.fallbacks.update(r.fallbacks)
                 if not r.strict_ok:
                     s.reasons[r.reason] += 1
@@ -398,16 +417,20 @@ def run(ops: Iterable[ConfOp] | None = None, dtypes: Iterable[torch.dtype] = DEF
 
 def format_table(result: dict) -> str:
     """Per-op pass counts in both modes, then totals."""
-    lines = [f"{'op':44s} {'samples':>7s} {'default':>8s} {'strict':>7s}  fallbacks / first failure"]
+    lines = [f"{'op':44s} {'samples':>7s} {'default':>8s} {'strict':>7s} {'err(u)':>6s}  "
+             f"fallbacks / first failure"]
     for o in result["ops"]:
         note = ", ".join(f"{k} x{v}" for k, v in o["fallbacks"].items())
         if not note and o["reasons"]:
             note = next(iter(o["reasons"]))
         lines.append(f"{o['op']:44s} {o['samples']:7d} {o['default_pass']:8d} {o['strict_pass']:7d}"
-                     f"  {note[:90]}")
+                     f" {o['worst_units']:6.2f}  {note[:80]}")
     t = result["totals"]
+    lines.append(f"err(u): worst error of a passing sample in bf16 roundings u = 2^-8 of "
+                 f"(|ref| + max|ref|); the bound is {ROUNDED_K} (exact ops: 0)")
     lines.append(f"total: {t['ops']} ops, {t['samples']} samples; default {t['default_pass']} "
                  f"({100 * t['default_rate']:.1f}%), strict {t['strict_pass']} "
-                 f"({100 * t['strict_rate']:.1f}%) [simulator, functional level; "
+                 f"({100 * t['strict_rate']:.1f}%), {t['skipped_random']} random samples skipped "
+                 f"[simulator, functional level; "
                  f"{t['wall_s']} s measured on this host]")
     return "\n".join(lines)
