@@ -101,6 +101,13 @@ CONFORMANCE_OPS: tuple[ConfOp, ...] = tuple(
            "minimum", "maximum", "full_like", "zeros_like", "ones_like", "index_select",
            "gather", "logical_not", "clamp", ints=True)
     + _ops(EXACT, _DEC, "sort", "amax")
+    # generation (greedy/top-k/top-p sampling), GPT-2's fused qkv split, and fine-tuning: the
+    # losses, the norms of gradient clipping and the optimizers' arithmetic
+    + _ops(EXACT, _DEC, "argmin", "max.reduction_with_dim", "split_with_sizes", "scatter",
+           "nn.functional.one_hot", ints=True)
+    + _ops(ROUNDED, _ALL, "nn.functional.cross_entropy", "nn.functional.nll_loss",
+           "nn.functional.mse_loss", "var", "std", "linalg.vector_norm", "lerp", "addcmul",
+           "addcdiv", "sqrt", "exp", "sigmoid", "erf")
 )
 
 DEFAULT_DTYPES = (torch.float32, torch.bfloat16)
