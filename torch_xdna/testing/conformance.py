@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import importlib
 import time
 from collections import Counter
 from typing import Any, Callable, Iterable
@@ -393,6 +394,19 @@ def select(names: Iterable[str] | None = None) -> list[ConfOp]:
     return out
 
 
+class _RestoreCounts:
+    def __init__(self, fallback, saved: dict):
+        self.fallback, self.saved = fallback, saved
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.fallback._counts.clear()
+        self.fallback._counts.update(self.saved)
+        return False
+
+
 def run(ops: Iterable[ConfOp] | None = None, dtypes: Iterable[torch.dtype] = DEFAULT_DTYPES,
         max_samples: int = DEFAULT_MAX_SAMPLES, on_sample: Callable | None = None) -> dict:
     """Run the conformance samples; returns per-op summaries, totals and failing samples."""
@@ -402,7 +416,9 @@ def run(ops: Iterable[ConfOp] | None = None, dtypes: Iterable[torch.dtype] = DEF
     dtypes = tuple(dtypes)
     t0 = time.perf_counter()
     summaries, failures = [], []
-    with warnings.catch_warnings():
+    fallback = importlib.import_module("torch_xdna.device.fallback")
+    saved = dict(fallback._counts)          # leave the user's fallback report as it was
+    with _RestoreCounts(fallback, saved), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         for op in ops:
             info = opinfo(op.name)
