@@ -223,6 +223,10 @@ _MATMUL_FAMILY = {"mm", "bmm", "addmm", "baddbmm", "mv", "addmv", "dot", "matmul
                   "_log_softmax", "avg_pool2d", "_adaptive_avg_pool2d", "addcmul", "addcdiv", "lerp"}
 
 
+# ops whose first operand is an accumulator kept in fp32 (docs/device.md "Training")
+_FP32_ACCUMULATOR = {"addcmul", "addcdiv", "lerp"}
+
+
 @functools.lru_cache(maxsize=1)
 def _rounding_ops() -> frozenset[str]:
     from torch_xdna.kernels.vector import EXACT_FP32, FP32_OPERAND, OPS
@@ -243,7 +247,11 @@ class _BF16Operands(TorchDispatchMode):
             return func(*args, **kwargs)
         low = [t.dtype for t in tree_flatten((args, kwargs))[0]
                if isinstance(t, torch.Tensor) and t.dtype in (torch.bfloat16, torch.float16)]
-        args, kwargs = _rounded(args), _rounded(kwargs)
+        if base in _FP32_ACCUMULATOR:     # the accumulator term of an update stays fp32
+            args = (args[0],) + tuple(_rounded(args[1:]))
+        else:
+            args = _rounded(args)
+        kwargs = _rounded(kwargs)
         if base == "mul":        # a product's scalar factor is an operand too (bf16)
             args = tree_map(lambda a: _bf16_scalar(a) if isinstance(a, float) else a, args)
         out = func(*args, **kwargs)
