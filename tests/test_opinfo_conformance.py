@@ -132,3 +132,16 @@ def test_device_generic_class_is_for_xdna():
     cls = globals()["TestXdnaOpInfoPRIVATEUSE1"]
     names = [n for n in dir(cls) if n.startswith("test_compare_cpu")]
     assert len(names) == 2 * len(_SUBSET)           # float32 and bfloat16 per op
+
+
+def test_number_minus_tensor_and_rsub_run_on_the_npu():
+    """Fixed with this suite: `1.0 - mask` (HF attention masks) reaches aten.sub with a Python
+    number as self, and aten.rsub.Tensor, and gather with an empty index: NPU, not fallbacks."""
+    x = torch.tensor([1.0, 3.0, 7.0])
+    d = x.to("xdna")
+    with torch.xdna.strict():
+        assert torch.equal((1.0 - d).cpu(), 1.0 - x)
+        assert torch.equal(torch.rsub(d, d + 1).cpu(), torch.rsub(x, x + 1))
+        assert torch.equal((3 - torch.tensor([1, 2]).to("xdna")).cpu(), torch.tensor([2, 1]))
+        e = torch.gather(d, 0, torch.tensor([], dtype=torch.uint8).to("xdna"))
+    assert e.shape == (0,) and e.device.type == "xdna"
