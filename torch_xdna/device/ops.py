@@ -134,12 +134,16 @@ def _vector(op: str, inputs: list[torch.Tensor], out_dtype: torch.dtype, out: to
 def _binary_kernel(op: str, aten_name: str, mode: str):
     """mode: 'functional' | 'inplace' | 'out'."""
     def kernel(self, other, *, alpha=1, out=None):
-        if not _is_xdna(self) or not _supported(aten_name, (self, other), (), {}):
+        # a number (or CPU 0-dim tensor) as self: `2.0 - x` arrives as sub(2.0, x)
+        scalar_self = mode != "inplace" and _is_xdna(other) and (
+            isinstance(self, (int, float, bool)) or
+            (isinstance(self, torch.Tensor) and self.dim() == 0 and not _is_xdna(self)))
+        if not (_is_xdna(self) or scalar_self) or not _supported(aten_name, (self, other), (), {}):
             return None
-        dtype = _result_dtype(self, other)
+        dtype = _result_dtype(self, other) if not scalar_self else torch.result_type(other, self)
         if op == "div" and not dtype.is_floating_point:
             dtype = torch.get_default_dtype()
-        a = self
+        a = self if not scalar_self else as_device_operand(self, dtype)
         b = as_device_operand(other, dtype if not isinstance(other, torch.Tensor) else other.dtype)
         params = {"alpha": alpha} if alpha != 1 else {}
         if mode == "inplace":
@@ -531,6 +535,8 @@ def index_select(self, dim, index, *, out=None):
 
 
 def gather(self, dim, index, *, sparse_grad=False, out=None):
+    if out is None and _is_xdna(self) and _is_xdna(index) and index.numel() == 0:
+        return torch.empty(index.shape, dtype=self.dtype, device=self.device)   # as the CPU: any index dtype
     if not _index_ok("aten.gather", self, index):
         return None
     d = dim % max(self.dim(), 1)
@@ -627,6 +633,8 @@ def register(lib: torch.library.Library) -> list[str]:
     reg(aten.embedding.default, embedding)
     reg(aten.where.self, where)
     reg(aten.where.self_out, where)
+    _rsub = _binary_kernel("sub", "aten.rsub", "functional")
+    reg(aten.rsub.Tensor, lambda self, other, *, alpha=1: _rsub(other, self, alpha=alpha))
     _register_more(reg)
     for module in EXTRA_OP_MODULES:
         try:
