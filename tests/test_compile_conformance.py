@@ -381,3 +381,20 @@ def test_strict_reaches_the_compiled_backward(monkeypatch):
     t.start()
     t.join()
     assert seen == ["error", "error", fallback.mode(), fallback.mode()]
+
+
+@pytest.mark.parametrize("name", ["gpt2", "t5_encoder", "whisper_encoder", "vit", "resnet"])
+def test_hf_model_eager_on_device_strict_clean(name):
+    """The same models eagerly on the device (no compile) under strict(): every op has an NPU
+    kernel (empty fallback report) and the output is within the bf16 tolerance of CPU."""
+    build = {"gpt2": lambda: _gpt2(False, False, layers=2), "t5_encoder": lambda: _t5(False),
+             "whisper_encoder": _whisper, "vit": _vit, "resnet": _resnet}[name]
+    m, kw = build()
+    fallback.reset()
+    with torch.no_grad():
+        ref = m(**kw)[0]
+        mx, kx = m.to(X), to_x(kw)
+        with torch.xdna.strict():
+            out = mx(**kx)[0]
+    close(out.cpu(), ref)
+    assert fallback.report() == {}
