@@ -225,16 +225,19 @@ def _pow_kernel(mode: str):
     return kernel
 
 
+def clamp_bounds(which: str, args, kw) -> tuple:
+    """(lo, hi) of clamp / clamp_min / clamp_max from their positional or keyword arguments."""
+    if which == "clamp":
+        return (args[0] if args else kw.get("min")), (args[1] if len(args) > 1 else kw.get("max"))
+    if which == "clamp_min":
+        return (args[0] if args else kw["min"]), None
+    return None, (args[0] if args else kw["max"])
+
+
 def _clamp_kernel(which: str, mode: str):
     """clamp / clamp_min / clamp_max with scalar bounds (a compare-select: exact)."""
     def kernel(self, *args, out=None, **kw):
-        if which == "clamp":
-            lo = args[0] if args else kw.get("min")
-            hi = args[1] if len(args) > 1 else kw.get("max")
-        elif which == "clamp_min":
-            lo, hi = (args[0] if args else kw["min"]), None
-        else:
-            lo, hi = None, (args[0] if args else kw["max"])
+        lo, hi = clamp_bounds(which, args, kw)
         if not _supported("aten.clamp", [self], (), {}) or isinstance(lo, torch.Tensor) \
                 or isinstance(hi, torch.Tensor):
             return None

@@ -10,7 +10,7 @@ import torch
 import torch_xdna.kernels.misc  # noqa: F401  (defines the table ops)
 from torch_xdna.device import storage, table
 from torch_xdna.device.ops import _check_mm, _gemm_dtype, _out_for_gemm, as_device_operand, \
-    design_for, launch
+    clamp_bounds, design_for, launch
 from torch_xdna.kernels import GemmDesign
 
 aten = torch.ops.aten
@@ -32,13 +32,7 @@ def _tri(op: str, mode: str):
 
 def _clamp_tensor(which: str, mode: str):
     def kernel(self, *args, out=None, **kw):
-        if which == "clamp":
-            lo = args[0] if args else kw.get("min")
-            hi = args[1] if len(args) > 1 else kw.get("max")
-        elif which == "clamp_min":
-            lo, hi = (args[0] if args else kw["min"]), None
-        else:
-            lo, hi = None, (args[0] if args else kw["max"])
+        lo, hi = clamp_bounds(which, args, kw)
         if lo is None and hi is None:
             raise RuntimeError("xdna clamp: at least one of 'min' or 'max' must not be None")
         bounds = [as_device_operand(b, self.dtype) if b.dim() == 0 and b.device.type != "xdna"

@@ -108,32 +108,27 @@ def onchip_time_us(gen: Generation, plan: Plan) -> float:
 
 def transfer_terms(gen: Generation, plan: Plan) -> CostTerms:
     """The launch's own time (no dispatch/configuration): dma, onchip, compute, sync, overlap."""
-    t = CostTerms()
-    t.dma = dma_time_us(gen, plan)
-    t.onchip = onchip_time_us(gen, plan)
-    t.compute = compute_time_us(gen, plan)
     batches = plan.notes.get("shim_task_batches", 1)
-    t.sync = max(0, batches - 1) * gen.sync_point_us.value
-    if plan.double_buffered:
-        # shim waits run on the controller while the other queued tasks keep the DMA busy
-        busy = t.dma + t.sync + t.onchip + t.compute
-        steady = max(t.dma, t.sync, t.onchip, t.compute)
-        fill = plan.notes.get("fill_s", 0.0) * 1e6
-        t.overlap = -max(0.0, busy - steady - fill)
-    return t
+    return _launch_terms(gen, plan, dma_time_us(gen, plan), batches)
 
 
 def stream_transfer_terms(gen: Generation, plan: Plan, stats) -> CostTerms:
     """transfer_terms with the DMA and sync terms counted from the launch's instruction stream
     (array/txn.stream_stats): the bytes its pushed BDs move, over the shim columns it programs,
     and its sync groups. On-chip and compute stay the plan's."""
-    t = CostTerms()
     cols = len(stats.bds_by_column) or plan.columns
-    t.dma = dram_time_s(gen, cols, stats.mm2s_bytes, stats.s2mm_bytes) * 1e6
+    dma = dram_time_s(gen, cols, stats.mm2s_bytes, stats.s2mm_bytes) * 1e6
+    return _launch_terms(gen, plan, dma, stats.sync_groups)
+
+
+def _launch_terms(gen: Generation, plan: Plan, dma_us: float, sync_groups: int) -> CostTerms:
+    t = CostTerms()
+    t.dma = dma_us
     t.onchip = onchip_time_us(gen, plan)
     t.compute = compute_time_us(gen, plan)
-    t.sync = max(0, stats.sync_groups - 1) * gen.sync_point_us.value
+    t.sync = max(0, sync_groups - 1) * gen.sync_point_us.value
     if plan.double_buffered:
+        # shim waits run on the controller while the other queued tasks keep the DMA busy
         busy = t.dma + t.sync + t.onchip + t.compute
         steady = max(t.dma, t.sync, t.onchip, t.compute)
         fill = plan.notes.get("fill_s", 0.0) * 1e6
