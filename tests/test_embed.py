@@ -101,38 +101,6 @@ def test_batch_planning_respects_caps(embedder):
     assert all(len(b) * 256 <= embedder.max_batch_tokens for b in batches if lengths[b[0]] == 200)
 
 
-def _bench_corpus(n: int, seed: int) -> list[str]:
-    import importlib.util
-    from pathlib import Path
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_embed.py"
-    spec = importlib.util.spec_from_file_location("bench_embed", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod.realistic_corpus(n, seed=seed)
-
-
-@pytest.mark.parametrize("seed", [0, 1, 2])
-def test_padding_on_realistic_mix_is_within_ten_percent(embedder, seed):
-    """512 sentences of 5-120 words, batch 32: processed tokens (padding incl.) <= 1.1x real."""
-    lengths = [len(x) for x in embedder.tokenize(_bench_corpus(512, seed))]
-    batches = embedder.plan_batches(lengths)
-    assert sorted(i for b in batches for i in b) == list(range(len(lengths)))
-    assert all(len(b) <= embedder.max_batch for b in batches)
-    assert embedder.padded_tokens(lengths) <= 1.1 * sum(lengths)
-    assert len(batches) <= 2 * len(lengths) // embedder.max_batch + 4, "not fragmented"
-
-
-def test_mixed_lengths_in_input_order_and_batch_invariant(embedder):
-    """Inputs in several seq buckets, shuffled: each vector is the one it gets alone."""
-    texts = _bench_corpus(40, seed=7)[:3] + SENTENCES[:2]
-    stats = EmbedStats()
-    together = embedder.embed(texts, stats)
-    assert len({s for _, s in stats.shapes}) >= 2, "the inputs must span several seq buckets"
-    alone = torch.cat([embedder.embed([t]) for t in texts])
-    assert torch.equal(together, alone)
-    assert stats.processed_tokens == sum(b * s for b, s in stats.shapes)
-
-
 def _tiny_bert_dir(tmp_path, pooling_cls: bool):
     from transformers import BertConfig, BertModel
     cfg = BertConfig(vocab_size=30522, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,

