@@ -13,26 +13,7 @@
 // instead shuffles the encoded weight on the host, python/utils/bfp.py shuffle; a lowering that
 // does so could drop the staging.)
 // Golden: golden.matmul_bfp16.
-#include "xdna_vec.h"
-
-#ifndef DIM_M
-#define DIM_M 32
-#endif
-#ifndef DIM_K
-#define DIM_K 32
-#endif
-#ifndef DIM_N
-#define DIM_N 32
-#endif
-
-template <unsigned rows, typename T>
-static inline aie::vector<T, rows * 8> rows_x8(const T *p, unsigned ld, unsigned r0, unsigned c0) {
-  if constexpr (rows == 4)
-    return aie::concat(aie::load_v<8>(p + (r0 + 0) * ld + c0), aie::load_v<8>(p + (r0 + 1) * ld + c0),
-                       aie::load_v<8>(p + (r0 + 2) * ld + c0), aie::load_v<8>(p + (r0 + 3) * ld + c0));
-  else
-    return aie::concat(rows_x8<4>(p, ld, r0, c0), rows_x8<4>(p, ld, r0 + 4, c0));
-}
+#include "xdna_mm.h"   // tile defines and rows_x8, shared with the bf16/int8 matmuls
 
 static inline void store_8x8(float *p, unsigned ld, unsigned r0, unsigned c0,
                              const aie::vector<float, 64> &v) {
