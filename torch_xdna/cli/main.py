@@ -10,7 +10,7 @@ import traceback
 
 # subcommand modules, in the order `xdna --help` lists them
 COMMANDS = ("info", "demo", "doctor", "serve", "embed", "generate", "estimate", "profile", "design",
-            "kernels", "selftest", "conformance", "bench")
+            "kernels", "selftest", "conformance", "transcribe", "upscale", "rerank", "bench")
 
 EPILOG = """\
 examples:

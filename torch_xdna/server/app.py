@@ -571,8 +571,26 @@ def create_app(config: ServerConfig | None = None, registry: ModelRegistry | Non
         return await generate(srv, request, entry, req, lambda model: model.encode(req.prompt),
                               req.max_tokens, chat=False)
 
+    register_route_modules(app, srv)
     app.add_middleware(Guard, config=config, metrics=srv.metrics, server=srv)
     return app
+
+
+# Optional API surfaces, one module each (torch_xdna/server/routes_<name>.py exposing
+# `register(app, srv)`), so each surface (Ollama, reranking, audio...) lives in its own file.
+ROUTE_MODULES = ("ollama", "rerank", "audio", "images")
+
+
+def register_route_modules(app: FastAPI, srv: "Server") -> None:
+    import importlib
+    for name in ROUTE_MODULES:
+        try:
+            mod = importlib.import_module(f"torch_xdna.server.routes_{name}")
+        except ModuleNotFoundError as e:
+            if e.name == f"torch_xdna.server.routes_{name}":
+                continue            # surface not built yet
+            raise
+        mod.register(app, srv)
 
 
 # --- embeddings helpers ---------------------------------------------------------------------------
