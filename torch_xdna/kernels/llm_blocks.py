@@ -33,9 +33,11 @@ from torch_xdna.hw import Generation
 from torch_xdna.kernels import numerics, quant
 from torch_xdna.kernels.activations import apply_epilogue
 from torch_xdna.kernels.base import Design, ceil_div, round_up
+from torch_xdna.kernels.capacity import lanes
 from torch_xdna.kernels.gemm import GemmDesign
 from torch_xdna.kernels.vector import VectorDesign
 from torch_xdna.runtime.plan import Plan, PlanError
+from torch_xdna.runtime.sim.cost import kv_tile_pass_cycles
 
 PRECISIONS = ("fp32", "bf16", "int8", "int4", "bfp16")
 KV_TILE = 128                  # keys per attention-kernel pass; the KV length is charged in these
@@ -275,8 +277,11 @@ def _vec(gen: Generation, op: str, rows: int, dim: int, n_in: int = 1) -> Plan:
 
 
 def _fused_plan(name: str, kind: str, precision: str, gen: Generation, stages: Sequence[Plan],
-                read: int, write: int, act_rows: int, act_width: int, notes: dict) -> Plan:
-    """Combine stage plans run back to back; traffic is the fused block's own (read/write)."""
+                read: int, write: int, act_rows: int, act_width: int, notes: dict,
+                extra_cycles: float = 0.0) -> Plan:
+    """Combine stage plans run back to back; traffic is the fused block's own (read/write).
+    The weights and KV cache stream single-pass (cost-v3 weight-stream rate) in the share
+    their GEMM stages do; `extra_cycles`: per-core cycles beyond the stages' (KV tile passes)."""
     # the rows of activations a stage multiplies against each weight tile stay in the mem tiles
     staged = act_rows * act_width * 2
     cap = gen.memtile_bytes.value * gen.columns.value
@@ -284,6 +289,9 @@ def _fused_plan(name: str, kind: str, precision: str, gen: Generation, stages: S
         raise PlanError(name, "mem tile memory (activation rows staged for weight reuse)", staged,
                         cap, "use a smaller prefill chunk")
     gemms = [p for p in stages if p.design == "gemm"]
+    w_read = sum(p.notes.get("weight_read_bytes", 0) for p in gemms)
+    share = sum(p.notes.get("stream_bytes", 0) for p in gemms) / w_read if w_read else 0.0
+    stream = share * (notes.get("weight_bytes", 0) + notes.get("kv_read_bytes", 0))
     return Plan(
         design=kind, dtype=precision, columns=max(p.columns for p in stages),
         cores=max(p.cores for p in stages), tile=gemms[0].tile if gemms else (),
@@ -293,8 +301,8 @@ def _fused_plan(name: str, kind: str, precision: str, gen: Generation, stages: S
         double_buffered=True, dram_read_bytes=int(read), dram_write_bytes=int(write),
         macs=sum(p.macs for p in stages), padded_macs=sum(p.padded_macs for p in stages),
         vector_elems=sum(p.vector_elems for p in stages),
-        compute_cycles=sum(p.compute_cycles for p in stages),
-        notes={**notes, "fill_s": stage_fill_s(stages)})
+        compute_cycles=sum(p.compute_cycles for p in stages) + extra_cycles,
+        notes={**notes, "fill_s": stage_fill_s(stages), "stream_bytes": int(min(stream, read))})
 
 
 def stage_fill_s(stages: Sequence[Plan]) -> float:
@@ -450,7 +458,11 @@ class AttentionBlockDesign(Design):
         qkv_n = (self.heads + 2 * self.kv_heads) * d
         group = self.heads // self.kv_heads
         keys = kv_len if self.window is None else min(kv_len, round_up(self.window + m, KV_TILE))
-        attention_tiles(gen, name, m * group, d)
+        qb, tkv = attention_tiles(gen, name, m * group, d)
+        # flash-style passes (KV head x q block x KV tile) over the cores: each pays the
+        # per-KV-tile cost of the cost model (accumulator rescale + fixed pass cost, cost-v3)
+        passes = self.kv_heads * ceil_div(m * group, qb) * ceil_div(keys, tkv)
+        pass_cycles = ceil_div(passes, gen.cores) * kv_tile_pass_cycles(gen, qb, d, lanes(gen, 32))
         stages = [_vec(gen, "rms_norm", m, h), _gemm(gen, m, h, qkv_n, self.precision, group=self.group),
                   _vec(gen, "mul", m, qkv_n, 2),
                   _gemm(gen, m * group, d, keys, "bf16", batch=self.kv_heads),
@@ -466,7 +478,8 @@ class AttentionBlockDesign(Design):
         write = kv_write + m * h * 4
         return _fused_plan(name, self.kind, self.precision, gen, stages, read, write, m,
                            max(h, self.heads * d),
-                           {"weight_bytes": w, "kv_read_bytes": kv_read, "kv_write_bytes": kv_write})
+                           {"weight_bytes": w, "kv_read_bytes": kv_read, "kv_write_bytes": kv_write},
+                           pass_cycles)
 
 
 @dataclass(frozen=True)
@@ -633,4 +646,5 @@ class DecoderLayerDesign(Design):
             vector_elems=a.vector_elems + m.vector_elems,
             compute_cycles=a.compute_cycles + m.compute_cycles,
             notes={k: a.notes.get(k, 0) + m.notes.get(k, 0)
-                   for k in ("weight_bytes", "kv_read_bytes", "kv_write_bytes", "fill_s")})
+                   for k in ("weight_bytes", "kv_read_bytes", "kv_write_bytes", "fill_s",
+                             "stream_bytes")})
