@@ -22,7 +22,7 @@ except ImportError:                 # loaded as a file
 
 # constant -> (figures it is fitted on, search range, larger value makes the layout faster?)
 FITS: dict[str, tuple[tuple[str, ...], tuple[float, float], bool]] = {
-    "weight_stream_bps": (("air_decode_ffn", "air_decode_head"), (10e9, 52.7e9), True),
+    "weight_stream_bps": (("air_decode_ffn", "air_decode_head"), (1e9, NPU4.npu_read_bps.value), True),
     "kv_tile_cycles": (("air_prefill_attn",), (0.0, 200_000.0), False),
 }
 FIT_TOLERANCE = 0.03          # stored constant vs re-derived one (relative)
