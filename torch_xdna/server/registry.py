@@ -19,7 +19,7 @@ from torch_xdna.models.hf import ModelDirError, read_config
 from torch_xdna.runtime.errors import DeviceOutOfMemory
 from torch_xdna.server.schemas import APIError
 
-KINDS = ("embedding", "chat")
+KINDS = ("embedding", "chat", "rerank")
 DEFAULT_EMBEDDING_ID = "all-MiniLM-L6-v2"
 
 
@@ -37,9 +37,13 @@ class ModelEntry:
 
 
 def model_kind(model_dir: Path) -> str:
-    """'embedding' for BERT-family encoders (incl. sentence-transformers folders), else 'chat'."""
+    """'rerank' for BERT-family cross-encoders (*ForSequenceClassification), 'embedding' for
+    other BERT-family encoders (incl. sentence-transformers folders), else 'chat'."""
+    from torch_xdna.models.cross_encoder import is_cross_encoder
     cfg = read_config(transformer_dir(model_dir))
-    return "embedding" if cfg.get("model_type") in ENCODER_TYPES else "chat"
+    if cfg.get("model_type") in ENCODER_TYPES:
+        return "rerank" if is_cross_encoder(cfg) else "embedding"
+    return "chat"
 
 
 class ModelRegistry:
@@ -74,6 +78,13 @@ class ModelRegistry:
             spec = load_spec(path, name=name)
             entry = ModelEntry(name, kind, lambda: Embedder.load(path, name=name), path, aliases,
                                spec=spec, tokenizer=EncoderTokenizer(path, spec))
+        elif kind == "rerank":
+            from torch_xdna.engine.reranker import Reranker
+            from torch_xdna.models.cross_encoder import PairTokenizer, load_head_spec
+            spec = load_spec(path, name=name)
+            load_head_spec(path)                       # a bad head fails before the server binds
+            entry = ModelEntry(name, kind, lambda: Reranker.load(path, name=name), path, aliases,
+                               spec=spec, tokenizer=PairTokenizer(path, spec))
         else:
             from torch_xdna.server.chat import load_chat_model
             entry = ModelEntry(name, kind, lambda: load_chat_model(path), path, aliases)
@@ -91,7 +102,7 @@ class ModelRegistry:
             raise ValueError(f"kind must be one of {KINDS}")
         name = self._unique(name)
         entry = ModelEntry(name, kind, lambda: model, pinned=True)
-        if kind == "embedding":
+        if kind in ("embedding", "rerank"):
             entry.spec, entry.tokenizer = model.spec, model.tokenizer
         self.entries[name] = entry
         with self._lock:
@@ -114,7 +125,8 @@ class ModelRegistry:
                                 f"to it. Served models: {', '.join(self.entries)}",
                            param="model", code="model_not_found")
         if entry.kind != kind:
-            route = "/v1/embeddings" if entry.kind == "embedding" else "/v1/chat/completions"
+            route = {"embedding": "/v1/embeddings", "rerank": "/v1/rerank"}.get(
+                entry.kind, "/v1/chat/completions")
             raise APIError(400, f"model '{entry.id}' is a {entry.kind} model; use {route}",
                            param="model", code="model_not_supported")
         return entry
