@@ -69,10 +69,16 @@ class ModelRegistry:
                 aliases: tuple[str, ...] = ()) -> ModelEntry:
         """Offer a HF directory; kind detected from config.json. Raises ModelDirError early."""
         path = Path(model_dir).expanduser()
-        if not path.is_dir():
-            raise ModelDirError(f"{model_dir}: not a directory; pass a Hugging Face model directory")
-        kind = model_kind(path)
-        name = self._unique(name or path.resolve().name)
+        from torch_xdna.models.gguf import is_gguf
+        gguf_file = is_gguf(path)
+        if not path.is_dir() and not gguf_file:
+            raise ModelDirError(f"{model_dir}: not a directory or .gguf file; pass a Hugging Face "
+                                "model directory or a llama.cpp GGUF file")
+        if gguf_file:
+            from torch_xdna.models.loader import read_model
+            read_model(path)                  # a broken file fails before the server binds
+        kind = "chat" if gguf_file else model_kind(path)
+        name = self._unique(name or (path.stem if gguf_file else path.resolve().name))
         if kind == "embedding":
             from torch_xdna.engine.embedder import Embedder
             spec = load_spec(path, name=name)
