@@ -53,9 +53,10 @@ def native_transform(g: GGUFModel, cfg: dict, policy, spec,
                      base: Callable[[str, torch.Tensor], tuple[torch.Tensor, ...]]):
     """A loader transform using the file's blocks where they are exactly the engine's format
     (same precision, group 32), else `base`. Appends what it did to g.notes."""
-    stats = {"native": 0, "scale_changed": 0, "scales": 0, "max_rel": 0.0}
+    stats = {"native": 0, "scale_changed": 0, "scales": 0, "max_rel": 0.0, "called": 0}
 
     def transform(site: str, w: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        stats["called"] += 1
         kind = SITE_KIND.get(site.rsplit(".", 1)[-1])
         if kind is None:
             return base(site, w)
@@ -80,7 +81,11 @@ def native_transform(g: GGUFModel, cfg: dict, policy, spec,
         return stored, scales.contiguous()
 
     def report() -> None:
-        if stats["native"]:
+        if not stats["called"]:
+            g.notes.append("weights taken from the weight cache (built from this file earlier "
+                           "with the same precision: Q8_0/Q4_0 blocks kept as int8/int4 g32 "
+                           "where the precision matches)")
+        elif stats["native"]:
             g.notes.append(
                 f"{stats['native']} matmul site(s) taken as their GGUF blocks (Q8_0 -> int8 g32, "
                 f"Q4_0 -> int4 g32): q values exact; {stats['scale_changed']} of "
