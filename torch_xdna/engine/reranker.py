@@ -95,6 +95,10 @@ class Reranker(Embedder):
         return _PairWorkspace(ids, mask, out, [ids, types, mask, xa, xb, out],
                               Program(launches, name=f"{sp.name}.rerank[{b}x{s}]"), types)
 
+    def embed(self, texts: list[str], stats: EmbedStats | None = None) -> torch.Tensor:
+        raise TypeError(f"{self.name} is a cross-encoder: it scores (query, document) pairs; "
+                        "use Reranker.score or Reranker.rank (or an embedding model for vectors)")
+
     # --- scoring ---------------------------------------------------------------------------
     def tokenize_pairs(self, query: str, docs: list[str]) -> list[tuple[list[int], list[int]]]:
         """(ids, token types) per document, truncated to max_seq_length (longest first)."""

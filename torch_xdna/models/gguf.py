@@ -282,9 +282,34 @@ def _permute_heads(g: GGUFModel, cfg: dict, hf: str) -> int | None:
     return None
 
 
-def hf_state_dict(g: GGUFModel, cfg: dict) -> dict[str, torch.Tensor]:
-    """Every weight as fp32 under its HF name, with llama.cpp's conversion transforms undone."""
-    out: dict[str, torch.Tensor] = {}
+class LazyTensors(dict):
+    """name -> tensor, each dequantized only when taken (get/pop), so loading holds one fp32
+    weight at a time rather than the whole model (a 4-bit file would grow 8x in fp32)."""
+
+    def __getitem__(self, key: str) -> torch.Tensor:
+        return super().__getitem__(key)()
+
+    def get(self, key, default=None):
+        return self[key] if key in self else default
+
+    def pop(self, key, *default):
+        if key not in self:
+            if default:
+                return default[0]
+            raise KeyError(key)
+        return super().pop(key)()
+
+    def values(self):
+        return [self[k] for k in self]
+
+    def items(self):
+        return [(k, self[k]) for k in self]
+
+
+def hf_state_dict(g: GGUFModel, cfg: dict) -> LazyTensors:
+    """Every weight as fp32 under its HF name, with llama.cpp's conversion transforms undone
+    (dequantized lazily, on first access)."""
+    out = LazyTensors()
     for name in g.tensors:
         if name == "rope_freqs.weight":
             continue                               # folded into the rope config
@@ -292,13 +317,16 @@ def hf_state_dict(g: GGUFModel, cfg: dict) -> dict[str, torch.Tensor]:
         if hf is None:
             raise _err(g.path, f"tensor {name} has no place in the {g.arch} spec; this file has "
                                "features the engine does not implement")
-        w = g.tensor(name)
-        heads = _permute_heads(g, cfg, hf)
-        if heads:
-            w = unpermute_rows(w, heads)
-        if g.arch == "gemma3" and name.endswith("norm.weight"):
-            w = w - 1.0                            # stored as 1 + w (Gemma3RMSNorm)
-        out[hf] = w
+
+        def load(name: str = name, hf: str = hf) -> torch.Tensor:
+            w = g.tensor(name)
+            heads = _permute_heads(g, cfg, hf)
+            if heads:
+                w = unpermute_rows(w, heads)
+            if g.arch == "gemma3" and name.endswith("norm.weight"):
+                w = w - 1.0                        # stored as 1 + w (Gemma3RMSNorm)
+            return w
+        dict.__setitem__(out, hf, load)
     return out
 
 
