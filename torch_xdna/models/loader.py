@@ -55,6 +55,9 @@ def read_model(model_dir: str | Path) -> ModelFiles:
     d = Path(model_dir)
     if d.is_file():
         return read_gguf(d)
+    if d.suffix.lower() == ".gguf":
+        raise ModelDirError(f"{model_dir}: no such file; pass an existing llama.cpp .gguf file",
+                            public="the model file does not exist")
     if not d.is_dir():
         raise ModelDirError(f"{model_dir}: not a directory; pass a Hugging Face model directory",
                             public="the model path is not a directory")
