@@ -272,6 +272,8 @@ def test_cli_generate_and_registry(models, tmp_path, tok_dir, spm_dir, capsys, m
     assert "q values exact" in out.err
     assert main(["generate", str(path), "the quick", "--max-tokens", "4", "--json"]) == 0
     assert "weight cache" in capsys.readouterr().err           # second run: the cached sites
+    assert main(["estimate", str(path), "--precision", "int8"]) == 0   # metadata only
+    assert "qwen3" in capsys.readouterr().out
     reg = ModelRegistry()
     entry = reg.add_dir(path)
     assert entry.kind == "chat" and entry.id == "qwen3-Q8_0"
