@@ -34,7 +34,8 @@ def register(subparsers) -> None:
                '--temperature 0.7 --seed 1\n'
                '  xdna generate ./Llama-3.2-1B "Hi" --precision int4 --stop "\\n" --json',
         formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("model", metavar="MODEL_DIR", help="Hugging Face model directory")
+    p.add_argument("model", metavar="MODEL", help="Hugging Face model directory or llama.cpp "
+                                                  ".gguf file")
     p.add_argument("prompt", help="prompt text ('-' reads stdin)")
     p.add_argument("--chat", action="store_true", help="wrap the prompt as a user message in the "
                                                        "model's chat template")
@@ -48,8 +49,12 @@ def register(subparsers) -> None:
                    help="> 0; 1 = off (default)")
     p.add_argument("--seed", type=int, help="an integer in [-2**63, 2**64 - 1]")
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
-    p.add_argument("--precision", default="bf16", choices=PRECISION_CHOICES,
-                   help="weight precision (fp32 is a verification mode, not NPU numerics)")
+    p.add_argument("--precision", default="auto", choices=("auto", *PRECISION_CHOICES),
+                   help="weight precision (fp32 is a verification mode, not NPU numerics); auto "
+                        "= bf16, or for a .gguf file its own blocks (Q8_0 -> int8, Q4_0 -> int4)")
+    p.add_argument("--tokenizer", metavar="DIR", help="take tokenizer.json and the chat template "
+                                                      "from DIR (e.g. for a .gguf whose tokenizer "
+                                                      "cannot be rebuilt)")
     p.add_argument("--max-context", type=positive_int, help="KV cache capacity in tokens")
     p.add_argument("--layout", choices=LAYOUTS, default=DEFAULT_LAYOUT,
                    help=f"launches per layer: layer = 1, block = attention + MLP (2) "
@@ -78,7 +83,11 @@ def run(args: argparse.Namespace) -> int:
                            stop=tuple(args.stop))
     cfg.sampling().validate()            # refuse bad sampling options before loading weights
     engine = load_decoder(args.model, args.precision, max_context=args.max_context,
-                          quiet=args.quiet or args.json, layout=args.layout)
+                          quiet=args.quiet or args.json, layout=args.layout,
+                          tokenizer_dir=args.tokenizer)
+    if args.json and not args.quiet and engine.files.gguf is not None:
+        for note in engine.files.gguf.notes:          # the GGUF load log, kept off stdout
+            print(f"xdna: {engine.files.path.name}: {note}", file=sys.stderr)
     if args.chat:
         msgs = ([{"role": "system", "content": args.system}] if args.system else [])
         msgs.append({"role": "user", "content": prompt})

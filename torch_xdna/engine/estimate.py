@@ -20,7 +20,11 @@ from torch_xdna.runtime.sim.cost import CostModel, stream_bandwidth
 
 
 def resolve_spec(model: str) -> tuple[str, DecoderSpec]:
-    """A model directory (config.json only) or a built-in shape name like 'qwen3-0.6b'."""
+    """A model directory (config.json only), a .gguf file (its metadata only) or a built-in
+    shape name like 'qwen3-0.6b'."""
+    if Path(model).is_file():
+        from torch_xdna.models.loader import read_gguf
+        return Path(model).name, read_gguf(Path(model)).spec
     if Path(model).is_dir():
         cfg = read_config(model)
         family_of(cfg)

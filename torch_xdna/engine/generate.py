@@ -309,21 +309,33 @@ class Engine:
         return Completion("".join(parts), ids, last.finish_reason, usage, stats)
 
 
-def load_decoder(model_dir: str | Path, precision: str | Mapping[str, str] = "bf16", *,
+def load_decoder(model_dir: str | Path, precision: str | Mapping[str, str] = "auto", *,
                  group: int = 0, max_context: int | None = None, prefill_chunk: int = 128,
                  device: Device | None = None, cache_dir: str | Path | None | bool = None,
-                 quiet: bool = False, layout: str = DEFAULT_LAYOUT) -> Engine:
-    """Load a HF decoder directory (Qwen3, Llama, Gemma 3 text) onto the device.
+                 quiet: bool = False, layout: str = DEFAULT_LAYOUT,
+                 tokenizer_dir: str | Path | None = None) -> Engine:
+    """Load a HF decoder directory or a llama.cpp GGUF file (Qwen3, Llama, Gemma 3 text) onto
+    the device.
 
-    precision: bf16 | int8 | int4 | bfp16 | fp32 (verification mode), or per site
+    precision: auto (bf16; for a GGUF file what its blocks are: Q8_0 -> int8, Q4_0 -> int4 per
+    site kind, group 32, else bf16) | bf16 | int8 | int4 | bfp16 | fp32 (verification mode), or per site
     {'attention': ..., 'mlp': ..., 'head': ..., 'default': ...}. Quantized weights are cached on
     disk under cache_dir (default <$TORCH_XDNA_CACHE_DIR or ~/.cache/torch_xdna>/decoder-weights;
     False disables; trust rules: runtime/cachedir.py).
     max_context: KV cache capacity in tokens (default min(4096, the model's maximum)).
     layout: "layer" (one launch per layer, the default) or "block" (an attention-block and an
     MLP-block launch per layer; same tokens, more configure points).
+    tokenizer_dir: take tokenizer.json (+ chat template) from this directory instead.
     """
     files = read_model(model_dir)             # validates every file before anything is allocated
+    g = files.gguf
+    if precision == "auto":
+        if g is not None:
+            from torch_xdna.engine.gguf_weights import auto_precision
+            precision = auto_precision(g, files.spec.layers)
+            group = group or (32 if set(precision.values()) & {"int8", "int4"} else 0)
+        else:
+            precision = "bf16"
     policy = PrecisionPolicy.parse(precision, group)
     device = device or get_device()
     check_fits(files.spec, policy, int(min(max_context or 4096, files.spec.max_positions)), device,
@@ -332,9 +344,36 @@ def load_decoder(model_dir: str | Path, precision: str | Mapping[str, str] = "bf
     cdir = None
     if quantized and cache_dir is not False:
         cdir = Path(cache_dir) if cache_dir else default_cache_dir()
-    weights = load_weights(files, policy.transform_for(files.spec), policy.ident(), cdir,
-                           quiet=quiet)
-    tok = Tokenizer(files.path) if (files.path / "tokenizer.json").is_file() else None
+    transform, ident = policy.transform_for(files.spec), policy.ident()
+    if g is not None:
+        from torch_xdna.engine.gguf_weights import dequantized_notes, native_transform
+        transform = native_transform(g, files.config, policy, files.spec, transform)
+        ident += "+gguf"
+    weights = load_weights(files, transform, ident, cdir, quiet=quiet)
+    if g is not None:
+        report = getattr(transform, "report", None)
+        if report:
+            report()
+        g.notes += dequantized_notes(g)
+        _log_notes(g, quiet)
+    if tokenizer_dir is not None:
+        tok = Tokenizer(tokenizer_dir)
+    elif g is not None:
+        from torch_xdna.models.gguf import gguf_tokenizer
+        tok = gguf_tokenizer(g)
+    else:
+        tok = Tokenizer(files.path) if (files.path / "tokenizer.json").is_file() else None
     decoder = Decoder(files.spec, weights, policy, max_context=max_context,
                       prefill_chunk=prefill_chunk, device=device, layout=layout)
     return Engine(files, decoder, tok)
+
+
+def _log_notes(g, quiet: bool) -> None:
+    """The GGUF load log: what was mapped exactly and what was dequantized."""
+    import logging
+    import sys
+    log = logging.getLogger("torch_xdna.gguf")
+    for note in g.notes:
+        log.info("%s: %s", g.path.name, note)
+        if not quiet:
+            print(f"xdna: {g.path.name}: {note}", file=sys.stderr)

@@ -88,9 +88,11 @@ class _Fused(Design):
 
 @dataclass(frozen=True)
 class EncoderEmbeddingDesign(_Fused):
-    """x = LayerNorm(word[ids] + pos[0..S) + type[0]) for a [batch, seq] id tensor.
+    """x = LayerNorm(word[ids] + pos[0..S) + type[t]) for a [batch, seq] id tensor.
 
-    inputs: word [V,H], pos [P,H], type [T,H], ln_w [H], ln_b [H], ids int32 [B*S]; output [B*S,H].
+    inputs: word [V,H], pos [P,H], type [T,H], ln_w [H], ln_b [H], ids int32 [B*S], and with
+    `typed` token-type ids int32 [B*S] (sentence pairs: cross-encoders); otherwise t = 0.
+    Output [B*S,H].
     """
 
     vocab: int
@@ -100,6 +102,8 @@ class EncoderEmbeddingDesign(_Fused):
     seq: int
     eps: float
     table_dtype: torch.dtype = torch.bfloat16
+    typed: bool = False
+    type_vocab: int = 2
     kind = "encoder_embedding"
 
     def plan(self, gen: Generation) -> Plan:
@@ -120,16 +124,22 @@ class EncoderEmbeddingDesign(_Fused):
         rows, h, f32 = self.batch * self.seq, self.hidden, torch.float32
         pos = EmbeddingDesign(self.max_position, h, rows, self.table_dtype)
         add = VectorDesign("add", ((rows, h), (rows, h)), (f32, f32), (rows, h), f32)
-        return [self._word, pos, add, self._ln]
+        typ = [EmbeddingDesign(self.type_vocab, h, rows, self.table_dtype), add] if self.typed else []
+        return [self._word, pos, add, *typ, self._ln]
 
     def reference(self, inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor],
                   **scalars: Any) -> None:
-        word, pos, typ, ln_w, ln_b, ids = inputs
+        word, pos, typ, ln_w, ln_b, ids, *types = inputs
         rows, h = self.batch * self.seq, self.hidden
         x = torch.empty(rows, h)
         self._word.reference([word, ids], [x])
         # pure additions run on the fp32 accumulator path (exact)
-        x.view(self.batch, self.seq, h).add_(pos[:self.seq].float()).add_(typ[0].float())
+        x.view(self.batch, self.seq, h).add_(pos[:self.seq].float())
+        if self.typed:
+            t = types[0].long().clamp(0, self.type_vocab - 1)
+            x.add_(typ[t].float())
+        else:
+            x.add_(typ[0].float())
         self._ln.reference([x, ln_w, ln_b], outputs)
 
 
@@ -283,3 +293,32 @@ class EncoderPoolDesign(_Fused):
             norm = (p * p).sum(-1, keepdim=True).sqrt().clamp(min=1e-12)
             pooled = p / norm
         numerics.store(pooled, outputs[0])
+
+
+@dataclass(frozen=True)
+class EncoderClassifierHeadDesign(_Fused):
+    """Sequence-classification head (BertForSequenceClassification): the first token's hidden
+    state, the pooler tanh(h W_p + b_p), then the classifier logits = pooled W_c + b_c.
+
+    inputs: x [B*S,H], w_p [H,H], b_p [H], w_c [H,L], b_c [L]; output [B,L] fp32. Each row is
+    multiplied on its own (chunk 1), so a pair's logit never depends on its batch partners.
+    """
+
+    batch: int
+    seq: int
+    hidden: int
+    labels: int = 1
+    kind = "encoder_classifier_head"
+
+    def components(self) -> list[Design]:
+        b, h, f32 = self.batch, self.hidden, torch.float32
+        return [VectorDesign("copy", ((b, h),), (f32,), (b, h), f32),
+                GemmDesign(b, h, h, dtype="bf16", bias=True, epilogue="tanh"),
+                GemmDesign(b, h, self.labels, dtype="bf16", bias=True)]
+
+    def reference(self, inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor],
+                  **scalars: Any) -> None:
+        x, w_p, b_p, w_c, b_c = inputs
+        first = x.view(self.batch, self.seq, self.hidden)[:, 0].float()
+        pooled = linear_rows(first, w_p, b_p, chunk=1, act="tanh")
+        numerics.store(linear_rows(pooled, w_c, b_c, chunk=1), outputs[0])

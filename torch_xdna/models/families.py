@@ -10,7 +10,7 @@ from typing import Callable
 
 from torch_xdna.models.spec import DecoderSpec, RopeSpec, UnsupportedModelError, WeightNames
 
-ROPE_TYPES = ("default", "linear", "llama3")
+ROPE_TYPES = ("default", "linear", "llama3", "freq_factors")
 ACTS = {"silu": "silu", "swish": "silu", "gelu_pytorch_tanh": "gelu_tanh", "gelu_tanh": "gelu_tanh"}
 
 _L = "model.layers.{i}."
@@ -70,6 +70,9 @@ def _rope(family: str, params: dict | None, theta_default: float) -> RopeSpec:
     factor = float(params.get("factor", 1.0))
     if rtype == "linear":
         return RopeSpec(theta, "linear", factor)
+    if rtype == "freq_factors":                  # GGUF rope_freqs (models/gguf.py)
+        return RopeSpec(theta, "freq_factors",
+                        freq_factors=tuple(float(x) for x in params.get("freq_factors", ())))
     return RopeSpec(theta, "llama3", factor, float(params.get("low_freq_factor", 1.0)),
                     float(params.get("high_freq_factor", 4.0)),
                     int(params.get("original_max_position_embeddings", 8192)))

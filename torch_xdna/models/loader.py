@@ -16,7 +16,7 @@ import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 
@@ -38,6 +38,7 @@ class ModelFiles:
     config: dict
     spec: DecoderSpec
     generation: dict = field(default_factory=dict)        # generation_config.json
+    gguf: Any = None                                      # models/gguf.GGUFModel for a .gguf file
 
     def eos_token_ids(self) -> tuple[int, ...]:
         ids = list(self.spec.eos_token_ids)
@@ -52,6 +53,11 @@ def read_model(model_dir: str | Path) -> ModelFiles:
     """The validated description of a decoder directory (models/validate.py: config, generation
     config, tokenizer + chat template, weight shapes), before any weight is read."""
     d = Path(model_dir)
+    if d.is_file():
+        return read_gguf(d)
+    if d.suffix.lower() == ".gguf":
+        raise ModelDirError(f"{model_dir}: no such file; pass an existing llama.cpp .gguf file",
+                            public="the model file does not exist")
     if not d.is_dir():
         raise ModelDirError(f"{model_dir}: not a directory; pass a Hugging Face model directory",
                             public="the model path is not a directory")
@@ -63,6 +69,22 @@ def read_model(model_dir: str | Path) -> ModelFiles:
     gen = read_json(gen_path) if gen_path.is_file() else None
     validate.check_decoder_dir(d, cfg, spec, gen)
     return ModelFiles(d, cfg, spec, gen or {})
+
+
+def read_gguf(path: Path) -> ModelFiles:
+    """The description of a llama.cpp GGUF file (models/gguf.py): its metadata as a config,
+    validated like a config.json, before any weight is read."""
+    from torch_xdna.models.gguf import open_gguf
+    g = open_gguf(path)
+    cfg = g.config()
+    family_of(cfg)
+    validate.check_config(path, cfg)
+    return ModelFiles(path, cfg, spec_from_config(cfg), {}, gguf=g)
+
+
+def source_files(mf: ModelFiles) -> list[Path]:
+    """The files holding the weights: the GGUF file, or the directory's safetensors."""
+    return [mf.path] if mf.gguf is not None else safetensors_files(mf.path)
 
 
 def site_names(spec: DecoderSpec) -> list[str]:
@@ -83,7 +105,8 @@ def site_names(spec: DecoderSpec) -> list[str]:
 
 def weights_hash(model_dir: str | Path) -> str:
     h = hashlib.sha256()
-    for f in safetensors_files(model_dir):
+    p = Path(model_dir)
+    for f in ([p] if p.is_file() else safetensors_files(model_dir)):
         h.update(f.name.encode())
         with open(f, "rb") as fh:
             for block in iter(lambda: fh.read(1 << 24), b""):
@@ -101,8 +124,10 @@ def _digest(tensors: dict[str, torch.Tensor]) -> str:
 
 
 def _cache_bound(mf: ModelFiles) -> int:
-    """Largest plausible cache entry: quantized sites are never more than 2x the source bytes."""
-    return 2 * sum(f.stat().st_size for f in safetensors_files(mf.path)) + (64 << 20)
+    """Largest plausible cache entry: quantized sites are never more than 2x the source bytes
+    (8x for a GGUF file: 4-bit blocks may be stored as bf16)."""
+    factor = 8 if mf.gguf is not None else 2
+    return factor * sum(f.stat().st_size for f in source_files(mf)) + (64 << 20)
 
 
 def _read_cache(cd: CacheDir, name: str, key: str, max_bytes: int) -> dict[str, torch.Tensor] | None:
@@ -157,6 +182,9 @@ def _write_cache(cd: CacheDir, name: str, key: str, tensors: dict[str, torch.Ten
 
 def _hf_tensors(mf: ModelFiles) -> dict[str, torch.Tensor]:
     from torch_xdna.models.hf import iter_tensors
+    if mf.gguf is not None:
+        from torch_xdna.models.gguf import hf_state_dict
+        return hf_state_dict(mf.gguf, mf.config)
     sd = {}
     for name, t in iter_tensors(mf.path):
         # multimodal wrappers put the text model under a prefix; accept the plain text names

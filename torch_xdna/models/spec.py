@@ -19,7 +19,8 @@ class UnsupportedModelError(ValueError):
 
 @dataclass(frozen=True)
 class RopeSpec:
-    """Rotary embedding parameters of one table (types: default, linear, llama3)."""
+    """Rotary embedding parameters of one table (types: default, linear, llama3, freq_factors:
+    per-pair divisors of the inverse frequencies, as GGUF files store Llama 3 scaling)."""
 
     theta: float
     type: str = "default"
@@ -27,6 +28,7 @@ class RopeSpec:
     low_freq_factor: float = 1.0
     high_freq_factor: float = 4.0
     original_max_positions: int = 8192
+    freq_factors: tuple[float, ...] = ()
 
     def inv_freq(self, head_dim: int) -> torch.Tensor:
         """Per-pair inverse frequencies [head_dim/2] in fp64 (rounded to fp32 by the caller)."""
@@ -35,6 +37,11 @@ class RopeSpec:
             return inv
         if self.type == "linear":
             return inv / self.factor
+        if self.type == "freq_factors":
+            if len(self.freq_factors) != len(inv):
+                raise UnsupportedModelError(f"rope freq_factors has {len(self.freq_factors)} "
+                                            f"entries for head_dim {head_dim} ({len(inv)} needed)")
+            return inv / torch.tensor(self.freq_factors, dtype=torch.float64)
         if self.type == "llama3":
             # wavelengths longer than the original context are stretched by `factor`, short ones
             # kept, and the band between them interpolated smoothly (Llama 3.1 long-context recipe)

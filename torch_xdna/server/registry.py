@@ -19,7 +19,7 @@ from torch_xdna.models.hf import ModelDirError, read_config
 from torch_xdna.runtime.errors import DeviceOutOfMemory
 from torch_xdna.server.schemas import APIError
 
-KINDS = ("embedding", "chat")
+KINDS = ("embedding", "chat", "rerank")
 DEFAULT_EMBEDDING_ID = "all-MiniLM-L6-v2"
 
 
@@ -37,9 +37,13 @@ class ModelEntry:
 
 
 def model_kind(model_dir: Path) -> str:
-    """'embedding' for BERT-family encoders (incl. sentence-transformers folders), else 'chat'."""
+    """'rerank' for BERT-family cross-encoders (*ForSequenceClassification), 'embedding' for
+    other BERT-family encoders (incl. sentence-transformers folders), else 'chat'."""
+    from torch_xdna.models.cross_encoder import is_cross_encoder
     cfg = read_config(transformer_dir(model_dir))
-    return "embedding" if cfg.get("model_type") in ENCODER_TYPES else "chat"
+    if cfg.get("model_type") in ENCODER_TYPES:
+        return "rerank" if is_cross_encoder(cfg) else "embedding"
+    return "chat"
 
 
 class ModelRegistry:
@@ -65,15 +69,28 @@ class ModelRegistry:
                 aliases: tuple[str, ...] = ()) -> ModelEntry:
         """Offer a HF directory; kind detected from config.json. Raises ModelDirError early."""
         path = Path(model_dir).expanduser()
-        if not path.is_dir():
-            raise ModelDirError(f"{model_dir}: not a directory; pass a Hugging Face model directory")
-        kind = model_kind(path)
-        name = self._unique(name or path.resolve().name)
+        from torch_xdna.models.gguf import is_gguf
+        gguf_file = is_gguf(path)
+        if not path.is_dir() and not gguf_file:
+            raise ModelDirError(f"{model_dir}: not a directory or .gguf file; pass a Hugging Face "
+                                "model directory or a llama.cpp GGUF file")
+        if gguf_file:
+            from torch_xdna.models.loader import read_model
+            read_model(path)                  # a broken file fails before the server binds
+        kind = "chat" if gguf_file else model_kind(path)
+        name = self._unique(name or (path.stem if gguf_file else path.resolve().name))
         if kind == "embedding":
             from torch_xdna.engine.embedder import Embedder
             spec = load_spec(path, name=name)
             entry = ModelEntry(name, kind, lambda: Embedder.load(path, name=name), path, aliases,
                                spec=spec, tokenizer=EncoderTokenizer(path, spec))
+        elif kind == "rerank":
+            from torch_xdna.engine.reranker import Reranker
+            from torch_xdna.models.cross_encoder import PairTokenizer, load_head_spec
+            spec = load_spec(path, name=name)
+            load_head_spec(path)                       # a bad head fails before the server binds
+            entry = ModelEntry(name, kind, lambda: Reranker.load(path, name=name), path, aliases,
+                               spec=spec, tokenizer=PairTokenizer(path, spec))
         else:
             from torch_xdna.server.chat import load_chat_model
             entry = ModelEntry(name, kind, lambda: load_chat_model(path), path, aliases)
@@ -91,7 +108,7 @@ class ModelRegistry:
             raise ValueError(f"kind must be one of {KINDS}")
         name = self._unique(name)
         entry = ModelEntry(name, kind, lambda: model, pinned=True)
-        if kind == "embedding":
+        if kind in ("embedding", "rerank"):
             entry.spec, entry.tokenizer = model.spec, model.tokenizer
         self.entries[name] = entry
         with self._lock:
@@ -114,7 +131,8 @@ class ModelRegistry:
                                 f"to it. Served models: {', '.join(self.entries)}",
                            param="model", code="model_not_found")
         if entry.kind != kind:
-            route = "/v1/embeddings" if entry.kind == "embedding" else "/v1/chat/completions"
+            route = {"embedding": "/v1/embeddings", "rerank": "/v1/rerank"}.get(
+                entry.kind, "/v1/chat/completions")
             raise APIError(400, f"model '{entry.id}' is a {entry.kind} model; use {route}",
                            param="model", code="model_not_supported")
         return entry
