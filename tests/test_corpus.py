@@ -136,8 +136,10 @@ def test_txt_and_parquet_inputs_carry_ids(tmp_path, embedder, model_dir):
                 embedder_factory=lambda: embedder)
 
 
-def test_killed_then_resumed_equals_uninterrupted(reference, corpus, model_dir, tmp_path):
-    """A CLI job SIGKILLed after 3 committed chunks, then rerun: the same parquet, bit for bit."""
+def test_killed_then_resumed_equals_uninterrupted(reference, corpus, model_dir, embedder,
+                                                  tmp_path):
+    """A CLI job SIGKILLed after 3 committed chunks, then rerun (in-process, to save a second
+    interpreter start): the same parquet, bit for bit."""
     out = tmp_path / "resumed.parquet"
     args = [sys.executable, "-m", "torch_xdna.cli.main", "embed", "--input", str(corpus[0]),
             "--output", str(out), "--model", str(model_dir), "--batch-size", "256",
@@ -147,11 +149,9 @@ def test_killed_then_resumed_equals_uninterrupted(reference, corpus, model_dir, 
     assert r.returncode == -9, r.stderr
     m = json.loads((partial_dir(out) / "manifest.json").read_text())
     assert m["chunks_done"] == 3 and m["rows"] == 3 * ROWS - 2 and not out.exists()
-    env.pop(TEST_KILL_ENV)
-    r = subprocess.run(args, env=env, capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stderr
-    s = json.loads(r.stdout)
-    assert (s["resumed_chunks"], s["rows"], s["chunks"]) == (3, N_TEXTS, -(-(N_TEXTS + 2) // ROWS))
+    s = run_job(CorpusJob(corpus[0], out, model=str(model_dir), batch_size=256,
+                          rows_per_group=ROWS), embedder_factory=lambda: embedder)
+    assert (s.resumed_chunks, s.rows, s.chunks) == (3, N_TEXTS, -(-(N_TEXTS + 2) // ROWS))
     assert pq.read_table(out).equals(pq.read_table(reference[0]))
     assert not partial_dir(out).exists()
 
