@@ -16,7 +16,8 @@ def register(subparsers) -> None:
                               epilog='examples:\n  xdna embed "hello world" "good morning"\n'
                                      '  cat lines.txt | xdna embed - --json\n'
                                      '  xdna embed --input corpus.jsonl --output vectors.parquet\n'
-                                     '  xdna embed --input corpus.txt --output v.parquet --ray\n\n'
+                                     '  xdna embed --input corpus.txt --output v.parquet --ray\n'
+                                     '  xdna embed --image cat.png dog.jpg --model ./dinov2-small\n\n'
                                      'A corpus job resumes where it stopped when rerun with the same '
                                      'arguments\n(its progress is kept in OUTPUT.partial/).',
                               formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -25,6 +26,8 @@ def register(subparsers) -> None:
                                                   "all-MiniLM-L6-v2)")
     p.add_argument("--json", action="store_true", help="print full vectors as JSON (corpus job: "
                                                        "a JSON summary)")
+    p.add_argument("--image", nargs="+", metavar="FILE", help="embed images with an image model "
+                   "(--model DIR: a ViT or DINOv2 Hugging Face directory)")
     g = p.add_argument_group("corpus jobs")
     g.add_argument("--input", metavar="FILE", help="corpus: .jsonl (one object per line), .txt "
                                                    "(one text per line) or .parquet")
@@ -95,8 +98,54 @@ def run_corpus(args: argparse.Namespace) -> int:
     return 0
 
 
+def run_images(args: argparse.Namespace) -> int:
+    from pathlib import Path
+    from torch_xdna.engine.embedder import EmbedStats
+    from torch_xdna.engine.image_embedder import ImageEmbedder
+    from torch_xdna.models.vision import ImageInputError, is_image_model, open_image
+    if args.texts or args.input:
+        raise CliError("give either --image FILE... or texts/--input, not both")
+    if not args.model:
+        raise CliError("--image needs --model DIR (a ViT or DINOv2 Hugging Face directory)")
+    if not is_image_model(args.model):
+        raise CliError(f"{args.model} is not an image model (config.json model_type vit or "
+                       f"dinov2); text models embed TEXT arguments")
+    images = []
+    for f in args.image:
+        p = Path(f)
+        if not p.is_file():
+            raise CliError(f"{f}: no such file")
+        try:
+            images.append(open_image(p.read_bytes(), f))
+        except ImageInputError as e:
+            raise CliError(str(e)) from None
+    emb = ImageEmbedder.load(args.model)
+    stats = EmbedStats()
+    vecs = emb.embed_images(images, stats)
+    backend = "simulated NPU" if emb.dev.backend == "sim" else f"{emb.dev.backend} NPU"
+    timing = "modeled" if emb.dev.backend == "sim" else "measured"
+    if args.json:
+        print(json.dumps({
+            "model": emb.name, "dimensions": emb.dim, "backend": emb.dev.backend,
+            "pooling": emb.spec.pooling,
+            "data": [{"index": i, "file": f, "embedding": v.tolist()}
+                     for i, (f, v) in enumerate(zip(args.image, vecs))],
+            "npu": {"dispatches": stats.dispatches, f"{timing}_ms": stats.modeled_us / 1e3,
+                    "host_ms": stats.host_s * 1e3}}))
+    else:
+        for f, v in zip(args.image, vecs):
+            print(f"{_short(v.tolist())}  ({emb.dim} dims)  {f}")
+        print(f"{emb.name} on {backend}: {len(images)} image(s), {stats.dispatches} dispatch(es), "
+              f"NPU time {stats.modeled_us / 1e3:.2f} ms ({timing}), host "
+              f"{stats.host_s * 1e3:.0f} ms", file=sys.stderr)
+    emb.close()
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
     from torch_xdna.engine.embedder import Embedder, EmbedStats
+    if args.image:
+        return run_images(args)
     if args.input:
         return run_corpus(args)
     if args.output:

@@ -23,6 +23,16 @@ from torch_xdna.models.hf import ModelDirError, read_config
 from torch_xdna.models.vision import IMAGE_TYPES, ImagePreprocessor, has_pooler_weights
 
 MAX_BATCH = 8
+RECOMPILE_LIMIT = 64       # compiled shapes per forward code object, across all instances
+
+
+def allow_recompiles(n: int = RECOMPILE_LIMIT) -> None:
+    """Dynamo counts recompiles per code object, so every instance of a model class (several
+    served models, batch buckets, tile shapes) shares dynamo's default budget of 8; past it
+    dynamo would silently run the module eagerly. Raise the limit (never lower it)."""
+    import torch._dynamo
+    cfg = torch._dynamo.config
+    cfg.recompile_limit = max(cfg.recompile_limit, n)
 
 
 @dataclass(frozen=True)
@@ -87,6 +97,7 @@ class ImageEmbedder:
         self._lock = threading.Lock()
         self.module = _Pooled(model, mtype == "vit" and out not in (None, (size, size))).to("xdna")
         opts = {"cache_dir": str(cache_dir)} if cache_dir else {}
+        allow_recompiles()
         self.fn = torch.compile(self.module, backend="xdna", dynamic=False, options=opts)
 
     @classmethod

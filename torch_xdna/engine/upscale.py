@@ -15,6 +15,7 @@ from pathlib import Path
 
 import torch
 
+from torch_xdna.engine.image_embedder import allow_recompiles
 from torch_xdna.models.sr import SubpixelBilinear, load_sr
 
 DEFAULT_TILE = 96                 # LR pixels per tile side: a 64-feature 3x3 conv plan fits easily
@@ -59,6 +60,7 @@ class Upscaler:
         self.halo, self.tile = int(model.halo), tile
         self.model = model.eval().to("xdna")
         opts = {"cache_dir": str(cache_dir)} if cache_dir else {}
+        allow_recompiles()
         self.fn = torch.compile(self.model, backend="xdna", dynamic=False, options=opts)
 
     @classmethod

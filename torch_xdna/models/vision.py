@@ -99,7 +99,7 @@ class ImagePreprocessor:
         """PIL image -> [3, H, W] float32 pixel values."""
         from PIL import Image
         if self.do_convert_rgb:
-            img = img.convert("RGB")
+            img = to_rgb(img)
         if self.do_resize:
             h, w = self._resize_to(img.height, img.width)
             img = img.resize((w, h), resample=Image.Resampling(self.resample), reducing_gap=None)
@@ -115,6 +115,16 @@ class ImagePreprocessor:
             std = np.array(self.image_std, dtype=a.dtype)[:, None, None]
             a = (a - mean) / std
         return np.ascontiguousarray(a, dtype=np.float32)
+
+
+def to_rgb(img):
+    """RGB, compositing transparency onto white (as transformers' convert_to_rgb does)."""
+    from PIL import Image
+    if "A" in img.getbands() or img.info.get("transparency") is not None:
+        img = img.convert("RGBA")
+        return Image.alpha_composite(Image.new("RGBA", img.size, (255, 255, 255, 255)),
+                                     img).convert("RGB")
+    return img.convert("RGB")
 
 
 def _center_crop(a: np.ndarray, ch: int, cw: int) -> np.ndarray:

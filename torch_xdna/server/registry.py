@@ -19,14 +19,14 @@ from torch_xdna.models.hf import ModelDirError, read_config
 from torch_xdna.runtime.errors import DeviceOutOfMemory
 from torch_xdna.server.schemas import APIError
 
-KINDS = ("embedding", "chat")
+KINDS = ("embedding", "chat", "image")     # image: ViT/DINOv2 image embedders (/v1/embeddings)
 DEFAULT_EMBEDDING_ID = "all-MiniLM-L6-v2"
 
 
 @dataclass(eq=False)
 class ModelEntry:
     id: str
-    kind: str                                  # "embedding" | "chat"
+    kind: str                                  # "embedding" | "chat" | "image"
     factory: Callable[[], Any]                 # loads the resident model (worker thread)
     path: Path | None = None
     aliases: tuple[str, ...] = ()
@@ -37,8 +37,12 @@ class ModelEntry:
 
 
 def model_kind(model_dir: Path) -> str:
-    """'embedding' for BERT-family encoders (incl. sentence-transformers folders), else 'chat'."""
+    """'embedding' for BERT-family encoders (incl. sentence-transformers folders), 'image' for
+    ViT/DINOv2 image encoders, else 'chat'."""
+    from torch_xdna.models.vision import IMAGE_TYPES
     cfg = read_config(transformer_dir(model_dir))
+    if cfg.get("model_type") in IMAGE_TYPES:
+        return "image"
     return "embedding" if cfg.get("model_type") in ENCODER_TYPES else "chat"
 
 
@@ -74,6 +78,10 @@ class ModelRegistry:
             spec = load_spec(path, name=name)
             entry = ModelEntry(name, kind, lambda: Embedder.load(path, name=name), path, aliases,
                                spec=spec, tokenizer=EncoderTokenizer(path, spec))
+        elif kind == "image":
+            from torch_xdna.engine.image_embedder import ImageEmbedder
+            entry = ModelEntry(name, kind, lambda: ImageEmbedder.load(path, name=name), path,
+                               aliases)
         else:
             from torch_xdna.server.chat import load_chat_model
             entry = ModelEntry(name, kind, lambda: load_chat_model(path), path, aliases)
@@ -99,11 +107,14 @@ class ModelRegistry:
         return entry
 
     # --- lookup -------------------------------------------------------------------------------
-    def resolve(self, model_id: str | None, kind: str) -> ModelEntry:
-        """The entry a request names (or the first of `kind` when it names none)."""
+    def resolve(self, model_id: str | None, kind: str | tuple[str, ...]) -> ModelEntry:
+        """The entry a request names (or the first of `kind` when it names none); `kind` may be
+        a tuple of accepted kinds (/v1/embeddings takes text and image embedders)."""
+        kinds = (kind,) if isinstance(kind, str) else kind
+        kind = kinds[0]
         if model_id is None:
             for e in self.entries.values():
-                if e.kind == kind:
+                if e.kind in kinds:
                     return e
             raise APIError(400, f"no {kind} model is being served; start the server with "
                                 f"--model DIR", param="model", code="model_not_found")
@@ -113,8 +124,8 @@ class ModelRegistry:
             raise APIError(404, f"The model '{model_id}' does not exist or you do not have access "
                                 f"to it. Served models: {', '.join(self.entries)}",
                            param="model", code="model_not_found")
-        if entry.kind != kind:
-            route = "/v1/embeddings" if entry.kind == "embedding" else "/v1/chat/completions"
+        if entry.kind not in kinds:
+            route = "/v1/chat/completions" if entry.kind == "chat" else "/v1/embeddings"
             raise APIError(400, f"model '{entry.id}' is a {entry.kind} model; use {route}",
                            param="model", code="model_not_supported")
         return entry
