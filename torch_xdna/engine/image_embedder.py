@@ -153,6 +153,12 @@ class ImageEmbedder:
         """PIL images -> [n, dim] vectors."""
         return self.embed_pixels(self.preprocess(images), stats)
 
+    def warm_up(self) -> None:
+        """Compile (and plan) the one-image shape, so a first request does not pay for it."""
+        from PIL import Image
+        h, w = self.pre.output_size() or (self.spec.image_size, self.spec.image_size)
+        self.embed_images([Image.new("RGB", (w, h))])
+
     def close(self) -> None:
         """Drop the device copy of the weights."""
         with self._lock:

@@ -421,6 +421,8 @@ class Server:
             model = self.registry.get(entry)
             if entry.kind == "embedding":
                 model.embed(["warm up"])
+            elif entry.kind == "image":
+                model.warm_up()                     # compile the single-image shape
         self.preloaded = True
 
 
