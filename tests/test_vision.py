@@ -173,3 +173,20 @@ def test_server_embeds_data_urls(dirs, embedders):
                           ("data:image/png;base64,AAAA", "invalid_image")]:
             r = c.post("/v1/embeddings", json={"model": "tiny-vit", "input": bad})
             assert r.status_code == 400 and r.json()["error"]["code"] == code, r.text
+
+
+def test_estimate_image_and_sr_dirs(tmp_path, capsys):
+    """`xdna estimate DIR` from config.json alone: modeled NPU ms per image / per megapixel with
+    zero host nodes, next to a measured CPU forward."""
+    from transformers import ViTConfig
+    from torch_xdna.cli.main import main
+    ViTConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64,
+              image_size=32, patch_size=8).save_pretrained(tmp_path / "vit")
+    (tmp_path / "sr").mkdir()
+    (tmp_path / "sr" / "config.json").write_text(json.dumps(
+        {"architecture": "espcn", "scale": 2, "channels": 1, "features": [8, 8]}))
+    for d, key in [("vit", "modeled_npu_ms_per_image"), ("sr", "modeled_npu_ms_per_megapixel")]:
+        assert main(["estimate", str(tmp_path / d), "--json"]) == 0
+        r = json.loads(capsys.readouterr().out)
+        assert r["modeled"] and r["host_nodes"] == 0 and r["partitions"] == 1
+        assert r[key] > 0 and r["measured_cpu_ms"] > 0
