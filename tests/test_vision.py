@@ -151,9 +151,10 @@ def test_server_embeds_data_urls(dirs, embedders):
     from fastapi.testclient import TestClient
     from torch_xdna.server.app import ServerConfig, create_app
     from torch_xdna.server.registry import ModelRegistry
+    from torch_xdna.server.registry import model_kind
+    assert model_kind(dirs["vit"]) == model_kind(dirs["dinov2"]) == "image"
     reg = ModelRegistry(max_models=2)
-    entry = reg.add_dir(dirs["vit"], "tiny-vit")
-    assert entry.kind == "image"
+    reg.add_object(embedders["vit"], "image", "tiny-vit")     # compiled already: no recompile
     images = _images()[:3]
     with TestClient(create_app(ServerConfig(default_model=False), registry=reg)) as c:
         assert {m["id"]: m["kind"] for m in c.get("/v1/models").json()["data"]} == \
