@@ -44,8 +44,19 @@ def table(rows: list[dict]) -> str:
     return "\n".join("  ".join(c.rjust(w) for c, w in zip(row, widths)) for row in cells)
 
 
+def run_vision(args: argparse.Namespace) -> int:
+    """Image / super-resolution directories (engine/estimate_vision.py)."""
+    from torch_xdna.engine.estimate_vision import describe, estimate_vision
+    r = estimate_vision(args.model)
+    print(json.dumps({"modeled": True, **r}, indent=2) if args.json else describe(r))
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
     from torch_xdna.engine.estimate import estimate, resolve_spec
+    from torch_xdna.engine.estimate_vision import is_vision_dir
+    if is_vision_dir(args.model):
+        return run_vision(args)
     name, spec = resolve_spec(args.model)
     rows = [estimate(spec, p, args.context, layout=args.layout)
             for p in (args.precision or ["bf16", "int4"])]

@@ -421,6 +421,8 @@ class Server:
             model = self.registry.get(entry)
             if entry.kind == "embedding":
                 model.embed(["warm up"])
+            elif entry.kind == "image":
+                model.warm_up()                     # compile the single-image shape
         self.preloaded = True
 
 
@@ -518,7 +520,10 @@ def create_app(config: ServerConfig | None = None, registry: ModelRegistry | Non
     @app.post("/v1/embeddings")
     async def embeddings(request: Request):
         req: EmbeddingRequest = await parse(request, EmbeddingRequest)
-        entry = srv.registry.resolve(req.model, "embedding")
+        entry = srv.registry.resolve(req.model, ("embedding", "image"))
+        if entry.kind == "image":                 # base64 image data URLs (server/vision.py)
+            from torch_xdna.server.vision import image_embeddings
+            return await image_embeddings(srv, request, req, entry)
         if req.dimensions is not None and req.dimensions > entry.spec.dim:
             raise APIError(400, f"'dimensions' is {req.dimensions}, but {entry.id} produces "
                                 f"{entry.spec.dim}-dimensional vectors.", param="dimensions",

@@ -19,14 +19,14 @@ from torch_xdna.models.hf import ModelDirError, read_config
 from torch_xdna.runtime.errors import DeviceOutOfMemory
 from torch_xdna.server.schemas import APIError
 
-KINDS = ("embedding", "chat", "rerank")
+KINDS = ("embedding", "chat", "rerank", "image")   # image: ViT/DINOv2 embedders (/v1/embeddings)
 DEFAULT_EMBEDDING_ID = "all-MiniLM-L6-v2"
 
 
 @dataclass(eq=False)
 class ModelEntry:
     id: str
-    kind: str                                  # "embedding" | "chat"
+    kind: str                                  # "embedding" | "chat" | "image"
     factory: Callable[[], Any]                 # loads the resident model (worker thread)
     path: Path | None = None
     aliases: tuple[str, ...] = ()
@@ -38,9 +38,13 @@ class ModelEntry:
 
 def model_kind(model_dir: Path) -> str:
     """'rerank' for BERT-family cross-encoders (*ForSequenceClassification), 'embedding' for
-    other BERT-family encoders (incl. sentence-transformers folders), else 'chat'."""
+    other BERT-family encoders (incl. sentence-transformers folders), 'image' for ViT/DINOv2 image
+    encoders, else 'chat'."""
     from torch_xdna.models.cross_encoder import is_cross_encoder
+    from torch_xdna.models.vision import IMAGE_TYPES
     cfg = read_config(transformer_dir(model_dir))
+    if cfg.get("model_type") in IMAGE_TYPES:
+        return "image"
     if cfg.get("model_type") in ENCODER_TYPES:
         return "rerank" if is_cross_encoder(cfg) else "embedding"
     return "chat"
@@ -91,6 +95,10 @@ class ModelRegistry:
             load_head_spec(path)                       # a bad head fails before the server binds
             entry = ModelEntry(name, kind, lambda: Reranker.load(path, name=name), path, aliases,
                                spec=spec, tokenizer=PairTokenizer(path, spec))
+        elif kind == "image":
+            from torch_xdna.engine.image_embedder import ImageEmbedder
+            entry = ModelEntry(name, kind, lambda: ImageEmbedder.load(path, name=name), path,
+                               aliases)
         else:
             from torch_xdna.server.chat import load_chat_model
             entry = ModelEntry(name, kind, lambda: load_chat_model(path), path, aliases)
@@ -116,11 +124,14 @@ class ModelRegistry:
         return entry
 
     # --- lookup -------------------------------------------------------------------------------
-    def resolve(self, model_id: str | None, kind: str) -> ModelEntry:
-        """The entry a request names (or the first of `kind` when it names none)."""
+    def resolve(self, model_id: str | None, kind: str | tuple[str, ...]) -> ModelEntry:
+        """The entry a request names (or the first of `kind` when it names none); `kind` may be
+        a tuple of accepted kinds (/v1/embeddings takes text and image embedders)."""
+        kinds = (kind,) if isinstance(kind, str) else kind
+        kind = kinds[0]
         if model_id is None:
             for e in self.entries.values():
-                if e.kind == kind:
+                if e.kind in kinds:
                     return e
             raise APIError(400, f"no {kind} model is being served; start the server with "
                                 f"--model DIR", param="model", code="model_not_found")
@@ -130,9 +141,14 @@ class ModelRegistry:
             raise APIError(404, f"The model '{model_id}' does not exist or you do not have access "
                                 f"to it. Served models: {', '.join(self.entries)}",
                            param="model", code="model_not_found")
+<<<<<<< HEAD
         if entry.kind != kind:
             route = {"embedding": "/v1/embeddings", "rerank": "/v1/rerank"}.get(
                 entry.kind, "/v1/chat/completions")
+=======
+        if entry.kind not in kinds:
+            route = "/v1/chat/completions" if entry.kind == "chat" else "/v1/embeddings"
+>>>>>>> corpus-vision
             raise APIError(400, f"model '{entry.id}' is a {entry.kind} model; use {route}",
                            param="model", code="model_not_supported")
         return entry
