@@ -141,14 +141,9 @@ class ModelRegistry:
             raise APIError(404, f"The model '{model_id}' does not exist or you do not have access "
                                 f"to it. Served models: {', '.join(self.entries)}",
                            param="model", code="model_not_found")
-<<<<<<< HEAD
-        if entry.kind != kind:
-            route = {"embedding": "/v1/embeddings", "rerank": "/v1/rerank"}.get(
-                entry.kind, "/v1/chat/completions")
-=======
         if entry.kind not in kinds:
-            route = "/v1/chat/completions" if entry.kind == "chat" else "/v1/embeddings"
->>>>>>> corpus-vision
+            route = {"embedding": "/v1/embeddings", "image": "/v1/embeddings",
+                     "rerank": "/v1/rerank"}.get(entry.kind, "/v1/chat/completions")
             raise APIError(400, f"model '{entry.id}' is a {entry.kind} model; use {route}",
                            param="model", code="model_not_supported")
         return entry
