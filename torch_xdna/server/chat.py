@@ -21,6 +21,8 @@ class GenerationParams:
     top_p: float = 1.0
     seed: int | None = None
     stop: list[str] = field(default_factory=list)
+    top_k: int = 0                       # 0: off (Ollama's options set it)
+    repetition_penalty: float = 1.0      # multiplicative (Ollama's repeat_penalty)
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     logit_bias: tuple[tuple[int, float], ...] = ()
@@ -217,6 +219,8 @@ class DecoderChatModel:
         from torch_xdna.engine.generate import GenerationConfig
         config = GenerationConfig(max_tokens=params.max_tokens, temperature=params.temperature,
                                   top_p=params.top_p, seed=params.seed, stop=tuple(params.stop),
+                                  top_k=params.top_k,
+                                  repetition_penalty=params.repetition_penalty,
                                   presence_penalty=params.presence_penalty,
                                   frequency_penalty=params.frequency_penalty,
                                   logit_bias=params.logit_bias, grammar=params.grammar,

@@ -1,6 +1,7 @@
-"""Tool calling, structured output, logprobs, n, penalties through the official openai client on
-a live server (tiny random-weight Qwen3 with a Qwen3-style tools template), plus the tool-call
-parser on synthetic model outputs of each convention."""
+"""Tool calling, structured output, logprobs, n, penalties through the official openai client,
+and the Ollama API through the official ollama client, on one live server (tiny random-weight
+Qwen3 with a Qwen3-style tools template, the bundled embedding model, a scripted fake); plus the
+tool-call parser on synthetic model outputs of each convention."""
 from __future__ import annotations
 
 import json
@@ -8,8 +9,10 @@ import sys
 from pathlib import Path
 
 import jsonschema
+import ollama
 import openai
 import pytest
+import torch
 
 from torch_xdna.server.app import ServerConfig, create_app
 from torch_xdna.server.background import BackgroundServer
@@ -107,6 +110,7 @@ def live(tmp_path_factory):
     cfg["chat_template"] = QWEN3_TOOLS_TEMPLATE
     cfg_path.write_text(json.dumps(cfg))
     reg = ModelRegistry(max_models=3)
+    reg.add_default_embedding()
     reg.add_dir(qwen)
     script = ScriptChat(SCRIPTED)
     reg.add_object(script, "chat", "script")
@@ -301,3 +305,63 @@ def test_unsupported_features_on_a_plain_model_are_400(client):
                                        tool_choice={"type": "function",
                                                     "function": {"name": "nope"}})
     assert e.value.param == "tool_choice" or "nope" in str(e.value)
+
+
+# --- Ollama API -----------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def oll(live):
+    return ollama.Client(host=live.url, timeout=120)
+
+
+def test_ollama_version_tags_show(oll):
+    assert oll._client.get("/api/version").json()["version"]
+    names = {m.model for m in oll.list().models}
+    assert {"tiny-qwen3", "all-MiniLM-L6-v2", "script"} <= names
+    s = oll.show("tiny-qwen3:latest")
+    assert "tools" in s.capabilities and "<tool_call>" in s.template
+    assert s.modelinfo["qwen3.context_length"] == 512 and s.details.family == "qwen3"
+    with pytest.raises(ollama.ResponseError) as e:
+        oll.show("nope")
+    assert e.value.status_code == 404
+
+
+def test_ollama_chat_and_generate_stream_ndjson(oll):
+    opts = {"temperature": 0, "num_predict": 6}
+    r = oll.chat(model="tiny-qwen3", messages=MSGS, options=opts)
+    assert r.done and r.done_reason in ("stop", "length") and r.message.role == "assistant"
+    assert 0 < r.eval_count <= 6 and r.prompt_eval_count > 0 and r.total_duration > 0
+    parts = list(oll.chat(model="tiny-qwen3", messages=MSGS, options=opts, stream=True))
+    assert parts[-1].done and not any(p.done for p in parts[:-1])
+    assert "".join(p.message.content for p in parts) == r.message.content   # greedy
+    g = oll.generate(model="tiny-qwen3", prompt="the quick", options=opts)
+    gs = list(oll.generate(model="tiny-qwen3", prompt="the quick", options=opts, stream=True))
+    assert "".join(p.response for p in gs) == g.response and gs[-1].eval_count == g.eval_count
+    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"],
+              "additionalProperties": False}
+    j = oll.generate(model="tiny-qwen3", prompt="ok?", format=schema,
+                     options={"temperature": 0, "num_predict": 30})
+    jsonschema.validate(json.loads(j.response), schema)
+    with pytest.raises(ollama.ResponseError) as e:
+        oll.chat(model="missing:7b", messages=MSGS)
+    assert e.value.status_code == 404
+
+
+def test_ollama_embed_matches_the_engine(oll, live):
+    emb = live.app.state.server.registry.loaded["all-MiniLM-L6-v2"]
+    texts = ["hello world", "the cat sat on the mat"]
+    r = oll.embed(model="all-MiniLM-L6-v2", input=texts)
+    torch.testing.assert_close(torch.tensor(r.embeddings), emb.embed(texts), atol=2e-5, rtol=0)
+    assert r.prompt_eval_count > 0
+    one = oll.embeddings(model="all-MiniLM-L6-v2", prompt="hello world")
+    torch.testing.assert_close(torch.tensor(one.embedding), emb.embed(["hello world"])[0],
+                               atol=2e-5, rtol=0)
+
+
+def test_ollama_tool_calls(oll):
+    r = oll.chat(model="script", messages=MSGS, tools=[WEATHER])
+    assert r.message.tool_calls[0].function.name == "weather"
+    assert r.message.tool_calls[0].function.arguments == {"city": "Oslo"}
+    parts = list(oll.chat(model="script", messages=MSGS, tools=[WEATHER], stream=True))
+    calls = [c for p in parts for c in (p.message.tool_calls or [])]
+    assert calls and calls[0].function.arguments == {"city": "Oslo"}
+    assert "tool_call" not in "".join(p.message.content or "" for p in parts)
