@@ -165,6 +165,7 @@ class Engine:
                 eos.append(t)
         self.eos_token_ids = tuple(eos)
         self._lock = threading.Lock()
+        self._tok_json: str | None = None      # tokenizer.json text, for grammar compilation
 
     @property
     def model_name(self) -> str:
@@ -234,7 +235,9 @@ class Engine:
         tok = self._tok()
         if not self.eos_token_ids:
             raise ValueError(f"{self.files.path}: no EOS token; constrained output needs one")
-        return processor_factory(grammar, tok.tok.to_str(), self.spec.vocab, self.eos_token_ids[0])
+        if self._tok_json is None:              # serialized once: it keys a cache
+            self._tok_json = tok.tok.to_str()
+        return processor_factory(grammar, self._tok_json, self.spec.vocab, self.eos_token_ids[0])
 
     def _processors(self, config: GenerationConfig) -> Callable[[], list]:
         """A factory of one sequence's logits processors (grammar compiled once for all n)."""

@@ -35,7 +35,8 @@ from torch_xdna.server.worker import DeviceWorker, Job, QueueFull, WorkerStopped
 
 log = logging.getLogger("torch_xdna.server")
 ROUTES = ("/health", "/metrics", "/v1/models", "/v1/embeddings", "/v1/chat/completions",
-          "/v1/completions")
+          "/v1/completions", "/api/chat", "/api/generate", "/api/embed", "/api/embeddings",
+          "/api/tags", "/api/show", "/api/ps", "/api/version")   # metrics labels
 
 
 @dataclass

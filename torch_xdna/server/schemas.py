@@ -138,7 +138,11 @@ class ChatMessage(_Strict):
     name: str | None = None
     tool_calls: list[ToolCallIn] | None = None        # assistant turns that called tools
     tool_call_id: str | None = None                   # role "tool": the call it answers
+    # fields clients echo back from an earlier response (accepted, not used)
     refusal: str | None = None
+    annotations: list | None = None
+    function_call: dict | None = None
+    audio: dict | None = None
 
     def text(self) -> str:
         if isinstance(self.content, list):
