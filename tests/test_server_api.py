@@ -365,3 +365,40 @@ def test_ollama_tool_calls(oll):
     calls = [c for p in parts for c in (p.message.tool_calls or [])]
     assert calls and calls[0].function.arguments == {"city": "Oslo"}
     assert "tool_call" not in "".join(p.message.content or "" for p in parts)
+
+
+@pytest.mark.parametrize("conv", ["hermes", "llama3", "prompt"])
+def test_forced_call_grammar_always_parses(conv, tmp_path):
+    """Random walks through the forced-call grammar of each convention (any allowed token,
+    uniformly): every finished output parses into a call of an offered tool whose arguments
+    validate."""
+    import random
+
+    from llm_fixtures import save_tokenizer
+    from tokenizers import Tokenizer
+
+    from torch_xdna.engine.constrained import Grammar, processor_factory
+    from torch_xdna.server.tools import call_grammar
+    save_tokenizer(tmp_path)
+    tok = Tokenizer.from_file(str(tmp_path / "tokenizer.json"))
+    vocab, eos = 400, 2
+    make = processor_factory(Grammar("lark", call_grammar([WEATHER, TIME], conv)), tok.to_str(),
+                             vocab, eos)
+    rng = random.Random(0)
+    tools = {"weather": WEATHER, "time": TIME}
+    for _ in range(3):
+        proc, ids = make(), []
+        for _ in range(300):
+            allowed = torch.isfinite(proc(torch.zeros(vocab))).nonzero().flatten().tolist()
+            t = rng.choice(allowed)
+            proc.accept(t)
+            if t == eos:
+                break
+            ids.append(t)
+            if proc.finished():
+                break
+        assert proc.finished() or t == eos
+        content, calls = parse_tool_calls(tok.decode(ids), conv, set(tools))
+        assert len(calls) == 1 and not content, tok.decode(ids)
+        jsonschema.validate(json.loads(calls[0].arguments),
+                            tools[calls[0].name]["function"]["parameters"])
