@@ -105,7 +105,8 @@ def run_llguidance(tok, eos, answer_ids, V):
 def run_xgrammar(tok, eos, answer_ids, V):
     import xgrammar as xgr
     t0 = time.perf_counter()
-    info = xgr.TokenizerInfo([tok.id_to_token(i) for i in range(V)], vocab_type=xgr.VocabType.BYTE_LEVEL, vocab_size=V,
+    info = xgr.TokenizerInfo([tok.id_to_token(i) for i in range(V)],
+                             vocab_type=xgr.VocabType.BYTE_LEVEL, vocab_size=V,
                              stop_token_ids=[eos])
     comp = xgr.GrammarCompiler(info)
     t_tok = time.perf_counter() - t0
