@@ -158,7 +158,7 @@ BAD_CHAT = [
     ({"messages": [{"role": "user", "content": "hi"}], "temperature": 3}, "temperature"),
     ({"messages": [{"role": "user", "content": "hi"}], "top_p": 0}, "top_p"),
     ({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 0}, "max_tokens"),
-    ({"messages": [{"role": "user", "content": "hi"}], "n": 2}, None),
+    ({"messages": [{"role": "user", "content": "hi"}], "n": 99}, "n"),
     ({"messages": [{"role": "user", "content": "hi"}], "tools": []}, "tools"),
     ({"messages": [{"role": "user", "content": "hi"}], "stop": ["a", "b", "c", "d", "e"]}, "stop"),
     ({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 100}, "max_tokens"),
@@ -229,8 +229,8 @@ def test_stop_matcher_across_pieces():
         pass
     got = []
     res = run_generation(Model(), [1, 2], GenerationParams(max_tokens=5, stop=[" bar"]),
-                         got.append, lambda: False)
-    assert "".join(got) == "hello world foo" and res.finish_reason == "stop"
+                         lambda i, text, lp: got.append(text), lambda: False)
+    assert "".join(got) == "hello world foo" and res[0].finish_reason == "stop"
 
 
 def test_api_key_body_limit_and_input_limits(embedder):

@@ -5,6 +5,9 @@ API (used by the CLI and the server):
     for chunk in engine.generate("Hello", GenerationConfig(max_tokens=32)): print(chunk.text, end="")
     result = engine.complete([{"role": "user", "content": "Hi"}], GenerationConfig(temperature=0.7))
     result.text, result.finish_reason ("stop" | "length"), result.usage, result.stats
+    GenerationConfig(n=3, grammar=Grammar("json_object"), logprobs=5, presence_penalty=0.5, ...)
+        n samples after ONE prefill (chunks carry their sample's `index`), grammar-constrained
+        output (engine/constrained.py), per-token log-probabilities (Chunk.logprobs)
 
 One generation at a time per engine (the server serializes requests on one worker thread); a
 concurrent call raises EngineBusy instead of corrupting the KV cache.
@@ -22,7 +25,9 @@ import torch
 from torch_xdna.engine.decoder import (
     DEFAULT_LAYOUT, ContextOverflow, Decoder, PrecisionPolicy, check_fits, default_cache_dir,
 )
-from torch_xdna.engine.sampler import Sampler, SamplingParams
+from torch_xdna.engine.constrained import Grammar
+from torch_xdna.engine.logits import ProcessorFactory, make_processors
+from torch_xdna.engine.sampler import SEED_MAX, SEED_MIN, Sampler, SamplingParams, TokenLogprob
 from torch_xdna.models.loader import ModelFiles, load_weights, read_model
 from torch_xdna.models.tokenizer import Tokenizer
 from torch_xdna.runtime import Device, get_device
@@ -47,6 +52,13 @@ class GenerationConfig:
     stop: tuple[str, ...] = ()
     stop_token_ids: tuple[int, ...] | None = None     # None: the model's eos tokens
     chat_kwargs: tuple = ()                           # extra chat-template variables (k, v) pairs
+    presence_penalty: float = 0.0                     # OpenAI's, over the generated tokens
+    frequency_penalty: float = 0.0
+    logit_bias: tuple[tuple[int, float], ...] = ()    # (token id, bias) pairs
+    grammar: Grammar | None = None                    # the output must match it
+    processors: tuple[ProcessorFactory, ...] = ()     # more logits processors (factories)
+    logprobs: int | None = None                       # None: off; k: log-probs + top-k each token
+    n: int = 1                                        # samples of one prompt (one prefill)
 
     def sampling(self) -> SamplingParams:
         return SamplingParams(self.temperature, self.top_k, self.top_p, self.repetition_penalty,
@@ -84,6 +96,8 @@ class Chunk:
     token_ids: list[int] = field(default_factory=list)
     finish_reason: str | None = None
     stats: GenerationStats | None = None
+    index: int = 0                                    # which of the n samples
+    logprobs: list[TokenLogprob] | None = None        # one per token_ids entry (when asked)
 
 
 @dataclass
@@ -151,6 +165,7 @@ class Engine:
                 eos.append(t)
         self.eos_token_ids = tuple(eos)
         self._lock = threading.Lock()
+        self._tok_json: str | None = None      # tokenizer.json text, for grammar compilation
 
     @property
     def model_name(self) -> str:
@@ -192,6 +207,8 @@ class Engine:
         if config.max_tokens < 0:
             raise ValueError(f"max_tokens must be >= 0, got {config.max_tokens}")
         config.sampling().validate()
+        if config.n < 1:
+            raise ValueError(f"n must be >= 1, got {config.n}")
         ids = self.encode_prompt(prompt, dict(config.chat_kwargs))
         if not ids:
             raise ValueError("the prompt encodes to zero tokens; pass some text")
@@ -212,28 +229,79 @@ class Engine:
         finally:
             self._lock.release()
 
+    def grammar_processor(self, grammar: Grammar) -> ProcessorFactory:
+        """Compile `grammar` for this model's tokenizer (GrammarError if it is invalid)."""
+        from torch_xdna.engine.constrained import processor_factory
+        tok = self._tok()
+        if not self.eos_token_ids:
+            raise ValueError(f"{self.files.path}: no EOS token; constrained output needs one")
+        if self._tok_json is None:              # serialized once: it keys a cache
+            self._tok_json = tok.tok.to_str()
+        return processor_factory(grammar, self._tok_json, self.spec.vocab, self.eos_token_ids[0])
+
+    def _processors(self, config: GenerationConfig) -> Callable[[], list]:
+        """A factory of one sequence's logits processors (grammar compiled once for all n)."""
+        factories = list(config.processors)
+        if config.grammar is not None:
+            factories.append(self.grammar_processor(config.grammar))
+        bias = dict(config.logit_bias)
+        return lambda: make_processors(factories, config.presence_penalty,
+                                       config.frequency_penalty, bias, self.spec.vocab)
+
     def _loop(self, prompt: list[int], config: GenerationConfig,
               cancelled: Callable[[], bool]) -> Iterator[Chunk]:
-        dec, tok = self.decoder, self.tokenizer
-        stops = StopMatcher(config.stop)
-        stop_ids = set(self.eos_token_ids if config.stop_token_ids is None else config.stop_token_ids)
-        sampler = Sampler(config.sampling())
-        stats = GenerationStats(prompt_tokens=len(prompt))
+        """Prefill once, then decode the n samples one after another from the prompt's KV entries
+        (positions past the prompt are overwritten before they are read, so rewinding the cache
+        length is all a new sample needs)."""
+        dec = self.decoder
+        processors = self._processors(config)
         counters = _Counters(dec.dev)
         t0 = time.perf_counter()
         dec.reset()
+        budget = min(config.max_tokens, dec.capacity - len(prompt))
+        logits = dec.forward(prompt) if budget > 0 and not cancelled() else None
+        modeled_prefill_us = counters.take()["modeled_us"]
+        for index in range(config.n):
+            seed = config.seed
+            if seed is not None and index:                 # distinct, reproducible samples
+                seed = (seed - SEED_MIN + index) % (SEED_MAX - SEED_MIN + 1) + SEED_MIN
+            sampler = Sampler(SamplingParams(config.temperature, config.top_k, config.top_p,
+                                             config.repetition_penalty, seed),
+                              processors(), config.logprobs)
+            if index:
+                dec.cache.length = len(prompt)
+                t0 = time.perf_counter()
+                counters.take()
+            yield from self._sample(prompt, config, sampler, logits, budget, cancelled,
+                                    counters, t0, modeled_prefill_us, index)
+
+    def _sample(self, prompt: list[int], config: GenerationConfig, sampler: Sampler,
+                logits: torch.Tensor | None, budget: int, cancelled: Callable[[], bool],
+                counters: "_Counters", t0: float, modeled_prefill_us: float,
+                index: int) -> Iterator[Chunk]:
+        dec, tok = self.decoder, self.tokenizer
+        stops = StopMatcher(config.stop)
+        stop_ids = set(self.eos_token_ids if config.stop_token_ids is None else config.stop_token_ids)
+        stats = GenerationStats(prompt_tokens=len(prompt))
+        stats.modeled_prefill_us = modeled_prefill_us
+        want_lp = config.logprobs is not None
         penalty = config.repetition_penalty != 1.0
         context = torch.tensor(prompt, dtype=torch.long) if penalty else None
-        budget = min(config.max_tokens, dec.capacity - len(prompt))
         generated: list[int] = []
         emitted, pending = "", []          # text sent so far; tokens not yet reflected in it
+        pending_lp: list[TokenLogprob] = []
         finish = "length"
         decode_c = {f: 0 for f in _Counters.FIELDS}
         t_first = t_last = None
         n_fwd = 0
-        logits = dec.forward(prompt) if budget > 0 and not cancelled() else None
-        pre = counters.take()
-        stats.modeled_prefill_us = pre["modeled_us"]
+
+        def chunk(text: str, finish_reason: str | None = None,
+                  st: GenerationStats | None = None) -> Chunk:
+            nonlocal pending, pending_lp
+            c = Chunk(text, pending, finish_reason, st, index, pending_lp if want_lp else None)
+            pending, pending_lp = [], []
+            return c
+
         for step in range(budget):
             if logits is None or cancelled():
                 finish = "cancelled"
@@ -247,24 +315,30 @@ class Engine:
                 break
             generated.append(token)
             pending.append(token)
+            if want_lp:
+                pending_lp.append(sampler.last)
             if penalty:                    # the ids seen so far matter only to the penalty
                 context = torch.cat([context, torch.tensor([token])])
+            done = sampler.finished         # a grammar whose output is complete
             if tok is not None:
                 text = tok.decode(generated)
                 cut = stops.find(text)
                 if cut >= 0:
                     if cut > len(emitted):
-                        yield Chunk(text[len(emitted):cut], pending)
-                    emitted, pending, finish = text[:cut], [], "stop"
+                        yield chunk(text[len(emitted):cut])
+                    emitted, pending, pending_lp, finish = text[:cut], [], [], "stop"
                     break
-                safe = stops.safe_len(text)
-                while safe > len(emitted) and text[safe - 1] == "\ufffd":
+                safe = len(text) if done else stops.safe_len(text)
+                while safe > len(emitted) and text[safe - 1] == "\ufffd" and not done:
                     safe -= 1                  # incomplete UTF-8 sequence: wait for more bytes
                 if safe > len(emitted):
-                    yield Chunk(text[len(emitted):safe], pending)
-                    emitted, pending = text[:safe], []
+                    yield chunk(text[len(emitted):safe])
+                    emitted = text[:safe]
             else:
-                yield Chunk("", [token])
+                yield chunk("")
+            if done:
+                finish = "stop"
+                break
             if step + 1 < budget:
                 logits = dec.forward([token])
                 t_last = time.perf_counter()
@@ -276,8 +350,7 @@ class Engine:
         if tok is not None and finish == "length":
             text = tok.decode(generated)
             if len(text) > len(emitted):
-                yield Chunk(text[len(emitted):], pending)
-                pending = []
+                yield chunk(text[len(emitted):])
         total = time.perf_counter() - t0
         steps = n_fwd
         stats.generated_tokens = len(generated)
@@ -294,10 +367,13 @@ class Engine:
             stats.dispatches_per_token = decode_c["dispatches"] / steps
             stats.launches_per_token = decode_c["launches"] / steps
             stats.mb_per_token = decode_c["dram_bytes"] / steps / 1e6
-        yield Chunk("", pending, finish_reason=finish, stats=stats)
+        yield chunk("", finish, stats)
 
     def complete(self, prompt: Prompt, config: GenerationConfig | None = None) -> Completion:
-        """Run `generate` to the end: text, token ids, finish_reason, usage and stats."""
+        """Run `generate` to the end: text, token ids, finish_reason, usage and stats (one
+        sample: iterate generate() for n > 1)."""
+        if config is not None and config.n != 1:
+            raise ValueError("complete() returns one sample; iterate generate() for n > 1")
         parts, ids, last = [], [], None
         for chunk in self.generate(prompt, config):
             parts.append(chunk.text)

@@ -1,14 +1,21 @@
-"""Token sampling on the host: repetition penalty, temperature, top-k, top-p, seeded RNG.
+"""Token sampling on the host: repetition penalty, logits processors, temperature, top-k, top-p,
+seeded RNG.
 
 temperature 0 means greedy (argmax). The order of the transforms follows the common convention
-(penalty, temperature, top-k, top-p), so a seed reproduces the same tokens run to run.
+(penalty, processors (presence/frequency penalties, logit_bias, grammar masks: engine/logits.py),
+temperature, top-k, top-p), so a seed reproduces the same tokens run to run. Log-probabilities
+(when asked for) are those of the distribution after the processors and before temperature: what
+the model, penalized and constrained, assigns to each token.
 """
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Sequence
 
 import torch
+
+from torch_xdna.engine.logits import LogitsProcessor
 
 SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1      # what torch.Generator.manual_seed accepts
 MIN_TEMPERATURE = 1e-30     # smaller ones act as this: fp32 (normal down to 1.2e-38) can divide by it
@@ -37,26 +44,70 @@ class SamplingParams:
             raise ValueError(f"seed must be an integer in [-2**63, 2**64 - 1], got {self.seed}")
 
 
-class Sampler:
-    """Stateful sampler of one generation (owns its RNG)."""
+@dataclass
+class TokenLogprob:
+    """The picked token's log-probability and the `top` most likely alternatives (id, logprob)."""
 
-    def __init__(self, params: SamplingParams):
+    token: int
+    logprob: float
+    top: list[tuple[int, float]] = field(default_factory=list)
+
+
+MAX_TOP_LOGPROBS = 20                      # OpenAI's limit
+
+
+class Sampler:
+    """Stateful sampler of one generation (owns its RNG and its logits processors).
+
+    logprobs: None (off) or how many alternatives to report per token (0..20); the last pick's
+    TokenLogprob is in `last`."""
+
+    def __init__(self, params: SamplingParams, processors: Sequence[LogitsProcessor] = (),
+                 logprobs: int | None = None):
         params.validate()
+        if logprobs is not None and not 0 <= logprobs <= MAX_TOP_LOGPROBS:
+            raise ValueError(f"top_logprobs must be in [0, {MAX_TOP_LOGPROBS}], got {logprobs}")
         self.p = params
+        self.processors = list(processors)
+        self.logprobs = logprobs
+        self.last: TokenLogprob | None = None
         self.gen = torch.Generator()
         self.gen.manual_seed(params.seed if params.seed is not None
                              else int(torch.randint(0, 2**62, ()).item()))
 
+    @property
+    def finished(self) -> bool:
+        """A processor (a grammar whose language is complete) ends the generation."""
+        return any(getattr(q, "finished", lambda: False)() for q in self.processors)
+
     def __call__(self, logits: torch.Tensor, context: torch.Tensor | None = None) -> int:
         """Pick the next token from fp32 logits [V]; `context` holds the ids seen so far."""
-        p = self.p
         x = logits.float()
+        p = self.p
         if p.repetition_penalty != 1.0 and context is not None and context.numel():
             x = x.clone()
             seen = torch.unique(context)
             s = x[seen]
             x[seen] = torch.where(s > 0, s / p.repetition_penalty, s * p.repetition_penalty)
             x = x.clamp(max=torch.finfo(torch.float32).max)    # a tiny penalty: no inf logits
+        if self.processors:
+            x = x.clone()
+            for q in self.processors:
+                x = q(x)
+        token = self._pick(x)
+        if self.logprobs is not None:
+            lp = torch.log_softmax(x, -1)
+            top = []
+            if self.logprobs:
+                v, i = torch.topk(lp, min(self.logprobs, lp.numel()))
+                top = [(int(a), float(b)) for a, b in zip(i, v) if b > float("-inf")]
+            self.last = TokenLogprob(token, float(lp[token]), top)
+        for q in self.processors:
+            q.accept(token)
+        return token
+
+    def _pick(self, x: torch.Tensor) -> int:
+        p = self.p
         if p.temperature == 0:
             return int(torch.argmax(x))
         # shift so the largest logit is 0 before dividing, and keep the divisor a normal fp32

@@ -13,32 +13,30 @@ import json
 import logging
 import threading
 import time
-import uuid
 from concurrent.futures import Future
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, AsyncIterator, Callable
+from typing import Any, Callable
 
 import torch
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from fastapi.responses import JSONResponse, PlainTextResponse
 from pydantic import BaseModel, ValidationError
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from torch_xdna.runtime import DeviceOutOfMemory, get_device
-from torch_xdna.server.chat import GenerationParams, run_generation
 from torch_xdna.server.http import HttpLimits
 from torch_xdna.server.metrics import Metrics
 from torch_xdna.server.registry import ModelEntry, ModelRegistry
-from torch_xdna.server.schemas import (APIError, ChatCompletionRequest, CompletionRequest,
-                                       EmbeddingRequest, error_body, find_surrogate)
+from torch_xdna.server.schemas import APIError, EmbeddingRequest, error_body, find_surrogate
 from torch_xdna.server.worker import DeviceWorker, Job, QueueFull, WorkerStopped
 
 log = logging.getLogger("torch_xdna.server")
 ROUTES = ("/health", "/metrics", "/v1/models", "/v1/embeddings", "/v1/chat/completions",
-          "/v1/completions")
+          "/v1/completions", "/api/chat", "/api/generate", "/api/embed", "/api/embeddings",
+          "/api/tags", "/api/show", "/api/ps", "/api/version")   # metrics labels
 
 
 @dataclass
@@ -562,19 +560,13 @@ def create_app(config: ServerConfig | None = None, registry: ModelRegistry | Non
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
-        req: ChatCompletionRequest = await parse(request, ChatCompletionRequest)
-        entry = srv.registry.resolve(req.model, "chat")
-        messages = [{"role": m.role, "content": m.text()} for m in req.messages]
-        return await generate(srv, request, entry, req,
-                              lambda model: model.chat_prompt(messages), req.token_limit(),
-                              chat=True)
+        from torch_xdna.server.completions import chat_completion   # imports this module
+        return await chat_completion(srv, request)
 
     @app.post("/v1/completions")
     async def completions(request: Request):
-        req: CompletionRequest = await parse(request, CompletionRequest)
-        entry = srv.registry.resolve(req.model, "chat")
-        return await generate(srv, request, entry, req, lambda model: model.encode(req.prompt),
-                              req.max_tokens, chat=False)
+        from torch_xdna.server.completions import text_completion
+        return await text_completion(srv, request)
 
     register_route_modules(app, srv)
     app.add_middleware(Guard, config=config, metrics=srv.metrics, server=srv)
@@ -664,164 +656,6 @@ async def until_disconnected(request: Request) -> None:
         message = await request.receive()
         if message["type"] == "http.disconnect":
             return
-
-
-async def generate(srv: Server, request: Request, entry: ModelEntry, req,
-                   prepare: Callable[[Any], list[int]], max_tokens: int | None, chat: bool):
-    """Run one generation on the worker; answer JSON, or SSE when req.stream. The generation
-    stops at its next token when the client disconnects (streaming or not) or when the server's
-    shutdown grace period ends."""
-    loop = asyncio.get_running_loop()
-    events: asyncio.Queue = asyncio.Queue()
-    cancel = Cancel()
-    config = srv.config
-
-    def put(*event) -> None:
-        try:
-            loop.call_soon_threadsafe(events.put_nowait, event)
-        except RuntimeError:           # the loop has closed (server stopped): nobody is waiting
-            pass
-
-    def work():
-        try:
-            if cancel():
-                return                     # the client left while the job waited in the queue
-            model = srv.load(entry)
-            ids = list(prepare(model))
-            if not ids:
-                raise APIError(400, "the prompt encodes to zero tokens; send some text.",
-                               param="messages" if chat else "prompt", code="invalid_value")
-            ctx = int(model.context_length)
-            room = ctx - len(ids)
-            if room <= 0:
-                raise APIError(400, f"the prompt is {len(ids)} tokens; {entry.id}'s context is "
-                                    f"{ctx} tokens. Shorten the prompt.", param="messages" if chat
-                               else "prompt", code="context_length_exceeded")
-            limit = max_tokens if max_tokens is not None else min(room, config.max_new_tokens)
-            if limit > config.max_new_tokens:
-                raise APIError(400, f"max_tokens is {limit}; this server allows at most "
-                                    f"{config.max_new_tokens}.", param="max_tokens",
-                               code="invalid_value")
-            if limit > room:
-                raise APIError(400, f"this model's maximum context length is {ctx} tokens; the "
-                                    f"prompt is {len(ids)} tokens and max_tokens is {limit}. Lower "
-                                    f"max_tokens or shorten the prompt.", param="max_tokens",
-                               code="context_length_exceeded")
-            put("start", len(ids))
-            params = GenerationParams(max_tokens=limit, temperature=req.temperature,
-                                      top_p=req.top_p, seed=req.seed, stop=req.stop_list())
-            result = run_generation(model, ids, params, lambda t: put("delta", t), cancel)
-            if cancel.reason == "shutdown":
-                put("error", shutting_down(result.completion_tokens))
-            else:
-                put("end", result)
-        except BaseException as e:        # noqa: BLE001 - handed to the request
-            put("error", e)
-
-    srv.track(cancel, lambda: events.put_nowait(("error", shutting_down())))
-    try:
-        fut = srv.submit(Job(fn=srv.npu_job(work)))
-    except BaseException:
-        srv.untrack(cancel)
-        raise
-    # a job that never ran (dropped at shutdown, cancelled) still ends the request
-    fut.add_done_callback(lambda f: (srv.untrack(cancel), put("done", f)))
-
-    def gone(task: asyncio.Task) -> None:
-        if not task.cancelled():
-            cancel.set("client")
-            fut.cancel()
-            srv.metrics.reject("client_gone")
-            events.put_nowait(("error", client_gone()))
-
-    watch = asyncio.ensure_future(until_disconnected(request))
-    watch.add_done_callback(gone)
-    try:
-        first = await _next_event(srv, events, fut)
-        if first[0] != "start":
-            raise _as_api_error(_event_error(first))
-        prompt_tokens = first[1]
-        rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
-        created = int(time.time())
-
-        def usage(completion: int) -> dict:
-            return {"prompt_tokens": prompt_tokens, "completion_tokens": completion,
-                    "total_tokens": prompt_tokens + completion}
-
-        def finished(result) -> None:
-            srv.metrics.add_tokens(entry.id, "prompt", prompt_tokens)
-            srv.metrics.add_tokens(entry.id, "completion", result.completion_tokens)
-
-        if not req.stream:
-            parts = []
-            while True:
-                ev = await _next_event(srv, events, fut)
-                if ev[0] == "delta":
-                    parts.append(ev[1])
-                elif ev[0] == "end":
-                    result = ev[1]
-                    break
-                else:
-                    raise _as_api_error(_event_error(ev))
-            finished(result)
-            text = "".join(parts)
-            if chat:
-                choice = {"index": 0, "message": {"role": "assistant", "content": text},
-                          "logprobs": None, "finish_reason": result.finish_reason}
-            else:
-                choice = {"index": 0, "text": text, "logprobs": None,
-                          "finish_reason": result.finish_reason}
-            return {"id": rid, "object": "chat.completion" if chat else "text_completion",
-                    "created": created, "model": entry.id, "choices": [choice],
-                    "usage": usage(result.completion_tokens), "system_fingerprint": None}
-    except BaseException:
-        cancel.set("done")
-        raise
-    finally:
-        watch.remove_done_callback(gone)
-        watch.cancel()             # streaming: Starlette's response watches the client from here
-
-    include_usage = bool(req.stream_options and req.stream_options.include_usage)
-    obj = "chat.completion.chunk" if chat else "text_completion"
-
-    def chunk(delta: dict | None = None, text: str | None = None, finish: str | None = None) -> str:
-        if chat:
-            choice = {"index": 0, "delta": delta or {}, "logprobs": None, "finish_reason": finish}
-        else:
-            choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
-        body = {"id": rid, "object": obj, "created": created, "model": entry.id,
-                "choices": [choice], "system_fingerprint": None}
-        if include_usage:
-            body["usage"] = None
-        return f"data: {json.dumps(body)}\n\n"
-
-    async def sse() -> AsyncIterator[str]:
-        try:
-            if chat:
-                yield chunk({"role": "assistant", "content": ""})
-            while True:
-                ev = await _next_event(srv, events, fut)
-                if ev[0] == "delta":
-                    yield chunk({"content": ev[1]}, text=ev[1])
-                elif ev[0] == "end":
-                    result = ev[1]
-                    finished(result)
-                    yield chunk({}, finish=result.finish_reason)
-                    if include_usage:
-                        body = {"id": rid, "object": obj, "created": created, "model": entry.id,
-                                "choices": [], "usage": usage(result.completion_tokens)}
-                        yield f"data: {json.dumps(body)}\n\n"
-                    break
-                else:                       # an error event, then [DONE], as OpenAI streams do
-                    err = _as_api_error(_event_error(ev))
-                    yield f"data: {json.dumps(err.body())}\n\n"
-                    break
-            yield "data: [DONE]\n\n"
-        finally:
-            cancel.set("client")      # client gone (or done): stop generating
-
-    return StreamingResponse(sse(), media_type="text/event-stream",
-                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
 
 def _event_error(ev: tuple) -> BaseException:

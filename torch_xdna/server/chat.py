@@ -8,7 +8,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterator, Protocol, runtime_checkable
+from typing import Any, Callable, Iterator, Protocol, runtime_checkable
+
+# what a ChatModel may declare in `features` beyond plain text generation
+SAMPLING_FEATURES = ("grammar", "logprobs", "penalties", "n")
 
 
 @dataclass
@@ -18,16 +21,39 @@ class GenerationParams:
     top_p: float = 1.0
     seed: int | None = None
     stop: list[str] = field(default_factory=list)
+    top_k: int = 0                       # 0: off (Ollama's options set it)
+    repetition_penalty: float = 1.0      # multiplicative (Ollama's repeat_penalty)
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    logprobs: int | None = None          # None: off; k: per-token log-probs + top-k
+    grammar: Any = None                  # engine.constrained.Grammar: the output must match it
+    n: int = 1
+
+    def needs(self) -> set[str]:
+        """The model features these parameters need ("n" is emulated when missing)."""
+        out = set()
+        if self.grammar is not None:
+            out.add("grammar")
+        if self.logprobs is not None:
+            out.add("logprobs")
+        if self.presence_penalty or self.frequency_penalty or self.logit_bias:
+            out.add("penalties")
+        return out
 
 
 @dataclass
 class Piece:
     """Streamed text from a model. `tokens`: tokens this piece accounts for; a model that knows
-    its totals sets `finish_reason` (and `tokens` = the remaining count) on the last piece."""
+    its totals sets `finish_reason` (and `tokens` = the remaining count) on the last piece.
+    `index`: which of the n samples; `logprobs`: TokenLogprob-like (token, logprob, top) items
+    of this piece's tokens."""
 
     text: str
     tokens: int = 1
     finish_reason: str | None = None
+    index: int = 0
+    logprobs: list | None = None
 
 
 @runtime_checkable
@@ -88,39 +114,69 @@ class StopMatcher:
 
 
 def run_generation(model: ChatModel, prompt_ids: list[int], params: GenerationParams,
-                   emit: Callable[[str], None], cancelled: Callable[[], bool]) -> GenerationResult:
-    """Drive model.stream with stop sequences and the token budget; emit text once it is final."""
-    result = GenerationResult(prompt_tokens=len(prompt_ids))
-    matcher = StopMatcher(params.stop)
+                   emit: Callable[..., None], cancelled: Callable[[], bool]
+                   ) -> list[GenerationResult]:
+    """Drive model.stream with stop sequences and the token budget; emit(index, text, logprobs)
+    text once it is final. n samples: one stream when the model declares "n" (one prefill),
+    else n streams in turn (seeds seed, seed+1, ...). Returns one result per sample."""
+    n = max(1, params.n)
+    results = [GenerationResult(prompt_tokens=len(prompt_ids)) for _ in range(n)]
+    if n == 1 or "n" in getattr(model, "features", ()):
+        _drive(model, prompt_ids, params, emit, cancelled, results, 0)
+        return results
+    from dataclasses import replace
+    for i in range(n):
+        seed = None if params.seed is None else params.seed + i
+        _drive(model, prompt_ids, replace(params, n=1, seed=seed), emit, cancelled, results, i)
+        if cancelled():
+            break
+    return results
+
+
+def _drive(model: ChatModel, prompt_ids: list[int], params: GenerationParams,
+           emit: Callable[..., None], cancelled: Callable[[], bool],
+           results: list[GenerationResult], base: int) -> None:
+    count = max(1, params.n)
+    matchers = [StopMatcher(params.stop) for _ in range(count)]
+    stopped = [False] * count          # by a stop string
+    model_finish: list[str | None] = [None] * count
     gen = model.stream(prompt_ids, params, cancelled)
-    stopped, model_finish = False, None
+
+    def over(i: int) -> bool:
+        return stopped[i] or model_finish[i] is not None \
+            or results[base + i].completion_tokens >= params.max_tokens
+
     try:
         for piece in gen:
             if isinstance(piece, str):
                 piece = Piece(piece)
-            result.completion_tokens += piece.tokens
-            model_finish = piece.finish_reason or model_finish
-            text, stopped = matcher.feed(piece.text)
-            if text:
-                emit(text)
-            if stopped or model_finish or cancelled() \
-                    or result.completion_tokens >= params.max_tokens:
+            i = piece.index
+            if over(i):
+                continue
+            r = results[base + i]
+            r.completion_tokens += piece.tokens
+            model_finish[i] = piece.finish_reason
+            text, stopped[i] = matchers[i].feed(piece.text)
+            if text or piece.logprobs:
+                emit(base + i, text, piece.logprobs)
+            if cancelled() or all(over(j) for j in range(count)):
                 break
     finally:
         close = getattr(gen, "close", None)
         if close:
             close()
-    if not stopped:
-        tail = matcher.flush()
-        if tail:
-            emit(tail)
-    if stopped:
-        result.finish_reason = "stop"
-    elif model_finish:
-        result.finish_reason = model_finish
-    else:
-        result.finish_reason = "length" if result.completion_tokens >= params.max_tokens else "stop"
-    return result
+    for i in range(count):
+        r = results[base + i]
+        if not stopped[i]:
+            tail = matchers[i].flush()
+            if tail:
+                emit(base + i, tail, None)
+        if stopped[i]:
+            r.finish_reason = "stop"
+        elif model_finish[i]:
+            r.finish_reason = model_finish[i]
+        else:
+            r.finish_reason = "length" if r.completion_tokens >= params.max_tokens else "stop"
 
 
 def load_chat_model(model_dir: str | Path) -> ChatModel:
@@ -136,28 +192,46 @@ def load_chat_model(model_dir: str | Path) -> ChatModel:
 class DecoderChatModel:
     """ChatModel over the decoder engine (engine.generate.Engine)."""
 
+    features = frozenset(SAMPLING_FEATURES)
+
     def __init__(self, engine):
         self.engine = engine
         self.context_length = int(engine.decoder.capacity)
+        tok = engine.tokenizer
+        self.chat_template = tok.chat_template if tok is not None else None
 
     def encode(self, text: str) -> list[int]:
         return self.engine.encode_prompt(text)
 
-    def chat_prompt(self, messages: list[dict[str, str]]) -> list[int]:
-        return self.engine.encode_prompt(messages)
+    def chat_prompt(self, messages: list[dict], **template_vars) -> list[int]:
+        return self.engine.encode_prompt(messages, template_vars or None)
+
+    def token_text(self, token: int) -> str:
+        """One token's text (special tokens included), for logprobs."""
+        return self.engine.tokenizer.decode([token], skip_special_tokens=False)
+
+    def check_grammar(self, grammar) -> None:
+        """Compile `grammar` now (a GrammarError is the client's 400), cached for the run."""
+        self.engine.grammar_processor(grammar)
 
     def stream(self, prompt_ids: list[int], params: GenerationParams,
                cancelled: Callable[[], bool]) -> Iterator[Piece]:
         from torch_xdna.engine.generate import GenerationConfig
         config = GenerationConfig(max_tokens=params.max_tokens, temperature=params.temperature,
-                                  top_p=params.top_p, seed=params.seed, stop=tuple(params.stop))
+                                  top_p=params.top_p, seed=params.seed, stop=tuple(params.stop),
+                                  top_k=params.top_k,
+                                  repetition_penalty=params.repetition_penalty,
+                                  presence_penalty=params.presence_penalty,
+                                  frequency_penalty=params.frequency_penalty,
+                                  logit_bias=params.logit_bias, grammar=params.grammar,
+                                  logprobs=params.logprobs, n=max(1, params.n))
         for chunk in self.engine.generate(prompt_ids, config, cancelled):
             if chunk.finish_reason is not None:
                 # the engine's own count includes tokens cut by a stop string
                 yield Piece(chunk.text, chunk.stats.generated_tokens if chunk.stats else 0,
-                            chunk.finish_reason)
+                            chunk.finish_reason, chunk.index, chunk.logprobs)
             else:
-                yield Piece(chunk.text, 0)
+                yield Piece(chunk.text, 0, index=chunk.index, logprobs=chunk.logprobs)
 
     def close(self) -> None:
         self.engine.close()

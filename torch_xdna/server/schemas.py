@@ -49,6 +49,7 @@ class _Strict(BaseModel):
 
 
 SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1      # what torch.Generator.manual_seed accepts
+MAX_N = 16                                    # choices per request (each one decodes in turn)
 
 
 TokenIds = list[int]
@@ -79,10 +80,10 @@ class _Sampling(_Strict):
     stop: str | list[str] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
-    n: int = 1
+    n: int = Field(default=1, ge=1, le=MAX_N)
     user: str | None = None
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
+    presence_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
+    frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
     logit_bias: dict[str, float] | None = None
 
     @field_validator("stop")
@@ -97,18 +98,19 @@ class _Sampling(_Strict):
             raise ValueError("stop sequences must be non-empty strings")
         return v
 
-    @model_validator(mode="after")
-    def _neutral_only(self):
-        unsupported = []
-        if self.n != 1:
-            unsupported.append("n (only n=1)")
-        if self.presence_penalty or self.frequency_penalty:
-            unsupported.append("presence_penalty/frequency_penalty (only 0)")
-        if self.logit_bias:
-            unsupported.append("logit_bias")
-        if unsupported:
-            raise ValueError("not supported by this server: " + ", ".join(unsupported))
-        return self
+    @field_validator("logit_bias")
+    @classmethod
+    def _bias(cls, v):
+        for k, b in (v or {}).items():
+            if not k.lstrip("-").isdigit():
+                raise ValueError(f"'logit_bias' keys must be token ids (integers as strings), "
+                                 f"got {k!r}")
+            if not -100 <= b <= 100:
+                raise ValueError(f"'logit_bias' values must be in [-100, 100], got {b} for {k}")
+        return v
+
+    def bias_pairs(self) -> tuple[tuple[int, float], ...]:
+        return tuple((int(k), float(b)) for k, b in (self.logit_bias or {}).items())
 
     def stop_list(self) -> list[str]:
         return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
@@ -119,35 +121,131 @@ class TextPart(_Strict):
     text: str
 
 
+class FunctionCall(_Strict):
+    name: str
+    arguments: str = "{}"
+
+
+class ToolCallIn(_Strict):
+    id: str | None = None
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class ChatMessage(_Strict):
-    role: Literal["system", "developer", "user", "assistant"]
+    role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
     name: str | None = None
+    tool_calls: list[ToolCallIn] | None = None        # assistant turns that called tools
+    tool_call_id: str | None = None                   # role "tool": the call it answers
+    # fields clients echo back from an earlier response (accepted, not used)
+    refusal: str | None = None
+    annotations: list | None = None
+    function_call: dict | None = None
+    audio: dict | None = None
 
     def text(self) -> str:
         if isinstance(self.content, list):
             return "".join(p.text for p in self.content)
         return self.content or ""
 
+    def for_template(self) -> dict:
+        d: dict = {"role": self.role, "content": self.text()}
+        if self.tool_calls:
+            d["tool_calls"] = [c.model_dump() for c in self.tool_calls]
+        if self.tool_call_id is not None:
+            d["tool_call_id"] = self.tool_call_id
+        if self.name is not None and self.role == "tool":
+            d["name"] = self.name
+        return d
+
+
+class FunctionDef(_Strict):
+    name: str = Field(pattern=r"^[A-Za-z0-9_.-]{1,64}$")
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class Tool(_Strict):
+    type: Literal["function"]
+    function: FunctionDef
+
+
+class NamedFunction(_Strict):
+    name: str
+
+
+class NamedToolChoice(_Strict):
+    type: Literal["function"]
+    function: NamedFunction
+
+
+class JsonSchemaFormat(_Strict):
+    name: str = "response"
+    description: str | None = None
+    schema_: dict[str, Any] = Field(default_factory=lambda: {"type": "object"}, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(_Strict):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+    @model_validator(mode="after")
+    def _schema_given(self):
+        if self.type == "json_schema" and self.json_schema is None:
+            raise ValueError("'response_format' of type json_schema needs a 'json_schema' "
+                             "object with the 'schema'")
+        return self
+
 
 class ChatCompletionRequest(_Sampling):
-    """POST /v1/chat/completions (text only; no tools, no logprobs)."""
+    """POST /v1/chat/completions (text content; tools, response_format, logprobs, n)."""
 
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
-    logprobs: Literal[False] | None = None
+    logprobs: bool | None = None
+    top_logprobs: int | None = Field(default=None, ge=0, le=20)
+    tools: list[Tool] | None = Field(default=None, min_length=1)
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool | None = None
+    response_format: ResponseFormat | None = None
+
+    @model_validator(mode="after")
+    def _consistent(self):
+        if self.top_logprobs is not None and not self.logprobs:
+            raise ValueError("'top_logprobs' needs 'logprobs': true")
+        choice = self.tool_choice
+        names = {t.function.name for t in self.tools or []}
+        if choice is not None and choice != "none" and not self.tools:
+            raise ValueError("'tool_choice' is set but no 'tools' were given")
+        if isinstance(choice, NamedToolChoice) and choice.function.name not in names:
+            raise ValueError(f"'tool_choice' names the function {choice.function.name!r}, which "
+                             f"is not among 'tools' ({', '.join(sorted(names))})")
+        forced = choice == "required" or isinstance(choice, NamedToolChoice)
+        if forced and self.response_format is not None and self.response_format.type != "text":
+            raise ValueError("'response_format' and a forced 'tool_choice' cannot be combined; "
+                             "the output is the tool call")
+        return self
 
     def token_limit(self) -> int | None:
         return self.max_completion_tokens or self.max_tokens
 
+    def top_k_logprobs(self) -> int | None:
+        return (self.top_logprobs or 0) if self.logprobs else None
+
 
 class CompletionRequest(_Sampling):
-    """POST /v1/completions (one prompt; no echo, suffix or logprobs)."""
+    """POST /v1/completions (one prompt; no echo or suffix)."""
 
     prompt: str | list[str]
     max_tokens: int | None = Field(default=16, ge=1)
     echo: Literal[False] = False
-    logprobs: None = None
+    logprobs: int | None = Field(default=None, ge=0, le=5)
+
+    def top_k_logprobs(self) -> int | None:
+        return self.logprobs
 
     @field_validator("prompt")
     @classmethod

@@ -1,0 +1,235 @@
+"""OpenAI /v1/chat/completions and /v1/completions on top of GenerationRun: n choices, tool
+calls (tools.py), response_format (json_object / json_schema, enforced by a grammar), logprobs,
+usage in streams. JSON, or SSE when "stream" is set."""
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from typing import Any, AsyncIterator
+
+from fastapi import Request
+from fastapi.responses import StreamingResponse
+
+from torch_xdna.server.app import Server, parse
+from torch_xdna.server.chat import GenerationParams
+from torch_xdna.server.generation import GenerationRun, Plan
+from torch_xdna.server.schemas import (APIError, ChatCompletionRequest, CompletionRequest,
+                                       NamedToolChoice, ResponseFormat)
+from torch_xdna.server.tools import (ToolStream, call_grammar, convention_of, parse_tool_calls,
+                                     render_messages)
+
+
+def base_params(req) -> GenerationParams:
+    return GenerationParams(max_tokens=0, temperature=req.temperature, top_p=req.top_p,
+                            seed=req.seed, stop=req.stop_list(),
+                            presence_penalty=req.presence_penalty,
+                            frequency_penalty=req.frequency_penalty,
+                            logit_bias=req.bias_pairs(), logprobs=req.top_k_logprobs(), n=req.n)
+
+
+def response_grammar(fmt: ResponseFormat | None):
+    """response_format -> engine Grammar (None for text); the schema is checked first (400)."""
+    from torch_xdna.engine.constrained import Grammar
+    if fmt is None or fmt.type == "text":
+        return None
+    if fmt.type == "json_object":
+        return Grammar("json_object")
+    schema = fmt.json_schema.schema_
+    import jsonschema
+    try:
+        jsonschema.validators.validator_for(schema).check_schema(schema)
+    except jsonschema.SchemaError as e:
+        raise APIError(400, f"'response_format.json_schema.schema' is not a valid JSON schema: "
+                            f"{e.message}", param="response_format", code="invalid_value") from None
+    return Grammar("json_schema", schema)
+
+
+async def chat_completion(srv: Server, request: Request):
+    req: ChatCompletionRequest = await parse(request, ChatCompletionRequest)
+    entry = srv.registry.resolve(req.model, "chat")
+    messages = [m.for_template() for m in req.messages]
+    choice = req.tool_choice or ("auto" if req.tools else "none")
+    tools = [t.model_dump(exclude_none=True) for t in req.tools or []] if choice != "none" else []
+    if isinstance(choice, NamedToolChoice):
+        forced = [t for t in tools if t["function"]["name"] == choice.function.name]
+    else:
+        forced = tools if choice == "required" else []
+    params = base_params(req)
+    params.grammar = response_grammar(req.response_format)
+    info: dict = {"convention": None, "names": {t["function"]["name"] for t in tools}}
+
+    def setup(model, params: GenerationParams) -> list[int]:
+        conv = convention_of(getattr(model, "chat_template", None)) if tools else None
+        info["convention"] = conv
+        msgs, extra = render_messages(messages, tools or None, conv or "prompt")
+        if forced:
+            from torch_xdna.engine.constrained import Grammar
+            params.grammar = Grammar("lark", call_grammar(forced, conv))
+            info["grammar_param"] = "tool_choice"
+        return model.chat_prompt(msgs, **extra) if extra else model.chat_prompt(msgs)
+
+    run = GenerationRun(srv, request, entry, Plan(setup, params, req.token_limit(), "messages",
+                                                  info))
+    return await respond(run, req, chat=True)
+
+
+async def text_completion(srv: Server, request: Request):
+    req: CompletionRequest = await parse(request, CompletionRequest)
+    entry = srv.registry.resolve(req.model, "chat")
+    run = GenerationRun(srv, request, entry,
+                        Plan(lambda model, p: model.encode(req.prompt), base_params(req),
+                             req.max_tokens, "prompt"))
+    return await respond(run, req, chat=False)
+
+
+# --- logprobs in OpenAI's two shapes --------------------------------------------------------------
+def _bytes(s: str) -> list[int]:
+    return list(s.encode("utf-8"))
+
+
+def chat_logprobs(items: list[dict]) -> dict:
+    return {"content": [{"token": x["token"], "logprob": x["logprob"], "bytes": _bytes(x["token"]),
+                         "top_logprobs": [{"token": t, "logprob": lp, "bytes": _bytes(t)}
+                                          for t, lp in x["top"]]} for x in items],
+            "refusal": None}
+
+
+def text_logprobs(items: list[dict], offset: int = 0) -> dict:
+    offsets, pos = [], offset
+    for x in items:
+        offsets.append(pos)
+        pos += len(x["token"])
+    return {"tokens": [x["token"] for x in items], "token_logprobs": [x["logprob"] for x in items],
+            "top_logprobs": [{t: lp for t, lp in x["top"]} for x in items],
+            "text_offset": offsets}
+
+
+# --- responses ------------------------------------------------------------------------------------
+async def respond(run: GenerationRun, req, chat: bool):
+    prompt_tokens = await run.start()
+    rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
+    created = int(time.time())
+    model_id = run.entry.id
+    want_lp = req.top_k_logprobs() is not None
+    info = run.plan.info
+
+    def usage(results) -> dict:
+        completion = sum(r.completion_tokens for r in results)
+        return {"prompt_tokens": prompt_tokens, "completion_tokens": completion,
+                "total_tokens": prompt_tokens + completion}
+
+    if not req.stream:
+        try:
+            texts: dict[int, list[str]] = {}
+            lps: dict[int, list[dict]] = {}
+            async for ev in run.events_until_end():
+                if ev[0] == "delta":
+                    texts.setdefault(ev[1], []).append(ev[2])
+                    lps.setdefault(ev[1], []).extend(ev[3] or [])
+                else:
+                    results = ev[1]
+        finally:
+            run.close("done")
+        choices = []
+        for i, r in enumerate(results):
+            text = "".join(texts.get(i, []))
+            lp = lps.get(i, []) if want_lp else None
+            if chat:
+                message: dict[str, Any] = {"role": "assistant", "content": text}
+                finish = r.finish_reason
+                if info.get("convention"):
+                    content, calls = parse_tool_calls(text, info["convention"], info["names"])
+                    if calls:
+                        message = {"role": "assistant", "content": content,
+                                   "tool_calls": [c.openai() for c in calls]}
+                        finish = "tool_calls"
+                choices.append({"index": i, "message": message,
+                                "logprobs": chat_logprobs(lp) if lp is not None else None,
+                                "finish_reason": finish})
+            else:
+                choices.append({"index": i, "text": text,
+                                "logprobs": text_logprobs(lp) if lp is not None else None,
+                                "finish_reason": r.finish_reason})
+        return {"id": rid, "object": "chat.completion" if chat else "text_completion",
+                "created": created, "model": model_id, "choices": choices,
+                "usage": usage(results), "system_fingerprint": None}
+
+    run.stop_watching()
+    include_usage = bool(req.stream_options and req.stream_options.include_usage)
+    obj = "chat.completion.chunk" if chat else "text_completion"
+    streams: dict[int, ToolStream] = {}
+    offsets: dict[int, int] = {}
+
+    def chunk(index: int, delta: dict | None = None, text: str | None = None,
+              finish: str | None = None, logprobs: dict | None = None) -> str:
+        if chat:
+            choice = {"index": index, "delta": delta or {}, "logprobs": logprobs,
+                      "finish_reason": finish}
+        else:
+            choice = {"index": index, "text": text or "", "logprobs": logprobs,
+                      "finish_reason": finish}
+        body = {"id": rid, "object": obj, "created": created, "model": model_id,
+                "choices": [choice], "system_fingerprint": None}
+        if include_usage:
+            body["usage"] = None
+        return f"data: {json.dumps(body)}\n\n"
+
+    def delta_chunk(i: int, text: str, items: list[dict] | None) -> str | None:
+        lp = None
+        if want_lp and items:
+            lp = chat_logprobs(items) if chat else text_logprobs(items, offsets.get(i, 0))
+        if not chat:
+            offsets[i] = offsets.get(i, 0) + len(text)
+            return chunk(i, text=text, logprobs=lp)
+        conv = info.get("convention")
+        if conv:
+            ts = streams.setdefault(i, ToolStream(conv, info["names"]))
+            text = ts.feed(text)
+        if not text and lp is None:
+            return None
+        return chunk(i, {"content": text}, logprobs=lp)
+
+    async def sse() -> AsyncIterator[str]:
+        try:
+            started: set[int] = set()
+            if chat:
+                started.add(0)
+                yield chunk(0, {"role": "assistant", "content": ""})
+            async for ev in run.events_until_end():
+                if ev[0] == "delta":
+                    i = ev[1]
+                    if chat and i not in started:
+                        started.add(i)
+                        yield chunk(i, {"role": "assistant", "content": ""})
+                    out = delta_chunk(i, ev[2], ev[3])
+                    if out:
+                        yield out
+                    continue
+                results = ev[1]
+                for i, r in enumerate(results):
+                    if chat and i not in started:
+                        yield chunk(i, {"role": "assistant", "content": ""})
+                    finish = r.finish_reason
+                    ts = streams.get(i)
+                    if ts is not None:
+                        rest, calls = ts.finish()
+                        if rest:
+                            yield chunk(i, {"content": rest})
+                        if calls:
+                            finish = "tool_calls"
+                            yield chunk(i, {"tool_calls": [c.openai(k)
+                                                           for k, c in enumerate(calls)]})
+                    yield chunk(i, {}, finish=finish)
+                if include_usage:
+                    body = {"id": rid, "object": obj, "created": created, "model": model_id,
+                            "choices": [], "usage": usage(results)}
+                    yield f"data: {json.dumps(body)}\n\n"
+        except APIError as err:          # an error event, then [DONE], as OpenAI streams do
+            yield f"data: {json.dumps(err.body())}\n\n"
+        finally:
+            run.close("client")           # client gone (or done): stop generating
+        yield "data: [DONE]\n\n"
+
+    return StreamingResponse(sse(), media_type="text/event-stream",
+                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})

@@ -1,0 +1,175 @@
+"""One generation request on the device worker, as a stream of events, for every API surface
+(OpenAI chat/completions in completions.py, Ollama in routes_ollama.py).
+
+GenerationRun submits the job, validates the prompt against the model's context and the server's
+limits on the worker, and hands the route ("start", prompt_tokens), then ("delta", index, text,
+logprobs) events and ("end", [GenerationResult per sample]). It stops at the next token when the
+client disconnects or the shutdown grace period ends.
+"""
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator, Callable
+
+from fastapi import Request
+
+from torch_xdna.server.app import (Cancel, Server, _as_api_error, _event_error, _next_event,
+                                   client_gone, shutting_down, until_disconnected)
+from torch_xdna.server.chat import GenerationParams, run_generation
+from torch_xdna.server.registry import ModelEntry
+from torch_xdna.server.schemas import APIError
+
+
+@dataclass
+class Plan:
+    """What to run. setup(model) -> prompt ids (worker thread; may refine `params`, e.g. set a
+    grammar that depends on the model's chat template); `param`: the request field holding the
+    prompt, named in errors; `info`: values setup wants the response side to see."""
+
+    setup: Callable[[Any, GenerationParams], list[int]]
+    params: GenerationParams
+    max_tokens: int | None
+    param: str = "messages"
+    info: dict = field(default_factory=dict)
+
+
+def logprob_items(model: Any, lps: list | None) -> list[dict] | None:
+    """Engine TokenLogprobs -> [{"token", "logprob", "top": [(token, logprob)]}] (texts decoded)."""
+    if not lps:
+        return None
+    text = getattr(model, "token_text", None) or (lambda t: str(t))
+    return [{"token": text(x.token), "logprob": x.logprob,
+             "top": [(text(t), lp) for t, lp in x.top]} for x in lps]
+
+
+class GenerationRun:
+    def __init__(self, srv: Server, request: Request, entry: ModelEntry, plan: Plan):
+        self.srv, self.request, self.entry, self.plan = srv, request, entry, plan
+        self.loop = asyncio.get_running_loop()
+        self.events: asyncio.Queue = asyncio.Queue()
+        self.cancel = Cancel()
+        self.fut = None
+        self.watch = None
+
+    def _put(self, *event) -> None:
+        try:
+            self.loop.call_soon_threadsafe(self.events.put_nowait, event)
+        except RuntimeError:           # the loop has closed (server stopped): nobody is waiting
+            pass
+
+    def _work(self) -> None:
+        srv, plan, cancel, put = self.srv, self.plan, self.cancel, self._put
+        config, entry = srv.config, self.entry
+        try:
+            if cancel():
+                return                     # the client left while the job waited in the queue
+            model = srv.load(entry)
+            params = plan.params
+            ids = list(plan.setup(model, params))
+            missing = params.needs() - set(getattr(model, "features", ()))
+            if missing:
+                raise APIError(400, f"the model '{entry.id}' does not support "
+                                    f"{', '.join(sorted(missing))}; drop those parameters or use "
+                                    f"a decoder model.", code="unsupported_parameter")
+            if params.grammar is not None:
+                self._check_grammar(model, params)
+            if not ids:
+                raise APIError(400, "the prompt encodes to zero tokens; send some text.",
+                               param=plan.param, code="invalid_value")
+            ctx = int(model.context_length)
+            room = ctx - len(ids)
+            if room <= 0:
+                raise APIError(400, f"the prompt is {len(ids)} tokens; {entry.id}'s context is "
+                                    f"{ctx} tokens. Shorten the prompt.", param=plan.param,
+                               code="context_length_exceeded")
+            limit = plan.max_tokens if plan.max_tokens is not None \
+                else min(room, config.max_new_tokens)
+            if limit > config.max_new_tokens:
+                raise APIError(400, f"max_tokens is {limit}; this server allows at most "
+                                    f"{config.max_new_tokens}.", param="max_tokens",
+                               code="invalid_value")
+            if limit > room:
+                raise APIError(400, f"this model's maximum context length is {ctx} tokens; the "
+                                    f"prompt is {len(ids)} tokens and max_tokens is {limit}. Lower "
+                                    f"max_tokens or shorten the prompt.", param="max_tokens",
+                               code="context_length_exceeded")
+            params.max_tokens = limit
+            put("start", len(ids))
+            results = run_generation(
+                model, ids, params,
+                lambda i, text, lps: put("delta", i, text, logprob_items(model, lps)), cancel)
+            if cancel.reason == "shutdown":
+                put("error", shutting_down(sum(r.completion_tokens for r in results)))
+            else:
+                put("end", results)
+        except BaseException as e:        # noqa: BLE001 - handed to the request
+            put("error", e)
+
+    def _check_grammar(self, model: Any, params: GenerationParams) -> None:
+        from torch_xdna.engine.constrained import GrammarError
+        try:
+            model.check_grammar(params.grammar)
+        except GrammarError as e:
+            raise APIError(400, str(e), param=self.plan.info.get("grammar_param",
+                                                                 "response_format"),
+                           code="invalid_value") from None
+
+    async def start(self) -> int:
+        """Submit the job; the prompt's token count once it runs (APIError otherwise)."""
+        srv, cancel = self.srv, self.cancel
+        srv.track(cancel, lambda: self.events.put_nowait(("error", shutting_down())))
+        try:
+            from torch_xdna.server.worker import Job
+            self.fut = srv.submit(Job(fn=srv.npu_job(self._work)))
+        except BaseException:
+            srv.untrack(cancel)
+            raise
+        # a job that never ran (dropped at shutdown, cancelled) still ends the request
+        self.fut.add_done_callback(lambda f: (srv.untrack(cancel), self._put("done", f)))
+        self.watch = asyncio.ensure_future(until_disconnected(self.request))
+        self.watch.add_done_callback(self._gone)
+        try:
+            first = await _next_event(srv, self.events, self.fut)
+            if first[0] != "start":
+                raise _as_api_error(_event_error(first))
+            return first[1]
+        except BaseException:
+            self.cancel.set("done")
+            self.stop_watching()
+            raise
+
+    def _gone(self, task: asyncio.Task) -> None:
+        if not task.cancelled():
+            self.cancel.set("client")
+            self.fut.cancel()
+            self.srv.metrics.reject("client_gone")
+            self.events.put_nowait(("error", client_gone()))
+
+    def stop_watching(self) -> None:
+        """Streaming responses: Starlette watches the client from here on."""
+        if self.watch is not None:
+            self.watch.remove_done_callback(self._gone)
+            self.watch.cancel()
+            self.watch = None
+
+    async def events_until_end(self) -> AsyncIterator[tuple]:
+        """("delta", index, text, logprobs)... then ("end", results); an error raises APIError."""
+        while True:
+            ev = await _next_event(self.srv, self.events, self.fut)
+            if ev[0] in ("delta", "end"):
+                yield ev
+                if ev[0] == "end":
+                    self._count(ev[1])
+                    return
+            else:
+                raise _as_api_error(_event_error(ev))
+
+    def _count(self, results: list) -> None:
+        m, eid = self.srv.metrics, self.entry.id
+        m.add_tokens(eid, "prompt", results[0].prompt_tokens if results else 0)
+        m.add_tokens(eid, "completion", sum(r.completion_tokens for r in results))
+
+    def close(self, reason: str = "client") -> None:
+        self.cancel.set(reason)
+        self.stop_watching()
