@@ -3,8 +3,8 @@ lowerings in kernels/lower/ declare) computes on one tile, with the NPU's numeri
 
 The transaction-level simulator calls these per kernel call on the core's tile buffers; the
 functional level calls the designs' whole-tensor references. Both use kernels/numerics.py, so
-integer, data-movement and elementwise designs agree bit for bit; float GEMMs differ only by the
-order of the fp32 accumulation (K tile by K tile here, one matmul there).
+integer, data-movement and elementwise designs agree bit for bit; float GEMMs too, both levels
+accumulating K tile by K tile (numerics.tile_dot here, numerics.ktile_matmul there).
 
 Symbols (see kernels/lower/gemm.py, vector.py):
   zero_<acc>                        acc = 0
@@ -35,7 +35,7 @@ def zero(acc: torch.Tensor) -> None:
 
 @ck.register("matmul_bf16_f32")
 def matmul_bf16_f32(a: torch.Tensor, b: torch.Tensor, acc: torch.Tensor) -> None:
-    acc += torch.matmul(_ftz(a), _ftz(b))
+    acc += numerics.tile_dot(_ftz(a), _ftz(b))
 
 
 @ck.register("matmul_i8_i32")
@@ -54,7 +54,7 @@ def _weight_only(int4: bool):
         deq = (q.float().reshape(tn, sg, tk // sg) * s.float().reshape(tn, sg, 1)).reshape(tn, tk)
         deq = numerics.bf16_round(deq)
         wdq.copy_(deq.transpose(0, 1).to(wdq.dtype))
-        acc += torch.matmul(_ftz(a), deq.transpose(0, 1))
+        acc += numerics.tile_dot(_ftz(a), deq.transpose(0, 1))
     return mm
 
 
@@ -70,7 +70,7 @@ def matmul_bfp16(a: torch.Tensor, bt: torch.Tensor, acc: torch.Tensor) -> None:
     tn = acc.shape[1]
     b = quant.decode_bfp16(bt.reshape(tn, -1))                  # [tn, tk]
     qa = quant.quantize_bfp16(_ftz(a), dim=-1)
-    acc += torch.matmul(qa, b.transpose(0, 1))
+    acc += numerics.tile_dot(qa, b.transpose(0, 1))
 
 
 def _store(act: str):
