@@ -74,7 +74,7 @@ def test_gemm_bf16_bit_identical(m, k, n, out):
     assert torch.equal(func, txn)
 
 
-def test_ktile_order_is_the_plans():
+def test_ktile_order_is_the_plans(monkeypatch):
     """The functional GEMM follows the K tile order: one fp32 rounding per K tile, so it differs
     from a one-shot matmul and from another tile size, and equals the explicit tile loop."""
     from torch_xdna.kernels import numerics
@@ -88,6 +88,8 @@ def test_ktile_order_is_the_plans():
     assert not torch.equal(numerics.ktile_matmul(a, b, 32), numerics.ktile_matmul(a, b, 256))
     batched = numerics.ktile_matmul(a.expand(3, 48, 520), b, 32)
     assert torch.equal(batched[2], loop)
+    monkeypatch.setattr(numerics, "_KTILE_BLOCK_BYTES", 8 * 520 * 3 * 16)   # pieces of 16 rows/cols
+    assert torch.equal(numerics.ktile_matmul(a.expand(3, 48, 520), b, 32)[1], loop)
 
 
 @pytest.mark.parametrize("op,n,dt", [("add", 1000, torch.float32), ("add", 778, torch.bfloat16),

@@ -103,17 +103,35 @@ def ktile_matmul(a: torch.Tensor, b: torch.Tensor, tk: int) -> torch.Tensor:
     """a [.., M, K] @ b [.., K, N] (float operands) accumulated as the array does: per K tile of
     `tk` an exact tile product rounded to fp32 (tile_dot), added to an fp32 accumulator that
     starts at +0, tile after tile. Vectorised: fp64 BLAS per group of tiles, one fp32 add per
-    tile over the output."""
+    tile over the output; rows and columns are processed in pieces so the fp64 copies stay
+    within _KTILE_BLOCK_BYTES (an LM head's weight is not copied whole)."""
+    K = a.shape[-1]
+    M, N = a.shape[-2], b.shape[-1]
+    shape = torch.broadcast_shapes(a.shape[:-2], b.shape[:-2]) + (M, N)
+    if K == 0 or M == 0 or N == 0:
+        return torch.zeros(shape)
+    lead = max(1, int(torch.Size(shape[:-2]).numel()))
+    cap = max(1, _KTILE_BLOCK_BYTES // (8 * K * lead))
+    if M <= cap and N <= cap:
+        return _ktile_piece(a, b, tk, shape)
+    out = torch.empty(shape)
+    for r0 in range(0, M, cap):
+        for c0 in range(0, N, cap):
+            ap, bp = a[..., r0:r0 + cap, :], b[..., c0:c0 + cap]
+            piece = torch.broadcast_shapes(ap.shape[:-2], bp.shape[:-2]) + (ap.shape[-2], bp.shape[-1])
+            out[..., r0:r0 + cap, c0:c0 + cap] = _ktile_piece(ap, bp, tk, piece)
+    return out
+
+
+def _ktile_piece(a: torch.Tensor, b: torch.Tensor, tk: int, shape) -> torch.Tensor:
     K = a.shape[-1]
     kt = max(1, -(-K // tk))
-    shape = torch.broadcast_shapes(a.shape[:-2], b.shape[:-2]) + (a.shape[-2], b.shape[-1])
     out = torch.zeros(shape)
-    if kt == 1 or K == 0:
-        return out.add_(tile_dot(a, b)) if K else out
+    if kt == 1:
+        return out.add_(tile_dot(a, b))
     a64, b64 = a.double(), b.double()
     # group tiles so each group's fp64 products stay within _KTILE_BLOCK_BYTES
-    per_tile = 8 * out.numel()
-    g = max(1, min(kt, _KTILE_BLOCK_BYTES // max(per_tile, 1)))
+    g = max(1, min(kt, _KTILE_BLOCK_BYTES // (8 * out.numel())))
     for t0 in range(0, kt, g):
         t1 = min(kt, t0 + g)
         lo, hi = t0 * tk, min(K, t1 * tk)
