@@ -90,6 +90,16 @@ def test_ktile_order_is_the_plans(monkeypatch):
     assert torch.equal(batched[2], loop)
     monkeypatch.setattr(numerics, "_KTILE_BLOCK_BYTES", 8 * 520 * 3 * 16)   # pieces of 16 rows/cols
     assert torch.equal(numerics.ktile_matmul(a.expand(3, 48, 520), b, 32)[1], loop)
+    d = GemmDesign(m=48, k=520, n=40, dtype="bf16")
+    out = torch.zeros(48, 40)
+    d.reference([a, b], [out])
+    assert torch.equal(out, numerics.ktile_matmul(a, b, d.k_tile()))
+    monkeypatch.setenv("TORCH_XDNA_GEMM_ORDER", "blas")          # the host-speed opt-out
+    d.reference([a, b], [out])
+    assert torch.equal(out, a @ b)
+    monkeypatch.setenv("TORCH_XDNA_GEMM_ORDER", "fastest")
+    with pytest.raises(ValueError, match="not a GEMM order"):
+        d.reference([a, b], [out])
 
 
 @pytest.mark.parametrize("op,n,dt", [("add", 1000, torch.float32), ("add", 778, torch.bfloat16),

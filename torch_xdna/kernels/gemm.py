@@ -120,7 +120,7 @@ class GemmDesign(Design):
         a, b, *rest = inputs
         out = outputs[0]
         a, b = self._operands(a, b, rest)
-        if self.compute_dtype == "int8":
+        if self.compute_dtype == "int8" or numerics.gemm_order() == "blas":
             acc = torch.matmul(a, b)               # int32: exact in any order
         else:
             acc = numerics.ktile_matmul(a, b, self.k_tile())

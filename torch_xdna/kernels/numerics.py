@@ -14,6 +14,8 @@ numerics a model site uses is chosen by a PrecisionPlan (kernels/precision.py).
 """
 from __future__ import annotations
 
+import os
+
 import torch
 
 FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -92,6 +94,19 @@ def dtype_name(dtype: torch.dtype) -> str:
 # GEMV paths, thread splits), so a tile's product would differ from the same elements of a
 # whole-matrix product.
 _KTILE_BLOCK_BYTES = 32 << 20          # fp64 tile products materialized at once (host memory)
+GEMM_ORDERS = ("plan", "blas")
+
+
+def gemm_order() -> str:
+    """TORCH_XDNA_GEMM_ORDER: "plan" (default) makes float GEMM references follow the plan's K
+    tiles (ktile_matmul; bit-identical to the transaction level); "blas" is one fp32 BLAS
+    matmul (host speed: several times faster when the plan's K tile is small, but then the
+    levels agree only within fp32 reordering, and results depend on the BLAS)."""
+    name = os.environ.get("TORCH_XDNA_GEMM_ORDER", "plan").strip().lower() or "plan"
+    if name not in GEMM_ORDERS:
+        raise ValueError(f"TORCH_XDNA_GEMM_ORDER={name!r} is not a GEMM order; use one of "
+                         f"{', '.join(GEMM_ORDERS)}")
+    return name
 
 
 def tile_dot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
