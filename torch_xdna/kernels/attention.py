@@ -105,20 +105,41 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tkv: int,
     if mask is not None:
         mask = mask.float().expand(B, hq, lq, S).reshape(B, hkv, rows, S)
     qpos = (torch.arange(rows) % lq).unsqueeze(1) + q_offset
+    # Everything but the two running sums is order-free, so it is computed for all key tiles at
+    # once with the same elementwise ops and exact (tile_dot / fp64) products as flash_tile:
+    # scores (one exact dot over D per key), tile maxima, the running max (cummax), P, the
+    # rescale factors, the tiles' row sums and P V; then l and o are folded tile by tile.
+    T = -(-S // tkv)
+    pad = T * tkv - S
+    sc = numerics.tile_dot(qg, k.transpose(-1, -2)) * scale                    # [B,hkv,rows,S]
+    if softcap:
+        sc = torch.tanh(sc / softcap) * softcap
+    kp = torch.arange(S).unsqueeze(0)
+    allowed = torch.ones(rows, S, dtype=torch.bool)
+    if causal:
+        allowed = allowed & (kp <= qpos)
+    if window:
+        allowed = allowed & (kp > qpos - window)
+    sc = sc.masked_fill(~allowed, float("-inf"))
+    if mask is not None:
+        sc = sc + mask
+    if pad:
+        sc = torch.nn.functional.pad(sc, (0, pad), value=float("-inf"))
+        v = torch.nn.functional.pad(v, (0, 0, 0, pad))
+    sc = sc.unflatten(-1, (T, tkv))                                             # [.., rows, T, tkv]
+    m = torch.cummax(sc.amax(dim=-1), dim=-1).values                            # [.., rows, T]
+    m_prev = torch.cat([torch.full_like(m[..., :1], float("-inf")), m[..., :-1]], dim=-1)
+    safe = torch.where(torch.isinf(m), torch.zeros_like(m), m)
+    p = numerics.operand(torch.exp(sc - safe.unsqueeze(-1)))
+    alpha = torch.where(torch.isinf(m_prev), torch.zeros_like(m_prev), torch.exp(m_prev - safe))
+    lt = p.double().sum(dim=-1).float()                                         # [.., rows, T]
+    pv = numerics.tile_dot(p.movedim(-2, -3), v.unflatten(-2, (T, tkv)))       # [.., T, rows, D]
     o = torch.zeros(B, hkv, rows, d)
-    m = torch.full((B, hkv, rows), float("-inf"))
     l = torch.zeros(B, hkv, rows)                                     # noqa: E741
-    for k0 in range(0, S, tkv):
-        k1 = min(S, k0 + tkv)
-        kp = torch.arange(k0, k1).unsqueeze(0)
-        allowed = torch.ones(rows, k1 - k0, dtype=torch.bool)
-        if causal:
-            allowed = allowed & (kp <= qpos)
-        if window:
-            allowed = allowed & (kp > qpos - window)
-        mt = mask[..., k0:k1] if mask is not None else None
-        o, m, l, _, _ = flash_tile(qg, k[..., k0:k1, :], v[..., k0:k1, :], allowed, mt, o, m, l,
-                                   scale, softcap)
+    for t in range(T):
+        a = alpha[..., t]
+        l = l * a + lt[..., t]                                        # noqa: E741
+        o = o * a.unsqueeze(-1) + pv[..., t, :, :]
     return flash_finish(o, l).reshape(B, hq, lq, d)
 
 
@@ -199,7 +220,7 @@ class AttentionDesign(Design):
             mask = torch.zeros(mask.shape).masked_fill(~mask, float("-inf"))
         offset = self._offset(n) if q_offset is None else int(q_offset)
         # the plan's key tile fixes the order of the online softmax (runtime/sim/order.py)
-        tkv = self.plan(order.generation()).tile[1]
+        tkv = self.launch_plan(order.generation()).tile[1]     # memoized capacity plan
         out = flash_attention(q, k[..., :n, :], v[..., :n, :], tkv, scale=self.softmax_scale,
                               causal=self.causal, mask=mask, q_offset=offset,
                               window=self.window or None, softcap=self.softcap or None)
