@@ -88,11 +88,13 @@ def test_kv_length_scalar_over_a_cache_capacity():
 
 
 def test_bf16_numerics_are_the_npu_policy():
-    """Same result as an explicit emulation: bf16 operands, fp32 softmax, bf16 P, fp32 P@V."""
+    """Same result as an explicit emulation of the flash order (one key tile here): bf16
+    operands, fp32 scores, P = bf16(exp(s - max)), fp32 P@V and row sum, divided at the end."""
     q, k, v = _qkv(1, 2, 2, 5, 8, 16, seed=5)
     r = numerics.bf16_round
     s = r(q) @ r(k).transpose(-1, -2) / 4.0
-    want = r(torch.softmax(s, -1)) @ r(v)
+    p = r(torch.exp(s - s.amax(-1, keepdim=True)))
+    want = (p @ r(v)) / p.sum(-1, keepdim=True)
     torch.testing.assert_close(_run(AttentionDesign(1, 2, 2, 5, 8, 16), q, k, v), want,
                                rtol=1e-6, atol=1e-6)
 
@@ -124,11 +126,13 @@ def test_design_validates_heads():
 
 
 def _sdpa_npu_policy(q, k, v, **kw):
-    """torch SDPA with the design's one extra rounding (P to bf16): SDPA of V = identity gives
-    torch's own probabilities (its mask and causal semantics), then bf16(P) @ V."""
+    """torch SDPA with the design's flash rounding (one key tile here): SDPA of V = identity
+    gives torch's own probabilities (its mask and causal semantics); P = bf16(p / max p) is
+    exp(s - max s) rounded, then P @ V / sum P."""
     eye = torch.eye(k.shape[-2]).expand(*k.shape[:2], -1, -1)
     p = F.scaled_dot_product_attention(q, k, eye, enable_gqa=True, **kw)
-    return numerics.bf16_round(p) @ v.repeat_interleave(q.shape[1] // v.shape[1], 1)
+    p = numerics.bf16_round(p / p.amax(-1, keepdim=True))
+    return (p @ v.repeat_interleave(q.shape[1] // v.shape[1], 1)) / p.sum(-1, keepdim=True)
 
 
 def test_bool_mask_and_top_left_causal_match_torch_sdpa():

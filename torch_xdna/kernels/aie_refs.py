@@ -3,8 +3,8 @@ lowerings in kernels/lower/ declare) computes on one tile, with the NPU's numeri
 
 The transaction-level simulator calls these per kernel call on the core's tile buffers; the
 functional level calls the designs' whole-tensor references. Both use kernels/numerics.py, so
-integer, data-movement and elementwise designs agree bit for bit; float GEMMs differ only by the
-order of the fp32 accumulation (K tile by K tile here, one matmul there).
+integer, data-movement and elementwise designs agree bit for bit; float GEMMs too, both levels
+accumulating K tile by K tile (numerics.tile_dot here, numerics.ktile_matmul there).
 
 Symbols (see kernels/lower/gemm.py, vector.py):
   zero_<acc>                        acc = 0
@@ -35,7 +35,7 @@ def zero(acc: torch.Tensor) -> None:
 
 @ck.register("matmul_bf16_f32")
 def matmul_bf16_f32(a: torch.Tensor, b: torch.Tensor, acc: torch.Tensor) -> None:
-    acc += torch.matmul(_ftz(a), _ftz(b))
+    acc += numerics.tile_dot(_ftz(a), _ftz(b))
 
 
 @ck.register("matmul_i8_i32")
@@ -54,7 +54,7 @@ def _weight_only(int4: bool):
         deq = (q.float().reshape(tn, sg, tk // sg) * s.float().reshape(tn, sg, 1)).reshape(tn, tk)
         deq = numerics.bf16_round(deq)
         wdq.copy_(deq.transpose(0, 1).to(wdq.dtype))
-        acc += torch.matmul(_ftz(a), deq.transpose(0, 1))
+        acc += numerics.tile_dot(_ftz(a), deq.transpose(0, 1))
     return mm
 
 
@@ -70,7 +70,7 @@ def matmul_bfp16(a: torch.Tensor, bt: torch.Tensor, acc: torch.Tensor) -> None:
     tn = acc.shape[1]
     b = quant.decode_bfp16(bt.reshape(tn, -1))                  # [tn, tk]
     qa = quant.quantize_bfp16(_ftz(a), dim=-1)
-    acc += torch.matmul(qa, b.transpose(0, 1))
+    acc += numerics.tile_dot(qa, b.transpose(0, 1))
 
 
 def _store(act: str):
@@ -314,16 +314,14 @@ def attn_tile_masked(q, kvm, s, p, o, ml, state, kv_len, q_offset, scale, core, 
 @ck.register("attn_tile_bf16")
 def attn_tile(q, kv, s, p, o, ml, state, kv_len, q_offset, scale, core, cores, q_tiles, tq, group,
               causal, window, softcap, mask=None) -> None:
-    """One key tile: scores in fp32, masked, online-softmax update with P rounded to bf16."""
+    """One key tile: kernels/attention.flash_tile on this core's rows (the functional level
+    folds the same tiles in the same order)."""
+    from torch_xdna.kernels.attention import flash_tile
     j = int(state[0])
     state[0] += 1
     tkv = kv.shape[1]
     w = int(state[1]) * int(cores) + int(core)
     t0 = (w % int(q_tiles)) * int(tq)
-    k_t, v_t = _ftz(kv[0]), _ftz(kv[1])
-    sc = torch.matmul(_ftz(q), k_t.transpose(0, 1)) * scale
-    if softcap:
-        sc = torch.tanh(sc / softcap) * softcap
     kp = torch.arange(tkv).unsqueeze(0) + j * tkv
     qp = (torch.arange(q.shape[0]) % int(tq)).unsqueeze(1) + t0 + int(q_offset)
     allowed = kp < int(kv_len)
@@ -331,23 +329,17 @@ def attn_tile(q, kv, s, p, o, ml, state, kv_len, q_offset, scale, core, cores, q
         allowed = allowed & (kp <= qp)
     if window:
         allowed = allowed & (kp > qp - int(window))
-    sc = sc.masked_fill(~allowed, float("-inf"))
-    if mask is not None:
-        sc = sc + mask
+    o_new, m_new, l_new, sc, pe = flash_tile(_ftz(q), _ftz(kv[0]), _ftz(kv[1]), allowed, mask, o,
+                                             ml[:, 0].clone(), ml[:, 1].clone(), scale, softcap)
     s.copy_(sc)
-    m_old, l_old = ml[:, 0].clone(), ml[:, 1].clone()
-    m_new = torch.maximum(m_old, sc.amax(dim=-1))
-    safe = torch.where(torch.isinf(m_new), torch.zeros_like(m_new), m_new)
-    pe = numerics.operand(torch.exp(sc - safe.unsqueeze(1)))          # bf16 P, masked -> 0
-    alpha = torch.where(torch.isinf(m_old), torch.zeros_like(m_old), torch.exp(m_old - safe))
     p.copy_(pe.to(p.dtype))
     ml[:, 0] = m_new
-    ml[:, 1] = l_old * alpha + pe.sum(dim=-1)
-    o.copy_(o * alpha.unsqueeze(1) + torch.matmul(pe, v_t))
+    ml[:, 1] = l_new
+    o.copy_(o_new)
 
 
 @ck.register("attn_finish_f32")
 def attn_finish(o: torch.Tensor, ml: torch.Tensor, state: torch.Tensor) -> None:
-    l = ml[:, 1].unsqueeze(1)                                         # noqa: E741
-    o.copy_(torch.where(l > 0, o / torch.where(l > 0, l, torch.ones_like(l)), torch.zeros_like(o)))
+    from torch_xdna.kernels.attention import flash_finish
+    o.copy_(flash_finish(o, ml[:, 1].clone()))
     state[1] += 1

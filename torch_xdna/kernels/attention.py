@@ -19,6 +19,7 @@ from torch_xdna.kernels.base import Design, ceil_div, round_up
 from torch_xdna.kernels.capacity import DmaTransfer, check_dma, check_plan, lanes, need, \
     require_dtype
 from torch_xdna.runtime.plan import Plan
+from torch_xdna.runtime.sim import order
 from torch_xdna.runtime.sim.cost import compute_efficiency, dram_time_s, kv_tile_pass_cycles
 
 
@@ -55,6 +56,91 @@ def attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, sc
     p = torch.softmax(s, dim=-1)
     p = torch.nan_to_num(p, nan=0.0)            # fully-masked rows give zeros, not NaN
     return torch.matmul(numerics.operand(p), v)
+
+
+def flash_tile(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor,
+               mask: torch.Tensor | None, o: torch.Tensor, m: torch.Tensor, l: torch.Tensor,
+               scale: float, softcap: float | None):
+    """One key tile of flash attention as a core runs it (the online-softmax update), shared by
+    AttentionDesign.reference and the core kernel's reference, so both levels agree bit for bit.
+
+    q [.., r, D], k / v [.., t, D] as operands; allowed bool and mask (additive fp32) broadcast
+    to [.., r, t]; o [.., r, D], m / l [.., r] the running output, max and sum (fp32).
+    s = scale * q k^T (an exact tile product rounded to fp32, numerics.tile_dot), softcapped,
+    masked; m' = max(m, max s); P = bf16(exp(s - m')); l' = l e^(m - m') + sum P (exact sum,
+    rounded once); o' = o e^(m - m') + P V (tile_dot). Returns (o', m', l', s, P)."""
+    sc = numerics.tile_dot(q, k.transpose(-1, -2)) * scale
+    if softcap:
+        sc = torch.tanh(sc / softcap) * softcap
+    sc = sc.masked_fill(~allowed, float("-inf"))
+    if mask is not None:
+        sc = sc + mask
+    m_new = torch.maximum(m, sc.amax(dim=-1))
+    safe = torch.where(torch.isinf(m_new), torch.zeros_like(m_new), m_new)
+    p = numerics.operand(torch.exp(sc - safe.unsqueeze(-1)))          # bf16 P, masked -> 0
+    alpha = torch.where(torch.isinf(m), torch.zeros_like(m), torch.exp(m - safe))
+    l_new = l * alpha + p.double().sum(dim=-1).float()
+    o_new = o * alpha.unsqueeze(-1) + numerics.tile_dot(p, v)
+    return o_new, m_new, l_new, sc, p
+
+
+def flash_finish(o: torch.Tensor, l: torch.Tensor) -> torch.Tensor:
+    """o / l per row; rows that saw no key (l == 0) give zeros."""
+    l = l.unsqueeze(-1)                                               # noqa: E741
+    return torch.where(l > 0, o / torch.where(l > 0, l, torch.ones_like(l)), torch.zeros_like(o))
+
+
+def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tkv: int, *, scale: float,
+                    causal: bool = False, mask: torch.Tensor | None = None, q_offset: int = 0,
+                    window: int | None = None, softcap: float | None = None) -> torch.Tensor:
+    """attention_reference's result in the design's order: key tiles of `tkv` from key 0, each
+    folded in by flash_tile, the query heads of a KV group stacked as one core's rows.
+    q [B,Hq,Lq,D], k / v [B,Hkv,S,D], mask broadcastable to [B,Hq,Lq,S]; returns fp32 [B,Hq,Lq,D]."""
+    q, k, v = numerics.operand(q), numerics.operand(k), numerics.operand(v)
+    B, hq, lq, d = q.shape
+    hkv, S = k.shape[1], k.shape[2]
+    g = hq // hkv
+    rows = g * lq
+    qg = q.reshape(B, hkv, rows, d)
+    if mask is not None:
+        mask = mask.float().expand(B, hq, lq, S).reshape(B, hkv, rows, S)
+    qpos = (torch.arange(rows) % lq).unsqueeze(1) + q_offset
+    # Everything but the two running sums is order-free, so it is computed for all key tiles at
+    # once with the same elementwise ops and exact (tile_dot / fp64) products as flash_tile:
+    # scores (one exact dot over D per key), tile maxima, the running max (cummax), P, the
+    # rescale factors, the tiles' row sums and P V; then l and o are folded tile by tile.
+    T = -(-S // tkv)
+    pad = T * tkv - S
+    sc = numerics.tile_dot(qg, k.transpose(-1, -2)) * scale                    # [B,hkv,rows,S]
+    if softcap:
+        sc = torch.tanh(sc / softcap) * softcap
+    kp = torch.arange(S).unsqueeze(0)
+    allowed = torch.ones(rows, S, dtype=torch.bool)
+    if causal:
+        allowed = allowed & (kp <= qpos)
+    if window:
+        allowed = allowed & (kp > qpos - window)
+    sc = sc.masked_fill(~allowed, float("-inf"))
+    if mask is not None:
+        sc = sc + mask
+    if pad:
+        sc = torch.nn.functional.pad(sc, (0, pad), value=float("-inf"))
+        v = torch.nn.functional.pad(v, (0, 0, 0, pad))
+    sc = sc.unflatten(-1, (T, tkv))                                             # [.., rows, T, tkv]
+    m = torch.cummax(sc.amax(dim=-1), dim=-1).values                            # [.., rows, T]
+    m_prev = torch.cat([torch.full_like(m[..., :1], float("-inf")), m[..., :-1]], dim=-1)
+    safe = torch.where(torch.isinf(m), torch.zeros_like(m), m)
+    p = numerics.operand(torch.exp(sc - safe.unsqueeze(-1)))
+    alpha = torch.where(torch.isinf(m_prev), torch.zeros_like(m_prev), torch.exp(m_prev - safe))
+    lt = p.double().sum(dim=-1).float()                                         # [.., rows, T]
+    pv = numerics.tile_dot(p.movedim(-2, -3), v.unflatten(-2, (T, tkv)))       # [.., T, rows, D]
+    o = torch.zeros(B, hkv, rows, d)
+    l = torch.zeros(B, hkv, rows)                                     # noqa: E741
+    for t in range(T):
+        a = alpha[..., t]
+        l = l * a + lt[..., t]                                        # noqa: E741
+        o = o * a.unsqueeze(-1) + pv[..., t, :, :]
+    return flash_finish(o, l).reshape(B, hq, lq, d)
 
 
 # --- the fused attention design -----------------------------------------------------------------
@@ -133,9 +219,11 @@ class AttentionDesign(Design):
         if mask is not None and mask.dtype == torch.bool:
             mask = torch.zeros(mask.shape).masked_fill(~mask, float("-inf"))
         offset = self._offset(n) if q_offset is None else int(q_offset)
-        out = attention_reference(q, k[..., :n, :], v[..., :n, :], scale=self.softmax_scale,
-                                  causal=self.causal, mask=mask, q_offset=offset,
-                                  window=self.window or None, softcap=self.softcap or None)
+        # the plan's key tile fixes the order of the online softmax (runtime/sim/order.py)
+        tkv = self.launch_plan(order.generation()).tile[1]     # memoized capacity plan
+        out = flash_attention(q, k[..., :n, :], v[..., :n, :], tkv, scale=self.softmax_scale,
+                              causal=self.causal, mask=mask, q_offset=offset,
+                              window=self.window or None, softcap=self.softcap or None)
         numerics.store(out, outputs[0])
 
     def _offset(self, kv_valid: int) -> int:

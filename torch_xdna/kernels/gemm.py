@@ -36,6 +36,7 @@ from torch_xdna.kernels.base import Design, ceil_div, round_up
 from torch_xdna.kernels.capacity import ACC_BYTES, DmaTransfer, check_dma, check_mmul_tile, \
     check_plan, require_dtype
 from torch_xdna.runtime.plan import Plan, PlanError
+from torch_xdna.runtime.sim import order
 from torch_xdna.runtime.sim.cost import compute_efficiency, dram_time_s
 
 TILE_CANDIDATES = (4, 8, 16, 32, 48, 64, 96, 128, 192, 256)
@@ -119,7 +120,10 @@ class GemmDesign(Design):
         a, b, *rest = inputs
         out = outputs[0]
         a, b = self._operands(a, b, rest)
-        acc = torch.matmul(a, b)
+        if self.compute_dtype == "int8" or numerics.gemm_order() == "blas":
+            acc = torch.matmul(a, b)               # int32: exact in any order
+        else:
+            acc = numerics.ktile_matmul(a, b, self.k_tile())
         if self.alpha != 1.0:
             acc = acc * self.alpha
         i = 0
@@ -132,6 +136,14 @@ class GemmDesign(Design):
         if self.residual:
             acc = acc + rest[i].float()
         numerics.store(acc, out)
+
+    def k_tile(self) -> int:
+        """The plan's K step (for the generation being simulated, runtime/sim/order.py): the
+        order in which the cores accumulate, which the reference follows."""
+        try:
+            return self.plan(order.generation()).tile[1]
+        except PlanError:                  # no plan: one tile (a reference-only use)
+            return max(1, self.k)
 
     # -- planning ---------------------------------------------------------------------------
     def _bytes(self) -> tuple[float, float, float]:

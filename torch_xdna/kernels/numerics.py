@@ -14,6 +14,8 @@ numerics a model site uses is chosen by a PrecisionPlan (kernels/precision.py).
 """
 from __future__ import annotations
 
+import os
+
 import torch
 
 FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -78,3 +80,88 @@ def dtype_name(dtype: torch.dtype) -> str:
     if dtype in (torch.int8, torch.uint8):
         return "int8"
     return "int32"
+
+
+# -- float GEMM accumulation order ---------------------------------------------------------------
+# A core's mmul adds one K tile of products into its fp32 accumulator per kernel call, K tile by
+# K tile (kernels/lower/gemm.py). Model: a tile's products are summed exactly and rounded once
+# to fp32 (RNE), then added to the fp32 accumulator in tile order. Both simulator levels use
+# these two functions, so they agree bit for bit. "Exactly": bf16 x bf16 products carry <= 16
+# significant bits and a tile holds <= 256 of them, so their fp64 sum is exact (in any order)
+# while a tile's nonzero products lie within 2^29 of each other in magnitude; beyond that the
+# fp64 sums may round (at 2^-53 relative), which can move the fp32 result by 1 ulp of the tile's
+# sum. BLAS fp32 results are not usable here: they depend on the call's shape (edge kernels,
+# GEMV paths, thread splits), so a tile's product would differ from the same elements of a
+# whole-matrix product.
+_KTILE_BLOCK_BYTES = 32 << 20          # fp64 tile products materialized at once (host memory)
+GEMM_ORDERS = ("plan", "blas")
+
+
+def gemm_order() -> str:
+    """TORCH_XDNA_GEMM_ORDER: "plan" (default) makes float GEMM references follow the plan's K
+    tiles (ktile_matmul; bit-identical to the transaction level); "blas" is one fp32 BLAS
+    matmul (host speed: several times faster when the plan's K tile is small, but then the
+    levels agree only within fp32 reordering, and results depend on the BLAS)."""
+    name = os.environ.get("TORCH_XDNA_GEMM_ORDER", "plan").strip().lower() or "plan"
+    if name not in GEMM_ORDERS:
+        raise ValueError(f"TORCH_XDNA_GEMM_ORDER={name!r} is not a GEMM order; use one of "
+                         f"{', '.join(GEMM_ORDERS)}")
+    return name
+
+
+def tile_dot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """One K tile: a [.., m, k] @ b [.., k, n], products summed exactly, rounded once to fp32."""
+    return torch.matmul(a.double(), b.double()).float()
+
+
+def ktile_matmul(a: torch.Tensor, b: torch.Tensor, tk: int) -> torch.Tensor:
+    """a [.., M, K] @ b [.., K, N] (float operands) accumulated as the array does: per K tile of
+    `tk` an exact tile product rounded to fp32 (tile_dot), added to an fp32 accumulator that
+    starts at +0, tile after tile. Vectorised: fp64 BLAS per group of tiles, one fp32 add per
+    tile over the output; rows and columns are processed in pieces so the fp64 copies stay
+    within _KTILE_BLOCK_BYTES (an LM head's weight is not copied whole)."""
+    K = a.shape[-1]
+    M, N = a.shape[-2], b.shape[-1]
+    shape = torch.broadcast_shapes(a.shape[:-2], b.shape[:-2]) + (M, N)
+    if K == 0 or M == 0 or N == 0:
+        return torch.zeros(shape)
+    lead = max(1, int(torch.Size(shape[:-2]).numel()))
+    cap = max(1, _KTILE_BLOCK_BYTES // (8 * K * lead))
+    if M <= cap and N <= cap:
+        return _ktile_piece(a, b, tk, shape)
+    out = torch.empty(shape)
+    for r0 in range(0, M, cap):
+        for c0 in range(0, N, cap):
+            ap, bp = a[..., r0:r0 + cap, :], b[..., c0:c0 + cap]
+            piece = torch.broadcast_shapes(ap.shape[:-2], bp.shape[:-2]) + (ap.shape[-2], bp.shape[-1])
+            out[..., r0:r0 + cap, c0:c0 + cap] = _ktile_piece(ap, bp, tk, piece)
+    return out
+
+
+def _ktile_piece(a: torch.Tensor, b: torch.Tensor, tk: int, shape) -> torch.Tensor:
+    K = a.shape[-1]
+    kt = max(1, -(-K // tk))
+    out = torch.zeros(shape)
+    if kt == 1:
+        return out.add_(tile_dot(a, b))
+    a64, b64 = a.double(), b.double()
+    # group tiles so each group's fp64 products stay within _KTILE_BLOCK_BYTES
+    g = max(1, min(kt, _KTILE_BLOCK_BYTES // (8 * out.numel())))
+    for t0 in range(0, kt, g):
+        t1 = min(kt, t0 + g)
+        lo, hi = t0 * tk, min(K, t1 * tk)
+        if t1 - t0 == 1:
+            out.add_(torch.matmul(a64[..., lo:hi], b64[..., lo:hi, :]).float())
+            continue
+        pad = (t1 - t0) * tk - (hi - lo)          # the last tile's missing K: zeros (exact)
+        aa, bb = a64[..., lo:hi], b64[..., lo:hi, :]
+        if pad:
+            aa = torch.nn.functional.pad(aa, (0, pad))
+            bb = torch.nn.functional.pad(bb, (0, 0, 0, pad))
+        n = t1 - t0
+        at = aa.unflatten(-1, (n, tk)).movedim(-2, -3)             # [.., n, M, tk]
+        bt = bb.unflatten(-2, (n, tk))                               # [.., n, tk, N]
+        p = torch.matmul(at, bt).float()                             # [.., n, M, N]
+        for i in range(n):
+            out.add_(p.select(-3, i))
+    return out

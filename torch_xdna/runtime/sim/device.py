@@ -12,7 +12,7 @@ from torch_xdna.runtime.device import Device, TraceRecord
 from torch_xdna.runtime.launch import Launch
 from torch_xdna.runtime.plan import Plan
 from torch_xdna.runtime.sim.cost import CostModel
-from torch_xdna.runtime.sim import txn_level
+from torch_xdna.runtime.sim import order, txn_level
 
 
 class SimDevice(Device):
@@ -83,9 +83,11 @@ class SimDevice(Device):
             except txn_level.Unlowered as e:
                 self.txn.fallbacks += 1
                 self.txn.fallback_reasons[design.name] = str(e)
-                design.reference(ins, outs, **launch.scalars)
+                with order.using(self.gen):
+                    design.reference(ins, outs, **launch.scalars)
         else:
-            design.reference(ins, outs, **launch.scalars)
+            with order.using(self.gen):
+                design.reference(ins, outs, **launch.scalars)
         terms = self.cost.charge(design.key, plan, chained, context=self.submission_context,
                                  stream=stream)
         total = terms.total
