@@ -21,6 +21,7 @@ import torch
 
 from torch_xdna.engine.decoder import (
     DEFAULT_LAYOUT, ContextOverflow, Decoder, PrecisionPolicy, check_fits, default_cache_dir,
+    resolve_capacity,
 )
 from torch_xdna.engine.sampler import Sampler, SamplingParams
 from torch_xdna.models.loader import ModelFiles, load_weights, read_model
@@ -312,22 +313,24 @@ class Engine:
 def load_decoder(model_dir: str | Path, precision: str | Mapping[str, str] = "bf16", *,
                  group: int = 0, max_context: int | None = None, prefill_chunk: int = 128,
                  device: Device | None = None, cache_dir: str | Path | None | bool = None,
-                 quiet: bool = False, layout: str = DEFAULT_LAYOUT) -> Engine:
+                 quiet: bool = False, layout: str = DEFAULT_LAYOUT,
+                 kv_dtype: str = "bf16") -> Engine:
     """Load a HF decoder directory (Qwen3, Llama, Gemma 3 text) onto the device.
 
     precision: bf16 | int8 | int4 | bfp16 | fp32 (verification mode), or per site
     {'attention': ..., 'mlp': ..., 'head': ..., 'default': ...}. Quantized weights are cached on
     disk under cache_dir (default <$TORCH_XDNA_CACHE_DIR or ~/.cache/torch_xdna>/decoder-weights;
     False disables; trust rules: runtime/cachedir.py).
-    max_context: KV cache capacity in tokens (default min(4096, the model's maximum)).
+    max_context: KV cache capacity in tokens (default: the model's maximum, capped by the memory
+    budget, engine/kv_cache.py). kv_dtype: KV cache storage, bf16 or int8 (per-token scales).
     layout: "layer" (one launch per layer, the default) or "block" (an attention-block and an
     MLP-block launch per layer; same tokens, more configure points).
     """
     files = read_model(model_dir)             # validates every file before anything is allocated
     policy = PrecisionPolicy.parse(precision, group)
     device = device or get_device()
-    check_fits(files.spec, policy, int(min(max_context or 4096, files.spec.max_positions)), device,
-               prefill_chunk)
+    capacity = resolve_capacity(files.spec, policy, device, max_context, prefill_chunk, kv_dtype)
+    check_fits(files.spec, policy, capacity, device, prefill_chunk, kv_dtype)
     quantized = any(p in ("int8", "int4", "bfp16") for p in (policy.attention, policy.mlp, policy.head))
     cdir = None
     if quantized and cache_dir is not False:
@@ -335,6 +338,6 @@ def load_decoder(model_dir: str | Path, precision: str | Mapping[str, str] = "bf
     weights = load_weights(files, policy.transform_for(files.spec), policy.ident(), cdir,
                            quiet=quiet)
     tok = Tokenizer(files.path) if (files.path / "tokenizer.json").is_file() else None
-    decoder = Decoder(files.spec, weights, policy, max_context=max_context,
-                      prefill_chunk=prefill_chunk, device=device, layout=layout)
+    decoder = Decoder(files.spec, weights, policy, max_context=capacity,
+                      prefill_chunk=prefill_chunk, device=device, layout=layout, kv_dtype=kv_dtype)
     return Engine(files, decoder, tok)
