@@ -358,12 +358,20 @@ def default_cache_dir() -> Path:
 
 def estimate_step(spec: DecoderSpec, policy: PrecisionPolicy, cost, rows: int, pos: int, n: int,
                   capacity: int, with_head: bool, layout: str = DEFAULT_LAYOUT,
-                  kv_dtype: str = "bf16") -> dict:
+                  kv_dtype: str = "bf16", memo: dict | None = None) -> dict:
     """Modeled cost of one forward chunk from plans only (no weights): the Program's launches
     charged through `cost` (a runtime.sim.cost.CostModel, whose state carries over between
-    calls as the device's does) at the launch scalars pos/n, exactly as the sim charges them."""
-    designs = [d for _, _, d in step_designs(spec, policy, rows, capacity, with_head, layout,
-                                             kv_dtype)]
+    calls as the device's does) at the launch scalars pos/n, exactly as the sim charges them.
+    memo: a dict kept across calls (same spec/policy/capacity) so equal designs are one object
+    and their per-KV-extent launch plans are computed once (a 128K-token prefill: 1024 chunks)."""
+    key = (rows, with_head)
+    designs = None if memo is None else memo.get(key)
+    if designs is None:
+        canon: dict = {}
+        designs = [canon.setdefault(d, d) for _, _, d in
+                   step_designs(spec, policy, rows, capacity, with_head, layout, kv_dtype)]
+        if memo is not None:
+            memo[key] = designs
     plans = [d.launch_plan(cost.gen, pos=pos, n=n) if hasattr(d, "launch_plan") else d.plan(cost.gen)
              for d in designs]
     terms = cost.charge_program([(d.key, p) for d, p in zip(designs, plans)])
