@@ -108,6 +108,28 @@ def _flash_mask(rows_pos: torch.Tensor, k0: int, n: int, causal: bool, window: i
     return hidden if bool(hidden.any()) else None
 
 
+def _mask_scores(s: torch.Tensor, qpos: torch.Tensor, k0: int, lo: int, hi: int, causal: bool,
+                 window: int | None) -> None:
+    """Mask in place the scores s [..., R, T] of padded keys (index j at absolute position
+    k0 + j; valid keys are lo..hi-1): padding, future keys (causal), keys older than the window.
+    Only the column ranges where some row hides a key are touched."""
+    ninf = float("-inf")
+    s[..., :lo] = ninf
+    s[..., hi:] = ninf
+    if causal:
+        a = max(lo, int(qpos.min()) + 1 - k0)          # first key some row must not see
+        if a < hi:
+            m = _flash_mask(qpos, k0 + a, hi - a, True, None, k0 + hi)
+            if m is not None:
+                s[..., a:hi].masked_fill_(m, ninf)
+    if window:
+        b = min(hi, int(qpos.max()) - window + 1 - k0)  # keys before b are too old for some row
+        if b > lo:
+            m = _flash_mask(qpos, k0 + lo, b - lo, False, window, k0 + hi)
+            if m is not None:
+                s[..., lo:b].masked_fill_(m, ninf)
+
+
 def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float,
                     tkv: int, splits: int = 1, causal: bool = True, q_offset: int = 0,
                     k_offset: int = 0, window: int | None = None, softcap: float | None = None,
@@ -129,36 +151,31 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale:
     hkv, r, d = q.shape
     s_len = k.shape[1]
     qpos = q_offset if isinstance(q_offset, torch.Tensor) else torch.full((r,), q_offset)
-    # pad the keys so tiles sit at absolute multiples of tkv
+    # zero-pad K/V so tiles sit at absolute multiples of tkv (padded keys are masked)
     lead = k_offset % tkv
     total = round_up(lead + s_len, tkv)
     n_tiles = total // tkv
-    qf = rnd(q)
     kf, vf = k.float(), v.float()
-    s = torch.matmul(qf, kf.transpose(-1, -2)).mul_(scale)          # [Hkv, R, S]
-    if softcap is not None:
-        s = torch.tanh(s / softcap).mul_(softcap)
-    hidden = _flash_mask(qpos, k_offset, s_len, causal, window, k_offset + s_len)
-    if hidden is not None:
-        s = s.masked_fill(hidden, float("-inf"))
-    if lead or total - lead - s_len:
-        s = torch.nn.functional.pad(s, (lead, total - lead - s_len), value=float("-inf"))
+    if total != s_len:
+        kf = torch.nn.functional.pad(kf, (0, 0, lead, total - lead - s_len))
         vf = torch.nn.functional.pad(vf, (0, 0, lead, total - lead - s_len))
+    s = torch.matmul(rnd(q), kf.transpose(-1, -2)).mul_(scale)      # [Hkv, R, T*tkv]
+    if softcap is not None:
+        s = torch.tanh(s.div_(softcap)).mul_(softcap)
+    _mask_scores(s, qpos, k_offset - lead, lead, lead + s_len, causal, window)
     st = s.view(hkv, r, n_tiles, tkv)
     tile_max = st.amax(-1)                                             # [Hkv, R, T]
     run = torch.empty_like(tile_max)
     for lo, hi in split_ranges(n_tiles, splits):
         run[..., lo:hi] = torch.cummax(tile_max[..., lo:hi], dim=-1).values
     ninf = float("-inf")
-    e = torch.exp(st - run.unsqueeze(-1))                              # exp(S - m') per tile
-    e = torch.nan_to_num(e, nan=0.0)                                   # tiles with m' = -inf
+    dead = run == ninf                                                 # no visible key yet
+    e = torch.exp(st - run.masked_fill(dead, 0.0).unsqueeze(-1))       # exp(S - m') per tile
     p = rnd(e)
-    final = run.amax(-1, keepdim=True)                                 # the reduction's max
-    w = torch.exp(run - final)
-    w = torch.where(run == ninf, torch.zeros_like(w), w)               # [Hkv, R, T]
+    w = torch.exp(run - run.amax(-1, keepdim=True)).masked_fill_(dead, 0.0)   # to the final max
     l = (e.sum(-1) * w).sum(-1)                                        # [Hkv, R]
     pv = torch.einsum("hrtk,htkd->hrtd", p, vf.view(hkv, n_tiles, tkv, d))
-    o = (pv * w.unsqueeze(-1)).sum(2)
+    o = torch.einsum("hrtd,hrt->hrd", pv, w)
     return o * torch.where(l > 0, 1.0 / l, torch.zeros_like(l)).unsqueeze(-1)
 
 

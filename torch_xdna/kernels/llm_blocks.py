@@ -419,7 +419,7 @@ class AttentionBlockDesign(Design):
             pn = _const(inputs[i], exact)
             i += 1
         cos_t, sin_t = _const(inputs[i], exact), _signed_sin(inputs[i + 1], exact)
-        out, kc, vc = outputs
+        out, kc, vc = outputs[:3]
         xs = x if n == x.shape[0] else x[:n]
         h = _rms(xs, ln, self.eps, self.norm_offset, rnd)
         # every use of q, k and v takes them as operands: round the projection once
@@ -479,9 +479,14 @@ class AttentionBlockDesign(Design):
         attn = AttentionDesign(1, self.heads, self.kv_heads, m, keys, d, causal=True,
                                window=self.window or 0, softcap=self.softcap or 0.0,
                                scale=self.scale, kv_tile=self.tkv, splits=self.splits).plan(gen)
-        stages = [_vec(gen, "rms_norm", m, h), _gemm(gen, m, h, qkv_n, self.precision, group=self.group),
-                  _vec(gen, "mul", m, qkv_n, 2), attn,
-                  _gemm(gen, m, self.heads * d, h, self.precision, group=self.group)]
+        fixed = self.__dict__.setdefault("_fixed_stages", {})   # the KV-independent stages
+        if gen.name not in fixed:
+            fixed[gen.name] = (
+                _vec(gen, "rms_norm", m, h), _gemm(gen, m, h, qkv_n, self.precision, group=self.group),
+                _vec(gen, "mul", m, qkv_n, 2),
+                _gemm(gen, m, self.heads * d, h, self.precision, group=self.group))
+        norm, qkv, rope, o_proj = fixed[gen.name]
+        stages = [norm, qkv, rope, attn, o_proj]
         w = (weight_bytes(qkv_n, h, self.precision, self.group)
              + weight_bytes(h, self.heads * d, self.precision, self.group))
         small = (h + (2 * d if self.qk_norm else 0) + (h if self.post_norm else 0)) * 2 + 2 * m * d * 4
@@ -643,7 +648,10 @@ class DecoderLayerDesign(Design):
         cache = self.__dict__.setdefault("_launch_plans", {})
         plan = cache.get(id(a))
         if plan is None:
-            plan = cache[id(a)] = self._combine(a, self.mlp.plan(gen))
+            mlp = self.__dict__.setdefault("_mlp_plans", {})
+            if gen.name not in mlp:
+                mlp[gen.name] = self.mlp.plan(gen)
+            plan = cache[id(a)] = self._combine(a, mlp[gen.name])
         return plan
 
     def _combine(self, a: Plan, m: Plan) -> Plan:
