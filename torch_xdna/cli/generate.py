@@ -50,7 +50,13 @@ def register(subparsers) -> None:
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     p.add_argument("--precision", default="bf16", choices=PRECISION_CHOICES,
                    help="weight precision (fp32 is a verification mode, not NPU numerics)")
-    p.add_argument("--max-context", type=positive_int, help="KV cache capacity in tokens")
+    p.add_argument("--max-context", type=positive_int,
+                   help="KV cache capacity in tokens (default: the model's maximum context, "
+                        "capped so the cache takes at most half the memory left after the "
+                        "weights)")
+    p.add_argument("--kv-dtype", choices=("bf16", "int8"), default="bf16",
+                   help="KV cache storage: bf16, or int8 with a scale per head and token "
+                        "(half the bytes per token; default bf16)")
     p.add_argument("--layout", choices=LAYOUTS, default=DEFAULT_LAYOUT,
                    help=f"launches per layer: layer = 1, block = attention + MLP (2) "
                         f"(default {DEFAULT_LAYOUT})")
@@ -78,7 +84,8 @@ def run(args: argparse.Namespace) -> int:
                            stop=tuple(args.stop))
     cfg.sampling().validate()            # refuse bad sampling options before loading weights
     engine = load_decoder(args.model, args.precision, max_context=args.max_context,
-                          quiet=args.quiet or args.json, layout=args.layout)
+                          quiet=args.quiet or args.json, layout=args.layout,
+                          kv_dtype=args.kv_dtype)
     if args.chat:
         msgs = ([{"role": "system", "content": args.system}] if args.system else [])
         msgs.append({"role": "user", "content": prompt})
