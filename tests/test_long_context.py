@@ -147,3 +147,15 @@ def test_generate_flags_and_server_context_limit(tmp_path, capsys):
     assert reg.get(reg.add_dir(tmp_path, "chat-i8", max_context=96,
                                kv_dtype="int8")).context_length == 96
     reg.close_all()
+
+
+def test_prefill_chunk_sized_by_the_plan():
+    """A chunk whose activations would not fit the mem tiles is halved until it plans."""
+    from torch_xdna.engine.decoder import PrecisionPolicy, plan_chunk
+    from torch_xdna.hw import NPU4
+    from torch_xdna.models.families import BUILTIN_CONFIGS, spec_from_config
+    spec = spec_from_config(BUILTIN_CONFIGS["llama-3.2-1b"])      # MLP rows 8192 wide
+    policy = PrecisionPolicy.parse("int4")
+    staged = NPU4.memtile_bytes.value * NPU4.columns.value // (2 * spec.intermediate)
+    assert plan_chunk(spec, policy, 32768, 4096, NPU4) == staged == 256
+    assert plan_chunk(spec, policy, 32768, 128, NPU4) == 128

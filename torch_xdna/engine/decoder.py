@@ -23,7 +23,7 @@ from torch_xdna.kernels.llm_blocks import (
 )
 from torch_xdna.models.hf import ModelDirError
 from torch_xdna.models.spec import DecoderSpec
-from torch_xdna.runtime import Device, Launch, Program, TensorArg, get_device
+from torch_xdna.runtime import Device, Launch, PlanError, Program, TensorArg, get_device
 from torch_xdna.engine.kv_cache import KVCache, budget_capacity, kv_bytes_per_token
 
 SITE_KINDS = ("attention", "mlp", "head")
@@ -208,6 +208,25 @@ def step_designs(spec: DecoderSpec, policy: PrecisionPolicy, rows: int, capacity
     return out
 
 
+def plan_chunk(spec: DecoderSpec, policy: PrecisionPolicy, capacity: int, requested: int,
+               gen, layout: str = DEFAULT_LAYOUT, kv_dtype: str = "bf16") -> int:
+    """The prefill chunk: `requested` rows, halved until every launch of a chunk plans on `gen`
+    at a full cache (mem-tile staging of the chunk's activations, attention tiles), so a long
+    prompt never fails mid-prefill. Prefill memory is bounded by the chunk: activations are
+    chunk x hidden, attention streams the cache in K/V tiles (no chunk x context score matrix)."""
+    rows = max(1, int(requested))
+    while True:
+        try:
+            designs = step_designs(spec, policy, rows, capacity, True, layout, kv_dtype)
+            for d in dict.fromkeys(d for _, _, d in designs):     # equal layers plan once
+                d.plan(gen)
+            return rows
+        except PlanError:
+            if rows == 1:
+                raise
+            rows //= 2
+
+
 class Decoder:
     """Resident model + KV cache on one device; `forward(ids)` appends tokens, returns logits."""
 
@@ -219,8 +238,10 @@ class Decoder:
             raise ValueError(f"unknown layout {layout!r}; use one of {', '.join(LAYOUTS)}")
         self.spec, self.policy, self.layout, self.kv_dtype = spec, policy, layout, kv_dtype
         self.dev = device or get_device()
-        self.chunk = int(prefill_chunk)
-        self.capacity = resolve_capacity(spec, policy, self.dev, max_context, self.chunk, kv_dtype)
+        self.capacity = resolve_capacity(spec, policy, self.dev, max_context, int(prefill_chunk),
+                                         kv_dtype)
+        self.chunk = plan_chunk(spec, policy, self.capacity, prefill_chunk, self.dev.gen, layout,
+                                kv_dtype)
         dev = self.dev
         self._owned: list[TensorArg] = []
         try:
