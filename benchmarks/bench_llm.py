@@ -3,7 +3,7 @@
 Modeled (simulator cost model, never a hardware measurement): a Qwen3-0.6B-shaped model (the real
 config's shapes, random weights built directly in the engine's format), batch 1, 1k-token
 context: decode ms/token, dispatches/token, launches/layer, MB/token, ratio to the DRAM-bandwidth
-floor (bytes/token / 52.7 GB/s), prefill tok/s, for bf16 and int4, in the default layout (one
+floor (bytes/token at the cost model's single-pass stream rate, 38.5 GB/s on npu4, cost-v3), prefill tok/s, for bf16 and int4, in the default layout (one
 launch per layer) and, for comparison, the other one; the targets (<= 2 launches/layer,
 1 dispatch/token, decode <= 1.2x the floor) are checked on every row. The decode figures come from
 the device counters of real decode steps (the engine run at position 1024), cross-checked against
@@ -37,6 +37,7 @@ from torch_xdna.engine.quantize import quantize
 from torch_xdna.hw import get_generation
 from torch_xdna.kernels.llm_blocks import OPERANDS
 from torch_xdna.models.loader import site_names
+from torch_xdna.runtime.sim.cost import stream_bandwidth
 from torch_xdna.runtime.sim import SimDevice
 
 CONTEXT = 1024
@@ -115,7 +116,7 @@ def _decode_row(spec, policy: PrecisionPolicy, precision: str, weights: dict, st
     est = estimate(spec, precision, CONTEXT, layout=layout)
     ms = d["modeled_us"] / steps / 1e3
     mb = d["dram_bytes"] / steps / 1e6
-    floor_ms = mb * 1e6 / gen.npu_read_bps.value * 1e3
+    floor_ms = mb * 1e6 / stream_bandwidth(gen, gen.columns.value) * 1e3
     row = {
         "model": "qwen3-0.6b (random weights)", "precision": precision, "layout": layout,
         "default_layout": layout == DEFAULT_LAYOUT, "context": CONTEXT,

@@ -75,3 +75,70 @@ def test_design_change_within_a_context_costs_a_configure_point():
     assert t.reconfig == pytest.approx(NPU4.design_change_us.value) and t.context_switch == 0
     same = cm.charge(b.key, b.plan(NPU4), chained=False, context=ctx)
     assert same.reconfig == 0
+
+
+# --- cost-v3 terms ------------------------------------------------------------------------------
+from dataclasses import replace  # noqa: E402
+
+from benchmarks.backtest.derive import FIT_TOLERANCE, FITS, time_ratio  # noqa: E402
+from benchmarks.backtest.figures import FLM_PREFILL_TABLE, by_key  # noqa: E402
+from benchmarks.backtest.layouts import flm_prompt_overhead_s  # noqa: E402
+from torch_xdna.hw import Sourced  # noqa: E402
+from torch_xdna.kernels.attention import AttentionDesign  # noqa: E402
+from torch_xdna.kernels.gemm import GemmDesign  # noqa: E402
+from torch_xdna.runtime.sim.cost import dram_bandwidth, dram_time_s, transfer_terms  # noqa: E402
+
+
+@pytest.mark.parametrize("field", sorted(FITS))
+def test_fitted_constant_reproduces_its_fit_figures(field):
+    """The stored hw/ constant is the fit: its fit figures' geometric-mean time ratio is 1 within
+    FIT_TOLERANCE (derive.py re-fits it from scratch), and they are flagged fitted, not held out."""
+    figs = by_key()
+    keys = FITS[field][0]
+    assert keys
+    for k in keys:
+        assert figs[k].fits == field and not figs[k].held_out, k
+    logs = [math.log(time_ratio(figs[k], NPU4)) for k in keys]
+    assert abs(sum(logs) / len(logs)) <= math.log(1 + FIT_TOLERANCE), (field, logs)
+    assert {f.fits for f in FIGURES if f.fits} <= set(FITS)
+
+
+def test_gemv_weights_stream_at_the_weight_stream_rate():
+    g = GemmDesign(1, 2048, 8192, dtype="bf16").plan(NPU4)
+    w = 2048 * 8192 * 2
+    assert g.notes["stream_bytes"] == w == g.notes["weight_read_bytes"]
+    dma_s = transfer_terms(NPU4, g).dma * 1e-6
+    expect = (g.dram_read_bytes - w) / dram_bandwidth(NPU4, g.columns) + w / NPU4.weight_stream_bps.value
+    assert dma_s == pytest.approx(max(expect, (g.dram_read_bytes + g.dram_write_bytes)
+                                      / NPU4.npu_mixed_bps.value), rel=1e-6)
+    # a large GEMM reuses every B tile over several M tiles: no single-pass stream
+    assert GemmDesign(4096, 4096, 4096, dtype="bf16", out_dtype=torch.bfloat16).plan(NPU4) \
+        .notes["stream_bytes"] == 0
+    # streamed bytes never make a read faster than the plain read rate
+    assert dram_time_s(NPU4, 8, 1e9, 0, 1e9) >= dram_time_s(NPU4, 8, 1e9, 0)
+
+
+def test_shim_stream_ports_cap_few_column_reads():
+    """One column: 2 shim MM2S channels x 32-bit ports x 1.8 GHz = 14.4 GB/s (AM020)."""
+    ch = NPU4.shim_dma_channels.value[0]
+    port = ch * NPU4.stream_port_bytes.value * NPU4.core_clock_hz.value
+    assert dram_bandwidth(NPU4, 1) == pytest.approx(port) == pytest.approx(14.4e9)
+    assert dram_bandwidth(NPU4, 8) == pytest.approx(NPU4.npu_read_bps.value)
+
+
+def test_attention_pays_the_kv_tile_pass_cost_per_kv_tile():
+    d = AttentionDesign(1, 32, 8, 2048, 2048, 64, causal=True, top_left=True)
+    zero = replace(NPU4, kv_tile_cycles=Sourced(0, "test"))
+    p, p0 = d.plan(NPU4), d.plan(zero)
+    tq, tkv, _ = p.tile
+    assert p0.tile == p.tile
+    items = p.notes["work_items"]
+    passes = math.ceil(items / p.cores) * p.notes["kv_visited_per_q_tile"] / tkv
+    extra = p.compute_cycles - p0.compute_cycles
+    assert extra == pytest.approx(passes * NPU4.kv_tile_cycles.value, rel=1e-6)
+
+
+def test_flm_prompt_overhead_comes_from_its_published_table():
+    for pts in FLM_PREFILL_TABLE.values():       # tok/s rises with length: a fixed part exists
+        assert [t for _, t in pts] == sorted(t for _, t in pts)
+    assert 0.45 < flm_prompt_overhead_s() < 0.52

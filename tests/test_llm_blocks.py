@@ -25,7 +25,10 @@ def test_qwen3_06b_decode_shape_and_bytes():
     kv = 28 * 2 * 8 * 128 * 1152 * 2             # K and V of 1152 (= 1025 rounded to 128) positions
     assert r["kv_mb_per_token"] * 1e6 == pytest.approx(kv + 28 * 2 * 8 * 128 * 2, rel=1e-9)
     assert r["floor_ratio"] >= 1.0
-    assert r["modeled_decode_ms_per_token"] == pytest.approx(r["mb_per_token"] / 52.7 * r["floor_ratio"])
+    # the floor streams every byte at the weight-stream rate (cost-v3, hw weight_stream_bps)
+    assert r["dram_bps"] == pytest.approx(NPU4.weight_stream_bps.value)
+    assert r["modeled_decode_ms_per_token"] == pytest.approx(
+        r["mb_per_token"] / (r["dram_bps"] / 1e9) * r["floor_ratio"])
     i4 = estimate(spec, "int4", 1024)
     assert i4["weight_mb_per_token"] < 0.3 * r["weight_mb_per_token"]
     assert i4["modeled_decode_ms_per_token"] < r["modeled_decode_ms_per_token"]

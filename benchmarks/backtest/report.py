@@ -33,7 +33,7 @@ def evaluate(fig: Figure, gen: Generation) -> dict:
     return {"key": fig.key, "what": fig.what, "who": fig.who, "unit": fig.unit,
             "published": fig.value, "modeled": modeled, "ratio": ratio,
             "time_ratio": time_ratio, "held_out": fig.held_out, "in_band": lo <= ratio <= hi,
-            "band": fig.tolerance,
+            "band": fig.tolerance, "fits": fig.fits,
             "dominant": [f"{k} {100 * v / tot:.0f}%" for k, v in dominant], **meta}
 
 
@@ -61,7 +61,10 @@ def table(rows: list[dict]) -> str:
             flag = "" if r["in_band"] else " !"
             out.append(f"{r['who'] + ': ' + r['what']:<52.52} {_fmt(r['published'], r['unit']):>14} "
                        f"{_fmt(r['modeled'], r['unit']):>14} {r['ratio']:>5.2f}x{flag} "
-                       f"{', '.join(r['dominant'])}")
+                       f"{', '.join(r['dominant'])}"
+                       + (f" [fits {r['fits']}]" if r["fits"] else "")
+                       + (f" [NPU part alone: {_fmt(r['npu_only_tok_s'], r['unit'])}]"
+                          if "npu_only_tok_s" in r else ""))
     return "\n".join(out)
 
 

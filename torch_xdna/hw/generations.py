@@ -38,6 +38,9 @@ SRC_PCI = "amd/xdna-driver PCI id table"
 SRC_FASTFLOW = "FastFlowLM docs (NPU-reachable memory)"
 SRC_MODEL = "torch-xdna simulator assumption (see docs/simulator.md); replace when measured"
 SRC_AM020 = "AMD AM020 AIE-ML architecture manual (floating point: denormals flushed to zero)"
+SRC_AM020_STREAM = ("AMD AM020 AIE-ML architecture manual, stream switch and DMA chapters (32-bit "
+                    "AXI4-Stream ports, one word per cycle; each DMA channel drives one port)")
+SRC_BACKTEST = "fitted in benchmarks/backtest (derive.py; docs/simulator.md section 3b)"
 
 
 @dataclass(frozen=True)
@@ -98,6 +101,10 @@ class Generation:
     # --- cost-model v2 terms (benchmarks/backtest, docs/simulator.md section 2) -------------
     design_change_us: Sourced[float] = Sourced(0.0, "")      # other design, same hw context
     dequant_ops_per_weight: Sourced[int] = Sourced(0, "")    # vector ops per int4/int8 weight
+    # --- cost-model v3 terms (benchmarks/backtest, docs/simulator.md section 2) -------------
+    weight_stream_bps: Sourced[float] = Sourced(0.0, "")     # single-pass weight/KV streams
+    kv_tile_cycles: Sourced[int] = Sourced(0, "")            # fixed core cycles per KV tile pass
+    stream_port_bytes: Sourced[int] = Sourced(4, "")         # stream-switch port width per cycle
 
     # --- derived, never stored twice ------------------------------------------------------
     @property
@@ -179,6 +186,15 @@ AIE2P = Generation(
     dequant_ops_per_weight=S(2, SRC_MODEL + ": int4/int8 weight-only dequant = unpack+convert "
                              "and one scale multiply per weight element on the 512-bit vector "
                              "unit (bf16 lanes), as in mlir-aie aie_kernels/aie2p dequant loops"),
+    weight_stream_bps=S(38.5e9, SRC_BACKTEST + ": effective DRAM rate of a single-pass stream "
+                        "(GEMV weights, KV cache: each tile used once on arrival), fitted to the "
+                        "published mlir-air Llama-3.2-1B decode calls o_gemv_ffn (3.6 ms) and "
+                        "lm_head_gemv (13.5 ms), Xilinx/mlir-air programming_examples/llama32_1b/"
+                        "docs/profile.md (commit 4216fa49); held out: xdna-engine 366/14, "
+                        "FastFlowLM decodes, mlir-air rms_gemv_rope and per-token total"),
+    kv_tile_cycles=S(34500, SRC_BACKTEST + ": fixed core cycles per (work item, KV tile) pass of "
+                     "flash attention beyond its MACs, softmax and accumulator rescale"),
+    stream_port_bytes=S(4, SRC_AM020_STREAM),
 )
 
 NPU4 = AIE2P

@@ -19,7 +19,7 @@ from torch_xdna.kernels.base import Design, ceil_div, round_up
 from torch_xdna.kernels.capacity import DmaTransfer, check_dma, check_plan, lanes, need, \
     require_dtype
 from torch_xdna.runtime.plan import Plan
-from torch_xdna.runtime.sim.cost import compute_efficiency, dram_time_s
+from torch_xdna.runtime.sim.cost import compute_efficiency, dram_time_s, kv_tile_pass_cycles
 
 
 def attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float,
@@ -406,7 +406,10 @@ class AttentionDesign(Design):
         macs_item = 2 * rows * dp * per_item
         rate = gen.macs_per_core_cycle.value["bf16"] * compute_efficiency(gen, "bf16")
         vec = SOFTMAX_PASSES * rows * per_item / lanes(gen, 32)
-        calls = per_item / tkv * 2 * gen.kernel_call_cycles.value   # 2 kernel calls per KV tile
+        # per KV tile: 2 kernel calls and the cost model's tile pass (accumulator rescale + fixed
+        # pass cost, cost-v3)
+        calls = per_item / tkv * (2 * gen.kernel_call_cycles.value
+                                  + kv_tile_pass_cycles(gen, rows, dp, lanes(gen, 32)))
         cycles = ceil_div(items, cores) * (macs_item / rate + vec + calls)
         # split-KV: each split's (m, l, O) partial goes through the mem tile, one core per
         # (head, q tile) rescales and sums them (3 vector passes over O per split)
@@ -422,7 +425,7 @@ class AttentionDesign(Design):
         mask_bytes = self._mask_elems(kv_valid) * (1 if self.mask_bool else 4) if self.mask else 0
         read = q_bytes + kv_bytes + mask_bytes
         write = b * hq * lq * d * self.out_dtype.itemsize
-        t_dram = dram_time_s(gen, cols, read, write)
+        t_dram = dram_time_s(gen, cols, read, write, kv_bytes)     # K/V: single-pass stream
         t_comp = cycles / gen.core_clock_hz.value
         fill = dram_time_s(gen, cols, 2 * tkv * d * 2 * cols, 0) + t_comp / max(1, items / cores) \
             / max(1, per_item / tkv)
@@ -441,6 +444,7 @@ class AttentionDesign(Design):
                         DmaTransfer("K/V stream", (ceil_div(kv_valid, tkv), tkv, d), (tkv * d, d, 1)),
                         DmaTransfer("O tile", (self.group, tq, d), (lq * d, d, 1))),
             notes={"work_items": items, "kv_visited_per_q_tile": visit / q_tiles,
+                   "stream_bytes": int(kv_bytes),
                    "kv_share": share, "kv_splits": splits, "kv_tiles": n_tiles,
                    "onchip_bytes": partial_bytes, "fill_s": fill, "shim_task_batches": ceil_div(tasks, depth),
                    "memtile_locks": 2 * (4 + gen.core_rows.value),

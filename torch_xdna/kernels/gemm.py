@@ -245,6 +245,9 @@ class GemmDesign(Design):
             (nb_batch * m_total * self.n * out_b if self.residual else 0)
         c_write = nb_batch * m_total * self.n * out_b
         read = a_read + b_read + extra
+        # one M tile per core: every B tile is used once on arrival (GEMV, decode, short
+        # chunks), a single-pass stream at the weight-stream rate (cost-v3)
+        streamed = b_read if ceil_div(m_total, tm) <= gm else 0
         # on-chip: tiles delivered to cores (broadcasts count once) + partial-sum round trips
         k_chunks = ceil_div(kp, kc)
         onchip = nb_batch * mb * nb * (m2 * kp * ea * q + kp * n2 * eb * p)
@@ -262,7 +265,7 @@ class GemmDesign(Design):
             tile_cycles += gen.dequant_ops_per_weight.value * kp * tn / (gen.vector_bits.value // 16)
         cycles = tiles_per_core * tile_cycles
         clock = gen.core_clock_hz.value
-        t_dram = dram_time_s(gen, cols, read, c_write)
+        t_dram = dram_time_s(gen, cols, read, c_write, streamed)
         t_chip = onchip / gen.onchip_bps.value
         t_comp = cycles / clock
         # pipeline fill: the first tiles of every column arrive before compute starts, and the
@@ -298,6 +301,7 @@ class GemmDesign(Design):
             notes={"l2_block": (m2, kc, n2), "grid": (gm, gn), "l2_factors": (p, q),
                    "partial_sums_in_memtile": partial, "onchip_bytes": int(onchip),
                    "fill_s": fill, "shim_task_batches": ceil_div(tasks, depth),
+                   "stream_bytes": int(streamed), "weight_read_bytes": int(b_read),
                    "memtile_locks": 2 * (4 + gm + 1) + (4 if partial else 0),
                    "core_dma": (2, 1), "memtile_dma": (2 + gm, 3), "shim_dma": (2, 1),
                    "steady_state_s": max(t_dram, t_sync, t_chip, t_comp)},

@@ -281,8 +281,11 @@ def _vec(gen: Generation, op: str, rows: int, dim: int, n_in: int = 1) -> Plan:
 
 
 def _fused_plan(name: str, kind: str, precision: str, gen: Generation, stages: Sequence[Plan],
-                read: int, write: int, act_rows: int, act_width: int, notes: dict) -> Plan:
-    """Combine stage plans run back to back; traffic is the fused block's own (read/write)."""
+                read: int, write: int, act_rows: int, act_width: int, notes: dict,
+                extra_cycles: float = 0.0) -> Plan:
+    """Combine stage plans run back to back; traffic is the fused block's own (read/write).
+    The weights and KV cache stream single-pass (cost-v3 weight-stream rate) in the share
+    their GEMM stages do; `extra_cycles`: per-core cycles beyond the stages' (KV tile passes)."""
     # the rows of activations a stage multiplies against each weight tile stay in the mem tiles
     staged = act_rows * act_width * 2
     cap = gen.memtile_bytes.value * gen.columns.value
@@ -290,6 +293,9 @@ def _fused_plan(name: str, kind: str, precision: str, gen: Generation, stages: S
         raise PlanError(name, "mem tile memory (activation rows staged for weight reuse)", staged,
                         cap, "use a smaller prefill chunk")
     gemms = [p for p in stages if p.design == "gemm"]
+    w_read = sum(p.notes.get("weight_read_bytes", 0) for p in gemms)
+    share = sum(p.notes.get("stream_bytes", 0) for p in gemms) / w_read if w_read else 0.0
+    stream = share * (notes.get("weight_bytes", 0) + notes.get("kv_read_bytes", 0))
     return Plan(
         design=kind, dtype=precision, columns=max(p.columns for p in stages),
         cores=max(p.cores for p in stages), tile=gemms[0].tile if gemms else (),
@@ -299,8 +305,8 @@ def _fused_plan(name: str, kind: str, precision: str, gen: Generation, stages: S
         double_buffered=True, dram_read_bytes=int(read), dram_write_bytes=int(write),
         macs=sum(p.macs for p in stages), padded_macs=sum(p.padded_macs for p in stages),
         vector_elems=sum(p.vector_elems for p in stages),
-        compute_cycles=sum(p.compute_cycles for p in stages),
-        notes={**notes, "fill_s": stage_fill_s(stages)})
+        compute_cycles=sum(p.compute_cycles for p in stages) + extra_cycles,
+        notes={**notes, "fill_s": stage_fill_s(stages), "stream_bytes": int(min(stream, read))})
 
 
 def stage_fill_s(stages: Sequence[Plan]) -> float:
@@ -476,6 +482,7 @@ class AttentionBlockDesign(Design):
         m, h, d = self.rows, self.hidden, self.head_dim
         qkv_n = (self.heads + 2 * self.kv_heads) * d
         keys = kv_len if self.window is None else min(kv_len, round_up(self.window + m, KV_TILE))
+        # flash attention: its plan charges every KV tile pass (per-tile cost of the cost model)
         attn = AttentionDesign(1, self.heads, self.kv_heads, m, keys, d, causal=True,
                                window=self.window or 0, softcap=self.softcap or 0.0,
                                scale=self.scale, kv_tile=self.tkv, splits=self.splits).plan(gen)
@@ -669,4 +676,4 @@ class DecoderLayerDesign(Design):
             compute_cycles=a.compute_cycles + m.compute_cycles,
             notes={k: a.notes.get(k, 0) + m.notes.get(k, 0)
                    for k in ("weight_bytes", "kv_read_bytes", "kv_write_bytes", "fill_s",
-                             "onchip_bytes")})
+                             "onchip_bytes", "stream_bytes")})

@@ -6,9 +6,11 @@ Terms (microseconds), each kept separately so a profile can say where time goes:
                   chained program a configure point of the same ELF instead; a non-chained
                   dispatch of another design in the live context: a design change (cost-v2)
   context_switch  more live hardware contexts than the firmware holds: the LRU one is swapped out
-  dma             DRAM <-> array bytes of the plan (with its tiling reuse) at the streaming rate
+  dma             DRAM <-> array bytes of the plan (with its tiling reuse) at the streaming rate;
+                  single-pass streams (GEMV weights, KV cache) at the weight-stream rate (cost-v3)
   onchip          mem tile <-> core traffic (partial sums, re-broadcast tiles) at the on-chip rate
-  compute         core cycles at the calibrated sustained MAC / vector rate and the core clock
+  compute         core cycles at the calibrated sustained MAC / vector rate and the core clock;
+                  flash attention adds a per-KV-tile pass cost (kv_tile_pass_cycles, cost-v3)
   sync            waits in the runtime sequence when shim tasks exceed the task queue depth
                   (overlapped with the transfers still queued)
   overlap         negative: transfer/compute hidden by double buffering (all but pipeline fill)
@@ -23,7 +25,7 @@ from torch_xdna.hw import AIE2P, Generation
 from torch_xdna.runtime.plan import Plan
 
 # Bump when a term or constant changes the modeled figures (docs/simulator.md lists the history).
-MODEL_VERSION = "cost-v2"
+MODEL_VERSION = "cost-v3"
 
 
 # Where each term's constants come from: Generation fields (each a Sourced value in hw/) or a
@@ -33,10 +35,12 @@ TERM_SOURCES: dict[str, tuple[str, ...]] = {
     "dispatch": ("dispatch_us", "chained_dispatch_us"),
     "reconfig": ("reconfig_us", "configure_point_us", "design_change_us"),
     "context_switch": ("ctx_switch_us", "hw_contexts"),
-    "dma": ("npu_read_bps", "npu_mixed_bps", "shim_dma_bps"),
+    "dma": ("npu_read_bps", "npu_mixed_bps", "shim_dma_bps", "weight_stream_bps",
+            "shim_dma_channels", "stream_port_bytes"),
     "onchip": ("onchip_bps",),
     "compute": ("macs_per_core_cycle", "measured_gemm_ops", "core_clock_hz", "vector_bits",
-                "vector_flops_per_lane", "kernel_call_cycles", "dequant_ops_per_weight"),
+                "vector_flops_per_lane", "kernel_call_cycles", "dequant_ops_per_weight",
+                "kv_tile_cycles"),
     "sync": ("sync_point_us", "shim_task_queue_depth"),
     "overlap": ("derivation: docs/simulator.md 'overlap' (double buffering hides all but the "
                 "slowest stage and the plan's fill_s; fused designs: sum of stage fills)",),
@@ -63,10 +67,18 @@ class CostTerms:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
+def shim_stream_bps(gen: Generation, columns: int) -> float:
+    """Bytes/s the shim tiles can push into the array: per column, its MM2S DMA channels each
+    drive one stream-switch port of `stream_port_bytes` per array clock cycle (AM020)."""
+    ports = gen.shim_dma_channels.value[0] * max(1, columns)
+    return ports * gen.stream_port_bytes.value * gen.core_clock_hz.value
+
+
 def dram_bandwidth(gen: Generation, columns: int) -> float:
     """Bytes/s the NPU streams from DRAM with `columns` shim columns active: per-shim DMA rate,
-    capped by the measured all-column read rate."""
-    return min(max(1, columns) * gen.shim_dma_bps.value, gen.npu_read_bps.value)
+    capped by the measured all-column read rate and by the shim stream ports (cost-v3)."""
+    return min(max(1, columns) * gen.shim_dma_bps.value, gen.npu_read_bps.value,
+               shim_stream_bps(gen, columns))
 
 
 def mixed_bandwidth(gen: Generation, columns: int) -> float:
@@ -75,11 +87,33 @@ def mixed_bandwidth(gen: Generation, columns: int) -> float:
     return min(max(1, columns) * gen.shim_dma_bps.value, mixed)
 
 
-def dram_time_s(gen: Generation, columns: int, read: float, write: float) -> float:
-    """Seconds to move `read` + `write` DRAM bytes: reads at the read rate, all at the mixed rate."""
+def stream_bandwidth(gen: Generation, columns: int) -> float:
+    """Bytes/s of a single-pass stream (each tile used once on arrival: GEMV weights, the KV
+    cache): the fitted weight-stream rate, never above the plain read rate (cost-v3)."""
+    bw = dram_bandwidth(gen, columns)
+    return min(bw, gen.weight_stream_bps.value) if gen.weight_stream_bps.value > 0 else bw
+
+
+def dram_time_s(gen: Generation, columns: int, read: float, write: float,
+                streamed: float = 0.0) -> float:
+    """Seconds to move `read` + `write` DRAM bytes: reads at the read rate (the `streamed` part
+    of them at the single-pass stream rate), all at the mixed rate."""
     if read + write <= 0:
         return 0.0
-    return max(read / dram_bandwidth(gen, columns), (read + write) / mixed_bandwidth(gen, columns))
+    streamed = min(max(0.0, streamed), read)
+    t_read = (read - streamed) / dram_bandwidth(gen, columns) \
+        + streamed / stream_bandwidth(gen, columns)
+    return max(t_read, (read + write) / mixed_bandwidth(gen, columns))
+
+
+def kv_tile_pass_cycles(gen: Generation, rows: int, head_dim: int, fp32_lanes: int) -> float:
+    """Core cycles a flash-attention pass spends per KV tile beyond its MACs and softmax: the
+    online-softmax rescale of the fp32 output accumulator (rows x head_dim) and of the running
+    max/sum (rows), and the fitted fixed cost per pass (lock hand-offs, BD reloads; hw
+    kv_tile_cycles). The kernel calls of the pass are the caller's (kernel_call_cycles each).
+    Attention plans (kernels/attention.py, kernels/llm_blocks.py) call this."""
+    rescale = (rows * head_dim + rows) / max(1, fp32_lanes)
+    return rescale + gen.kv_tile_cycles.value
 
 
 def compute_efficiency(gen: Generation, dtype: str) -> float:
@@ -95,7 +129,8 @@ def compute_efficiency(gen: Generation, dtype: str) -> float:
 
 
 def dma_time_us(gen: Generation, plan: Plan) -> float:
-    return dram_time_s(gen, plan.columns, plan.dram_read_bytes, plan.dram_write_bytes) * 1e6
+    return dram_time_s(gen, plan.columns, plan.dram_read_bytes, plan.dram_write_bytes,
+                       plan.notes.get("stream_bytes", 0)) * 1e6
 
 
 def compute_time_us(gen: Generation, plan: Plan) -> float:
@@ -117,7 +152,8 @@ def stream_transfer_terms(gen: Generation, plan: Plan, stats) -> CostTerms:
     (array/txn.stream_stats): the bytes its pushed BDs move, over the shim columns it programs,
     and its sync groups. On-chip and compute stay the plan's."""
     cols = len(stats.bds_by_column) or plan.columns
-    dma = dram_time_s(gen, cols, stats.mm2s_bytes, stats.s2mm_bytes) * 1e6
+    streamed = plan.notes.get("stream_bytes", 0) * stats.mm2s_bytes / max(1, plan.dram_read_bytes)
+    dma = dram_time_s(gen, cols, stats.mm2s_bytes, stats.s2mm_bytes, streamed) * 1e6
     return _launch_terms(gen, plan, dma, stats.sync_groups)
 
 
