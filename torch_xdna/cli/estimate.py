@@ -6,7 +6,15 @@ from __future__ import annotations
 import argparse
 import json
 
-from torch_xdna.cli.common import positive_int
+
+
+def context_list(text: str) -> list[int]:
+    """argparse type: '1k,4k,32768' -> token counts (engine.estimate.parse_contexts)."""
+    from torch_xdna.engine.estimate import parse_contexts
+    try:
+        return parse_contexts(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def register(subparsers) -> None:
@@ -26,7 +34,7 @@ def register(subparsers) -> None:
     p.add_argument("--precision", action="append",
                    choices=("bf16", "int8", "int4", "bfp16"),
                    help="weight precision (repeatable; default bf16 and int4)")
-    p.add_argument("--context", default="1024",
+    p.add_argument("--context", type=context_list, default=[1024],
                    help="tokens already in the KV cache; several comma-separated, k = 1024 "
                         "(e.g. 1k,2k,4k,8k,16k,32k,128k)")
     p.add_argument("--kv-dtype", choices=KV_DTYPES, default="bf16",
@@ -53,8 +61,8 @@ def table(rows: list[dict]) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from torch_xdna.engine.estimate import estimate, parse_contexts, resolve_spec
-    contexts = parse_contexts(args.context)
+    from torch_xdna.engine.estimate import estimate, resolve_spec
+    contexts = args.context
     name, spec = resolve_spec(args.model)
     rows = [estimate(spec, p, c, layout=args.layout, kv_dtype=args.kv_dtype)
             for p in (args.precision or ["bf16", "int4"]) for c in contexts]

@@ -51,7 +51,8 @@ def parse_contexts(text: str) -> list[int]:
             raise ValueError(f"context {part.strip()!r} is not a token count; use e.g. 4096 or "
                              f"4k (= 4096), comma-separated for several") from None
         if n <= 0:
-            raise ValueError(f"context {part.strip()!r} must be positive")
+            raise ValueError(f"context {part.strip()!r} is not allowed; give an integer >= 1 "
+                             f"(k = 1024 tokens, e.g. 4k)")
         out.append(n)
     if not out:
         raise ValueError("no context given; use e.g. --context 1k,4k,32k")
