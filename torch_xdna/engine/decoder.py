@@ -171,8 +171,8 @@ def check_fits(spec: DecoderSpec, policy: PrecisionPolicy, capacity: int, dev: D
 LAYOUTS = ("block", "layer")
 # Default "layer": consecutive layers share one design, so no configure point between them
 # (Qwen3: 2 per token, into the layers and into the head). "block" alternates two designs,
-# 2 configure points per layer (modeled int4 decode at Qwen3-0.6B shapes, cost-v3: 1.32x the
-# DRAM floor vs 1.05x).
+# 2 configure points per layer (modeled int4 decode at Qwen3-0.6B shapes, cost-v3: 1.37x the
+# DRAM floor vs 1.10x, flash attention plan).
 DEFAULT_LAYOUT = "layer"
 
 
