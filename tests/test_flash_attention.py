@@ -101,3 +101,10 @@ def test_attention_block_plans_at_every_context(name):
         assert kv == [per_key * p for p in (1024, 8192, 32768, 131072)]
         if rows == 1:                           # decode: the cache is split over the cores
             assert full.notes["kv_splits"] == decode_splits(spec.kv_heads, 1) > 1
+            # the array IR lowering (stage by stage) also holds at 128K: one attention stage
+            from torch_xdna.array.validate import validate
+            from torch_xdna.kernels.lower import lower
+            progs = lower(d, NPU4)
+            assert "llm_attention.attention" in [dict(p.notes)["stage"] for p in progs]
+            for p in progs:
+                validate(p, NPU4)
