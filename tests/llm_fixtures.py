@@ -34,11 +34,16 @@ def save_tokenizer(path: Path) -> None:
         "chat_template": CHAT_TEMPLATE, "tokenizer_class": "PreTrainedTokenizerFast"}))
 
 
-def _config(family: str):
+def _config(family: str, **overrides):
     from transformers import Gemma3TextConfig, LlamaConfig, Qwen3Config
     common = dict(vocab_size=VOCAB, hidden_size=64, num_attention_heads=4, head_dim=16,
                   max_position_embeddings=512, rms_norm_eps=1e-6, initializer_range=0.08,
                   bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    if overrides:
+        cfg = _config(family)
+        for k, v in overrides.items():
+            setattr(cfg, k, v)
+        return cfg
     if family == "qwen3":
         return Qwen3Config(intermediate_size=128, num_hidden_layers=2, num_key_value_heads=2,
                            tie_word_embeddings=True,
@@ -60,11 +65,12 @@ def _config(family: str):
     raise ValueError(family)
 
 
-def build_model(family: str, path: Path, seed: int = 0):
-    """Save a tiny random `family` model to `path`; returns the fp32 HF model (eval mode)."""
+def build_model(family: str, path: Path, seed: int = 0, attn: str = "eager", **overrides):
+    """Save a tiny random `family` model to `path`; returns the fp32 HF model (eval mode).
+    overrides: config attributes to replace (e.g. the long-context tests' shapes)."""
     from transformers import AutoModelForCausalLM
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(_config(family), attn_implementation="eager")
+    model = AutoModelForCausalLM.from_config(_config(family, **overrides), attn_implementation=attn)
     with torch.no_grad():
         for name, p in model.named_parameters():
             if "norm" in name:                 # non-trivial norm weights exercise (1+w) vs w

@@ -111,6 +111,13 @@ def test_attend_matches_attention_reference(n, offset, window, softcap):
     k = numerics.operand(torch.randn(hkv, s, d) * 2).to(torch.bfloat16)   # as the cache holds it
     v = numerics.operand(torch.randn(hkv, s, d)).to(torch.bfloat16)
     got = attend(q, k, v, scale=0.25, q_offset=offset, window=window, softcap=softcap, exact=False)
+    # the flash kernel's tile loop, literally: same values up to fp32 summation order
+    from torch_xdna.kernels.attention import flash_attention_loop
+    qpos = (torch.arange(n) + offset).repeat(hq // hkv)
+    loop = flash_attention_loop(q.reshape(hkv, -1, d), k, v, scale=0.25, tkv=16, q_offset=qpos,
+                                window=window, softcap=softcap).view(hq, n, d)
+    torch.testing.assert_close(got, loop, atol=1e-6, rtol=1e-5)
+    # one-pass softmax: differs only by where P is rounded to bf16 (2^-8 relative per term)
     ref = attention_reference(q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), scale=0.25,
                               causal=True, q_offset=offset, window=window, softcap=softcap)[0]
-    torch.testing.assert_close(got, ref, atol=1e-5, rtol=1e-5)
+    assert (got - ref).abs().max().item() <= 2e-2 * float(v.float().abs().max())

@@ -163,7 +163,8 @@ def test_unsupported_configs_refused_by_name(qwen_dir, tmp_path):
     import shutil
     cfg = json.loads((qwen_dir / "config.json").read_text())
     cases = [
-        ({"rope_parameters": {"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e4}}, "yarn"),
+        ({"rope_parameters": {"rope_type": "longrope", "factor": 4.0, "rope_theta": 1e4}},
+         "longrope"),
         ({"model_type": "qwen3_moe"}, "qwen3_moe"),
         ({"attention_bias": True}, "attention_bias"),
         ({"num_experts": 8}, "num_experts"),

@@ -1,15 +1,25 @@
 """`xdna estimate MODEL`: modeled NPU cost of a decoder from its config alone (no weights):
-decode ms/token, dispatches/token, MB/token, ratio to the DRAM floor, prefill tok/s."""
+decode ms/token, dispatches/token, MB/token, ratio to the DRAM floor, prefill tok/s, at one or
+several contexts (--context 1k,4k,32k,128k: one row per precision and context)."""
 from __future__ import annotations
 
 import argparse
 import json
 
-from torch_xdna.cli.common import positive_int
+
+
+def context_list(text: str) -> list[int]:
+    """argparse type: '1k,4k,32768' -> token counts (engine.estimate.parse_contexts)."""
+    from torch_xdna.engine.estimate import parse_contexts
+    try:
+        return parse_contexts(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def register(subparsers) -> None:
     from torch_xdna.engine.decoder import DEFAULT_LAYOUT, LAYOUTS
+    from torch_xdna.kernels.llm_blocks import KV_DTYPES
     from torch_xdna.models.families import BUILTIN_CONFIGS
     p = subparsers.add_parser(
         "estimate", help="modeled NPU cost of an LLM (config only)",
@@ -17,13 +27,18 @@ def register(subparsers) -> None:
                     "config.json or a built-in shape; no weights are read.",
         epilog="built-in shapes: " + ", ".join(BUILTIN_CONFIGS) + "\nexamples:\n"
                "  xdna estimate qwen3-0.6b\n  xdna estimate ./Llama-3.2-1B --precision int4 "
-               "--context 2048 --json",
+               "--context 2048 --json\n"
+               "  xdna estimate llama-3.2-1b --precision int4 --context 1k,2k,4k,8k,16k,32k,128k",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("model", metavar="MODEL_DIR_OR_SHAPE")
     p.add_argument("--precision", action="append",
                    choices=("bf16", "int8", "int4", "bfp16"),
                    help="weight precision (repeatable; default bf16 and int4)")
-    p.add_argument("--context", type=positive_int, default=1024, help="tokens already in the KV cache")
+    p.add_argument("--context", type=context_list, default=[1024],
+                   help="tokens already in the KV cache; several comma-separated, k = 1024 "
+                        "(e.g. 1k,2k,4k,8k,16k,32k,128k)")
+    p.add_argument("--kv-dtype", choices=KV_DTYPES, default="bf16",
+                   help="KV cache storage: bf16, or int8 with per-token scales (default bf16)")
     p.add_argument("--layout", choices=LAYOUTS, default=DEFAULT_LAYOUT,
                    help=f"launches per layer: layer = 1, block = attention + MLP (2) "
                         f"(default {DEFAULT_LAYOUT})")
@@ -31,7 +46,8 @@ def register(subparsers) -> None:
     p.set_defaults(func=run)
 
 
-COLUMNS = (("precision", "precision", "{}"), ("decode ms/tok", "modeled_decode_ms_per_token", "{:.2f}"),
+COLUMNS = (("precision", "precision", "{}"), ("context", "context", "{}"),
+           ("decode ms/tok", "modeled_decode_ms_per_token", "{:.2f}"),
            ("tok/s", "modeled_decode_tok_s", "{:.1f}"), ("disp/tok", "dispatches_per_token", "{}"),
            ("launch/layer", "launches_per_layer", "{:.0f}"), ("MB/tok", "mb_per_token", "{:.1f}"),
            ("floor ms", "floor_ms_per_token", "{:.2f}"), ("x floor", "floor_ratio", "{:.2f}"),
@@ -57,14 +73,22 @@ def run(args: argparse.Namespace) -> int:
     from torch_xdna.engine.estimate_vision import is_vision_dir
     if is_vision_dir(args.model):
         return run_vision(args)
+    contexts = args.context
     name, spec = resolve_spec(args.model)
-    rows = [estimate(spec, p, args.context, layout=args.layout)
-            for p in (args.precision or ["bf16", "int4"])]
+    rows = [estimate(spec, p, c, layout=args.layout, kv_dtype=args.kv_dtype)
+            for p in (args.precision or ["bf16", "int4"]) for c in contexts]
     if args.json:
         print(json.dumps({"model": name, "modeled": True, "results": rows}, indent=2))
         return 0
     print(f"{name}: {spec.family}, {spec.params() / 1e6:.0f}M params, {spec.layers} layers, "
-          f"context {args.context}, layout {args.layout}, {rows[0]['generation']} (modeled by "
-          f"the simulator's cost model; floor = bytes/token at {rows[0]['dram_bps'] / 1e9:.1f} GB/s)")
+          f"max context {spec.max_positions}, KV {args.kv_dtype}, layout {args.layout}, "
+          f"{rows[0]['generation']} (modeled by the simulator's cost model; floor = bytes/token "
+          f"at {rows[0]['dram_bps'] / 1e9:.1f} GB/s; prefill tok/s = a whole prompt of that "
+          f"many tokens)")
     print(table(rows))
+    beyond = sorted({r["context"] for r in rows if r["beyond_model_max"]})
+    if beyond:
+        print(f"note: context {', '.join(map(str, beyond))} exceeds the model's maximum "
+              f"({spec.max_positions} positions): modeled for the bytes only; the engine refuses "
+              f"it unless the config extends the context (rope_scaling, e.g. YaRN)")
     return 0

@@ -55,7 +55,13 @@ def register(subparsers) -> None:
     p.add_argument("--tokenizer", metavar="DIR", help="take tokenizer.json and the chat template "
                                                       "from DIR (e.g. for a .gguf whose tokenizer "
                                                       "cannot be rebuilt)")
-    p.add_argument("--max-context", type=positive_int, help="KV cache capacity in tokens")
+    p.add_argument("--max-context", type=positive_int,
+                   help="KV cache capacity in tokens (default: the model's maximum context, "
+                        "capped so the cache takes at most half the memory left after the "
+                        "weights)")
+    p.add_argument("--kv-dtype", choices=("bf16", "int8"), default="bf16",
+                   help="KV cache storage: bf16, or int8 with a scale per head and token "
+                        "(half the bytes per token; default bf16)")
     p.add_argument("--layout", choices=LAYOUTS, default=DEFAULT_LAYOUT,
                    help=f"launches per layer: layer = 1, block = attention + MLP (2) "
                         f"(default {DEFAULT_LAYOUT})")
@@ -84,7 +90,7 @@ def run(args: argparse.Namespace) -> int:
     cfg.sampling().validate()            # refuse bad sampling options before loading weights
     engine = load_decoder(args.model, args.precision, max_context=args.max_context,
                           quiet=args.quiet or args.json, layout=args.layout,
-                          tokenizer_dir=args.tokenizer)
+                          tokenizer_dir=args.tokenizer, kv_dtype=args.kv_dtype)
     if args.json and not args.quiet and engine.files.gguf is not None:
         for note in engine.files.gguf.notes:          # the GGUF load log, kept off stdout
             print(f"xdna: {engine.files.path.name}: {note}", file=sys.stderr)

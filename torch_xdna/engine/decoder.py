@@ -23,8 +23,8 @@ from torch_xdna.kernels.llm_blocks import (
 )
 from torch_xdna.models.hf import ModelDirError
 from torch_xdna.models.spec import DecoderSpec
-from torch_xdna.runtime import Device, Launch, Program, TensorArg, get_device
-from torch_xdna.engine.kv_cache import KVCache
+from torch_xdna.runtime import Device, Launch, PlanError, Program, TensorArg, get_device
+from torch_xdna.engine.kv_cache import KVCache, budget_capacity, kv_bytes_per_token
 
 SITE_KINDS = ("attention", "mlp", "head")
 DEFAULT_CHUNK = 128
@@ -108,7 +108,7 @@ class ModelTooLarge(ModelDirError):
 
 
 def resident_bytes_estimate(spec: DecoderSpec, policy: PrecisionPolicy, capacity: int,
-                            chunk: int = DEFAULT_CHUNK) -> int:
+                            chunk: int = DEFAULT_CHUNK, kv_dtype: str = "bf16") -> int:
     """Device bytes a Decoder of `spec` holds: weights in their stored formats, norms, RoPE
     tables, the KV cache at `capacity` and the activation/logit buffers. From shapes only, so
     an impossible config is refused before anything is read or allocated."""
@@ -121,23 +121,49 @@ def resident_bytes_estimate(spec: DecoderSpec, policy: PrecisionPolicy, capacity
     norm = 4 if policy.exact else 2
     norms = (2 + 2 * spec.sandwich_norms) * h + 2 * spec.qk_norm * spec.head_dim
     head = wb(spec.vocab, h, policy.head, gh) * (1 if spec.tie_embeddings else 2)
-    kv = 2 * spec.layers * spec.kv_heads * capacity * spec.head_dim * (4 if policy.exact else 2)
+    kv = capacity * kv_bytes_per_token(spec.layers, spec.kv_heads, spec.head_dim, kv_dtype,
+                                       policy.exact)
     rope = len(spec.ropes) * 2 * capacity * spec.head_dim * 4
     acts = chunk * h * 4 + chunk * 4 + spec.vocab * 4
     return spec.layers * (per_layer + norms * norm) + h * norm + head + kv + rope + acts
 
 
+def per_token_bytes(spec: DecoderSpec, policy: PrecisionPolicy, kv_dtype: str = "bf16") -> int:
+    """Device bytes one more context position costs: its KV entries and RoPE table rows."""
+    return (kv_bytes_per_token(spec.layers, spec.kv_heads, spec.head_dim, kv_dtype, policy.exact)
+            + len(spec.ropes) * 2 * spec.head_dim * 4)
+
+
+def resolve_capacity(spec: DecoderSpec, policy: PrecisionPolicy, dev: Device,
+                     max_context: int | None, chunk: int = DEFAULT_CHUNK,
+                     kv_dtype: str = "bf16") -> int:
+    """KV capacity: max_context (capped at the model's maximum), else the memory-budget default
+    (engine/kv_cache.py's policy) from what the device has free after the weights."""
+    if max_context:
+        return int(min(max_context, spec.max_positions))
+    free = dev.memory_budget - dev.counters.allocated_bytes
+    fixed = resident_bytes_estimate(spec, policy, 0, chunk, kv_dtype)
+    return budget_capacity(per_token_bytes(spec, policy, kv_dtype), free - fixed,
+                           spec.max_positions)
+
+
 def check_fits(spec: DecoderSpec, policy: PrecisionPolicy, capacity: int, dev: Device,
-               chunk: int = DEFAULT_CHUNK) -> int:
+               chunk: int = DEFAULT_CHUNK, kv_dtype: str = "bf16") -> int:
     """Raise ModelTooLarge when the model cannot fit what the device has free; returns bytes."""
-    need = resident_bytes_estimate(spec, policy, capacity, chunk)
+    need = resident_bytes_estimate(spec, policy, capacity, chunk, kv_dtype)
     free = dev.memory_budget - dev.counters.allocated_bytes
     if need > free:
+        per = per_token_bytes(spec, policy, kv_dtype)
+        fixed = resident_bytes_estimate(spec, policy, 0, chunk, kv_dtype)
+        most = max(0, (free - fixed) // per)
         tail = (f"{spec.family} with {spec.layers} layers, hidden {spec.hidden}, vocab "
-                f"{spec.vocab} at precision {policy.ident()} and a {capacity}-token context needs "
+                f"{spec.vocab} at precision {policy.ident()} and a {capacity}-token context "
+                f"(KV cache {kv_dtype}, {per / 1024:.1f} KiB per token) needs "
                 f"~{need / 2**30:.2f} GiB of NPU-reachable memory; {free / 2**30:.2f} GiB of the "
-                f"{dev.memory_budget / 2**30:.2f} GiB budget is free. Use a smaller --precision "
-                f"(int8/int4), a smaller --max-context, or raise TORCH_XDNA_MEMORY_BUDGET")
+                f"{dev.memory_budget / 2**30:.2f} GiB budget (TORCH_XDNA_MEMORY_BUDGET) is free, "
+                f"which holds at most {most} tokens of context. Use a smaller --max-context, "
+                f"--kv-dtype int8, a smaller --precision (int8/int4), or raise "
+                f"TORCH_XDNA_MEMORY_BUDGET")
         raise ModelTooLarge(f"config.json: {tail}", public=tail)
     return need
 
@@ -145,13 +171,14 @@ def check_fits(spec: DecoderSpec, policy: PrecisionPolicy, capacity: int, dev: D
 LAYOUTS = ("block", "layer")
 # Default "layer": consecutive layers share one design, so no configure point between them
 # (Qwen3: 2 per token, into the layers and into the head). "block" alternates two designs,
-# 2 configure points per layer (modeled int4 decode at Qwen3-0.6B shapes, cost-v3: 1.32x the
-# DRAM floor vs 1.05x).
+# 2 configure points per layer (modeled int4 decode at Qwen3-0.6B shapes, cost-v3: 1.37x the
+# DRAM floor vs 1.10x, flash attention plan).
 DEFAULT_LAYOUT = "layer"
 
 
 def step_designs(spec: DecoderSpec, policy: PrecisionPolicy, rows: int, capacity: int,
-                 with_head: bool, layout: str = DEFAULT_LAYOUT) -> list[tuple[str, int, Design]]:
+                 with_head: bool, layout: str = DEFAULT_LAYOUT,
+                 kv_dtype: str = "bf16") -> list[tuple[str, int, Design]]:
     """The launches of one forward chunk, in order: (role, layer, design). layout "layer": one
     launch per layer (default); "block": an attention-block and an MLP-block launch per layer."""
     if layout not in LAYOUTS:
@@ -169,7 +196,8 @@ def step_designs(spec: DecoderSpec, policy: PrecisionPolicy, rows: int, capacity
             precision=pa, group=ga, heads=spec.heads, kv_heads=spec.kv_heads,
             head_dim=spec.head_dim, capacity=capacity, qk_norm=spec.qk_norm,
             post_norm=spec.sandwich_norms, window=spec.layer_window[i], scale=spec.attn_scale,
-            softcap=spec.attn_softcap, cache_bytes=4 if policy.exact else 2, **common)
+            softcap=spec.attn_softcap, cache_bytes=4 if policy.exact else 2, kv_dtype=kv_dtype,
+            **common)
         if layout == "layer":
             out.append(("layer", i, DecoderLayerDesign(attn, mlp)))
         else:
@@ -180,19 +208,40 @@ def step_designs(spec: DecoderSpec, policy: PrecisionPolicy, rows: int, capacity
     return out
 
 
+def plan_chunk(spec: DecoderSpec, policy: PrecisionPolicy, capacity: int, requested: int,
+               gen, layout: str = DEFAULT_LAYOUT, kv_dtype: str = "bf16") -> int:
+    """The prefill chunk: `requested` rows, halved until every launch of a chunk plans on `gen`
+    at a full cache (mem-tile staging of the chunk's activations, attention tiles), so a long
+    prompt never fails mid-prefill. Prefill memory is bounded by the chunk: activations are
+    chunk x hidden, attention streams the cache in K/V tiles (no chunk x context score matrix)."""
+    rows = max(1, int(requested))
+    while True:
+        try:
+            designs = step_designs(spec, policy, rows, capacity, True, layout, kv_dtype)
+            for d in dict.fromkeys(d for _, _, d in designs):     # equal layers plan once
+                d.plan(gen)
+            return rows
+        except PlanError:
+            if rows == 1:
+                raise
+            rows //= 2
+
+
 class Decoder:
     """Resident model + KV cache on one device; `forward(ids)` appends tokens, returns logits."""
 
     def __init__(self, spec: DecoderSpec, weights: dict[str, tuple[torch.Tensor, ...]],
                  policy: PrecisionPolicy, *, max_context: int | None = None,
                  prefill_chunk: int = DEFAULT_CHUNK, device: Device | None = None,
-                 layout: str = DEFAULT_LAYOUT):
+                 layout: str = DEFAULT_LAYOUT, kv_dtype: str = "bf16"):
         if layout not in LAYOUTS:
             raise ValueError(f"unknown layout {layout!r}; use one of {', '.join(LAYOUTS)}")
-        self.spec, self.policy, self.layout = spec, policy, layout
+        self.spec, self.policy, self.layout, self.kv_dtype = spec, policy, layout, kv_dtype
         self.dev = device or get_device()
-        self.capacity = int(min(max_context or 4096, spec.max_positions))
-        self.chunk = int(prefill_chunk)
+        self.capacity = resolve_capacity(spec, policy, self.dev, max_context, int(prefill_chunk),
+                                         kv_dtype)
+        self.chunk = plan_chunk(spec, policy, self.capacity, prefill_chunk, self.dev.gen, layout,
+                                kv_dtype)
         dev = self.dev
         self._owned: list[TensorArg] = []
         try:
@@ -205,8 +254,9 @@ class Decoder:
                 self.rope[name] = (self._upload(cos), self._upload(sin))
             self.cache = KVCache.allocate(dev, spec.layers, spec.kv_heads, spec.head_dim,
                                           self.capacity,
-                                          torch.float32 if policy.exact else torch.bfloat16)
-            self._owned += self.cache.k + self.cache.v
+                                          torch.float32 if policy.exact else torch.bfloat16,
+                                          kv_dtype)
+            self._owned += self.cache.buffers
             self.x = self._empty((self.chunk, spec.hidden), torch.float32)
             self.ids = self._empty((self.chunk,), torch.int32)
             self.logits = self._empty((1, spec.vocab), torch.float32)
@@ -255,14 +305,14 @@ class Decoder:
         ids = self._rows_view(self.ids, rows)
         launches = []
         for role, i, design in step_designs(spec, self.policy, rows, self.capacity, with_head,
-                                            self.layout):
+                                            self.layout, self.kv_dtype):
             if role == "embed":
                 launches.append(Launch(design, [*w["embed"], ids], [x], s, op="embed"))
             elif role == "head":
                 launches.append(Launch(design, [x, *w["final_norm"], *w["lm_head"]], [self.logits],
                                        s, op="lm_head"))
             else:
-                kv = [x, self.cache.k[i], self.cache.v[i]]
+                kv = [x, *self.cache.layer_outputs(i)]
                 ins = {"attention": self._attention_inputs(x, i), "mlp": self._mlp_inputs(x, i),
                        "layer": self._attention_inputs(x, i) + self._mlp_inputs(x, i)[1:]}[role]
                 launches.append(Launch(design, ins, [x] if role == "mlp" else kv, s,
@@ -328,11 +378,21 @@ def default_cache_dir() -> Path:
 
 
 def estimate_step(spec: DecoderSpec, policy: PrecisionPolicy, cost, rows: int, pos: int, n: int,
-                  capacity: int, with_head: bool, layout: str = DEFAULT_LAYOUT) -> dict:
+                  capacity: int, with_head: bool, layout: str = DEFAULT_LAYOUT,
+                  kv_dtype: str = "bf16", memo: dict | None = None) -> dict:
     """Modeled cost of one forward chunk from plans only (no weights): the Program's launches
     charged through `cost` (a runtime.sim.cost.CostModel, whose state carries over between
-    calls as the device's does) at the launch scalars pos/n, exactly as the sim charges them."""
-    designs = [d for _, _, d in step_designs(spec, policy, rows, capacity, with_head, layout)]
+    calls as the device's does) at the launch scalars pos/n, exactly as the sim charges them.
+    memo: a dict kept across calls (same spec/policy/capacity) so equal designs are one object
+    and their per-KV-extent launch plans are computed once (a 128K-token prefill: 1024 chunks)."""
+    key = (rows, with_head)
+    designs = None if memo is None else memo.get(key)
+    if designs is None:
+        canon: dict = {}
+        designs = [canon.setdefault(d, d) for _, _, d in
+                   step_designs(spec, policy, rows, capacity, with_head, layout, kv_dtype)]
+        if memo is not None:
+            memo[key] = designs
     plans = [d.launch_plan(cost.gen, pos=pos, n=n) if hasattr(d, "launch_plan") else d.plan(cost.gen)
              for d in designs]
     terms = cost.charge_program([(d.key, p) for d, p in zip(designs, plans)])

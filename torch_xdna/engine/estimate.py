@@ -41,25 +41,50 @@ def default_generation() -> Generation:
     return get_generation(os.environ.get("TORCH_XDNA_GENERATION", "npu4"))
 
 
+def parse_contexts(text: str) -> list[int]:
+    """'1k,2k,4k,32768,128K' -> [1024, 2048, 4096, 32768, 131072] (k = 1024 tokens)."""
+    out = []
+    for part in str(text).split(","):
+        p = part.strip().lower()
+        if not p:
+            continue
+        mult = 1024 if p.endswith("k") else 1
+        try:
+            n = int(float(p[:-1] if mult > 1 else p) * mult)
+        except ValueError:
+            raise ValueError(f"context {part.strip()!r} is not a token count; use e.g. 4096 or "
+                             f"4k (= 4096), comma-separated for several") from None
+        if n <= 0:
+            raise ValueError(f"context {part.strip()!r} is not allowed; give an integer >= 1 "
+                             f"(k = 1024 tokens, e.g. 4k)")
+        out.append(n)
+    if not out:
+        raise ValueError("no context given; use e.g. --context 1k,4k,32k")
+    return out
+
+
 def estimate(spec: DecoderSpec, precision="bf16", context: int = 1024, *, group: int = 0,
              prefill_chunk: int = DEFAULT_CHUNK, gen: Generation | None = None,
-             layout: str = DEFAULT_LAYOUT) -> dict:
-    """Modeled cost of decoding at `context` tokens and of prefilling a `context`-token prompt."""
+             layout: str = DEFAULT_LAYOUT, kv_dtype: str = "bf16") -> dict:
+    """Modeled cost of decoding at `context` tokens and of prefilling a `context`-token prompt.
+    The KV cache is sized for the context (context + 1 positions); a context beyond the model's
+    maximum is still modeled and flagged (beyond_model_max)."""
     gen = gen or default_generation()
     policy = PrecisionPolicy.parse(precision, group)
-    cap = max(min(spec.max_positions, 4096), context + 1)
+    cap = context + 1
     cost = CostModel(gen)
+    memo: dict = {}
     # prefill a `context`-token prompt in chunks, then decode (the first decode step loads the
     # decode program; the second is the steady state reported)
     prefill_us, pos = 0.0, 0
     while pos < context:
         n = min(prefill_chunk, context - pos)
         s = estimate_step(spec, policy, cost, rows_bucket(n, prefill_chunk), pos, n, cap,
-                          pos + n == context, layout)
+                          pos + n == context, layout, kv_dtype, memo)
         prefill_us += s["modeled_us"]
         pos += n
-    estimate_step(spec, policy, cost, 1, context, 1, cap, True, layout)
-    step = estimate_step(spec, policy, cost, 1, context, 1, cap, True, layout)
+    estimate_step(spec, policy, cost, 1, context, 1, cap, True, layout, kv_dtype, memo)
+    step = estimate_step(spec, policy, cost, 1, context, 1, cap, True, layout, kv_dtype, memo)
     decode_us = step["modeled_us"]
     # the floor: every byte of a token (weights, KV) as one single-pass stream at the cost
     # model's weight-stream rate (cost-v3; 38.5 GB/s on npu4, below the 52.7 GB/s pure read)
@@ -67,6 +92,8 @@ def estimate(spec: DecoderSpec, precision="bf16", context: int = 1024, *, group:
     floor_us = step["dram_bytes"] / floor_bps * 1e6
     return {
         "precision": policy.ident(), "layout": layout, "context": context, "generation": gen.name,
+        "kv_dtype": kv_dtype, "max_positions": spec.max_positions,
+        "beyond_model_max": context > spec.max_positions,
         "params_m": spec.params() / 1e6, "layers": spec.layers,
         "modeled_decode_ms_per_token": decode_us / 1e3,
         "modeled_decode_tok_s": 1e6 / decode_us,

@@ -24,6 +24,7 @@ import torch
 
 from torch_xdna.engine.decoder import (
     DEFAULT_LAYOUT, ContextOverflow, Decoder, PrecisionPolicy, check_fits, default_cache_dir,
+    resolve_capacity,
 )
 from torch_xdna.engine.constrained import Grammar
 from torch_xdna.engine.logits import ProcessorFactory, make_processors
@@ -389,7 +390,7 @@ def load_decoder(model_dir: str | Path, precision: str | Mapping[str, str] = "au
                  group: int = 0, max_context: int | None = None, prefill_chunk: int = 128,
                  device: Device | None = None, cache_dir: str | Path | None | bool = None,
                  quiet: bool = False, layout: str = DEFAULT_LAYOUT,
-                 tokenizer_dir: str | Path | None = None) -> Engine:
+                 tokenizer_dir: str | Path | None = None, kv_dtype: str = "bf16") -> Engine:
     """Load a HF decoder directory or a llama.cpp GGUF file (Qwen3, Llama, Gemma 3 text) onto
     the device.
 
@@ -398,7 +399,8 @@ def load_decoder(model_dir: str | Path, precision: str | Mapping[str, str] = "au
     {'attention': ..., 'mlp': ..., 'head': ..., 'default': ...}. Quantized weights are cached on
     disk under cache_dir (default <$TORCH_XDNA_CACHE_DIR or ~/.cache/torch_xdna>/decoder-weights;
     False disables; trust rules: runtime/cachedir.py).
-    max_context: KV cache capacity in tokens (default min(4096, the model's maximum)).
+    max_context: KV cache capacity in tokens (default: the model's maximum, capped by the memory
+    budget, engine/kv_cache.py). kv_dtype: KV cache storage, bf16 or int8 (per-token scales).
     layout: "layer" (one launch per layer, the default) or "block" (an attention-block and an
     MLP-block launch per layer; same tokens, more configure points).
     tokenizer_dir: take tokenizer.json (+ chat template) from this directory instead.
@@ -414,8 +416,8 @@ def load_decoder(model_dir: str | Path, precision: str | Mapping[str, str] = "au
             precision = "bf16"
     policy = PrecisionPolicy.parse(precision, group)
     device = device or get_device()
-    check_fits(files.spec, policy, int(min(max_context or 4096, files.spec.max_positions)), device,
-               prefill_chunk)
+    capacity = resolve_capacity(files.spec, policy, device, max_context, prefill_chunk, kv_dtype)
+    check_fits(files.spec, policy, capacity, device, prefill_chunk, kv_dtype)
     quantized = any(p in ("int8", "int4", "bfp16") for p in (policy.attention, policy.mlp, policy.head))
     cdir = None
     if quantized and cache_dir is not False:
@@ -439,8 +441,8 @@ def load_decoder(model_dir: str | Path, precision: str | Mapping[str, str] = "au
         tok = gguf_tokenizer(g)
     else:
         tok = Tokenizer(files.path) if (files.path / "tokenizer.json").is_file() else None
-    decoder = Decoder(files.spec, weights, policy, max_context=max_context,
-                      prefill_chunk=prefill_chunk, device=device, layout=layout)
+    decoder = Decoder(files.spec, weights, policy, max_context=capacity,
+                      prefill_chunk=prefill_chunk, device=device, layout=layout, kv_dtype=kv_dtype)
     return Engine(files, decoder, tok)
 
 

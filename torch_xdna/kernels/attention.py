@@ -90,7 +90,7 @@ def flash_finish(o: torch.Tensor, l: torch.Tensor) -> torch.Tensor:
     return torch.where(l > 0, o / torch.where(l > 0, l, torch.ones_like(l)), torch.zeros_like(o))
 
 
-def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tkv: int, *, scale: float,
+def design_order_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tkv: int, *, scale: float,
                     causal: bool = False, mask: torch.Tensor | None = None, q_offset: int = 0,
                     window: int | None = None, softcap: float | None = None) -> torch.Tensor:
     """attention_reference's result in the design's order: key tiles of `tkv` from key 0, each
@@ -147,6 +147,175 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tkv: int,
 Q_TILES = (64, 32, 16, 8, 4, 2, 1)       # query rows per head in one core's work item
 KV_TILES = (256, 128, 64, 32, 16)        # keys per pass over the K/V stream
 SOFTMAX_PASSES = 6                       # vector ops per score: scale, mask, max, exp, sum, scale
+KV_L1_SHARE = 0.6                        # L1 share the double-buffered K/V tiles may take
+
+
+# --- flash (online-softmax) numerics ------------------------------------------------------------
+def kv_tile_for(head_dim: int, l1_bytes: int | None = None) -> int:
+    """Keys per K/V tile of the flash kernel: the largest tile in KV_TILES whose double-buffered
+    K and V tiles (bf16) take at most KV_L1_SHARE of one core's L1, so query rows, scores and
+    the fp32 accumulator fit next to them. Part of a design's identity: the online softmax
+    rounds P against the running max, so the tile size defines the result (bf16 P)."""
+    from torch_xdna.hw import AIE2P
+    budget = (l1_bytes or AIE2P.l1_usable) * KV_L1_SHARE
+    for t in KV_TILES:
+        if 2 * 2 * t * head_dim * 2 <= budget:
+            return t
+    return KV_TILES[-1]
+
+
+def decode_splits(kv_heads: int, q_tiles: int, cores: int | None = None) -> int:
+    """Split-KV factor of a launch: with few work items (decode: one query row per head), the
+    keys of each KV head are split over cores (contiguous tile ranges, one partial softmax each,
+    then one reduction) so the whole array streams the cache. 1 when the items fill the cores."""
+    from torch_xdna.hw import AIE2P
+    n = (cores or AIE2P.cores) // max(1, kv_heads * q_tiles)
+    s = 1
+    while s * 2 <= n:
+        s *= 2
+    return s
+
+
+def split_ranges(n_tiles: int, splits: int) -> list[tuple[int, int]]:
+    """Contiguous tile ranges [lo, hi) of the splits of a KV stream of `n_tiles` tiles."""
+    per = ceil_div(max(n_tiles, 1), max(1, splits))
+    return [(lo, min(lo + per, n_tiles)) for lo in range(0, n_tiles, per)]
+
+
+def _flash_mask(rows_pos: torch.Tensor, k0: int, n: int, causal: bool, window: int | None,
+                kv_valid: int) -> torch.Tensor | None:
+    """Boolean 'hidden' mask [rows, n] of keys k0..k0+n-1 for query rows at rows_pos."""
+    kpos = torch.arange(k0, k0 + n).unsqueeze(0)
+    qp = rows_pos.unsqueeze(1)
+    hidden = kpos >= kv_valid
+    if causal:
+        hidden = hidden | (kpos > qp)
+    if window:
+        hidden = hidden | (kpos <= qp - window)
+    return hidden if bool(hidden.any()) else None
+
+
+def _mask_scores(s: torch.Tensor, qpos: torch.Tensor, k0: int, lo: int, hi: int, causal: bool,
+                 window: int | None) -> None:
+    """Mask in place the scores s [..., R, T] of padded keys (index j at absolute position
+    k0 + j; valid keys are lo..hi-1): padding, future keys (causal), keys older than the window.
+    Only the column ranges where some row hides a key are touched."""
+    ninf = float("-inf")
+    s[..., :lo] = ninf
+    s[..., hi:] = ninf
+    if causal:
+        a = max(lo, int(qpos.min()) + 1 - k0)          # first key some row must not see
+        if a < hi:
+            m = _flash_mask(qpos, k0 + a, hi - a, True, None, k0 + hi)
+            if m is not None:
+                s[..., a:hi].masked_fill_(m, ninf)
+    if window:
+        b = min(hi, int(qpos.max()) - window + 1 - k0)  # keys before b are too old for some row
+        if b > lo:
+            m = _flash_mask(qpos, k0 + lo, b - lo, False, window, k0 + hi)
+            if m is not None:
+                s[..., lo:b].masked_fill_(m, ninf)
+
+
+def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float,
+                    tkv: int, splits: int = 1, causal: bool = True, q_offset: int = 0,
+                    k_offset: int = 0, window: int | None = None, softcap: float | None = None,
+                    exact: bool = False) -> torch.Tensor:
+    """The flash kernel's result: q [Hkv, R, D] (the R query rows of each KV head's group, at
+    absolute position q_offset, or per row when q_offset is an [R] tensor),
+    k / v [Hkv, S, D] holding keys at absolute positions k_offset..k_offset+S-1 -> fp32 [Hkv, R, D].
+
+    Tile order defines the numerics: keys stream in tiles of `tkv` aligned to absolute multiples
+    of tkv; per tile S = scale q k^T (fp32), m' = max(m, rowmax S), P = bf16(exp(S - m')),
+    l = l e^(m-m') + sum exp(S - m'), O = O e^(m-m') + P V (fp32). With splits > 1 (split-KV
+    decode) each contiguous range of tiles (split_ranges) runs that recurrence from scratch and a
+    final reduction rescales the partial (m, l, O) to the common max. The recurrence is evaluated
+    in closed form (each tile's partial scaled once by e^(m_tile - m_final), m_tile the running
+    max after that tile): the same values as the loop up to fp32 summation order
+    (flash_attention_loop is the literal loop; tests check they agree). exact=True: no bf16
+    rounding (fp32 verification mode)."""
+    rnd = (lambda t: t.float()) if exact else numerics.operand
+    hkv, r, d = q.shape
+    s_len = k.shape[1]
+    qpos = q_offset if isinstance(q_offset, torch.Tensor) else torch.full((r,), q_offset)
+    # zero-pad K/V so tiles sit at absolute multiples of tkv (padded keys are masked)
+    lead = k_offset % tkv
+    total = round_up(lead + s_len, tkv)
+    n_tiles = total // tkv
+    kf, vf = k.float(), v.float()
+    if total != s_len:
+        kf = torch.nn.functional.pad(kf, (0, 0, lead, total - lead - s_len))
+        vf = torch.nn.functional.pad(vf, (0, 0, lead, total - lead - s_len))
+    s = torch.matmul(rnd(q), kf.transpose(-1, -2)).mul_(scale)      # [Hkv, R, T*tkv]
+    if softcap is not None:
+        s = torch.tanh(s.div_(softcap)).mul_(softcap)
+    _mask_scores(s, qpos, k_offset - lead, lead, lead + s_len, causal, window)
+    st = s.view(hkv, r, n_tiles, tkv)
+    tile_max = st.amax(-1)                                             # [Hkv, R, T]
+    run = torch.empty_like(tile_max)
+    for lo, hi in split_ranges(n_tiles, splits):
+        run[..., lo:hi] = torch.cummax(tile_max[..., lo:hi], dim=-1).values
+    ninf = float("-inf")
+    dead = run == ninf                                                 # no visible key yet
+    e = torch.exp(st - run.masked_fill(dead, 0.0).unsqueeze(-1))       # exp(S - m') per tile
+    p = rnd(e)
+    w = torch.exp(run - run.amax(-1, keepdim=True)).masked_fill_(dead, 0.0)   # to the final max
+    l = (e.sum(-1) * w).sum(-1)                                        # [Hkv, R]
+    pv = torch.einsum("hrtk,htkd->hrtd", p, vf.view(hkv, n_tiles, tkv, d))
+    o = torch.einsum("hrtd,hrt->hrd", pv, w)
+    return o * torch.where(l > 0, 1.0 / l, torch.zeros_like(l)).unsqueeze(-1)
+
+
+def flash_attention_loop(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float,
+                         tkv: int, splits: int = 1, causal: bool = True, q_offset: int = 0,
+                         k_offset: int = 0, window: int | None = None,
+                         softcap: float | None = None, exact: bool = False) -> torch.Tensor:
+    """flash_attention as the kernel runs it: tile by tile, running (m, l, O) per split, then
+    the split reduction. Slow; the definition tests check the closed form against."""
+    rnd = (lambda t: t.float()) if exact else numerics.operand
+    hkv, r, d = q.shape
+    s_len = k.shape[1]
+    qpos = q_offset if isinstance(q_offset, torch.Tensor) else torch.full((r,), q_offset)
+    lead = k_offset % tkv
+    n_tiles = ceil_div(lead + s_len, tkv)
+    qf = rnd(q)
+    ninf = float("-inf")
+    parts = []
+    for lo, hi in split_ranges(n_tiles, splits):
+        m = torch.full((hkv, r), ninf)
+        l = torch.zeros(hkv, r)
+        o = torch.zeros(hkv, r, d)
+        for t in range(lo, hi):
+            a = max(0, t * tkv - lead)                    # slice of k covered by this tile
+            b = min(s_len, (t + 1) * tkv - lead)
+            if b <= a:
+                continue
+            s = torch.matmul(qf, k[:, a:b].float().transpose(-1, -2)) * scale
+            if softcap is not None:
+                s = torch.tanh(s / softcap) * softcap
+            hidden = _flash_mask(qpos, k_offset + a, b - a, causal, window, k_offset + s_len)
+            if hidden is not None:
+                s = s.masked_fill(hidden, ninf)
+            m_new = torch.maximum(m, s.amax(-1))
+            live = m_new != ninf
+            alpha = torch.where(live, torch.exp(m - m_new), torch.ones_like(m))
+            e = torch.where(live.unsqueeze(-1), torch.exp(s - m_new.unsqueeze(-1)),
+                            torch.zeros_like(s))
+            l = l * alpha + e.sum(-1)
+            o = o * alpha.unsqueeze(-1) + torch.matmul(rnd(e), v[:, a:b].float())
+            m = torch.where(live, m_new, m)
+        parts.append((m, l, o))
+    mf = torch.stack([p[0] for p in parts]).amax(0)
+    l_tot = torch.zeros(hkv, r)
+    o_tot = torch.zeros(hkv, r, d)
+    for m, l, o in parts:
+        w = torch.where(m == ninf, torch.zeros_like(m), torch.exp(m - mf))
+        l_tot = l_tot + l * w
+        o_tot = o_tot + o * w.unsqueeze(-1)
+    return o_tot * torch.where(l_tot > 0, 1.0 / l_tot, torch.zeros_like(l_tot)).unsqueeze(-1)
+
+
+# --- the fused attention design -----------------------------------------------------------------
 _LAUNCH_PLANS: dict[tuple, Plan] = {}
 
 
@@ -184,6 +353,8 @@ class AttentionDesign(Design):
     out_dtype: torch.dtype = torch.float32
     mask_bool: bool = False         # the mask is boolean (True = attend), else additive
     top_left: bool = False          # default q_offset 0 (torch SDPA is_causal), else kv_len - Lq
+    kv_tile: int = 0                # keys per K/V tile (0: the plan picks the fastest that fits)
+    splits: int = 0                 # split-KV factor (0: decode_splits for the array's cores)
     kind = "attention"
 
     def __post_init__(self):
@@ -221,7 +392,7 @@ class AttentionDesign(Design):
         offset = self._offset(n) if q_offset is None else int(q_offset)
         # the plan's key tile fixes the order of the online softmax (runtime/sim/order.py)
         tkv = self.launch_plan(order.generation()).tile[1]     # memoized capacity plan
-        out = flash_attention(q, k[..., :n, :], v[..., :n, :], tkv, scale=self.softmax_scale,
+        out = design_order_attention(q, k[..., :n, :], v[..., :n, :], tkv, scale=self.softmax_scale,
                               causal=self.causal, mask=mask, q_offset=offset,
                               window=self.window or None, softcap=self.softcap or None)
         numerics.store(out, outputs[0])
@@ -267,8 +438,9 @@ class AttentionDesign(Design):
         for tq in Q_TILES:
             if tq > self.q_len and tq > 1:
                 continue
-            for tkv in KV_TILES:
-                if tkv > round_up(self.kv_len, KV_TILES[-1]) and tkv > KV_TILES[-1]:
+            for tkv in ((self.kv_tile,) if self.kv_tile else KV_TILES):
+                if tkv > round_up(self.kv_len, KV_TILES[-1]) and tkv > KV_TILES[-1] \
+                        and not self.kv_tile:
                     continue
                 l1 = self._l1(tq, tkv, rm, rk)
                 if l1 > gen.l1_usable:
@@ -278,7 +450,7 @@ class AttentionDesign(Design):
                     best = cand
         if best is None:
             need(label, "L1 data memory per core (query rows of a head group + K/V tiles)",
-                 self._l1(1, KV_TILES[-1], rm, rk), gen.l1_usable,
+                 self._l1(1, self.kv_tile or KV_TILES[-1], rm, rk), gen.l1_usable,
                  "use a smaller head_dim or fewer query heads per KV head")
         plan = best[1]
         if kv_len is not None and kv_len != self.kv_len:
@@ -304,7 +476,9 @@ class AttentionDesign(Design):
                   rk: int):
         b, hq, hkv, lq, d = self.batch, self.heads, self.kv_heads, self.q_len, self.head_dim
         q_tiles = ceil_div(lq, tq)
-        items = b * hkv * q_tiles
+        n_tiles = ceil_div(kv_valid, tkv)
+        splits = max(1, min(self.splits or decode_splits(b * hkv, q_tiles, gen.cores), n_tiles))
+        items = b * hkv * q_tiles * splits
         cores = min(gen.cores, items)
         cols = min(gen.columns.value, ceil_div(cores, gen.core_rows.value))
         # keys each query tile must visit (causal: up to its last row; window: from its first)
@@ -317,12 +491,22 @@ class AttentionDesign(Design):
         visit = min(visit, q_tiles * round_up(kv_valid, tkv))
         rows = round_up(self.group * tq, rm)
         dp = round_up(d, rk)
-        macs_item = 2 * rows * dp * visit / q_tiles
+        per_item = visit / q_tiles / splits          # keys one work item streams
+        macs_item = 2 * rows * dp * per_item
         rate = gen.macs_per_core_cycle.value["bf16"] * compute_efficiency(gen, "bf16")
-        vec = SOFTMAX_PASSES * rows * visit / q_tiles / lanes(gen, 32)
-        calls = visit / q_tiles / tkv * (2 * gen.kernel_call_cycles.value
-                                         + kv_tile_pass_cycles(gen, rows, dp, lanes(gen, 32)))
+        vec = SOFTMAX_PASSES * rows * per_item / lanes(gen, 32)
+        # per KV tile: 2 kernel calls and the cost model's tile pass (accumulator rescale + fixed
+        # pass cost, cost-v3)
+        calls = per_item / tkv * (2 * gen.kernel_call_cycles.value
+                                  + kv_tile_pass_cycles(gen, rows, dp, lanes(gen, 32)))
         cycles = ceil_div(items, cores) * (macs_item / rate + vec + calls)
+        # split-KV: each split's (m, l, O) partial goes through the mem tile, one core per
+        # (head, q tile) rescales and sums them (3 vector passes over O per split)
+        partial_bytes = 0
+        if splits > 1:
+            partial_bytes = b * hkv * q_tiles * splits * rows * (dp + 2) * 4
+            cycles += ceil_div(b * hkv * q_tiles, cores) * (
+                3 * rows * dp * splits / lanes(gen, 32) + gen.kernel_call_cycles.value)
         # K/V stream: once per work item, shared by the cores of a column on the same KV head
         share = max(1, min(gen.core_rows.value, q_tiles))
         kv_bytes = b * hkv * visit * d * 2 * 2 / share
@@ -333,9 +517,9 @@ class AttentionDesign(Design):
         t_dram = dram_time_s(gen, cols, read, write, kv_bytes)     # K/V: single-pass stream
         t_comp = cycles / gen.core_clock_hz.value
         fill = dram_time_s(gen, cols, 2 * tkv * d * 2 * cols, 0) + t_comp / max(1, items / cores) \
-            / max(1, visit / q_tiles / tkv)
+            / max(1, per_item / tkv)
         depth = gen.shim_task_queue_depth.value
-        tasks = b * hkv                             # one task per KV head stream and channel
+        tasks = b * hkv * splits                    # one task per K/V stream (head, split)
         plan = Plan(
             design="attention", dtype="bf16", columns=cols, cores=cores, tile=(tq, tkv, d),
             l1_bytes=l1, memtile_bytes=2 * 2 * tkv * d * 2 + 2 * rows * d * 2 * gen.core_rows.value,
@@ -350,7 +534,8 @@ class AttentionDesign(Design):
                         DmaTransfer("O tile", (self.group, tq, d), (lq * d, d, 1))),
             notes={"work_items": items, "kv_visited_per_q_tile": visit / q_tiles,
                    "stream_bytes": int(kv_bytes),
-                   "kv_share": share, "fill_s": fill, "shim_task_batches": ceil_div(tasks, depth),
+                   "kv_share": share, "kv_splits": splits, "kv_tiles": n_tiles,
+                   "onchip_bytes": partial_bytes, "fill_s": fill, "shim_task_batches": ceil_div(tasks, depth),
                    "memtile_locks": 2 * (4 + gen.core_rows.value),
                    "core_dma": (2, 1), "memtile_dma": (3, 2), "shim_dma": (2, 1)})
         return max(t_dram, t_comp) + fill, plan

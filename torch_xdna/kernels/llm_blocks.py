@@ -32,15 +32,16 @@ import torch
 from torch_xdna.hw import Generation
 from torch_xdna.kernels import numerics, quant
 from torch_xdna.kernels.activations import apply_epilogue
+from torch_xdna.kernels.attention import AttentionDesign, decode_splits, flash_attention, kv_tile_for
 from torch_xdna.kernels.base import Design, ceil_div, round_up
-from torch_xdna.kernels.capacity import lanes
 from torch_xdna.kernels.gemm import GemmDesign
 from torch_xdna.kernels.vector import VectorDesign
 from torch_xdna.runtime.plan import Plan, PlanError
-from torch_xdna.runtime.sim.cost import kv_tile_pass_cycles
 
 PRECISIONS = ("fp32", "bf16", "int8", "int4", "bfp16")
-KV_TILE = 128                  # keys per attention-kernel pass; the KV length is charged in these
+KV_TILE = 128                  # launch plans are memoized per KV extent in these units
+KV_DTYPES = ("bf16", "int8")   # KV cache storage (int8: per (head, token) fp32 scale, KV_INT8_QMAX)
+KV_INT8_QMAX = 127.0
 _GROUPS = {"int8": 128, "int4": 32}
 _F32 = torch.float32
 
@@ -219,40 +220,43 @@ def _qk_norm_weight(qn: torch.Tensor, kn: torch.Tensor, hq: int, hkv: int,
     return OPERANDS.derived(("qk_norm", exact, hq, hkv), (qn, kn), make)
 
 
-def _needs_mask(n: int, skv: int, q_offset: int, window: int | None) -> bool:
-    """Whether some key is hidden from some query row: query rows sit at q_offset..q_offset+n-1,
-    keys at 0..skv-1 (a decode step without a window sees every key: no mask to build)."""
-    return skv - 1 > q_offset or (window is not None and q_offset + n - 1 >= window)
-
-
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float, q_offset: int,
-           window: int | None, softcap: float | None, exact: bool,
-           rounded: bool = False) -> torch.Tensor:
-    """Causal GQA attention of q [Hq, n, D] over cached k/v [Hkv, S, D] -> fp32 [Hq, n, D].
+           window: int | None, softcap: float | None, exact: bool, rounded: bool = False,
+           k_offset: int = 0, tkv: int = 16, splits: int = 1) -> torch.Tensor:
+    """Causal GQA flash attention of q [Hq, n, D] (query 0 at absolute position q_offset) over
+    cached k/v [Hkv, S, D] (key 0 at absolute position k_offset) -> fp32 [Hq, n, D].
 
-    Numerically attention_reference (bf16 operands, fp32 scores/softmax, probabilities rounded
-    before p @ v) for caches that hold operand-rounded values, which the attention block
-    guarantees by storing operand(k), operand(v); without its repeat_interleave copies of the
-    cache (q heads are grouped per KV head instead). tests/test_llm_blocks.py checks the two
-    agree. exact=True: no rounding at all (fp32 verification mode). rounded=True: q already is
-    an operand."""
+    The flash kernel's numerics (attention.flash_attention: K/V tiles of `tkv` keys at absolute
+    multiples of tkv, online softmax in fp32, P rounded to bf16 against the running max, split-KV
+    reduction when splits > 1) for caches that hold operand-rounded values, which the attention
+    block guarantees by storing operand(k), operand(v). q heads are grouped per KV head (no
+    repeat_interleave copies of the cache). exact=True: no rounding at all (fp32 verification
+    mode). rounded=True: q already is an operand."""
     hq, n, d = q.shape
-    hkv, skv = k.shape[0], k.shape[1]
+    hkv = k.shape[0]
     g = hq // hkv
-    rnd = _rnd(exact)
-    qg = (q if rounded else rnd(q)).reshape(hkv, g * n, d).contiguous()
-    s = torch.matmul(qg, k.float().transpose(-1, -2)).mul_(_scalar(scale))
-    if softcap is not None:
-        s = torch.tanh(s / _scalar(softcap)).mul_(_scalar(softcap))
-    if _needs_mask(n, skv, q_offset, window):
-        qpos = (torch.arange(n) + q_offset).repeat(g).unsqueeze(1)
-        kpos = torch.arange(skv).unsqueeze(0)
-        allowed = kpos <= qpos
-        if window is not None:
-            allowed &= kpos > qpos - window
-        s = s.masked_fill(~allowed, float("-inf"))
-    p = torch.nan_to_num(torch.softmax(s, dim=-1), nan=0.0)
-    return torch.matmul(rnd(p), v.float()).view(hq, n, d)
+    qg = (q if rounded or exact else numerics.operand(q)).reshape(hkv, g * n, d)
+    qpos = (torch.arange(n) + q_offset).repeat(g)
+    out = flash_attention(qg, k, v, scale=scale, tkv=tkv, splits=splits, causal=True,
+                          q_offset=qpos, k_offset=k_offset, window=window, softcap=softcap,
+                          exact=exact)
+    return out.view(hq, n, d)
+
+
+def quantize_kv(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """int8 KV rows: x [..., D] -> (int8 values, fp32 scale [...]) with one symmetric scale per
+    (head, token) row, amax / KV_INT8_QMAX (a zero row gets scale 0 and values 0)."""
+    amax = x.abs().amax(-1)
+    scale = amax / KV_INT8_QMAX
+    safe = torch.where(scale > 0, scale, torch.ones_like(scale))
+    qv = torch.round(x / safe.unsqueeze(-1)).clamp_(-KV_INT8_QMAX, KV_INT8_QMAX)
+    return qv.to(torch.int8), scale
+
+
+def dequantize_kv(qv: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """fp32 K/V rows from int8 values and their per-row scales (the core's dequant before
+    the bf16 mmul; the caller rounds to operands)."""
+    return qv.float() * scale.unsqueeze(-1)
 
 
 def _take(inputs: Sequence[torch.Tensor], i: int, n: int) -> tuple[tuple, int]:
@@ -312,21 +316,6 @@ def stage_fill_s(stages: Sequence[Plan]) -> float:
     return sum(p.notes.get("fill_s", 0.0) for p in stages)
 
 
-def attention_tiles(gen: Generation, name: str, q_rows: int, head_dim: int) -> tuple[int, int]:
-    """(q rows, keys) per core pass: the largest blocks whose q rows, double-buffered K/V tiles,
-    scores and fp32 output accumulator fit one core's L1; PlanError when even 1 x 8 does not."""
-    for qb in (64, 32, 16, 8, 4, 2, 1):
-        if qb > q_rows and qb > 1:
-            continue
-        for t in (128, 64, 32, 16, 8):
-            l1 = 2 * 2 * t * head_dim * 2 + qb * head_dim * (2 + 4) + qb * t * 4
-            if l1 <= gen.l1_usable:
-                return qb, t
-    l1 = 2 * 2 * 8 * head_dim * 2 + head_dim * 6 + 32
-    raise PlanError(name, "L1 data memory (attention q rows + K/V tiles)", l1, gen.l1_usable,
-                    "the model's head_dim is too large for one core's L1")
-
-
 # -- designs -----------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class EmbedDesign(Design):
@@ -372,7 +361,11 @@ class AttentionBlockDesign(Design):
     inputs: x [rows,H] fp32, attn_norm [H], (q_norm [D], k_norm [D])?, *w_qkv [(Hq+2Hkv)D, H],
             *w_o [H, Hq*D], (post_norm [H])?, cos [P,D], sin [P,D]
     outputs: out [rows,H] fp32 (may alias x), k_cache [Hkv,S,D], v_cache [Hkv,S,D]
+             (kv_dtype int8: int8 caches, then k_scale [Hkv,S], v_scale [Hkv,S] fp32)
     scalars: pos (first position), n (valid rows, default rows)
+    Attention is the flash kernel (attend): K/V tiles of `tkv` keys, online softmax, split-KV
+    over the array's cores for decode rows; no score row is ever whole in one core's L1, so any
+    context up to the cache capacity plans.
     """
 
     hidden: int
@@ -391,11 +384,31 @@ class AttentionBlockDesign(Design):
     scale: float = 1.0
     softcap: float | None = None
     cache_bytes: int = 2        # per cached element (bf16; 4 in the fp32 verification mode)
+    kv_dtype: str = "bf16"      # KV storage: bf16 (fp32 in verification mode) or int8 + scales
+    kv_tile: int = 0            # keys per K/V tile (0: kv_tile_for(head_dim))
     kind = "llm_attention"
+
+    def __post_init__(self):
+        if self.kv_dtype not in KV_DTYPES:
+            raise ValueError(f"unknown kv_dtype {self.kv_dtype!r}; use one of {', '.join(KV_DTYPES)}")
 
     @property
     def name(self) -> str:
         return f"llm.attention[{self.precision}]"
+
+    @property
+    def tkv(self) -> int:
+        return self.kv_tile or kv_tile_for(self.head_dim)
+
+    @property
+    def splits(self) -> int:
+        """Split-KV factor: decode rows spread each KV head's cache over the cores."""
+        return decode_splits(self.kv_heads, 1) if self.rows == 1 else 1
+
+    @property
+    def kv_elem_bytes(self) -> float:
+        """Bytes per cached K or V element, scales included."""
+        return 1 + 4 / self.head_dim if self.kv_dtype == "int8" else self.cache_bytes
 
     @_inference
     def reference(self, inputs, outputs, pos: int = 0, n: int | None = None, **_: Any) -> None:
@@ -412,7 +425,7 @@ class AttentionBlockDesign(Design):
             pn = _const(inputs[i], exact)
             i += 1
         cos_t, sin_t = _const(inputs[i], exact), _signed_sin(inputs[i + 1], exact)
-        out, kc, vc = outputs
+        out, kc, vc = outputs[:3]
         xs = x if n == x.shape[0] else x[:n]
         h = _rms(xs, ln, self.eps, self.norm_offset, rnd)
         # every use of q, k and v takes them as operands: round the projection once
@@ -424,14 +437,26 @@ class AttentionBlockDesign(Design):
         cos = cos_t[pos:pos + n].unsqueeze(1)
         sin = sin_t[pos:pos + n].unsqueeze(1)
         qk = rnd(_rope(qk, cos, sin))  # the cache stores operand(k); attention takes operand(q)
-        kc.narrow(1, pos, n).copy_(qk.narrow(1, hq, hkv).transpose(0, 1))
-        vc.narrow(1, pos, n).copy_(v.transpose(0, 1))
+        k_new, v_new = qk.narrow(1, hq, hkv).transpose(0, 1), v.transpose(0, 1)
         end = pos + n
-        start = max(0, end - n - self.window + 1) if self.window is not None else 0
-        a = attend(qk.narrow(1, 0, hq).transpose(0, 1), kc.narrow(1, start, end - start),
-                   vc.narrow(1, start, end - start),
-                   scale=self.scale, q_offset=pos - start, window=self.window,
-                   softcap=self.softcap, exact=exact, rounded=True)
+        tkv = self.tkv
+        # keys the first row can see, from the tile holding the oldest one (tiles are aligned)
+        start = max(0, pos - self.window + 1) // tkv * tkv if self.window is not None else 0
+        if self.kv_dtype == "int8":
+            ks, vs = outputs[3], outputs[4]
+            for cache, scales, rows in ((kc, ks, k_new), (vc, vs, v_new)):
+                qv, sc = quantize_kv(rows)
+                cache.narrow(1, pos, n).copy_(qv)
+                scales.narrow(1, pos, n).copy_(sc)
+            keys = rnd(dequantize_kv(kc.narrow(1, start, end - start), ks.narrow(1, start, end - start)))
+            vals = rnd(dequantize_kv(vc.narrow(1, start, end - start), vs.narrow(1, start, end - start)))
+        else:
+            kc.narrow(1, pos, n).copy_(k_new)
+            vc.narrow(1, pos, n).copy_(v_new)
+            keys, vals = kc.narrow(1, start, end - start), vc.narrow(1, start, end - start)
+        a = attend(qk.narrow(1, 0, hq).transpose(0, 1), keys, vals,
+                   scale=self.scale, q_offset=pos, k_offset=start, window=self.window,
+                   softcap=self.softcap, exact=exact, rounded=True, tkv=tkv, splits=self.splits)
         a = a.transpose(0, 1).reshape(n, hq * d)
         o = _linear(a, OPERANDS.get(wo, self.precision, self.group), rnd, self.precision)
         if self.post_norm:
@@ -456,30 +481,31 @@ class AttentionBlockDesign(Design):
         name = f"{self.name} rows={self.rows} kv={kv_len}"
         m, h, d = self.rows, self.hidden, self.head_dim
         qkv_n = (self.heads + 2 * self.kv_heads) * d
-        group = self.heads // self.kv_heads
         keys = kv_len if self.window is None else min(kv_len, round_up(self.window + m, KV_TILE))
-        qb, tkv = attention_tiles(gen, name, m * group, d)
-        # flash-style passes (KV head x q block x KV tile) over the cores: each pays the
-        # per-KV-tile cost of the cost model (accumulator rescale + fixed pass cost, cost-v3)
-        passes = self.kv_heads * ceil_div(m * group, qb) * ceil_div(keys, tkv)
-        pass_cycles = ceil_div(passes, gen.cores) * kv_tile_pass_cycles(gen, qb, d, lanes(gen, 32))
-        stages = [_vec(gen, "rms_norm", m, h), _gemm(gen, m, h, qkv_n, self.precision, group=self.group),
-                  _vec(gen, "mul", m, qkv_n, 2),
-                  _gemm(gen, m * group, d, keys, "bf16", batch=self.kv_heads),
-                  _vec(gen, "softmax", m * self.heads, keys),
-                  _gemm(gen, m * group, keys, d, "bf16", batch=self.kv_heads),
-                  _gemm(gen, m, self.heads * d, h, self.precision, group=self.group)]
+        # flash attention: its plan charges every KV tile pass (per-tile cost of the cost model)
+        attn = AttentionDesign(1, self.heads, self.kv_heads, m, keys, d, causal=True,
+                               window=self.window or 0, softcap=self.softcap or 0.0,
+                               scale=self.scale, kv_tile=self.tkv, splits=self.splits).plan(gen)
+        fixed = self.__dict__.setdefault("_fixed_stages", {})   # the KV-independent stages
+        if gen.name not in fixed:
+            fixed[gen.name] = (
+                _vec(gen, "rms_norm", m, h), _gemm(gen, m, h, qkv_n, self.precision, group=self.group),
+                _vec(gen, "mul", m, qkv_n, 2),
+                _gemm(gen, m, self.heads * d, h, self.precision, group=self.group))
+        norm, qkv, rope, o_proj = fixed[gen.name]
+        stages = [norm, qkv, rope, attn, o_proj]
         w = (weight_bytes(qkv_n, h, self.precision, self.group)
              + weight_bytes(h, self.heads * d, self.precision, self.group))
         small = (h + (2 * d if self.qk_norm else 0) + (h if self.post_norm else 0)) * 2 + 2 * m * d * 4
-        kv_read = 2 * self.kv_heads * keys * d * self.cache_bytes
-        kv_write = 2 * self.kv_heads * m * d * self.cache_bytes
+        kv_read = int(2 * self.kv_heads * keys * d * self.kv_elem_bytes)
+        kv_write = int(2 * self.kv_heads * m * d * self.kv_elem_bytes)
         read = w + small + kv_read + m * h * 4
         write = kv_write + m * h * 4
         return _fused_plan(name, self.kind, self.precision, gen, stages, read, write, m,
                            max(h, self.heads * d),
-                           {"weight_bytes": w, "kv_read_bytes": kv_read, "kv_write_bytes": kv_write},
-                           pass_cycles)
+                           {"weight_bytes": w, "kv_read_bytes": kv_read, "kv_write_bytes": kv_write,
+                            "onchip_bytes": attn.notes.get("onchip_bytes", 0),
+                            "kv_tile": self.tkv, "kv_splits": attn.notes.get("kv_splits", 1)})
 
 
 @dataclass(frozen=True)
@@ -629,7 +655,10 @@ class DecoderLayerDesign(Design):
         cache = self.__dict__.setdefault("_launch_plans", {})
         plan = cache.get(id(a))
         if plan is None:
-            plan = cache[id(a)] = self._combine(a, self.mlp.plan(gen))
+            mlp = self.__dict__.setdefault("_mlp_plans", {})
+            if gen.name not in mlp:
+                mlp[gen.name] = self.mlp.plan(gen)
+            plan = cache[id(a)] = self._combine(a, mlp[gen.name])
         return plan
 
     def _combine(self, a: Plan, m: Plan) -> Plan:
@@ -647,4 +676,4 @@ class DecoderLayerDesign(Design):
             compute_cycles=a.compute_cycles + m.compute_cycles,
             notes={k: a.notes.get(k, 0) + m.notes.get(k, 0)
                    for k in ("weight_bytes", "kv_read_bytes", "kv_write_bytes", "fill_s",
-                             "stream_bytes")})
+                             "onchip_bytes", "stream_bytes")})

@@ -10,7 +10,7 @@ from typing import Callable
 
 from torch_xdna.models.spec import DecoderSpec, RopeSpec, UnsupportedModelError, WeightNames
 
-ROPE_TYPES = ("default", "linear", "llama3", "freq_factors")
+ROPE_TYPES = ("default", "linear", "llama3", "freq_factors", "yarn")
 ACTS = {"silu": "silu", "swish": "silu", "gelu_pytorch_tanh": "gelu_tanh", "gelu_tanh": "gelu_tanh"}
 
 _L = "model.layers.{i}."
@@ -58,7 +58,12 @@ def _act(family: str, cfg: dict) -> str:
     return ACTS[name]
 
 
-def _rope(family: str, params: dict | None, theta_default: float) -> RopeSpec:
+def _yarn_mscale(scale: float, mscale: float = 1.0) -> float:
+    return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
+
+
+def _rope(family: str, params: dict | None, theta_default: float,
+          max_positions: int = 0) -> RopeSpec:
     """A RopeSpec from a transformers>=5 `rope_parameters` entry or a classic `rope_scaling`."""
     params = dict(params or {})
     rtype = params.get("rope_type") or params.get("type") or "default"
@@ -67,12 +72,25 @@ def _rope(family: str, params: dict | None, theta_default: float) -> RopeSpec:
     theta = float(params.get("rope_theta", theta_default))
     if rtype == "default":
         return RopeSpec(theta)
-    factor = float(params.get("factor", 1.0))
+    factor = float(params["factor"]) if params.get("factor") is not None else 1.0
     if rtype == "linear":
         return RopeSpec(theta, "linear", factor)
     if rtype == "freq_factors":                  # GGUF rope_freqs (models/gguf.py)
         return RopeSpec(theta, "freq_factors",
                         freq_factors=tuple(float(x) for x in params.get("freq_factors", ())))
+    if rtype == "yarn":
+        original = int(params.get("original_max_position_embeddings") or max_positions)
+        if params.get("factor") is None:
+            factor = (max_positions / original) if original else 1.0
+        att = params.get("attention_factor")
+        if att is None:
+            ms, ms_all = params.get("mscale"), params.get("mscale_all_dim")
+            att = (_yarn_mscale(factor, ms) / _yarn_mscale(factor, ms_all) if ms and ms_all
+                   else _yarn_mscale(factor))
+        return RopeSpec(theta, "yarn", factor, original_max_positions=original,
+                        beta_fast=float(params.get("beta_fast") or 32),
+                        beta_slow=float(params.get("beta_slow") or 1),
+                        attention_factor=float(att), truncate=bool(params.get("truncate", True)))
     return RopeSpec(theta, "llama3", factor, float(params.get("low_freq_factor", 1.0)),
                     float(params.get("high_freq_factor", 4.0)),
                     int(params.get("original_max_position_embeddings", 8192)))
@@ -131,7 +149,7 @@ def _classic_rope(cfg: dict) -> dict:
 
 def llama(cfg: dict, family: str = "llama", names: WeightNames = LLAMA_NAMES, **kw) -> DecoderSpec:
     _common_checks(family, cfg)
-    rope = _rope(family, _classic_rope(cfg), 10000.0)
+    rope = _rope(family, _classic_rope(cfg), 10000.0, int(cfg.get("max_position_embeddings", 0)))
     layers = int(cfg["num_hidden_layers"])
     types = _layer_types(cfg, layers)
     if not cfg.get("use_sliding_window", False):
@@ -156,10 +174,12 @@ def gemma3(cfg: dict) -> DecoderSpec:
     types = _layer_types({"layer_types": types}, layers)
     rp = cfg.get("rope_parameters")
     if rp and "full_attention" in rp:
-        ropes = {"global": _rope(family, rp["full_attention"], 1e6),
-                 "local": _rope(family, rp.get("sliding_attention"), 1e4)}
+        mp = int(cfg.get("max_position_embeddings", 0))
+        ropes = {"global": _rope(family, rp["full_attention"], 1e6, mp),
+                 "local": _rope(family, rp.get("sliding_attention"), 1e4, mp)}
     else:
-        ropes = {"global": _rope(family, _classic_rope(cfg), 1e6),
+        ropes = {"global": _rope(family, _classic_rope(cfg), 1e6,
+                                 int(cfg.get("max_position_embeddings", 0))),
                  "local": RopeSpec(float(cfg.get("rope_local_base_freq", 10000.0)))}
     hidden = int(cfg["hidden_size"])
     qpa = cfg.get("query_pre_attn_scalar")

@@ -19,8 +19,12 @@ class UnsupportedModelError(ValueError):
 
 @dataclass(frozen=True)
 class RopeSpec:
-    """Rotary embedding parameters of one table (types: default, linear, llama3, freq_factors:
-    per-pair divisors of the inverse frequencies, as GGUF files store Llama 3 scaling)."""
+    """Rotary embedding parameters of one table (types: default, linear, llama3, yarn, freq_factors:
+    per-pair divisors of the inverse frequencies, as GGUF files store Llama 3 scaling).
+
+    Frequencies are computed in fp32 in transformers' order (modeling_rope_utils), so the cos/sin
+    tables match its rotary embedding bit for bit (tests/test_rope_scaling.py): at 32K+
+    positions one ulp of a frequency moves the angle by ~1e-3 rad."""
 
     theta: float
     type: str = "default"
@@ -29,10 +33,16 @@ class RopeSpec:
     high_freq_factor: float = 4.0
     original_max_positions: int = 8192
     freq_factors: tuple[float, ...] = ()
+    beta_fast: float = 32.0            # yarn: rotations bounding the extrapolated band
+    beta_slow: float = 1.0             # yarn: rotations bounding the interpolated band
+    attention_factor: float = 1.0      # yarn: cos/sin scale (0.1 ln(factor) + 1 by default)
+    truncate: bool = True              # yarn: round the correction range to whole dimensions
 
     def inv_freq(self, head_dim: int) -> torch.Tensor:
-        """Per-pair inverse frequencies [head_dim/2] in fp64 (rounded to fp32 by the caller)."""
-        inv = 1.0 / (self.theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))
+        """Per-pair inverse frequencies [head_dim/2] (fp32, as transformers computes them)."""
+        base = self.theta
+        pos_freqs = base ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim)
+        inv = 1.0 / pos_freqs
         if self.type == "default":
             return inv
         if self.type == "linear":
@@ -41,7 +51,7 @@ class RopeSpec:
             if len(self.freq_factors) != len(inv):
                 raise UnsupportedModelError(f"rope freq_factors has {len(self.freq_factors)} "
                                             f"entries for head_dim {head_dim} ({len(inv)} needed)")
-            return inv / torch.tensor(self.freq_factors, dtype=torch.float64)
+            return inv / torch.tensor(self.freq_factors, dtype=torch.float32)
         if self.type == "llama3":
             # wavelengths longer than the original context are stretched by `factor`, short ones
             # kept, and the band between them interpolated smoothly (Llama 3.1 long-context recipe)
@@ -52,15 +62,34 @@ class RopeSpec:
             smooth = ((self.original_max_positions / wavelen - self.low_freq_factor)
                       / (self.high_freq_factor - self.low_freq_factor))
             blended = (1 - smooth) * scaled / self.factor + smooth * scaled
-            medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
+            medium = ~(wavelen < high_wavelen) * ~(wavelen > low_wavelen)
             return torch.where(medium, blended, scaled)
+        if self.type == "yarn":
+            # YaRN: high-frequency pairs extrapolate (unchanged), low-frequency pairs interpolate
+            # (divided by factor), a linear ramp over the dimensions between beta_fast and
+            # beta_slow rotations within the original context blends the two
+            def corr_dim(rot: float) -> float:
+                return (head_dim * math.log(self.original_max_positions / (rot * 2 * math.pi))
+                        / (2 * math.log(base)))
+            low, high = corr_dim(self.beta_fast), corr_dim(self.beta_slow)
+            if self.truncate:
+                low, high = math.floor(low), math.ceil(high)
+            low, high = max(low, 0), min(high, head_dim - 1)
+            if low == high:
+                high += 0.001
+            ramp = ((torch.arange(head_dim // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)
+            extra = 1 - ramp
+            return (1.0 / (self.factor * pos_freqs)) * (1 - extra) + inv * extra
         raise UnsupportedModelError(f"rope type {self.type!r} is not implemented")
 
     def tables(self, head_dim: int, positions: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos, sin tables [positions, head_dim] (halves duplicated, rotate-half convention)."""
+        """cos, sin tables [positions, head_dim] (halves duplicated, rotate-half convention),
+        scaled by attention_factor (yarn) as transformers scales them."""
         inv = self.inv_freq(head_dim).float()
         freqs = torch.outer(torch.arange(positions, dtype=torch.float32), inv)
         emb = torch.cat([freqs, freqs], dim=-1)
+        if self.attention_factor != 1.0:
+            return emb.cos() * self.attention_factor, emb.sin() * self.attention_factor
         return emb.cos(), emb.sin()
 
 

@@ -179,14 +179,18 @@ def _drive(model: ChatModel, prompt_ids: list[int], params: GenerationParams,
             r.finish_reason = "length" if r.completion_tokens >= params.max_tokens else "stop"
 
 
-def load_chat_model(model_dir: str | Path) -> ChatModel:
-    """A decoder directory served through the decoder engine (torch_xdna.engine.generate)."""
+def load_chat_model(model_dir: str | Path, max_context: int | None = None,
+                    kv_dtype: str = "bf16") -> ChatModel:
+    """A decoder directory served through the decoder engine (torch_xdna.engine.generate);
+    its context limit is the KV capacity (max_context, else the model's maximum within the
+    memory budget)."""
     try:
         from torch_xdna.engine.generate import load_decoder
     except ImportError as e:
         raise RuntimeError(f"{model_dir}: serving decoder models needs the decoder engine "
                            f"(torch_xdna.engine.generate), which is not available ({e})") from None
-    return DecoderChatModel(load_decoder(model_dir, quiet=True))
+    return DecoderChatModel(load_decoder(model_dir, quiet=True, max_context=max_context,
+                                         kv_dtype=kv_dtype))
 
 
 class DecoderChatModel:

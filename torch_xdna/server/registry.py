@@ -51,10 +51,15 @@ def model_kind(model_dir: Path) -> str:
 
 
 class ModelRegistry:
-    def __init__(self, max_models: int = 2):
+    """max_context / kv_dtype: the chat models' KV cache (context limit, storage) unless add_dir
+    names its own; None = the model's maximum within the memory budget (engine/kv_cache.py)."""
+
+    def __init__(self, max_models: int = 2, max_context: int | None = None,
+                 kv_dtype: str = "bf16"):
         if max_models < 1:
             raise ValueError(f"max_models must be >= 1 (got {max_models})")
         self.max_models = max_models
+        self.max_context, self.kv_dtype = max_context, kv_dtype
         self.entries: dict[str, ModelEntry] = {}
         self.loaded: OrderedDict[str, Any] = OrderedDict()
         self.loads = 0
@@ -70,7 +75,8 @@ class ModelRegistry:
         return name
 
     def add_dir(self, model_dir: str | Path, name: str | None = None,
-                aliases: tuple[str, ...] = ()) -> ModelEntry:
+                aliases: tuple[str, ...] = (), max_context: int | None = None,
+                kv_dtype: str | None = None) -> ModelEntry:
         """Offer a HF directory; kind detected from config.json. Raises ModelDirError early."""
         path = Path(model_dir).expanduser()
         from torch_xdna.models.gguf import is_gguf
@@ -101,7 +107,8 @@ class ModelRegistry:
                                aliases)
         else:
             from torch_xdna.server.chat import load_chat_model
-            entry = ModelEntry(name, kind, lambda: load_chat_model(path), path, aliases)
+            ctx, kvd = max_context or self.max_context, kv_dtype or self.kv_dtype
+            entry = ModelEntry(name, kind, lambda: load_chat_model(path, ctx, kvd), path, aliases)
         self.entries[name] = entry
         return entry
 

@@ -87,6 +87,7 @@ def prologue_gemm_programs(d, gen: Generation, **_) -> tuple[ir.ArrayProgram, ..
 def _stage_designs(d, gen):
     """(label, design, inputs, output) of a block's stages, as its plan builds them."""
     from torch_xdna.kernels import llm_blocks as L
+    from torch_xdna.kernels.attention import AttentionDesign
     from torch_xdna.kernels.gemm import GemmDesign
     from torch_xdna.kernels.vector import VectorDesign
     f32 = torch.float32
@@ -105,15 +106,16 @@ def _stage_designs(d, gen):
     if d.kind == "llm_attention":
         m, h, hd = d.rows, d.hidden, d.head_dim
         qkv_n = (d.heads + 2 * d.kv_heads) * hd
-        grp = d.heads // d.kv_heads
         kv = L.kv_bucket(d.capacity, d.capacity)
         keys = kv if d.window is None else min(kv, L.round_up(d.window + m, L.KV_TILE))
         out += [("attn_norm", vec("rms_norm", m, h, 2), ("x", "attn_norm"), "T_norm"),
                 ("qkv_proj", gemm(m, h, qkv_n, d.precision, group=d.group), ("T_norm", "w_qkv"), "T_qkv"),
                 ("rope", vec("mul", m, qkv_n, 2), ("T_qkv", "rope_table"), "T_rope"),
-                ("scores", gemm(m * grp, hd, keys, "bf16", batch=d.kv_heads), ("T_q", "k_cache"), "T_s"),
-                ("softmax", vec("softmax", m * d.heads, keys), ("T_s",), "T_p"),
-                ("pv", gemm(m * grp, keys, hd, "bf16", batch=d.kv_heads), ("T_p", "v_cache"), "T_attn"),
+                # flash attention over the cache (K/V tiles; no score row in one core's L1)
+                ("attention", AttentionDesign(1, d.heads, d.kv_heads, m, keys, hd, causal=True,
+                                              window=d.window or 0, softcap=d.softcap or 0.0,
+                                              scale=d.scale, kv_tile=d.tkv, splits=d.splits),
+                 ("T_q", "k_cache", "v_cache"), "T_attn"),
                 ("o_proj", gemm(m, d.heads * hd, h, d.precision, group=d.group), ("T_attn", "w_o"), "out")]
     elif d.kind == "llm_mlp":
         m, h, f = d.rows, d.hidden, d.intermediate
