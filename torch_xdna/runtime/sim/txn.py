@@ -212,11 +212,11 @@ class TxnExecutor:
             buf = program.buffer(name)
             for i in range(max(1, buf.type.nbytes // 4)):
                 self.rtp_addr[R.tile_address(tile.col, tile.row, base + 4 * i)] = (name, i)
+        self.op_index = -1                  # pads queued before any op name op -1
         for chan in self.ir_tasks:
             self._flush_pads(chan)
         self.cores = [_Core(self, c) for c in program.cores]
         self.links = [_Link(self, ln) for ln in program.links]
-        self.op_index = -1
 
     # --- stream ops ---------------------------------------------------------------------------
     def run(self) -> dict:
