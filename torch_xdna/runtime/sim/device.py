@@ -13,6 +13,7 @@ from torch_xdna.runtime.launch import Launch
 from torch_xdna.runtime.plan import Plan
 from torch_xdna.runtime.sim.cost import CostModel
 from torch_xdna.runtime.sim import txn_level
+from torch_xdna.runtime.sim.threads import launch_threads
 
 
 class SimDevice(Device):
@@ -85,7 +86,8 @@ class SimDevice(Device):
                 self.txn.fallback_reasons[design.name] = str(e)
                 design.reference(ins, outs, **launch.scalars)
         else:
-            design.reference(ins, outs, **launch.scalars)
+            with launch_threads(plan.macs):
+                design.reference(ins, outs, **launch.scalars)
         terms = self.cost.charge(design.key, plan, chained, context=self.submission_context,
                                  stream=stream)
         total = terms.total
