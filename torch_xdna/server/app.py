@@ -677,12 +677,22 @@ async def generate(srv: Server, request: Request, entry: ModelEntry, req,
         except RuntimeError:           # the loop has closed (server stopped): nobody is waiting
             pass
 
+    pre: list[int] | None = None
+    resident = srv.registry.loaded.get(entry.id)
+    if resident is not None:
+        # tokenize (a prompt may be huge) on the thread pool, not on the device worker; any
+        # failure is left to the worker's path, which reports it as before
+        try:
+            pre = list(await run_in_threadpool(prepare, resident))
+        except Exception:              # noqa: BLE001
+            pre = None
+
     def work():
         try:
             if cancel():
                 return                     # the client left while the job waited in the queue
             model = srv.load(entry)
-            ids = list(prepare(model))
+            ids = pre if pre is not None else list(prepare(model))
             if not ids:
                 raise APIError(400, "the prompt encodes to zero tokens; send some text.",
                                param="messages" if chat else "prompt", code="invalid_value")
