@@ -101,6 +101,41 @@ def test_batch_planning_respects_caps(embedder):
     assert all(len(b) * 256 <= embedder.max_batch_tokens for b in batches if lengths[b[0]] == 200)
 
 
+def _bench_corpus(n: int, seed: int) -> list[str]:
+    import importlib.util
+    from pathlib import Path
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_embed.py"
+    spec = importlib.util.spec_from_file_location("bench_embed", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod.realistic_corpus(n, seed=seed)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_padding_on_realistic_mix_is_within_ten_percent(embedder, seed):
+    """512 sentences of 5-120 words, batch 32: processed tokens (padding incl.) <= 1.1x real."""
+    lengths = [len(x) for x in embedder.tokenize(_bench_corpus(512, seed))]
+    batches = embedder.plan_batches(lengths)
+    assert sorted(i for b in batches for i in b) == list(range(len(lengths)))
+    assert all(len(b) <= embedder.max_batch for b in batches)
+    assert embedder.padded_tokens(lengths) <= 1.1 * sum(lengths)
+    assert len(batches) <= 2 * len(lengths) // embedder.max_batch + 4, "not fragmented"
+
+
+def test_small_launches_run_on_one_host_thread():
+    from torch_xdna.runtime.sim.threads import SMALL_LAUNCH_MACS, launch_threads
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        with launch_threads(SMALL_LAUNCH_MACS - 1):
+            assert torch.get_num_threads() == 1
+        assert torch.get_num_threads() == 2
+        with launch_threads(SMALL_LAUNCH_MACS):
+            assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
+
+
 def _tiny_bert_dir(tmp_path, pooling_cls: bool):
     from transformers import BertConfig, BertModel
     cfg = BertConfig(vocab_size=30522, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,

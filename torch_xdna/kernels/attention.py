@@ -26,19 +26,21 @@ from torch_xdna.runtime.sim.cost import compute_efficiency, dram_time_s, kv_tile
 def attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float,
                         causal: bool = False, mask: torch.Tensor | None = None,
                         q_offset: int = 0, window: int | None = None,
-                        softcap: float | None = None) -> torch.Tensor:
+                        softcap: float | None = None, rounded: bool = False) -> torch.Tensor:
     """softmax(q k^T * scale + mask) v for q [B,Hq,Sq,D], k/v [B,Hkv,Skv,D] (GQA when Hq > Hkv).
 
     causal: query i (at absolute position q_offset + i) sees keys 0..q_offset+i.
     window: sliding window size (keys older than pos - window + 1 are masked).
+    rounded: q, k, v already are operands (numerics.operand of them): rounding is not redone.
     Returns fp32 [B,Hq,Sq,D].
     """
-    q, k, v = numerics.operand(q), numerics.operand(k), numerics.operand(v)
+    if not rounded:
+        q, k, v = numerics.operand(q), numerics.operand(k), numerics.operand(v)
     hq, hkv = q.shape[1], k.shape[1]
     if hq != hkv:
         k = k.repeat_interleave(hq // hkv, dim=1)
         v = v.repeat_interleave(hq // hkv, dim=1)
-    s = torch.matmul(q, k.transpose(-1, -2)) * scale
+    s = torch.matmul(q, k.transpose(-1, -2)).mul_(scale)    # in place: the same values
     if softcap is not None:
         s = torch.tanh(s / softcap) * softcap
     sq, skv = s.shape[-2], s.shape[-1]
@@ -54,8 +56,8 @@ def attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, sc
     if mask is not None:
         s = s + mask.float()
     p = torch.softmax(s, dim=-1)
-    p = torch.nan_to_num(p, nan=0.0)            # fully-masked rows give zeros, not NaN
-    return torch.matmul(numerics.operand(p), v)
+    p = torch.nan_to_num_(p, nan=0.0)           # fully-masked rows give zeros, not NaN
+    return torch.matmul(numerics.operand_nonneg(p), v)
 
 
 def flash_tile(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor,

@@ -18,8 +18,8 @@ from typing import Any, Sequence
 import torch
 
 from torch_xdna.hw import Generation
-from torch_xdna.kernels import numerics
-from torch_xdna.kernels.activations import apply_epilogue
+from torch_xdna.kernels import host_gemm, numerics
+from torch_xdna.kernels.activations import apply_epilogue_
 from torch_xdna.kernels.attention import attention_reference
 from torch_xdna.kernels.base import Design
 from torch_xdna.kernels.gemm import GemmDesign
@@ -54,26 +54,47 @@ def layer_norm_design(rows: int, dim: int, eps: float) -> VectorDesign:
                                            ("norm_dims", 1)))
 
 
-def linear_rows(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, chunk: int, act: str = "none",
-                residual: torch.Tensor | None = None) -> torch.Tensor:
-    """act(x @ w + b) (+ residual) with the GEMM designs' numerics (bf16 operands, fp32
-    accumulation), multiplied `chunk` rows at a time. The array computes each output tile on its
-    own, so a row's result never depends on the other rows of the batch; one big host matmul would
-    pick different kernels (and rounding) per batch size, so we keep the blocks fixed too."""
-    xo = numerics.operand(x)
+def _operand_w(t: torch.Tensor) -> torch.Tensor:
     # a resident bf16 weight already is an operand (real weights hold no subnormals to flush); the
     # shared cache saves the simulator re-converting it on every launch
-    wo = OPERANDS.get([w], "bf16", 0) if w.dtype == torch.bfloat16 else numerics.operand(w)
-    rows, k = xo.shape
-    if rows % chunk == 0:
-        # one [chunk, K] x [K, N] product per block (a batched GEMM over an expanded weight: the
-        # same per-block kernel as a loop, without the per-call overhead)
-        nb = rows // chunk
-        acc = torch.bmm(xo.view(nb, chunk, k), wo.expand(nb, *wo.shape)).view(rows, -1)
-    else:
-        acc = torch.cat([torch.matmul(xo[i:i + chunk], wo) for i in range(0, rows, chunk)])
-    acc = apply_epilogue(act, acc + numerics.operand(b))
-    return acc + residual.float() if residual is not None else acc
+    return OPERANDS.get([t], "bf16", 0) if t.dtype == torch.bfloat16 else numerics.operand(t)
+
+
+def linear_rows(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, chunk: int = 0,
+                act: str = "none", residual: torch.Tensor | None = None) -> torch.Tensor:
+    """act(x @ w + b) (+ residual) with the GEMM designs' numerics (bf16 operands, fp32
+    accumulation). The array computes each output tile on its own, so a row's result never
+    depends on the other rows of the batch: host_gemm.gemm_rows keeps that property (one host
+    GEMM where this host's BLAS is row-invariant, see host_gemm.rows_invariant). `chunk` is
+    accepted for callers of the older blocked form; rows are independent either way.
+    Bias, epilogue and residual run in place on the fresh accumulator (the same ops in the same
+    order as apply_epilogue, so the same values)."""
+    acc = host_gemm.gemm_rows(numerics.operand(x), _operand_w(w))
+    acc = apply_epilogue_(act, acc.add_(_operand_w(b)))
+    return acc.add_(residual.float()) if residual is not None else acc
+
+
+def prefix_lengths(mask: torch.Tensor) -> list[int] | None:
+    """Per-sequence token counts of an additive [B, S] mask that keeps a prefix of each row
+    (0 ... 0 then -inf ... -inf, as the embedder writes it); None for any other mask."""
+    keep = mask == 0
+    n = keep.sum(1)
+    s = mask.shape[1]
+    prefix = torch.arange(s).unsqueeze(0) < n.unsqueeze(1)
+    if not torch.equal(keep, prefix) or not bool(torch.isneginf(mask[~prefix]).all()):
+        return None
+    return n.tolist()
+
+
+def real_rows(lengths: list[int], seq: int) -> torch.Tensor:
+    """Row indices (into the padded [B*S] layout) of the real tokens, sequence by sequence."""
+    return torch.cat([torch.arange(i * seq, i * seq + n) for i, n in enumerate(lengths)])
+
+
+def scatter_rows(out: torch.Tensor, rows: torch.Tensor, y: torch.Tensor) -> None:
+    """out[rows] = y, every other (padding) row zero (finite, so a masked pool stays exact)."""
+    out.zero_()
+    out.index_copy_(0, rows, y.to(out.dtype))
 
 
 class _Fused(Design):
@@ -191,12 +212,35 @@ class EncoderAttentionDesign(_Fused):
                   **scalars: Any) -> None:
         x, w_qkv, b_qkv, mask, w_o, b_o, ln_w, ln_b = inputs
         b, s, h, nh, d = self.batch, self.seq, self.hidden, self.heads, self.head_dim
-        qkv = linear_rows(x, w_qkv, b_qkv, chunk=s)
-        q, k, v = qkv.view(b, s, 3, nh, d).permute(2, 0, 3, 1, 4)
-        ctx = attention_reference(q, k, v, scale=1.0 / math.sqrt(d), mask=mask.view(b, 1, 1, s))
-        ctx = ctx.permute(0, 2, 1, 3).reshape(b * s, h)
-        y = linear_rows(ctx, w_o, b_o, chunk=s, residual=x)
-        self._ln.reference([y, ln_w, ln_b], outputs)
+        lengths = prefix_lengths(mask.view(b, s))
+        if lengths is None:                  # a general additive mask: the padded layout
+            qkv = linear_rows(x, w_qkv, b_qkv)
+            q, k, v = qkv.view(b, s, 3, nh, d).permute(2, 0, 3, 1, 4)
+            ctx = attention_reference(q, k, v, scale=1.0 / math.sqrt(d),
+                                      mask=mask.view(b, 1, 1, s))
+            ctx = ctx.permute(0, 2, 1, 3).reshape(b * s, h)
+            y = linear_rows(ctx, w_o, b_o, residual=x)
+            self._ln.reference([y, ln_w, ln_b], outputs)
+            return
+        # padding keys get probability exp(-inf) = 0 and add exact zeros to every sum, so each
+        # sequence is computed over its real tokens only: its result then depends on nothing but
+        # its own tokens (not on the batch's padded length or partners), and padding costs nothing
+        rows = real_rows(lengths, s)
+        xr = x.index_select(0, rows)
+        qkv = numerics.operand(linear_rows(xr, w_qkv, b_qkv))   # Q, K, V rounded once
+        ctx = torch.empty(len(rows), h)
+        off = 0
+        for n in lengths:
+            if n:
+                q, k, v = qkv[off:off + n].view(n, 3, nh, d).permute(1, 2, 0, 3)
+                ctx[off:off + n].view(n, nh, d).copy_(
+                    attention_reference(q, k, v, scale=1.0 / math.sqrt(d), rounded=True)
+                    .transpose(0, 1))
+                off += n
+        y = linear_rows(ctx, w_o, b_o, residual=xr)
+        ln = torch.empty_like(y)
+        self._ln.reference([y, ln_w, ln_b], [ln])
+        scatter_rows(outputs[0], rows, ln)
 
 
 @dataclass(frozen=True)
@@ -204,8 +248,9 @@ class EncoderFFNDesign(_Fused):
     """out = LayerNorm(x + act(x W1 + b1) W2 + b2).
 
     inputs: x [R,H], w1 [H,I], b1 [I], w2 [I,H], b2 [H], ln_w [H], ln_b [H]; output [R,H] fp32.
-    `chunk`: rows multiplied as one block in the reference (the sequence length, so a sequence's
-    result does not depend on its batch neighbours); 0 = all rows.
+    `chunk`: the sequence length S of the rows' [R/S, S] layout (0 = all rows one sequence).
+    `masked`: an 8th input, the additive [R/S, S] attention mask, marks the padding rows, which the
+    reference skips (their output rows are zero): a row's result never depends on the other rows.
     """
 
     rows: int
@@ -214,6 +259,7 @@ class EncoderFFNDesign(_Fused):
     eps: float
     act: str = "gelu"
     chunk: int = 0
+    masked: bool = False
     kind = "encoder_ffn"
 
     def __post_init__(self):
@@ -239,10 +285,21 @@ class EncoderFFNDesign(_Fused):
 
     def reference(self, inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor],
                   **scalars: Any) -> None:
-        x, w1, b1, w2, b2, ln_w, ln_b = inputs
-        inter = linear_rows(x, w1, b1, chunk=self.chunk, act=self.act)
-        y = linear_rows(inter, w2, b2, chunk=self.chunk, residual=x)
-        self._ln.reference([y, ln_w, ln_b], outputs)
+        x, w1, b1, w2, b2, ln_w, ln_b = inputs[:7]
+        lengths = None
+        if self.masked:
+            lengths = prefix_lengths(inputs[7].view(self.rows // self.chunk, self.chunk))
+        if lengths is None:
+            inter = linear_rows(x, w1, b1, act=self.act)
+            y = linear_rows(inter, w2, b2, residual=x)
+            self._ln.reference([y, ln_w, ln_b], outputs)
+            return
+        rows = real_rows(lengths, self.chunk)
+        xr = x.index_select(0, rows)
+        y = linear_rows(linear_rows(xr, w1, b1, act=self.act), w2, b2, residual=xr)
+        ln = torch.empty_like(y)
+        self._ln.reference([y, ln_w, ln_b], [ln])
+        scatter_rows(outputs[0], rows, ln)
 
 
 @dataclass(frozen=True)
@@ -282,12 +339,21 @@ class EncoderPoolDesign(_Fused):
         x, mask = inputs
         b, s, h = self.batch, self.seq, self.hidden
         x = x.view(b, s, h).float()
-        keep = (mask.view(b, s) == 0).float()
-        if self.mode == "mean":
-            # masked sum and count are additions: fp32 accumulator path
-            pooled = (x * keep.unsqueeze(-1)).sum(1) / keep.sum(1, keepdim=True).clamp(min=1.0)
+        lengths = prefix_lengths(mask.view(b, s))
+        if lengths is not None:
+            # each sequence's sum runs over its own tokens only (a reduction over the padded
+            # length would group them by the batch's shape); masked sum and count are additions:
+            # fp32 accumulator path
+            pooled = torch.zeros(b, h)
+            for i, n in enumerate(lengths):
+                if n:
+                    pooled[i] = x[i, :n].sum(0) / n if self.mode == "mean" else x[i, 0]
         else:
-            pooled = x[:, 0] * keep[:, :1]
+            keep = (mask.view(b, s) == 0).float()
+            if self.mode == "mean":
+                pooled = (x * keep.unsqueeze(-1)).sum(1) / keep.sum(1, keepdim=True).clamp(min=1.0)
+            else:
+                pooled = x[:, 0] * keep[:, :1]
         if self.normalize:
             p = numerics.operand(pooled)
             norm = (p * p).sum(-1, keepdim=True).sqrt().clamp(min=1e-12)

@@ -51,6 +51,7 @@ class GenerationRun:
         self.cancel = Cancel()
         self.fut = None
         self.watch = None
+        self.pre: list[int] | None = None     # prompt ids tokenized before the job was queued
 
     def _put(self, *event) -> None:
         try:
@@ -66,7 +67,7 @@ class GenerationRun:
                 return                     # the client left while the job waited in the queue
             model = srv.load(entry)
             params = plan.params
-            ids = list(plan.setup(model, params))
+            ids = self.pre if self.pre is not None else list(plan.setup(model, params))
             missing = params.needs() - set(getattr(model, "features", ()))
             if missing:
                 raise APIError(400, f"the model '{entry.id}' does not support "
@@ -118,6 +119,15 @@ class GenerationRun:
     async def start(self) -> int:
         """Submit the job; the prompt's token count once it runs (APIError otherwise)."""
         srv, cancel = self.srv, self.cancel
+        resident = srv.registry.loaded.get(self.entry.id)
+        if resident is not None:
+            # tokenize (a prompt may be huge) on the thread pool, not on the device worker; any
+            # failure is left to the worker's path, which reports it as before
+            from starlette.concurrency import run_in_threadpool
+            try:
+                self.pre = list(await run_in_threadpool(self.plan.setup, resident, self.plan.params))
+            except Exception:              # noqa: BLE001
+                self.pre = None
         srv.track(cancel, lambda: self.events.put_nowait(("error", shutting_down())))
         try:
             from torch_xdna.server.worker import Job

@@ -13,6 +13,7 @@ from torch_xdna.runtime.launch import Launch
 from torch_xdna.runtime.plan import Plan
 from torch_xdna.runtime.sim.cost import CostModel
 from torch_xdna.runtime.sim import order, txn_level
+from torch_xdna.runtime.sim.threads import launch_threads
 
 
 class SimDevice(Device):
@@ -86,7 +87,7 @@ class SimDevice(Device):
                 with order.using(self.gen):
                     design.reference(ins, outs, **launch.scalars)
         else:
-            with order.using(self.gen):
+            with order.using(self.gen), launch_threads(plan.macs):
                 design.reference(ins, outs, **launch.scalars)
         terms = self.cost.charge(design.key, plan, chained, context=self.submission_context,
                                  stream=stream)

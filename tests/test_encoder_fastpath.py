@@ -1,0 +1,177 @@
+"""The simulator's host fast path for encoder blocks keeps the NPU numerics and batch invariance.
+
+- in-place epilogues, a single rounding of Q/K/V and the threshold flush of softmax probabilities
+  give the same values bit for bit as the plain reference ops;
+- host_gemm.gemm_rows (the host's fp32 GEMM on bf16-valued operands) is within the fp32
+  accumulation bound K * 2^-23 * sum|x||w| of an fp64 product, and each row's bits do not depend
+  on the other rows;
+- the encoder blocks computed over real tokens only equal the padded-layout computation within
+  fp32 accumulation-order tolerance;
+- a sentence's embedding is bit-identical whatever batch (partners, padded length) it is in.
+"""
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+import torch
+
+from torch_xdna.kernels import host_gemm, numerics
+from torch_xdna.kernels.activations import apply_epilogue, apply_epilogue_
+from torch_xdna.kernels.attention import attention_reference
+from torch_xdna.kernels.encoder_blocks import (EncoderAttentionDesign, EncoderFFNDesign,
+                                               EncoderPoolDesign, prefix_lengths)
+
+
+@pytest.mark.parametrize("act", ["none", "relu", "gelu", "gelu_tanh"])
+def test_inplace_epilogue_is_bit_identical(act):
+    x = torch.randn(64, 96, generator=torch.Generator().manual_seed(1)) * 4
+    assert torch.equal(apply_epilogue_(act, x.clone()), apply_epilogue(act, x))
+
+
+def test_operand_nonneg_matches_operand_with_subnormals():
+    p = torch.softmax(torch.randn(8, 300) * 40, dim=-1)       # exp underflows into subnormals
+    p[0, :4] = torch.tensor([0.0, 2.0 ** -127, 2.0 ** -126, 2.0 ** -130])
+    assert bool(((p > 0) & (p < numerics.FP32_MIN_NORMAL)).any())
+    got, want = numerics.operand_nonneg(p), numerics.operand(p)
+    assert torch.equal(got, want) and torch.equal(got.signbit(), want.signbit())
+
+
+def test_rounded_attention_equals_reference():
+    g = torch.Generator().manual_seed(2)
+    q, k, v = (torch.randn(2, 4, 16, 32, generator=g) for _ in range(3))
+    mask = torch.zeros(2, 1, 1, 16)
+    mask[1, ..., 11:] = float("-inf")
+    want = attention_reference(q, k, v, scale=0.17, mask=mask)
+    ops = [numerics.operand(t) for t in (q, k, v)]
+    assert torch.equal(attention_reference(*ops, scale=0.17, mask=mask, rounded=True), want)
+
+
+def test_gemm_rows_within_accumulation_bound_and_row_independent():
+    g = torch.Generator().manual_seed(3)
+    rows, k, n = 96, 384, 160
+    xo = numerics.operand(torch.randn(rows, k, generator=g))
+    wo = numerics.operand(torch.randn(k, n, generator=g) / math.sqrt(k))
+    got = host_gemm.gemm_rows(xo, wo)
+    exact = xo.double() @ wo.double()
+    bound = k * 2.0 ** -23 * (xo.abs().double() @ wo.abs().double())
+    assert bool(((got.double() - exact).abs() <= bound).all())
+    for lo, hi in ((0, 1), (0, 3), (5, 9), (17, 50), (40, 96)):      # any subset, any offset
+        assert torch.equal(host_gemm.gemm_rows(xo[lo:hi], wo), got[lo:hi]), (lo, hi)
+
+
+def test_prefix_lengths():
+    m = torch.zeros(3, 8)
+    m[0, 5:] = float("-inf")
+    m[2, 1:] = float("-inf")
+    assert prefix_lengths(m) == [5, 8, 1]
+    m[1, 2] = float("-inf")                                   # a hole: not a prefix mask
+    assert prefix_lengths(m) is None
+
+
+def _weights(h: int, inter: int, g: torch.Generator) -> dict:
+    bf = torch.bfloat16
+    return {"w_qkv": (torch.randn(h, 3 * h, generator=g) / 8).to(bf),
+            "b_qkv": (torch.randn(3 * h, generator=g) * 0.1).to(bf),
+            "w_o": (torch.randn(h, h, generator=g) / 8).to(bf),
+            "b_o": (torch.randn(h, generator=g) * 0.1).to(bf),
+            "w1": (torch.randn(h, inter, generator=g) / 8).to(bf),
+            "b1": (torch.randn(inter, generator=g) * 0.1).to(bf),
+            "w2": (torch.randn(inter, h, generator=g) / 11).to(bf),
+            "b2": (torch.randn(h, generator=g) * 0.1).to(bf),
+            "ln_w": (1 + torch.randn(h, generator=g) * 0.1).to(bf),
+            "ln_b": (torch.randn(h, generator=g) * 0.1).to(bf)}
+
+
+def _layer(b: int, s: int, h: int, nh: int, w: dict, x: torch.Tensor,
+           mask: torch.Tensor) -> torch.Tensor:
+    """One attention + FFN layer on the real-token path (a prefix mask)."""
+    attn = EncoderAttentionDesign(b, s, h, nh, 1e-12)
+    ffn = EncoderFFNDesign(b * s, h, 4 * h, 1e-12, chunk=s, masked=True)
+    mid, out = torch.empty(b * s, h), torch.empty(b * s, h)
+    attn.reference([x, w["w_qkv"], w["b_qkv"], mask, w["w_o"], w["b_o"], w["ln_w"], w["ln_b"]],
+                   [mid])
+    ffn.reference([mid, w["w1"], w["b1"], w["w2"], w["b2"], w["ln_w"], w["ln_b"], mask], [out])
+    return out
+
+
+def test_real_token_blocks_match_padded_layout():
+    b, s, h, nh = 3, 16, 64, 4
+    g = torch.Generator().manual_seed(4)
+    w = _weights(h, 4 * h, g)
+    lengths = [16, 9, 3]
+    mask = torch.full((b, s), float("-inf"))
+    for i, n in enumerate(lengths):
+        mask[i, :n] = 0.0
+    x = torch.randn(b * s, h, generator=g)
+    fast = _layer(b, s, h, nh, w, x, mask)
+    # the general path on the same numbers: a mask value of -1e30 instead of -inf is not a
+    # prefix mask (prefix_lengths needs -inf) but gives the same zero probabilities
+    m2 = mask.masked_fill(torch.isinf(mask), -1e30)
+    assert prefix_lengths(m2) is None
+    attn = EncoderAttentionDesign(b, s, h, nh, 1e-12)
+    ffn = EncoderFFNDesign(b * s, h, 4 * h, 1e-12, chunk=s)
+    mid, ref = torch.empty(b * s, h), torch.empty(b * s, h)
+    attn.reference([x, w["w_qkv"], w["b_qkv"], m2, w["w_o"], w["b_o"], w["ln_w"], w["ln_b"]],
+                   [mid])
+    ffn.reference([mid, w["w1"], w["b1"], w["w2"], w["b2"], w["ln_w"], w["ln_b"]], [ref])
+    real = (mask == 0).view(-1)
+    torch.testing.assert_close(fast[real], ref[real], atol=2e-5, rtol=2e-5)
+    assert bool((fast[~real] == 0).all()), "padding rows are zero"
+    # pooling over the real tokens equals the masked sum of the padded layout
+    pool = EncoderPoolDesign(b, s, h)
+    p1, p2 = torch.empty(b, h), torch.empty(b, h)
+    pool.reference([fast, mask], [p1])
+    pool.reference([fast, m2.masked_fill(m2 < 0, 1.0)], [p2])   # general path: keep == (m == 0)
+    torch.testing.assert_close(p1, p2, atol=1e-6, rtol=1e-5)
+
+
+def test_layer_result_of_a_sequence_ignores_batch_and_padding():
+    """The same sequence in batches of different size, partners and padded length: same bits."""
+    h, nh = 64, 4
+    g = torch.Generator().manual_seed(5)
+    w = _weights(h, 4 * h, g)
+    seq = torch.randn(7, h, generator=g)
+    outs = []
+    for b, s, pos in ((1, 8, 0), (4, 16, 2), (3, 40, 1), (8, 24, 7)):
+        x = torch.randn(b * s, h, generator=g)
+        mask = torch.full((b, s), float("-inf"))
+        for i in range(b):
+            n = 7 if i == pos else random.Random(b * 10 + i).randint(1, s)
+            mask[i, :n] = 0.0
+        x.view(b, s, h)[pos, :7] = seq
+        outs.append(_layer(b, s, h, nh, w, x, mask).view(b, s, h)[pos, :7])
+    for o in outs[1:]:
+        assert torch.equal(o, outs[0])
+
+
+@pytest.fixture(scope="module")
+def embedder():
+    from torch_xdna.engine.embedder import Embedder
+    emb = Embedder.load()
+    yield emb
+    emb.close()
+
+
+def test_sentence_embedding_is_bit_identical_in_any_batch(embedder):
+    """Real all-MiniLM-L6-v2: each sentence alone, then inside batches with partners of other
+    lengths (so other padded lengths and batch sizes): identical vectors."""
+    texts = ["Hello world.", "a", "What is the capital of France?",
+             "The NPU streams weights from DRAM; batching amortizes the dispatch cost.",
+             "one two three four five six seven eight nine ten eleven twelve thirteen fourteen "
+             "fifteen sixteen seventeen eighteen nineteen twenty",
+             "Machine learning models transform sentences into dense vectors."]
+    alone = torch.cat([embedder.embed([t]) for t in texts])
+    from torch_xdna.engine.embedder import EmbedStats
+    st = EmbedStats()
+    together = embedder.embed(texts, st)
+    assert torch.equal(together, alone)
+    rng = random.Random(0)
+    for _ in range(2):
+        order = rng.sample(range(len(texts)), len(texts))
+        got = embedder.embed([texts[i] for i in order])
+        assert torch.equal(got, alone[order])
+    # a short sentence padded up to a long partner's length in the same Program
+    pair = embedder.embed([texts[1], texts[4]])
+    assert torch.equal(pair, alone[[1, 4]])
