@@ -99,8 +99,9 @@ class Transcription:
 class Transcriber:
     """A WhisperModel plus its tokenizer and decoding rules. One transcription at a time."""
 
-    def __init__(self, model: WhisperModel):
+    def __init__(self, model: WhisperModel, max_new_tokens: int | None = None):
         self.model = model
+        self.max_new_tokens = max_new_tokens      # per-window cap when the options set none
         self.t = model.tokens
         path = model.files.path / "tokenizer.json"
         self.tokenizer = None
@@ -274,8 +275,9 @@ class Transcriber:
             prefix = ([t.prev] + prompt[-(m.capacity // 2 - 1):] if prompt and t.prev is not None
                       else []) + init
             budget = m.capacity - len(prefix)
-            if options.max_new_tokens is not None:
-                budget = min(budget, options.max_new_tokens)
+            cap = options.max_new_tokens if options.max_new_tokens is not None else self.max_new_tokens
+            if cap is not None:
+                budget = min(budget, cap)
             ids, avg_lp = self.decode_window(prefix, len(prefix), options, sampler, budget)
             window_tokens.append(prefix + ids)
             tokens_total += len(ids)

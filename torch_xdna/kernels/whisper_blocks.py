@@ -98,12 +98,11 @@ class WhisperStemDesign(Design):
     def name(self) -> str:
         return f"whisper.stem[{self.precision}]"
 
-    def _convs(self) -> tuple[ConvDesign, ConvDesign]:
-        c1 = ConvDesign((1, self.n_mels, self.frames), (self.hidden, self.n_mels, 3), (1,), (1,),
-                        (1,), bias=True, epilogue="gelu")
-        c2 = ConvDesign((1, self.hidden, self.frames), (self.hidden, self.hidden, 3), (2,), (1,),
-                        (1,), bias=True, epilogue="gelu")
-        return c1, c2
+    def conv_plans(self, gen: Generation) -> list[Plan]:
+        """Both convolutions, each tiled along time so a tile's input band fits the mem tile:
+        the largest tile (a divisor of the output length) that plans, its plan repeated."""
+        s, h, m = self.frames // 2, self.hidden, self.n_mels
+        return (_time_tiled(gen, m, self.frames, h, 1) + _time_tiled(gen, h, self.frames, h, 2))
 
     @_inference
     def reference(self, inputs, outputs, **_: Any) -> None:
@@ -116,7 +115,29 @@ class WhisperStemDesign(Design):
     def plan(self, gen: Generation) -> Plan:
         s, h = self.frames // 2, self.hidden
         add = _vec(gen, "add", s, h, 2)
-        return combine_plans(self.kind, [c.plan(gen) for c in self._convs()] + [add])
+        return combine_plans(self.kind, self.conv_plans(gen) + [add])
+
+
+def _time_tiled(gen: Generation, c_in: int, frames: int, c_out: int, stride: int) -> list[Plan]:
+    """Plans of a k=3, pad=1 conv1d over `frames`, split into equal time tiles (each tile's
+    input carries its 1-frame halo on both sides, so no padding inside the tiles)."""
+    from torch_xdna.runtime.plan import PlanError
+    out = frames // stride
+    last: PlanError | None = None
+    for n in range(1, out + 1):
+        if out % n:
+            continue
+        t_out = out // n
+        t_in = t_out * stride + 2 if n > 1 else frames
+        conv = ConvDesign((1, c_in, t_in), (c_out, c_in, 3), (stride,), (0 if n > 1 else 1,),
+                          (1,), bias=True, epilogue="gelu")
+        try:
+            return [conv.plan(gen)] * n
+        except PlanError as e:
+            last = e
+            if t_out <= 8:
+                break
+    raise last
 
 
 @dataclass(frozen=True)

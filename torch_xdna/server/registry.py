@@ -19,14 +19,14 @@ from torch_xdna.models.hf import ModelDirError, read_config
 from torch_xdna.runtime.errors import DeviceOutOfMemory
 from torch_xdna.server.schemas import APIError
 
-KINDS = ("embedding", "chat")
+KINDS = ("embedding", "chat", "asr")
 DEFAULT_EMBEDDING_ID = "all-MiniLM-L6-v2"
 
 
 @dataclass(eq=False)
 class ModelEntry:
     id: str
-    kind: str                                  # "embedding" | "chat"
+    kind: str                                  # "embedding" | "chat" | "asr"
     factory: Callable[[], Any]                 # loads the resident model (worker thread)
     path: Path | None = None
     aliases: tuple[str, ...] = ()
@@ -37,8 +37,11 @@ class ModelEntry:
 
 
 def model_kind(model_dir: Path) -> str:
-    """'embedding' for BERT-family encoders (incl. sentence-transformers folders), else 'chat'."""
+    """'embedding' for BERT-family encoders (incl. sentence-transformers folders), 'asr' for
+    Whisper, else 'chat'."""
     cfg = read_config(transformer_dir(model_dir))
+    if cfg.get("model_type") == "whisper":
+        return "asr"
     return "embedding" if cfg.get("model_type") in ENCODER_TYPES else "chat"
 
 
@@ -74,6 +77,11 @@ class ModelRegistry:
             spec = load_spec(path, name=name)
             entry = ModelEntry(name, kind, lambda: Embedder.load(path, name=name), path, aliases,
                                spec=spec, tokenizer=EncoderTokenizer(path, spec))
+        elif kind == "asr":
+            from torch_xdna.engine.transcribe import Transcriber
+            from torch_xdna.models.whisper import read_whisper
+            read_whisper(path)                       # a bad directory fails before binding
+            entry = ModelEntry(name, kind, lambda: Transcriber.load(path), path, aliases)
         else:
             from torch_xdna.server.chat import load_chat_model
             entry = ModelEntry(name, kind, lambda: load_chat_model(path), path, aliases)
@@ -114,7 +122,8 @@ class ModelRegistry:
                                 f"to it. Served models: {', '.join(self.entries)}",
                            param="model", code="model_not_found")
         if entry.kind != kind:
-            route = "/v1/embeddings" if entry.kind == "embedding" else "/v1/chat/completions"
+            route = {"embedding": "/v1/embeddings", "asr": "/v1/audio/transcriptions"}.get(
+                entry.kind, "/v1/chat/completions")
             raise APIError(400, f"model '{entry.id}' is a {entry.kind} model; use {route}",
                            param="model", code="model_not_supported")
         return entry
