@@ -199,3 +199,32 @@ def write_mp3(path: Path, x: np.ndarray, rate: int) -> None:
             box.mux(pkt)
         for pkt in st.encode(None):
             box.mux(pkt)
+
+
+def test_estimate_equals_what_the_sim_charges(micro):
+    """engine/asr_estimate.py charges the same plans in the same Programs as the running model."""
+    from torch_xdna.engine.asr_estimate import estimate_whisper
+    from torch_xdna.engine.transcribe import Transcriber
+    asr = Transcriber.load(micro, "bf16")
+    try:
+        m, c = asr.model, asr.model.dev.counters
+        prefix = asr.init_tokens(asr.t.lang_to_id["<|en|>"], "transcribe", False)
+        m.encode(m.mel(tone(1.0)))           # first use: the weights' one-time upload sync
+        m.forward(prefix)
+        m.forward([5])
+        before = c.modeled_us
+        m.encode(m.mel(tone(2.0)))
+        enc = c.modeled_us - before
+        m.forward(prefix)
+        pre = c.modeled_us - before - enc
+        steps = []
+        for t in (5, 6, 7):
+            b = c.modeled_us
+            m.forward([t])
+            steps.append(c.modeled_us - b)
+        est = estimate_whisper(m.spec, "bf16", tokens=3, prompt=len(prefix), gen=m.dev.gen)
+        assert est["modeled_encoder_ms_per_window"] == pytest.approx(enc / 1e3, rel=1e-6)
+        assert est["modeled_prompt_ms"] == pytest.approx(pre / 1e3, rel=1e-3)
+        assert est["modeled_decoder_ms_per_token"] == pytest.approx(sum(steps) / 3e3, rel=1e-3)
+    finally:
+        asr.close()

@@ -45,6 +45,10 @@ def table(rows: list[dict]) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    from torch_xdna.cli.estimate_asr import maybe_run
+    done = maybe_run(args)                   # Whisper shapes / directories
+    if done is not None:
+        return done
     from torch_xdna.engine.estimate import estimate, resolve_spec
     name, spec = resolve_spec(args.model)
     rows = [estimate(spec, p, args.context, layout=args.layout)
