@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -108,6 +109,7 @@ def run(quick: bool = False, shapes: tuple[str, ...] = ("tiny", "base", "small")
     with tempfile.TemporaryDirectory() as tmp:
         for s in shapes:
             result["shapes"].append(bench_shape(s, reps, Path(tmp)))
+            print(json.dumps(result["shapes"][-1], default=str), file=sys.stderr, flush=True)
     return result
 
 

@@ -228,3 +228,29 @@ def test_estimate_equals_what_the_sim_charges(micro):
         assert est["modeled_decoder_ms_per_token"] == pytest.approx(sum(steps) / 3e3, rel=1e-3)
     finally:
         asr.close()
+
+
+def test_model_dir_errors(micro, tmp_path):
+    """A non-Whisper config, a missing tensor and a too-small memory budget name the problem."""
+    import json
+    import shutil
+    from torch_xdna.engine.whisper import WhisperTooLarge, load_whisper_model
+    from torch_xdna.models.hf import ModelDirError
+    from torch_xdna.runtime import get_device
+    bad = tmp_path / "bad"
+    shutil.copytree(micro, bad)
+    cfg = json.loads((bad / "config.json").read_text())
+    (bad / "config.json").write_text(json.dumps({**cfg, "model_type": "bert"}))
+    with pytest.raises(ModelDirError, match="is not whisper"):
+        load_whisper_model(bad)
+    (bad / "config.json").write_text(json.dumps({**cfg, "encoder_attention_heads": 3}))
+    with pytest.raises(ModelDirError, match="encoder_attention_heads"):
+        load_whisper_model(bad)
+    dev = get_device()
+    budget = dev.memory_budget
+    try:
+        dev.memory_budget = dev.counters.allocated_bytes + 1000
+        with pytest.raises(WhisperTooLarge, match="TORCH_XDNA_MEMORY_BUDGET"):
+            load_whisper_model(micro)
+    finally:
+        dev.memory_budget = budget

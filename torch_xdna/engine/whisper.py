@@ -39,6 +39,18 @@ def resident_bytes_estimate(spec: WhisperSpec, precision: str, chunk: int = DEFA
     return weights + cross + kv + acts
 
 
+def check_fits(files: WhisperFiles, precision: str, dev: Device, chunk: int = DEFAULT_CHUNK) -> int:
+    """Raise WhisperTooLarge before anything is read or allocated when the model cannot fit."""
+    need = resident_bytes_estimate(files.spec, precision, chunk)
+    free = dev.memory_budget - dev.counters.allocated_bytes
+    if need > free:
+        raise WhisperTooLarge(
+            f"{files.path.name}: Whisper with d_model {files.spec.d_model} at {precision} needs "
+            f"~{need / 2**30:.2f} GiB of NPU-reachable memory; {free / 2**30:.2f} GiB is free. "
+            "Use --precision bf16, a smaller model, or raise TORCH_XDNA_MEMORY_BUDGET")
+    return need
+
+
 def _cat_bias(*parts: torch.Tensor | None, like: torch.Tensor, sizes: tuple[int, ...]) -> torch.Tensor:
     return torch.cat([p if p is not None else torch.zeros(n, dtype=like.dtype)
                       for p, n in zip(parts, sizes)])
@@ -121,13 +133,7 @@ class WhisperModel:
             raise ValueError(f"{files.path}: a {self.mel.chunk_s}-s window has "
                              f"{self.mel.n_frames} mel frames but the encoder takes "
                              f"{self.spec.mel_frames} (2 x max_source_positions)")
-        need = resident_bytes_estimate(self.spec, precision, self.chunk)
-        free = dev.memory_budget - dev.counters.allocated_bytes
-        if need > free:
-            raise WhisperTooLarge(
-                f"{files.path.name}: Whisper with d_model {self.spec.d_model} at {precision} needs "
-                f"~{need / 2**30:.2f} GiB of NPU-reachable memory; {free / 2**30:.2f} GiB is free. "
-                "Use --precision bf16, a smaller model, or raise TORCH_XDNA_MEMORY_BUDGET")
+        check_fits(files, precision, dev, self.chunk)
         self.capacity = self.spec.target_positions
         s, h, nh = self.spec.source_positions, self.spec.d_model, self.spec.decoder_heads
         cache_dt = torch.float32 if precision == "fp32" else torch.bfloat16
@@ -267,5 +273,7 @@ def load_whisper_model(model_dir: str | Path, precision: str = "bf16",
     files = read_whisper(model_dir)
     if precision not in PRECISIONS:
         raise ValueError(f"unknown Whisper precision {precision!r}; use one of {', '.join(PRECISIONS)}")
+    device = device or get_device()
+    check_fits(files, precision, device)
     sd = load_whisper_weights(files)
     return WhisperModel(files, host_weights(files.spec, sd, precision), precision, device)
