@@ -103,9 +103,7 @@ def test_greedy_tokens_identical_to_transformers_micro(micro):
 
 def test_greedy_tokens_identical_to_transformers_tiny_shaped(tiny):
     """Whisper-tiny shapes (d_model 384, 4+4 layers, 6 heads, 1500 frames): identical tokens in
-    fp32; bf16 (the NPU's numerics) within tolerance of the fp32 logits, teacher-forced on the
-    same tokens. The bound: transformers itself run in bf16 on CPU errs by 0.073 of the largest
-    logit on this model (argmax agreement 0.83), measured when this test was written."""
+    the fp32 verification mode."""
     from torch_xdna.engine.transcribe import Transcriber, TranscribeOptions
     hf, fe = _hf(tiny)
     audio = tone(5.0, seed=3)
@@ -118,17 +116,28 @@ def test_greedy_tokens_identical_to_transformers_tiny_shaped(tiny):
         assert r.stats.modeled_encoder_ms_per_window > 0 and r.stats.dispatches == 1 + 8
     finally:
         asr.close()
+
+
+def test_bf16_within_tolerance(micro):
+    """bf16 (the NPU's numerics) teacher-forced on the fp32 tokens: logits within 0.03 of the
+    largest fp32 logit, the same argmax. The bound is 2x what transformers itself run in bf16 on
+    CPU errs on this model (0.0146, measured when the test was written; at Whisper-tiny shapes:
+    ours 0.069, transformers-bf16 0.073)."""
+    from torch_xdna.engine.transcribe import Transcriber
+    hf, fe = _hf(micro)
+    audio = tone(5.0, seed=3)
+    feats = fe(audio, sampling_rate=16000, return_tensors="pt").input_features
+    ref = _hf_tokens(hf, feats, 8, language="en")
     with torch.no_grad():
         want = hf(input_features=feats, decoder_input_ids=torch.tensor([ref])).logits[0]
-    asr = Transcriber.load(tiny, "bf16")
+    asr = Transcriber.load(micro, "bf16")
     try:
         m = asr.model
         m.encode(m.mel(audio))
         got = torch.stack([m.forward([t]) for t in ref])
         err = (got - want).abs().max() / want.abs().max()
-        assert err < 0.1, err
-        agree = (got.argmax(-1) == want.argmax(-1)).float().mean()
-        assert agree >= 0.75, agree
+        assert err < 0.03, err
+        assert (got.argmax(-1) == want.argmax(-1)).float().mean() >= 0.9
     finally:
         asr.close()
 
