@@ -8,7 +8,7 @@ next to transformers on the CPU, in the same run.
     (fp32, eager, CPU), the same random-weight checkpoint of the real shapes (vocabulary 51865),
     the same audio, the same token budget; the two alternate, median of REPS with min/max.
 The simulator's host time is not an NPU figure: it runs the NPU's numerics on the CPU.
-Run: python benchmarks/bench_asr.py [--quick] [--shapes tiny,base,small] [--reps 5]
+Run: python benchmarks/bench_asr.py [--quick] [--shapes tiny,base,small] [--reps 5] [--threads N]
 """
 from __future__ import annotations
 
@@ -128,7 +128,12 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="tiny shape, 3 repetitions")
     ap.add_argument("--shapes", default="tiny,base,small")
     ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--threads", type=int, default=0, help="torch threads for both sides "
+                    "(default: torch's own choice)")
     args = ap.parse_args()
+    if args.threads:
+        import torch
+        torch.set_num_threads(args.threads)
     r = run(args.quick, tuple(s for s in args.shapes.split(",") if s), args.reps)
     print(json.dumps(r, indent=2, default=str))
     print_table(r)
