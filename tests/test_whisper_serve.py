@@ -134,3 +134,14 @@ def test_audio_errors(files, live):
     big = np.zeros(3 << 20, dtype=np.uint8).tobytes()
     r = httpx.post(live.url + "/v1/audio/transcriptions", files={"file": ("big.wav", big)})
     assert r.status_code == 413
+
+
+def test_cli_estimate_whisper_shape(files, capsys):
+    from torch_xdna.cli.main import main
+    assert main(["estimate", "whisper-tiny", "--json"]) == 0
+    r = json.loads(capsys.readouterr().out)["results"][0]
+    assert r["modeled_encoder_ms_per_window"] > 0 and r["modeled_decoder_ms_per_token"] > 0
+    assert main(["estimate", str(files[1])]) == 0
+    assert "ms per 30-s window" in capsys.readouterr().out
+    assert main(["estimate", "whisper-tiny", "--precision", "int4"]) == 2
+    assert "bf16" in capsys.readouterr().err
