@@ -69,6 +69,10 @@ def run_vision(args: argparse.Namespace) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
+    from torch_xdna.cli.estimate_asr import maybe_run
+    done = maybe_run(args)                   # Whisper shapes / directories
+    if done is not None:
+        return done
     from torch_xdna.engine.estimate import estimate, resolve_spec
     from torch_xdna.engine.estimate_vision import is_vision_dir
     if is_vision_dir(args.model):

@@ -51,6 +51,7 @@ class ServerConfig:
     max_queue: int = 64                   # waiting requests before 429
     max_models: int = 2                   # resident models (LRU)
     max_body_bytes: int = 4 << 20
+    max_audio_bytes: int = 25 << 20       # /v1/audio/* uploads (OpenAI's 25 MB file limit)
     max_inputs: int = 2048                # inputs per embeddings request (OpenAI's limit)
     max_request_tokens: int = 65536       # tokens per embeddings request
     truncate: bool = False                # over-long embedding inputs: truncate instead of 400
@@ -142,7 +143,8 @@ class Guard:
 
     async def _read_body(self, scope, receive,
                          t0: float) -> tuple[bytes | None, APIError | None]:
-        limit = self.config.max_body_bytes
+        limit = (self.config.max_audio_bytes if scope.get("path", "").startswith("/v1/audio/")
+                 else self.config.max_body_bytes)
         too_big = APIError(413, f"Request body exceeds the server limit of {limit} bytes; "
                                 f"send fewer or shorter inputs per request.",
                            code="request_too_large")

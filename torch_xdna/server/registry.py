@@ -19,14 +19,14 @@ from torch_xdna.models.hf import ModelDirError, read_config
 from torch_xdna.runtime.errors import DeviceOutOfMemory
 from torch_xdna.server.schemas import APIError
 
-KINDS = ("embedding", "chat", "rerank", "image")   # image: ViT/DINOv2 embedders (/v1/embeddings)
+KINDS = ("embedding", "chat", "rerank", "image", "asr")   # image: ViT/DINOv2 embedders
 DEFAULT_EMBEDDING_ID = "all-MiniLM-L6-v2"
 
 
 @dataclass(eq=False)
 class ModelEntry:
     id: str
-    kind: str                                  # "embedding" | "chat" | "image"
+    kind: str                                  # one of KINDS
     factory: Callable[[], Any]                 # loads the resident model (worker thread)
     path: Path | None = None
     aliases: tuple[str, ...] = ()
@@ -39,10 +39,12 @@ class ModelEntry:
 def model_kind(model_dir: Path) -> str:
     """'rerank' for BERT-family cross-encoders (*ForSequenceClassification), 'embedding' for
     other BERT-family encoders (incl. sentence-transformers folders), 'image' for ViT/DINOv2 image
-    encoders, else 'chat'."""
+    encoders, 'asr' for Whisper, else 'chat'."""
     from torch_xdna.models.cross_encoder import is_cross_encoder
     from torch_xdna.models.vision import IMAGE_TYPES
     cfg = read_config(transformer_dir(model_dir))
+    if cfg.get("model_type") == "whisper":
+        return "asr"
     if cfg.get("model_type") in IMAGE_TYPES:
         return "image"
     if cfg.get("model_type") in ENCODER_TYPES:
@@ -105,6 +107,11 @@ class ModelRegistry:
             from torch_xdna.engine.image_embedder import ImageEmbedder
             entry = ModelEntry(name, kind, lambda: ImageEmbedder.load(path, name=name), path,
                                aliases)
+        elif kind == "asr":
+            from torch_xdna.engine.transcribe import Transcriber
+            from torch_xdna.models.whisper import read_whisper
+            read_whisper(path)                       # a bad directory fails before binding
+            entry = ModelEntry(name, kind, lambda: Transcriber.load(path), path, aliases)
         else:
             from torch_xdna.server.chat import load_chat_model
             ctx, kvd = max_context or self.max_context, kv_dtype or self.kv_dtype
@@ -150,8 +157,10 @@ class ModelRegistry:
                            param="model", code="model_not_found")
         if entry.kind not in kinds:
             route = {"embedding": "/v1/embeddings", "image": "/v1/embeddings",
-                     "rerank": "/v1/rerank"}.get(entry.kind, "/v1/chat/completions")
-            raise APIError(400, f"model '{entry.id}' is a {entry.kind} model; use {route}",
+                     "rerank": "/v1/rerank",
+                     "asr": "/v1/audio/transcriptions"}.get(entry.kind, "/v1/chat/completions")
+            article = "an" if entry.kind[0] in "aeiou" else "a"
+            raise APIError(400, f"model '{entry.id}' is {article} {entry.kind} model; use {route}",
                            param="model", code="model_not_supported")
         return entry
 
