@@ -22,6 +22,7 @@ import torch
 from torch_xdna.engine.decoder import (
     DEFAULT_LAYOUT, ContextOverflow, Decoder, PrecisionPolicy, check_fits, default_cache_dir,
 )
+from torch_xdna.engine.prefix_cache import PrefixCache, default_max_bytes
 from torch_xdna.engine.sampler import Sampler, SamplingParams
 from torch_xdna.models.loader import ModelFiles, load_weights, read_model
 from torch_xdna.models.tokenizer import Tokenizer
@@ -59,6 +60,7 @@ class GenerationStats:
     hardware backends, which report no modeled time)."""
 
     prompt_tokens: int = 0
+    cached_tokens: int = 0            # prompt tokens whose KV came from the prefix cache
     generated_tokens: int = 0
     measured_ttft_s: float = 0.0
     measured_decode_tok_s: float = 0.0
@@ -151,6 +153,8 @@ class Engine:
                 eos.append(t)
         self.eos_token_ids = tuple(eos)
         self._lock = threading.Lock()
+        self.prefix_cache: PrefixCache | None = None      # set by load_decoder (prefix_cache=)
+        self._tokens: tuple[list[int], list[int]] = ([], [])   # prompt, generated of the last run
 
     @property
     def model_name(self) -> str:
@@ -210,7 +214,13 @@ class Engine:
         try:
             yield from self._loop(ids, config, cancelled or (lambda: False))
         finally:
-            self._lock.release()
+            try:
+                if self.prefix_cache is not None:      # keep this run's KV for later prompts
+                    prompt, generated = self._tokens
+                    self.prefix_cache.store(self.decoder.dev, self.decoder.cache,
+                                            prompt + generated)
+            finally:
+                self._lock.release()
 
     def _loop(self, prompt: list[int], config: GenerationConfig,
               cancelled: Callable[[], bool]) -> Iterator[Chunk]:
@@ -221,17 +231,20 @@ class Engine:
         stats = GenerationStats(prompt_tokens=len(prompt))
         counters = _Counters(dec.dev)
         t0 = time.perf_counter()
-        dec.reset()
+        reused = (self.prefix_cache.restore(dec.dev, dec.cache, prompt)
+                  if self.prefix_cache is not None else dec.reset() or 0)
+        stats.cached_tokens = reused
         penalty = config.repetition_penalty != 1.0
         context = torch.tensor(prompt, dtype=torch.long) if penalty else None
         budget = min(config.max_tokens, dec.capacity - len(prompt))
         generated: list[int] = []
+        self._tokens = (prompt, generated)
         emitted, pending = "", []          # text sent so far; tokens not yet reflected in it
         finish = "length"
         decode_c = {f: 0 for f in _Counters.FIELDS}
         t_first = t_last = None
         n_fwd = 0
-        logits = dec.forward(prompt) if budget > 0 and not cancelled() else None
+        logits = dec.forward(prompt[reused:]) if budget > 0 and not cancelled() else None
         pre = counters.take()
         stats.modeled_prefill_us = pre["modeled_us"]
         for step in range(budget):
@@ -286,7 +299,7 @@ class Engine:
         if steps and t_last is not None and t_first is not None and t_last > t_first:
             stats.measured_decode_tok_s = steps / (t_last - t_first)
         if stats.modeled_prefill_us:
-            stats.modeled_prefill_tok_s = len(prompt) / (stats.modeled_prefill_us * 1e-6)
+            stats.modeled_prefill_tok_s = (len(prompt) - reused) / (stats.modeled_prefill_us * 1e-6)
         if steps:
             stats.modeled_decode_ms_per_token = decode_c["modeled_us"] / steps / 1e3
             if decode_c["modeled_us"]:
@@ -312,7 +325,8 @@ class Engine:
 def load_decoder(model_dir: str | Path, precision: str | Mapping[str, str] = "bf16", *,
                  group: int = 0, max_context: int | None = None, prefill_chunk: int = 128,
                  device: Device | None = None, cache_dir: str | Path | None | bool = None,
-                 quiet: bool = False, layout: str = DEFAULT_LAYOUT) -> Engine:
+                 quiet: bool = False, layout: str = DEFAULT_LAYOUT,
+                 prefix_cache: int | None = None) -> Engine:
     """Load a HF decoder directory (Qwen3, Llama, Gemma 3 text) onto the device.
 
     precision: bf16 | int8 | int4 | bfp16 | fp32 (verification mode), or per site
@@ -322,6 +336,8 @@ def load_decoder(model_dir: str | Path, precision: str | Mapping[str, str] = "bf
     max_context: KV cache capacity in tokens (default min(4096, the model's maximum)).
     layout: "layer" (one launch per layer, the default) or "block" (an attention-block and an
     MLP-block launch per layer; same tokens, more configure points).
+    prefix_cache: bytes of KV kept for reuse by later prompts sharing a prefix (engine/
+    prefix_cache.py); None: a share of the free device memory, 0 disables.
     """
     files = read_model(model_dir)             # validates every file before anything is allocated
     policy = PrecisionPolicy.parse(precision, group)
@@ -337,4 +353,8 @@ def load_decoder(model_dir: str | Path, precision: str | Mapping[str, str] = "bf
     tok = Tokenizer(files.path) if (files.path / "tokenizer.json").is_file() else None
     decoder = Decoder(files.spec, weights, policy, max_context=max_context,
                       prefill_chunk=prefill_chunk, device=device, layout=layout)
-    return Engine(files, decoder, tok)
+    engine = Engine(files, decoder, tok)
+    size = default_max_bytes(device) if prefix_cache is None else int(prefix_cache)
+    if size > 0:
+        engine.prefix_cache = PrefixCache(size)
+    return engine
