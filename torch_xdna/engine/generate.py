@@ -161,8 +161,10 @@ class Engine:
         return self.files.path.name
 
     def close(self) -> None:
-        """Free the device memory of this engine (weights, KV cache)."""
+        """Free the device memory of this engine (weights, KV cache) and its prefix cache."""
         self.decoder.close()
+        if self.prefix_cache is not None:
+            self.prefix_cache.clear()
 
     # -- prompts ---------------------------------------------------------------------------
     def encode_prompt(self, prompt: Prompt, chat_kwargs: Mapping | None = None) -> list[int]:
