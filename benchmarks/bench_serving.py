@@ -1,4 +1,4 @@
-"""Serving benchmark: the prefix cache on a follow-up chat turn.
+"""Serving benchmark: the prefix cache on a follow-up chat turn; continuous batching.
 
 Measured (wall clock on this host): time to first token of a follow-up turn (turn 1's prompt +
 its answer + a new user message) with the prefix cache and without, same engine shapes, median
@@ -11,6 +11,13 @@ the device counters, and from plans only at Qwen3-0.6B shapes (bf16, 2k context)
 follow-up prompt whole vs prefilling only the part after the cached prefix, plus the cache flush
 of the restored KV buffers that the device charges.
 
+Continuous batching (engine/batching.py), 1/2/4/8 concurrent sequences: modeled device tok/s
+from plans at Qwen3-0.6B shapes (bf16 and int4, 1k context; the weights stream once per step),
+and on the tiny model the modeled tok/s from the device counters and the tok/s measured on this
+host (the simulator runs each row's reference on the CPU, so host tok/s does not gain from
+batching the way the device does), with every sequence's tokens checked against its tokens
+decoded alone.
+
     python benchmarks/bench_serving.py [--quick] [--json]
 """
 from __future__ import annotations
@@ -19,10 +26,12 @@ import argparse
 import json
 import statistics
 import tempfile
+import time
 from pathlib import Path
 
 import torch
 
+from torch_xdna.engine.batching import BatchSession, estimate_batch_step
 from torch_xdna.engine.decoder import DEFAULT_CHUNK, PrecisionPolicy, estimate_step
 from torch_xdna.engine.estimate import resolve_spec
 from torch_xdna.engine.generate import GenerationConfig, load_decoder
@@ -37,15 +46,66 @@ def _tokens(n: int, g: torch.Generator) -> list[int]:
     return [int(x) for x in torch.randint(10, 4000, (n,), generator=g)]
 
 
-def measured_follow_up(system: int, user: int, answer: int, reps: int) -> dict:
-    """TTFT of follow-up turns with and without the prefix cache (tiny random Qwen3)."""
+def _tiny_qwen3(tmp: str) -> None:
     from transformers import AutoModelForCausalLM, Qwen3Config
     cfg = Qwen3Config(vocab_size=4096, hidden_size=256, intermediate_size=768,
                       num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=4,
                       head_dim=32, max_position_embeddings=2048, tie_word_embeddings=True,
                       rope_parameters={"rope_type": "default", "rope_theta": 1e6})
     torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(cfg).float().eval()
+    AutoModelForCausalLM.from_config(cfg).float().eval().save_pretrained(tmp)
+
+
+def measured_batching(sizes=(1, 2, 4, 8), prompt: int = 24, new: int = 16) -> list[dict]:
+    """BatchSession on the tiny model: N sequences decode together (after their prefills)."""
+    g = torch.Generator().manual_seed(3)
+    prompts = [_tokens(prompt, g) for _ in range(max(sizes))]
+    cfg = GenerationConfig(max_tokens=new, stop_token_ids=())
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        _tiny_qwen3(tmp)
+        eng = load_decoder(Path(tmp), "bf16", max_context=256, quiet=True, prefix_cache=0,
+                           device=SimDevice(get_generation("npu4"), 8 << 30))
+        alone = [eng.complete(p, cfg).token_ids for p in prompts]
+        for n in sizes:
+            with BatchSession(eng, slots=max(sizes)) as session:
+                seqs = [session.add(p, cfg) for p in prompts[:n]]
+                session.step()                                   # program load, not timed
+                t0 = time.perf_counter()
+                session.run()
+                wall = time.perf_counter() - t0
+            steps = session.modeled_step_us[1:]
+            toks = sum(k for k, _ in steps)
+            rows.append({"sequences": n, "new_tokens_each": new,
+                         "host_tok_s_measured": toks / wall,
+                         "device_tok_s_modeled": toks / (sum(u for _, u in steps) * 1e-6),
+                         "tokens_equal_alone": [s.token_ids for s in seqs] == alone[:n]})
+        eng.close()
+    OPERANDS.clear()
+    return rows
+
+
+def modeled_batching(model: str = "qwen3-0.6b", context: int = 1024, cap: int = 2048,
+                     sizes=(1, 2, 4, 8)) -> list[dict]:
+    """Plan-only batched decode steps at `context` for every sequence."""
+    _, spec = resolve_spec(model)
+    gen = get_generation("npu4")
+    out = []
+    for precision in ("bf16", "int4"):
+        policy = PrecisionPolicy.parse(precision, 0)
+        for n in sizes:
+            cost = CostModel(gen)
+            estimate_batch_step(spec, policy, cost, (context,) * n, max(sizes), cap)   # load
+            s = estimate_batch_step(spec, policy, cost, (context,) * n, max(sizes), cap)
+            out.append({"model": model, "precision": precision, "context": context,
+                        "sequences": n, "step_ms_modeled": s["modeled_us"] / 1e3,
+                        "device_tok_s_modeled": s["modeled_tok_s"],
+                        "mb_per_step": s["dram_bytes"] / 1e6})
+    return out
+
+
+def measured_follow_up(system: int, user: int, answer: int, reps: int) -> dict:
+    """TTFT of follow-up turns with and without the prefix cache (tiny random Qwen3)."""
     g = torch.Generator().manual_seed(1)
     turn1 = _tokens(system + user, g)
     follow = [_tokens(user, g) for _ in range(reps)]
@@ -53,7 +113,7 @@ def measured_follow_up(system: int, user: int, answer: int, reps: int) -> dict:
     gen2 = GenerationConfig(max_tokens=4, stop_token_ids=())
     rows = {}
     with tempfile.TemporaryDirectory() as tmp:
-        model.save_pretrained(tmp)
+        _tiny_qwen3(tmp)
         for name, size in (("off", 0), ("on", 256 << 20)):
             eng = load_decoder(Path(tmp), "bf16", max_context=1024, quiet=True, prefix_cache=size,
                                device=SimDevice(get_generation("npu4"), 8 << 30))
@@ -115,7 +175,9 @@ def modeled_plans(model: str = "qwen3-0.6b", prompt: int = 1536, cached: int = 1
 def run(quick: bool = False) -> dict:
     measured = (measured_follow_up(192, 24, 16, 3) if quick
                 else measured_follow_up(448, 32, 32, 5))
-    return {"follow_up_turn": measured, "plans": modeled_plans()}
+    return {"follow_up_turn": measured, "plans": modeled_plans(),
+            "batching_plans": modeled_batching(),
+            "batching_measured": measured_batching(new=8 if quick else 16)}
 
 
 def main() -> None:
@@ -140,6 +202,16 @@ def main() -> None:
           f"{p['prefill_ms_modeled_without']:.1f} ms -> {p['prefill_ms_modeled_with']:.1f} ms "
           f"(incl. {p['restore_flush_ms_modeled']:.2f} ms restore flush; "
           f"{p['ttft_speedup_modeled']:.1f}x)")
+    print("continuous batching, plans (modeled), per sequence context 1k:")
+    for r in res["batching_plans"]:
+        print(f"  {r['model']} {r['precision']:5s} N={r['sequences']}: step "
+              f"{r['step_ms_modeled']:.2f} ms, {r['device_tok_s_modeled']:.1f} tok/s, "
+              f"{r['mb_per_step']:.0f} MB/step")
+    print("continuous batching, tiny model (counters modeled, host measured):")
+    for r in res["batching_measured"]:
+        print(f"  N={r['sequences']}: device {r['device_tok_s_modeled']:.0f} tok/s modeled, host "
+              f"{r['host_tok_s_measured']:.1f} tok/s measured; tokens equal alone: "
+              f"{r['tokens_equal_alone']}")
 
 
 if __name__ == "__main__":

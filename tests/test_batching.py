@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from llm_fixtures import build_model
-from torch_xdna.engine.batching import BatchSession, SessionFull
+from torch_xdna.engine.batching import BatchRunner, BatchSession, SessionFull
 from torch_xdna.engine.generate import GenerationConfig, load_decoder
 
 
@@ -60,3 +60,50 @@ def test_batched_step_streams_weights_once(engine):
             per_n[n] = session.modeled_step_us[-1][1]
     # modeled: three sequences cost far less than three batch-1 steps (weights stream once)
     assert per_n[3] < 1.5 * per_n[1]
+
+
+def test_runner_concurrent_callers_join_the_running_batch(engine):
+    import concurrent.futures as cf
+    import queue
+    import threading
+    prompts = _prompts()
+    cfg = GenerationConfig(max_tokens=5, stop_token_ids=())
+    alone = [engine.complete(p, cfg).token_ids for p in prompts]
+    runner = BatchRunner(engine, slots=2)          # 4 callers, 2 slots: two join mid-run
+    jobs: queue.Queue = queue.Queue()              # stands in for the server's DeviceWorker
+
+    def device():
+        while (job := jobs.get()) is not None:
+            job()
+
+    worker = threading.Thread(target=device)
+    worker.start()
+    gate = threading.Barrier(len(prompts))
+
+    def call(p):
+        gate.wait()
+        h, start = runner.submit(p, cfg)
+        if start:
+            jobs.put(runner.drive)
+        return h.result(), h.finish_reason
+
+    with cf.ThreadPoolExecutor(len(prompts)) as ex:
+        got = list(ex.map(call, prompts))
+    jobs.put(None)
+    worker.join()
+    assert [t for t, _ in got] == alone and {r for _, r in got} == {"length"}
+    assert runner.max_batch == 2
+    h, start = runner.submit([10_000], cfg)        # a bad prompt fails its own caller only
+    assert start
+    runner.drive()
+    with pytest.raises(ValueError, match="vocabulary"):
+        h.result()
+
+
+def test_token_ids_streamed_once_without_tokenizer(engine):
+    tok, engine.tokenizer = engine.tokenizer, None
+    try:
+        r = engine.complete([5, 6, 7], GenerationConfig(max_tokens=4, stop_token_ids=()))
+        assert len(r.token_ids) == 4
+    finally:
+        engine.tokenizer = tok

@@ -212,3 +212,150 @@ class BatchSession:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def batch_step_designs(spec, policy, n: int, slots: int, capacity: int) -> list:
+    """The designs of one batched decode step of `n` sequences (rows bucketed as the session
+    does): embed, one batched launch per layer, the batched head."""
+    rows = rows_bucket(n, slots)
+    out = []
+    for role, _, d in step_designs(spec, policy, 1, capacity, True, "layer"):
+        if role == "embed":
+            out.append(dataclasses.replace(d, rows=rows))
+        elif role == "head":
+            out.append(BatchedHeadDesign(d, rows))
+        else:
+            out.append(BatchedLayerDesign(d, rows, slots))
+    return out
+
+
+def estimate_batch_step(spec, policy, cost, positions: tuple, slots: int, capacity: int) -> dict:
+    """Modeled cost of one batched step from plans only (no weights), charged through `cost` (a
+    runtime.sim.cost.CostModel) at the sequences' positions, as the simulator charges it."""
+    n = len(positions)
+    designs = batch_step_designs(spec, policy, n, slots, capacity)
+    sc = {"n": n, "pos": tuple(positions), "slot": tuple(range(n))}
+    plans = [d.launch_plan(cost.gen, **sc) if hasattr(d, "launch_plan") else d.plan(cost.gen)
+             for d in designs]
+    terms = cost.charge_program([(d.key, p) for d, p in zip(designs, plans)])
+    us = sum(t.total for t in terms)
+    return {"sequences": n, "modeled_us": us, "modeled_tok_s": n / (us * 1e-6),
+            "dram_bytes": sum(p.dram_read_bytes + p.dram_write_bytes for p in plans),
+            "weight_bytes": sum(p.notes.get("weight_bytes", 0) for p in plans)}
+
+
+class BatchRunner:
+    """Continuous batching for concurrent callers (the server's request threads): `submit` queues
+    a generation and returns a Handle; `drive` is ONE device job (the server's DeviceWorker runs
+    it) that admits queued generations between steps and steps until none is left. `submit`
+    reports whether a drive job must be scheduled (none is running or queued)."""
+
+    def __init__(self, engine: Engine, slots: int = 8):
+        import threading
+        self.engine, self.slots = engine, slots
+        self._lock = threading.Lock()
+        self._pending: list[Handle] = []
+        self._driving = False
+        self.max_batch = 0
+
+    def submit(self, prompt: list[int], config: GenerationConfig | None = None) -> tuple["Handle", bool]:
+        h = Handle(list(prompt), config or GenerationConfig())
+        with self._lock:
+            self._pending.append(h)
+            start = not self._driving
+            self._driving = True
+        return h, start
+
+    def drive(self) -> None:
+        """Run until no generation is queued or decoding (call on the device thread)."""
+        session = None
+        try:
+            session = BatchSession(self.engine, self.slots)
+            while True:
+                with self._lock:
+                    n_free = len(session._free)
+                    joiners, self._pending = self._pending[:n_free], self._pending[n_free:]
+                    if not joiners and not session.active:
+                        self._driving = False
+                        return
+                for h in joiners:
+                    if h.cancelled:
+                        h._done("cancelled")
+                        continue
+                    try:
+                        h.seq = session.add(h.prompt, h.config)
+                    except Exception as e:      # noqa: BLE001 - delivered to that caller
+                        h._done(None, e)
+                        continue
+                    h._emit()
+                for h in [x for x in self._handles(session) if x.cancelled and x.seq.finish_reason is None]:
+                    session._finish(h.seq, "cancelled")
+                    h._emit()
+                batch = session.step()
+                self.max_batch = max(self.max_batch, len(batch))
+                for h in self._handles(session):
+                    h._emit()
+        except BaseException as e:
+            with self._lock:
+                pending, self._pending, self._driving = self._pending, [], False
+            for h in pending + (self._handles(session) if session else []):
+                h._done(None, e)
+            raise
+        finally:
+            if session is not None:
+                session.close()
+
+    @staticmethod
+    def _handles(session: BatchSession) -> list["Handle"]:
+        return [s.handle for s in session.seqs if getattr(s, "handle", None) is not None
+                and not s.handle.finished]
+
+
+class Handle:
+    """A caller's view of one generation in a BatchRunner: iterate for token ids as they come
+    (blocks); then finish_reason is set. cancel() ends it at the next step."""
+
+    def __init__(self, prompt: list[int], config: GenerationConfig):
+        import queue
+        self.prompt, self.config = prompt, config
+        self.seq: Sequence | None = None
+        self.finish_reason: str | None = None
+        self.finished = False
+        self.cancelled = False
+        self._q: queue.Queue = queue.Queue()
+        self._sent = 0
+
+    def __setattr__(self, name, value):
+        super().__setattr__(name, value)
+        if name == "seq" and value is not None:
+            value.handle = self
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+    def _emit(self) -> None:
+        s = self.seq
+        new = s.token_ids[self._sent:]
+        if new:
+            self._q.put(list(new))
+            self._sent += len(new)
+        if s.finish_reason is not None:
+            self._done(s.finish_reason)
+
+    def _done(self, reason: str | None, error: BaseException | None = None) -> None:
+        if self.finished:
+            return
+        self.finished, self.finish_reason = True, reason
+        self._q.put(error if error is not None else None)
+
+    def __iter__(self):
+        while True:
+            item = self._q.get()
+            if item is None:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            yield from item
+
+    def result(self) -> list[int]:
+        return list(self)

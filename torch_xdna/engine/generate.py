@@ -278,8 +278,9 @@ class Engine:
                 if safe > len(emitted):
                     yield Chunk(text[len(emitted):safe], pending)
                     emitted, pending = text[:safe], []
-            else:
-                yield Chunk("", [token])
+            else:                          # no tokenizer: ids only (each sent once)
+                yield Chunk("", pending)
+                pending = []
             if step + 1 < budget:
                 logits = dec.forward([token])
                 t_last = time.perf_counter()
