@@ -29,6 +29,7 @@ from torch_xdna.engine.decoder import (
 from torch_xdna.engine.constrained import Grammar
 from torch_xdna.engine.logits import ProcessorFactory, make_processors
 from torch_xdna.engine.sampler import SEED_MAX, SEED_MIN, Sampler, SamplingParams, TokenLogprob
+from torch_xdna.engine.prefix_cache import PrefixCache, default_max_bytes
 from torch_xdna.models.loader import ModelFiles, load_weights, read_model
 from torch_xdna.models.tokenizer import Tokenizer
 from torch_xdna.runtime import Device, get_device
@@ -72,6 +73,7 @@ class GenerationStats:
     hardware backends, which report no modeled time)."""
 
     prompt_tokens: int = 0
+    cached_tokens: int = 0            # prompt tokens whose KV came from the prefix cache
     generated_tokens: int = 0
     measured_ttft_s: float = 0.0
     measured_decode_tok_s: float = 0.0
@@ -167,14 +169,19 @@ class Engine:
         self.eos_token_ids = tuple(eos)
         self._lock = threading.Lock()
         self._tok_json: str | None = None      # tokenizer.json text, for grammar compilation
+        self.prefix_cache: PrefixCache | None = None      # set by load_decoder (prefix_cache=)
+        self._tokens: tuple[list[int], list[int]] = ([], [])   # prompt, generated of the last run
+        self._reused = 0                                  # prompt tokens restored from the prefix cache
 
     @property
     def model_name(self) -> str:
         return self.files.path.name
 
     def close(self) -> None:
-        """Free the device memory of this engine (weights, KV cache)."""
+        """Free the device memory of this engine (weights, KV cache) and its prefix cache."""
         self.decoder.close()
+        if self.prefix_cache is not None:
+            self.prefix_cache.clear()
 
     # -- prompts ---------------------------------------------------------------------------
     def encode_prompt(self, prompt: Prompt, chat_kwargs: Mapping | None = None) -> list[int]:
@@ -228,7 +235,13 @@ class Engine:
         try:
             yield from self._loop(ids, config, cancelled or (lambda: False))
         finally:
-            self._lock.release()
+            try:
+                if self.prefix_cache is not None:      # keep this run's KV for later prompts
+                    prompt, generated = self._tokens
+                    self.prefix_cache.store(self.decoder.dev, self.decoder.cache,
+                                            prompt + generated)
+            finally:
+                self._lock.release()
 
     def grammar_processor(self, grammar: Grammar) -> ProcessorFactory:
         """Compile `grammar` for this model's tokenizer (GrammarError if it is invalid)."""
@@ -258,9 +271,10 @@ class Engine:
         processors = self._processors(config)
         counters = _Counters(dec.dev)
         t0 = time.perf_counter()
-        dec.reset()
+        reused = self._reused = (self.prefix_cache.restore(dec.dev, dec.cache, prompt)
+                                 if self.prefix_cache is not None else dec.reset() or 0)
         budget = min(config.max_tokens, dec.capacity - len(prompt))
-        logits = dec.forward(prompt) if budget > 0 and not cancelled() else None
+        logits = dec.forward(prompt[reused:]) if budget > 0 and not cancelled() else None
         modeled_prefill_us = counters.take()["modeled_us"]
         for index in range(config.n):
             seed = config.seed
@@ -285,10 +299,12 @@ class Engine:
         stop_ids = set(self.eos_token_ids if config.stop_token_ids is None else config.stop_token_ids)
         stats = GenerationStats(prompt_tokens=len(prompt))
         stats.modeled_prefill_us = modeled_prefill_us
+        stats.cached_tokens = self._reused
         want_lp = config.logprobs is not None
         penalty = config.repetition_penalty != 1.0
         context = torch.tensor(prompt, dtype=torch.long) if penalty else None
         generated: list[int] = []
+        self._tokens = (prompt, generated)
         emitted, pending = "", []          # text sent so far; tokens not yet reflected in it
         pending_lp: list[TokenLogprob] = []
         finish = "length"
@@ -360,7 +376,7 @@ class Engine:
         if steps and t_last is not None and t_first is not None and t_last > t_first:
             stats.measured_decode_tok_s = steps / (t_last - t_first)
         if stats.modeled_prefill_us:
-            stats.modeled_prefill_tok_s = len(prompt) / (stats.modeled_prefill_us * 1e-6)
+            stats.modeled_prefill_tok_s = (len(prompt) - self._reused) / (stats.modeled_prefill_us * 1e-6)
         if steps:
             stats.modeled_decode_ms_per_token = decode_c["modeled_us"] / steps / 1e3
             if decode_c["modeled_us"]:
@@ -390,7 +406,8 @@ def load_decoder(model_dir: str | Path, precision: str | Mapping[str, str] = "au
                  group: int = 0, max_context: int | None = None, prefill_chunk: int = 128,
                  device: Device | None = None, cache_dir: str | Path | None | bool = None,
                  quiet: bool = False, layout: str = DEFAULT_LAYOUT,
-                 tokenizer_dir: str | Path | None = None, kv_dtype: str = "bf16") -> Engine:
+                 tokenizer_dir: str | Path | None = None, kv_dtype: str = "bf16",
+                 prefix_cache: int | None = None) -> Engine:
     """Load a HF decoder directory or a llama.cpp GGUF file (Qwen3, Llama, Gemma 3 text) onto
     the device.
 
@@ -404,6 +421,8 @@ def load_decoder(model_dir: str | Path, precision: str | Mapping[str, str] = "au
     layout: "layer" (one launch per layer, the default) or "block" (an attention-block and an
     MLP-block launch per layer; same tokens, more configure points).
     tokenizer_dir: take tokenizer.json (+ chat template) from this directory instead.
+    prefix_cache: bytes of KV kept for reuse by later prompts sharing a prefix (engine/
+    prefix_cache.py); None: a share of the free device memory, 0 disables (int8 KV: off).
     """
     files = read_model(model_dir)             # validates every file before anything is allocated
     g = files.gguf
@@ -443,7 +462,11 @@ def load_decoder(model_dir: str | Path, precision: str | Mapping[str, str] = "au
         tok = Tokenizer(files.path) if (files.path / "tokenizer.json").is_file() else None
     decoder = Decoder(files.spec, weights, policy, max_context=capacity,
                       prefill_chunk=prefill_chunk, device=device, layout=layout, kv_dtype=kv_dtype)
-    return Engine(files, decoder, tok)
+    engine = Engine(files, decoder, tok)
+    size = default_max_bytes(device) if prefix_cache is None else int(prefix_cache)
+    if size > 0 and kv_dtype == "bf16":     # blocks hold K/V rows only, not int8 KV's scales
+        engine.prefix_cache = PrefixCache(size)
+    return engine
 
 
 def _log_notes(g, quiet: bool) -> None:

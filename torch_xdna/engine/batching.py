@@ -1,0 +1,361 @@
+"""Continuous batching: concurrent generations on one engine decode together, one batched step
+(kernels/llm_batch.py: batch-N GEMMs over the resident weights, per-sequence KV and positions)
+per token, and join or leave between steps.
+
+    session = BatchSession(engine, slots=8)
+    a = session.add([5, 6, 7], GenerationConfig(max_tokens=16))     # prefilled now
+    while session.active:
+        session.step()                   # one token for every active sequence
+        b = b or session.add(...)        # joiners enter between steps
+    a.token_ids, a.finish_reason
+
+A joining sequence is prefilled alone on the engine's decoder (with the prefix cache, if any)
+and its KV copied into a free slot; then it decodes in the batch. Each sequence's tokens are
+the ones it gets alone (tests/test_batching.py). Token ids out; the caller decodes text.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+import torch
+
+from torch_xdna.engine.decoder import step_designs
+from torch_xdna.engine.generate import Engine, EngineBusy, GenerationConfig, _Counters
+from torch_xdna.engine.kv_cache import KVCache
+from torch_xdna.engine.sampler import Sampler
+from torch_xdna.kernels.llm_batch import BatchedHeadDesign, BatchedLayerDesign
+from torch_xdna.kernels.llm_blocks import rows_bucket
+from torch_xdna.runtime import Launch, Program
+from torch_xdna.runtime.buffer import Coherence
+
+
+class SessionFull(RuntimeError):
+    """Every KV slot of the batch session holds a running sequence."""
+
+
+@dataclass
+class Sequence:
+    """One generation in a batch session."""
+
+    prompt: list[int]
+    config: GenerationConfig
+    slot: int
+    sampler: Sampler
+    stop_ids: set
+    token_ids: list[int] = field(default_factory=list)
+    finish_reason: str | None = None
+    next_token: int | None = None       # sampled, not yet fed (its KV is not written yet)
+    cached_tokens: int = 0
+
+    @property
+    def position(self) -> int:
+        return len(self.prompt) + len(self.token_ids) - 1
+
+
+class BatchSession:
+    """Up to `slots` sequences decoding together on `engine` (holds the engine's lock: no other
+    generation runs on it meanwhile; close() releases it and frees the slots)."""
+
+    def __init__(self, engine: Engine, slots: int = 8):
+        if slots < 1:
+            raise ValueError(f"slots must be >= 1, got {slots}")
+        if not engine._lock.acquire(blocking=False):
+            raise EngineBusy("a generation is already running on this engine")
+        self.engine, self.dec, self.slots = engine, engine.decoder, slots
+        dec, spec = self.dec, engine.spec
+        self._owned = []
+        try:
+            dtype = torch.float32 if dec.policy.exact else torch.bfloat16
+            self.caches = [KVCache.allocate(dec.dev, spec.layers, spec.kv_heads, spec.head_dim,
+                                            dec.capacity, dtype) for _ in range(slots)]
+            for c in self.caches:
+                self._owned += c.k + c.v
+            self.x = self._empty((slots, spec.hidden), torch.float32)
+            self.ids = self._empty((slots,), torch.int32)
+            self.logits = self._empty((slots, spec.vocab), torch.float32)
+        except BaseException:
+            self.close()
+            raise
+        self.seqs: list[Sequence] = []
+        self._free = list(range(slots))
+        self._scalars: dict = {"n": 1, "slot": (0,), "pos": (0,)}
+        self._programs: dict[int, Program] = {}
+        self.steps = 0
+        self.modeled_step_us: list[tuple[int, float]] = []     # (batch size, modeled us)
+
+    def _empty(self, shape, dtype):
+        a = self.dec.dev.empty(shape, dtype)
+        self._owned.append(a)
+        return a
+
+    @property
+    def active(self) -> list[Sequence]:
+        return [s for s in self.seqs if s.finish_reason is None]
+
+    # -- joining ----------------------------------------------------------------------------
+    def add(self, prompt: list[int], config: GenerationConfig | None = None) -> Sequence:
+        """Prefill `prompt` alone and put it in a free slot; its first token is sampled now."""
+        config = config or GenerationConfig()
+        if not self._free:
+            raise SessionFull(f"all {self.slots} slots are decoding; wait for one to finish")
+        eng, dec = self.engine, self.dec
+        if not prompt or len(prompt) + max(config.max_tokens, 1) > dec.capacity:
+            raise ValueError(f"a prompt of {len(prompt)} tokens + {config.max_tokens} new ones "
+                             f"does not fit the KV cache ({dec.capacity})")
+        if config.repetition_penalty != 1.0:
+            raise ValueError("repetition_penalty is not supported in a batch session")
+        stop = eng.eos_token_ids if config.stop_token_ids is None else config.stop_token_ids
+        seq = Sequence(list(prompt), config, self._free.pop(0), Sampler(config.sampling()), set(stop))
+        pc = eng.prefix_cache
+        reused = pc.restore(dec.dev, dec.cache, prompt) if pc is not None else dec.reset() or 0
+        seq.cached_tokens = reused
+        logits = dec.forward(prompt[reused:])
+        if pc is not None:
+            pc.store(dec.dev, dec.cache, prompt)
+        self._copy_kv(dec.cache, self.caches[seq.slot], len(prompt))
+        self.seqs.append(seq)
+        self._accept(seq, logits)
+        return seq
+
+    def _copy_kv(self, src: KVCache, dst: KVCache, n: int) -> None:
+        dev = self.dec.dev
+        for a, b in zip(src.k + src.v, dst.k + dst.v):
+            dev.read(a.buffer)
+            dev.read(b.buffer)
+            b.host_view()[:, :n].copy_(a.host_view()[:, :n])
+            b.buffer.state = Coherence.HOST_DIRTY      # flushed before the next launch
+        dst.length = n
+
+    def _accept(self, seq: Sequence, logits: torch.Tensor) -> None:
+        token = seq.sampler(logits)
+        if token in seq.stop_ids:
+            self._finish(seq, "stop")
+        elif len(seq.token_ids) >= seq.config.max_tokens:
+            self._finish(seq, "length")
+        else:
+            seq.token_ids.append(token)
+            if len(seq.token_ids) >= seq.config.max_tokens:
+                self._finish(seq, "length")        # the last token's KV is never needed
+            else:
+                seq.next_token = token
+
+    def _finish(self, seq: Sequence, reason: str) -> None:
+        seq.finish_reason, seq.next_token = reason, None
+        self._free.append(seq.slot)
+        self._free.sort()
+
+    # -- stepping ---------------------------------------------------------------------------
+    def step(self) -> list[Sequence]:
+        """Feed every active sequence its last token in one batched launch chain; sample the
+        next. Returns the sequences that were advanced."""
+        batch = [s for s in self.active if s.next_token is not None]
+        if not batch:
+            return []
+        dev, n = self.dec.dev, len(batch)
+        counters = _Counters(dev)
+        dev.write(self.ids.buffer, torch.tensor([s.next_token for s in batch], dtype=torch.int32))
+        self._scalars.update(n=n, slot=tuple(s.slot for s in batch),
+                             pos=tuple(s.position for s in batch))
+        dev.run_program(self.program(rows_bucket(n, self.slots)))
+        logits = dev.download(self.logits)
+        self.modeled_step_us.append((n, counters.take()["modeled_us"]))
+        self.steps += 1
+        for r, s in enumerate(batch):
+            self._accept(s, logits[r])
+        return batch
+
+    def program(self, rows: int) -> Program:
+        """The batched step for `rows` (bucketed) sequences: embed, one launch per layer, head."""
+        prog = self._programs.get(rows)
+        if prog is not None:
+            return prog
+        dec, s = self.dec, self._scalars
+        x, ids = dec._rows_view(self.x, rows), dec._rows_view(self.ids, rows)
+        designs = step_designs(dec.spec, dec.policy, 1, dec.capacity, True, "layer")
+        launches = []
+        for role, i, design in designs:
+            if role == "embed":
+                launches.append(Launch(dataclasses.replace(design, rows=rows),
+                                       [*dec.w["embed"], ids], [x], s, op="embed"))
+            elif role == "head":
+                launches.append(Launch(BatchedHeadDesign(design, rows),
+                                       [x, *dec.w["final_norm"], *dec.w["lm_head"]],
+                                       [dec._rows_view(self.logits, rows)], s, op="lm_head"))
+            else:
+                ins = dec._attention_inputs(x, i) + dec._mlp_inputs(x, i)[1:]
+                outs = [x] + [c.k[i] for c in self.caches] + [c.v[i] for c in self.caches]
+                launches.append(Launch(BatchedLayerDesign(design, rows, self.slots), ins, outs, s,
+                                       op=f"layer{i}.batch"))
+        prog = Program(launches, name=f"{dec.spec.family}.decode_batch")
+        self._programs[rows] = prog
+        return prog
+
+    def run(self) -> None:
+        """Step until every sequence has finished."""
+        while self.step():
+            pass
+
+    def close(self) -> None:
+        """Free the slots and release the engine."""
+        for a in self._owned:
+            self.dec.dev.free(a.buffer)
+        self._owned = []
+        self._programs = {}
+        try:
+            self.engine._lock.release()
+        except RuntimeError:
+            pass
+
+    def __enter__(self) -> "BatchSession":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def batch_step_designs(spec, policy, n: int, slots: int, capacity: int) -> list:
+    """The designs of one batched decode step of `n` sequences (rows bucketed as the session
+    does): embed, one batched launch per layer, the batched head."""
+    rows = rows_bucket(n, slots)
+    out = []
+    for role, _, d in step_designs(spec, policy, 1, capacity, True, "layer"):
+        if role == "embed":
+            out.append(dataclasses.replace(d, rows=rows))
+        elif role == "head":
+            out.append(BatchedHeadDesign(d, rows))
+        else:
+            out.append(BatchedLayerDesign(d, rows, slots))
+    return out
+
+
+def estimate_batch_step(spec, policy, cost, positions: tuple, slots: int, capacity: int) -> dict:
+    """Modeled cost of one batched step from plans only (no weights), charged through `cost` (a
+    runtime.sim.cost.CostModel) at the sequences' positions, as the simulator charges it."""
+    n = len(positions)
+    designs = batch_step_designs(spec, policy, n, slots, capacity)
+    sc = {"n": n, "pos": tuple(positions), "slot": tuple(range(n))}
+    plans = [d.launch_plan(cost.gen, **sc) if hasattr(d, "launch_plan") else d.plan(cost.gen)
+             for d in designs]
+    terms = cost.charge_program([(d.key, p) for d, p in zip(designs, plans)])
+    us = sum(t.total for t in terms)
+    return {"sequences": n, "modeled_us": us, "modeled_tok_s": n / (us * 1e-6),
+            "dram_bytes": sum(p.dram_read_bytes + p.dram_write_bytes for p in plans),
+            "weight_bytes": sum(p.notes.get("weight_bytes", 0) for p in plans)}
+
+
+class BatchRunner:
+    """Continuous batching for concurrent callers (the server's request threads): `submit` queues
+    a generation and returns a Handle; `drive` is ONE device job (the server's DeviceWorker runs
+    it) that admits queued generations between steps and steps until none is left. `submit`
+    reports whether a drive job must be scheduled (none is running or queued)."""
+
+    def __init__(self, engine: Engine, slots: int = 8):
+        import threading
+        self.engine, self.slots = engine, slots
+        self._lock = threading.Lock()
+        self._pending: list[Handle] = []
+        self._driving = False
+        self.max_batch = 0
+
+    def submit(self, prompt: list[int], config: GenerationConfig | None = None) -> tuple["Handle", bool]:
+        h = Handle(list(prompt), config or GenerationConfig())
+        with self._lock:
+            self._pending.append(h)
+            start = not self._driving
+            self._driving = True
+        return h, start
+
+    def drive(self) -> None:
+        """Run until no generation is queued or decoding (call on the device thread)."""
+        session = None
+        try:
+            session = BatchSession(self.engine, self.slots)
+            while True:
+                with self._lock:
+                    n_free = len(session._free)
+                    joiners, self._pending = self._pending[:n_free], self._pending[n_free:]
+                    if not joiners and not session.active:
+                        self._driving = False
+                        return
+                for h in joiners:
+                    if h.cancelled:
+                        h._done("cancelled")
+                        continue
+                    try:
+                        h.seq = session.add(h.prompt, h.config)
+                    except Exception as e:      # noqa: BLE001 - delivered to that caller
+                        h._done(None, e)
+                        continue
+                    h._emit()
+                for h in [x for x in self._handles(session) if x.cancelled and x.seq.finish_reason is None]:
+                    session._finish(h.seq, "cancelled")
+                    h._emit()
+                batch = session.step()
+                self.max_batch = max(self.max_batch, len(batch))
+                for h in self._handles(session):
+                    h._emit()
+        except BaseException as e:
+            with self._lock:
+                pending, self._pending, self._driving = self._pending, [], False
+            for h in pending + (self._handles(session) if session else []):
+                h._done(None, e)
+            raise
+        finally:
+            if session is not None:
+                session.close()
+
+    @staticmethod
+    def _handles(session: BatchSession) -> list["Handle"]:
+        return [s.handle for s in session.seqs if getattr(s, "handle", None) is not None
+                and not s.handle.finished]
+
+
+class Handle:
+    """A caller's view of one generation in a BatchRunner: iterate for token ids as they come
+    (blocks); then finish_reason is set. cancel() ends it at the next step."""
+
+    def __init__(self, prompt: list[int], config: GenerationConfig):
+        import queue
+        self.prompt, self.config = prompt, config
+        self.seq: Sequence | None = None
+        self.finish_reason: str | None = None
+        self.finished = False
+        self.cancelled = False
+        self._q: queue.Queue = queue.Queue()
+        self._sent = 0
+
+    def __setattr__(self, name, value):
+        super().__setattr__(name, value)
+        if name == "seq" and value is not None:
+            value.handle = self
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+    def _emit(self) -> None:
+        s = self.seq
+        new = s.token_ids[self._sent:]
+        if new:
+            self._q.put(list(new))
+            self._sent += len(new)
+        if s.finish_reason is not None:
+            self._done(s.finish_reason)
+
+    def _done(self, reason: str | None, error: BaseException | None = None) -> None:
+        if self.finished:
+            return
+        self.finished, self.finish_reason = True, reason
+        self._q.put(error if error is not None else None)
+
+    def __iter__(self):
+        while True:
+            item = self._q.get()
+            if item is None:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            yield from item
+
+    def result(self) -> list[int]:
+        return list(self)
