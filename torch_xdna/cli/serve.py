@@ -59,6 +59,12 @@ def register(subparsers) -> None:
                    help="inputs per embeddings request (default 2048)")
     p.add_argument("--max-body-bytes", type=positive_int, default=4 << 20,
                    help="request body limit in bytes (default 4 MiB)")
+    p.add_argument("--max-context", type=positive_int, metavar="TOKENS",
+                   help="chat models' context limit / KV cache capacity (default: the model's "
+                        "maximum, capped so the cache takes at most half the memory left after "
+                        "the weights)")
+    p.add_argument("--kv-dtype", choices=("bf16", "int8"), default="bf16",
+                   help="chat models' KV cache storage (int8: half the bytes per token)")
     p.add_argument("--truncate", action="store_true",
                    help="truncate over-long embedding inputs instead of answering 400")
     p.add_argument("--cors-origin", action="append", default=[], metavar="ORIGIN",
@@ -124,7 +130,8 @@ def run(args: argparse.Namespace) -> int:
                           max_queue=args.max_queue, max_models=args.max_models,
                           max_inputs=args.max_inputs, max_body_bytes=args.max_body_bytes,
                           truncate=args.truncate, preload=not args.no_preload,
-                          cors_origins=args.cors_origin, limits=limits)
+                          cors_origins=args.cors_origin, limits=limits,
+                          max_context=args.max_context, kv_dtype=args.kv_dtype)
     problem = _port_free(args.host, args.port)
     if problem:
         raise CliError(problem)

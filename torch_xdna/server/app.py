@@ -36,7 +36,8 @@ from torch_xdna.server.worker import DeviceWorker, Job, QueueFull, WorkerStopped
 log = logging.getLogger("torch_xdna.server")
 ROUTES = ("/health", "/metrics", "/v1/models", "/v1/embeddings", "/v1/chat/completions",
           "/v1/completions", "/api/chat", "/api/generate", "/api/embed", "/api/embeddings",
-          "/api/tags", "/api/show", "/api/ps", "/api/version")   # metrics labels
+          "/api/tags", "/api/show", "/api/ps", "/api/version", "/v1/rerank", "/rerank",
+          "/v1/audio/transcriptions", "/v1/audio/translations")   # metrics labels
 
 
 @dataclass
@@ -56,6 +57,8 @@ class ServerConfig:
     max_request_tokens: int = 65536       # tokens per embeddings request
     truncate: bool = False                # over-long embedding inputs: truncate instead of 400
     max_new_tokens: int = 2048            # completion tokens per request
+    max_context: int | None = None        # chat models' KV capacity (None: from the memory budget)
+    kv_dtype: str = "bf16"                # chat models' KV storage: bf16 | int8
     request_timeout_s: float = 300.0
     preload: bool = True                  # make the first models resident at startup
     cors_origins: list[str] = field(default_factory=list)   # browser origins allowed (CORS)
@@ -284,7 +287,8 @@ class Server:
         self.config = config
         self.metrics = Metrics()
         self.dev = get_device()
-        self.registry = registry or ModelRegistry(config.max_models)
+        self.registry = registry or ModelRegistry(config.max_models, config.max_context,
+                                                   config.kv_dtype)
         if registry is None:
             if config.default_model:
                 try:
