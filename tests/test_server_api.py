@@ -404,3 +404,18 @@ def test_forced_call_grammar_always_parses(conv, tmp_path):
         assert len(calls) == 1 and not content, tok.decode(ids)
         jsonschema.validate(json.loads(calls[0].arguments),
                             tools[calls[0].name]["function"]["parameters"])
+
+
+def test_follow_up_turn_reports_prefix_cache_hits(client):
+    """A second request sharing a long system prompt reuses its KV blocks (engine/prefix_cache.py)
+    and says so in OpenAI's usage.prompt_tokens_details.cached_tokens."""
+    system = {"role": "system", "content": "You are a careful assistant. " * 8}
+    first = client.chat.completions.create(model="tiny-qwen3", max_tokens=2, temperature=0,
+                                           messages=[system, {"role": "user", "content": "hi"}])
+    again = client.chat.completions.create(model="tiny-qwen3", max_tokens=2, temperature=0,
+                                           messages=[system, {"role": "user", "content": "yo"}])
+    assert again.usage.prompt_tokens >= 64
+    cached = again.usage.prompt_tokens_details.cached_tokens
+    assert 64 <= cached < again.usage.prompt_tokens and cached % 64 == 0
+    assert first.usage.prompt_tokens_details is None or \
+        (first.usage.prompt_tokens_details.cached_tokens or 0) < cached

@@ -54,6 +54,7 @@ class Piece:
     finish_reason: str | None = None
     index: int = 0
     logprobs: list | None = None
+    cached_tokens: int = 0               # prompt tokens whose KV came from the prefix cache
 
 
 @runtime_checkable
@@ -82,6 +83,7 @@ class GenerationResult:
     prompt_tokens: int
     completion_tokens: int = 0
     finish_reason: str = "length"
+    cached_tokens: int = 0               # prompt tokens served from the prefix cache
 
 
 class StopMatcher:
@@ -151,9 +153,10 @@ def _drive(model: ChatModel, prompt_ids: list[int], params: GenerationParams,
             if isinstance(piece, str):
                 piece = Piece(piece)
             i = piece.index
+            r = results[base + i]
+            r.cached_tokens = max(r.cached_tokens, piece.cached_tokens)
             if over(i):
                 continue
-            r = results[base + i]
             r.completion_tokens += piece.tokens
             model_finish[i] = piece.finish_reason
             text, stopped[i] = matchers[i].feed(piece.text)
@@ -233,7 +236,8 @@ class DecoderChatModel:
             if chunk.finish_reason is not None:
                 # the engine's own count includes tokens cut by a stop string
                 yield Piece(chunk.text, chunk.stats.generated_tokens if chunk.stats else 0,
-                            chunk.finish_reason, chunk.index, chunk.logprobs)
+                            chunk.finish_reason, chunk.index, chunk.logprobs,
+                            chunk.stats.cached_tokens if chunk.stats else 0)
             else:
                 yield Piece(chunk.text, 0, index=chunk.index, logprobs=chunk.logprobs)
 

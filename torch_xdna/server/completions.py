@@ -116,8 +116,12 @@ async def respond(run: GenerationRun, req, chat: bool):
 
     def usage(results) -> dict:
         completion = sum(r.completion_tokens for r in results)
-        return {"prompt_tokens": prompt_tokens, "completion_tokens": completion,
-                "total_tokens": prompt_tokens + completion}
+        out = {"prompt_tokens": prompt_tokens, "completion_tokens": completion,
+               "total_tokens": prompt_tokens + completion}
+        cached = max((r.cached_tokens for r in results), default=0)
+        if cached:                     # OpenAI's field for prompt tokens served from a cache
+            out["prompt_tokens_details"] = {"cached_tokens": cached}
+        return out
 
     if not req.stream:
         try:
