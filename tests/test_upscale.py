@@ -126,3 +126,10 @@ def test_cli_scale_baseline_is_bilinear_and_model_dir(espcn_dir, tmp_path, capsy
                  "--scale", "2"]) == 2
     (tmp_path / "bad.png").write_bytes(b"not an image")
     assert main(["upscale", str(tmp_path / "bad.png"), str(tmp_path / "o.png"), "--scale", "2"]) == 2
+
+
+@pytest.fixture(autouse=True)
+def _fresh_fallback_counts():
+    """fallback.report() is process-wide: start each test from zero (other files run host ops)."""
+    fallback.reset()
+    yield

@@ -191,3 +191,10 @@ def test_estimate_image_and_sr_dirs(tmp_path, capsys):
         r = json.loads(capsys.readouterr().out)
         assert r["modeled"] and r["host_nodes"] == 0 and r["partitions"] == 1
         assert r[key] > 0 and r["measured_cpu_ms"] > 0
+
+
+@pytest.fixture(autouse=True)
+def _fresh_fallback_counts():
+    """fallback.report() is process-wide: start each test from zero (other files run host ops)."""
+    fallback.reset()
+    yield

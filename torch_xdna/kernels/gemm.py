@@ -24,6 +24,8 @@ Operand conventions of `reference` (inputs in order, then bias [N], then residua
 """
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -167,6 +169,10 @@ class GemmDesign(Design):
         label = f"{self.name} {self.batch}x{self.m}x{self.k}x{self.n}"
         cdt = self.compute_dtype
         r, s, t = require_dtype(gen, label, cdt)
+        if not self.weight_only:       # tiles the core kernel's static_asserts accept (aie/)
+            from torch_xdna.kernels.aie import matmul_tile_multiples
+            km, kk, kn = matmul_tile_multiples(cdt)
+            r, s, t = math.lcm(r, km), math.lcm(s, kk), math.lcm(t, kn)
         if self.dtype not in gen.macs_per_core_cycle.value and not self.weight_only:
             raise PlanError(label, f"{self.dtype} support on {gen.name}", 1, 0)
         # row strides the DMA walks: A rows (K), B rows (N, or K for [N, K] weights), C rows (N)

@@ -304,13 +304,26 @@ def _mult(**m):
             for k, v in m.items()]
 
 
+# the matmul sources' tile multiples (their static_asserts), which GEMM plans must respect
+MATMUL_TILE_MULTIPLES = {
+    "mm.cc": dict(DIM_M=4, DIM_K=8, DIM_N=8),
+    "mm_i8.cc": dict(DIM_M=8, DIM_K=16, DIM_N=16),
+    "mm_bfp16.cc": dict(DIM_M=8, DIM_K=8, DIM_N=8),
+    "wq.cc": dict(DIM_M=4, DIM_K=32, DIM_N=8),        # includes xdna_mm.h's bf16 matmul
+}
+
+
+def matmul_tile_multiples(compute_dtype: str) -> tuple[int, int, int]:
+    """(M, K, N) multiples the core kernel of a full GEMM in `compute_dtype` compiles for."""
+    src = {"int8": "mm_i8.cc", "bfp16": "mm_bfp16.cc"}.get(compute_dtype, "mm.cc")
+    m = MATMUL_TILE_MULTIPLES[src]
+    return m["DIM_M"], m["DIM_K"], m["DIM_N"]
+
+
 # the compile-time tile rules of each source (its static_asserts): one object holds every symbol
 # of its source, so a rule of any of them applies to the object
 TILE_RULES = {
-    "mm.cc": _mult(DIM_M=4, DIM_K=8, DIM_N=8),
-    "mm_i8.cc": _mult(DIM_M=8, DIM_K=16, DIM_N=16),
-    "mm_bfp16.cc": _mult(DIM_M=8, DIM_K=8, DIM_N=8),
-    "wq.cc": _mult(DIM_M=4, DIM_K=32, DIM_N=8),        # includes xdna_mm.h's bf16 matmul
+    **{src: _mult(**m) for src, m in MATMUL_TILE_MULTIPLES.items()},
     "zero.cc": [("DIM_M * DIM_N a multiple of 16", lambda d: d.get("DIM_M", 32) * d.get("DIM_N", 32) % 16 == 0)],
     "attention.cc": _mult(ATT_TQ=4, ATT_TKV=16, ATT_D=16),
 }
