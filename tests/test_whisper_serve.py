@@ -141,7 +141,11 @@ def test_cli_estimate_whisper_shape(files, capsys):
     assert main(["estimate", "whisper-tiny", "--json"]) == 0
     r = json.loads(capsys.readouterr().out)["results"][0]
     assert r["modeled_encoder_ms_per_window"] > 0 and r["modeled_decoder_ms_per_token"] > 0
+    # the CPU peer (transformers, fp32) measured in the same run, next to the modeled figure
+    assert r["measured_cpu_encoder_ms"] > 0 and r["measured_cpu_ms_per_token"] > 0
+    assert r["measured_cpu_ms_per_window"] > r["measured_cpu_encoder_ms"]
     assert main(["estimate", str(files[1])]) == 0
-    assert "ms per 30-s window" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "ms per 30-s window" in out and "CPU peer" in out and "measured on this host" in out
     assert main(["estimate", "whisper-tiny", "--precision", "int4"]) == 2
     assert "bf16" in capsys.readouterr().err

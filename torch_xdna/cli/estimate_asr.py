@@ -27,6 +27,12 @@ def maybe_run(args: argparse.Namespace) -> int | None:
         raise ValueError(f"Whisper runs in bf16 on the NPU; --precision {bad[0]} is not "
                          "supported for it")
     r = estimate_whisper(spec, "bf16")
+    try:                               # the CPU peer in the same run (transformers, fp32)
+        from torch_xdna.engine.asr_estimate import measure_cpu_window
+        r.update(measure_cpu_window(spec, r["tokens_per_window"]))
+    except Exception as e:             # noqa: BLE001 - the modeled figure stands without the peer
+        r["measured_cpu_ms_per_window"] = None
+        r["cpu_peer_error"] = f"{type(e).__name__}: {e}"
     if args.json:
         print(json.dumps({"model": name, "modeled": True, "results": [r]}, indent=2))
         return 0
@@ -39,4 +45,12 @@ def maybe_run(args: argparse.Namespace) -> int | None:
           f"({r['decoder_mb_per_token']:.0f} MB/token)")
     print(f"  30-s window        {r['modeled_ms_per_window']:8.1f} ms at "
           f"{r['tokens_per_window']} tokens = {r['modeled_realtime_factor']:.0f}x real time")
+    if r.get("measured_cpu_ms_per_window") is not None:
+        print(f"  CPU peer           {r['measured_cpu_ms_per_window']:8.1f} ms per window "
+              f"(transformers fp32, {r['cpu_threads']} threads, measured on this host: encoder "
+              f"{r['measured_cpu_encoder_ms']:.1f} ms + {r['measured_cpu_ms_per_token']:.2f} "
+              f"ms/token)")
+    else:
+        print(f"  CPU peer           not measured ({r['cpu_peer_error']}; the peer is "
+              f"transformers: pip install transformers)")
     return 0

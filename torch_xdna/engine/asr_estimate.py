@@ -85,3 +85,42 @@ def estimate_whisper(spec: WhisperSpec, precision: str = "bf16", tokens: int = T
         "modeled_ms_per_window": total / 1e3,
         "modeled_realtime_factor": 30.0 / (total / 1e6) if total else None,
     }
+
+
+def measure_cpu_window(spec: WhisperSpec, tokens: int, steps: int = 8) -> dict:
+    """Host (CPU) time of one 30-s window for the CPU peer, transformers' Whisper in fp32 with
+    random weights of `spec`'s shapes (time depends on shapes, not values): one encoder pass plus
+    `steps` cached decode steps, the per-token time extrapolated to `tokens`. Measured, not
+    modeled; needs transformers."""
+    import time
+    import warnings
+
+    import torch
+    from transformers import WhisperConfig, WhisperForConditionalGeneration
+    from transformers.utils import logging as hf_logging
+    hf_logging.set_verbosity_error()                 # the peer's deprecation notes are not ours
+    cfg = WhisperConfig(vocab_size=spec.vocab, d_model=spec.d_model,
+                        encoder_layers=spec.encoder_layers, decoder_layers=spec.decoder_layers,
+                        encoder_attention_heads=spec.encoder_heads,
+                        decoder_attention_heads=spec.decoder_heads,
+                        encoder_ffn_dim=spec.encoder_ffn, decoder_ffn_dim=spec.decoder_ffn,
+                        num_mel_bins=spec.n_mels, max_source_positions=spec.source_positions,
+                        max_target_positions=spec.target_positions, pad_token_id=0,
+                        bos_token_id=0, eos_token_id=0, decoder_start_token_id=0)
+    model = WhisperForConditionalGeneration(cfg).eval()
+    mel = torch.randn(1, spec.n_mels, spec.mel_frames)
+    with torch.inference_mode(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        t0 = time.perf_counter()
+        enc = model.model.encoder(mel).last_hidden_state
+        t_enc = time.perf_counter() - t0
+        ids, past = torch.tensor([[0]]), None
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            out = model(encoder_outputs=(enc,), decoder_input_ids=ids, past_key_values=past,
+                        use_cache=True)
+            past, ids = out.past_key_values, out.logits[:, -1:].argmax(-1)
+        t_tok = (time.perf_counter() - t0) / steps
+    return {"measured_cpu_encoder_ms": t_enc * 1e3, "measured_cpu_ms_per_token": t_tok * 1e3,
+            "measured_cpu_ms_per_window": (t_enc + tokens * t_tok) * 1e3,
+            "cpu_threads": torch.get_num_threads()}
