@@ -76,6 +76,17 @@ class EmbedStats:
     host_s: float = 0.0
     shapes: list = field(default_factory=list)
 
+    def run(self, dev, program, shape: tuple[int, int]) -> None:
+        """Run one (batch, seq) Program on `dev` and add its modeled time and dispatches."""
+        c = dev.counters
+        us0, d0 = c.modeled_us, c.dispatches
+        dev.run_program(program)
+        c = dev.counters
+        self.modeled_us += c.modeled_us - us0
+        self.dispatches += c.dispatches - d0
+        self.batches += 1
+        self.shapes.append(shape)
+
 
 @dataclass
 class _Workspace:
@@ -273,15 +284,8 @@ class Embedder:
             raise ValueError(f"token id out of range [0, {self.spec.vocab}) for {self.name}")
         self.dev.write(ws.ids.buffer, ids)
         self.dev.write(ws.mask.buffer, mask)
-        c = self.dev.counters
-        us0, d0 = c.modeled_us, c.dispatches
-        self.dev.run_program(ws.program)
-        c = self.dev.counters
-        stats.modeled_us += c.modeled_us - us0
-        stats.dispatches += c.dispatches - d0
-        stats.batches += 1
+        stats.run(self.dev, ws.program, (b, s))
         stats.processed_tokens += b * s
-        stats.shapes.append((b, s))
         return self.dev.download(ws.out)[:n]
 
     def embed(self, texts: list[str], stats: EmbedStats | None = None) -> torch.Tensor:

@@ -143,14 +143,7 @@ class Reranker(Embedder):
         self.dev.write(ws.ids.buffer, ids)
         self.dev.write(ws.types.buffer, types)
         self.dev.write(ws.mask.buffer, mask)
-        c = self.dev.counters
-        us0, d0 = c.modeled_us, c.dispatches
-        self.dev.run_program(ws.program)
-        c = self.dev.counters
-        stats.modeled_us += c.modeled_us - us0
-        stats.dispatches += c.dispatches - d0
-        stats.batches += 1
-        stats.shapes.append((b, s))
+        stats.run(self.dev, ws.program, (b, s))
         return self.dev.download(ws.out)[:n, 0]
 
     def activate(self, logits: torch.Tensor) -> torch.Tensor:
