@@ -18,3 +18,14 @@ import torch_xdna  # noqa: E402,F401  registers the device
 def _seed():
     torch.manual_seed(0)
     yield
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """This host's 2 cores are shared: the simulator's small ops run far faster on one intra-op
+    thread (no spinning, no oversubscription). Modules use it by name or via
+    `pytestmark = pytest.mark.usefixtures("one_thread")`."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)

@@ -26,14 +26,6 @@ N_TEXTS = 20_000
 ROWS = 2048                              # lines per chunk / row group
 
 
-@pytest.fixture(scope="module")
-def one_thread():
-    """2 shared cores: one thread per process keeps the sim's small GEMMs fast."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):

@@ -32,14 +32,6 @@ LONG_CONFIGS = {
 }
 
 
-@pytest.fixture
-def one_thread():
-    """Oversubscribed CI hosts: one intra-op thread is ~3x faster for these small ops."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
 
 @pytest.mark.parametrize("family", list(LONG_CONFIGS))
 def test_9000_token_prompt_generates_like_transformers(family, tmp_path, one_thread):

@@ -16,14 +16,7 @@ from whisper_fixtures import make_whisper_dir, tone  # noqa: E402
 
 pytest.importorskip("transformers")
 
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """This host's 2 cores are shared: small ops run far faster on one thread (no spinning)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

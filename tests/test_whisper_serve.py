@@ -18,13 +18,7 @@ from test_whisper import write_mp3  # noqa: E402
 openai = pytest.importorskip("openai")
 TOKENS = 6
 
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")
