@@ -216,3 +216,23 @@ def test_serve_max_batch_option():
     args = build_parser().parse_args(["serve", "--max-batch", "2"])
     assert args.max_batch == 2
     assert build_parser().parse_args(["serve"]).max_batch == 4
+
+
+def test_a_finished_sequence_leaves_prompt_and_answer_in_the_prefix_cache(live):
+    from torch_xdna.engine.batching import BatchSession
+    from torch_xdna.engine.generate import GenerationConfig
+    from torch_xdna.engine.prefix_cache import BLOCK
+    engine = live.srv.registry.loaded[MODEL].engine
+    pc = engine.prefix_cache
+    prompt = list(range(100, 100 + BLOCK - 10))       # less than one block: nothing kept yet
+    with BatchSession(engine, slots=2) as session:
+        seq = session.add(prompt, GenerationConfig(max_tokens=30, stop_token_ids=()))
+        session.run()
+    assert seq.fed == 29                               # the 30th token was never fed
+    follow_up = prompt + seq.token_ids + [7, 8, 9]
+    assert pc.restore(engine.decoder.dev, engine.decoder.cache, follow_up) == BLOCK
+    cfg = GenerationConfig(max_tokens=6, stop_token_ids=())
+    reused = engine.complete(follow_up, cfg)           # from the slot's KV entries
+    assert reused.stats.cached_tokens == BLOCK
+    pc.clear()
+    assert engine.complete(follow_up, cfg).token_ids == reused.token_ids

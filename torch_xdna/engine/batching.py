@@ -95,6 +95,7 @@ class Sequence:
     next_token: int | None = None       # sampled, not yet fed (its KV is not written yet)
     cached_tokens: int = 0
     error: BaseException | None = None  # this sequence failed (finish_reason "error")
+    fed: int = 0                        # generated tokens whose KV the slot holds
 
     @property
     def position(self) -> int:
@@ -195,7 +196,15 @@ class BatchSession:
                 seq.next_token = token
 
     def _finish(self, seq: Sequence, reason: str) -> None:
+        fed = seq.fed
         seq.finish_reason, seq.next_token = reason, None
+        pc = self.engine.prefix_cache
+        if pc is not None and reason != "error" and fed > 0:
+            # keep prompt + answer for the next turn, as a generation alone does (the tokens
+            # whose KV the slot holds: the last sampled one was never fed)
+            cache = self.caches[seq.slot]
+            cache.length = len(seq.prompt) + fed
+            pc.store(self.dec.dev, cache, seq.prompt + seq.token_ids[:fed])
         self._free.append(seq.slot)
         self._free.sort()
 
@@ -216,6 +225,7 @@ class BatchSession:
         self.modeled_step_us.append((n, counters.take()["modeled_us"]))
         self.steps += 1
         for r, s in enumerate(batch):
+            s.fed += 1
             try:
                 self._accept(s, logits[r])
             except Exception as e:      # noqa: BLE001 - one sequence's failure (its sampler)

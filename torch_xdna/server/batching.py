@@ -109,6 +109,7 @@ class Batcher:
                                                   f"the request waited; retry it.",
                                              type="server_error", code="model_unloaded"))
                 return
+            srv.registry.get(srv.registry.entries[entry_id])       # most recently used now
             if runner.drive():              # yielded to waiting jobs: go behind them
                 self._schedule(entry_id, model, runner)
 
