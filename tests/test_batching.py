@@ -127,3 +127,15 @@ def test_runner_yields_to_waiting_device_work_then_resumes(engine):
     r0 = BatchRunner(engine, slots=0)        # no slot fits: served alone, same tokens
     hs = [r0.submit(p, cfg)[0] for p in prompts[:2]]
     assert r0.drive() is False and r0.alone == 2 and [x.result() for x in hs] == alone[:2]
+
+
+def test_runner_cancelled_while_queued_never_prefills(engine):
+    prompts = _prompts()
+    cfg = GenerationConfig(max_tokens=3, stop_token_ids=())
+    runner = BatchRunner(engine, slots=1)
+    first, _ = runner.submit(prompts[0], cfg)
+    queued, _ = runner.submit(prompts[1], cfg)      # waits for the only slot
+    queued.cancel()                                 # its client left while it waited
+    assert runner.drive() is False
+    assert len(first.result()) == 3 and queued.result() == []
+    assert queued.finish_reason == "cancelled" and queued.seq is None

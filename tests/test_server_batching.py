@@ -236,3 +236,26 @@ def test_a_finished_sequence_leaves_prompt_and_answer_in_the_prefix_cache(live):
     assert reused.stats.cached_tokens == BLOCK
     pc.clear()
     assert engine.complete(follow_up, cfg).token_ids == reused.token_ids
+
+
+def test_full_batch_queue_answers_429(live):
+    import threading as th
+
+    from torch_xdna.engine.generate import GenerationConfig
+    from torch_xdna.server.schemas import APIError
+    srv = live.srv
+    model = srv.registry.loaded[MODEL]
+    release = th.Event()
+    blocker = srv.worker.call(lambda: release.wait(30))      # the device is busy meanwhile
+    limit, srv.config.max_queue = srv.config.max_queue, 2
+    try:
+        cfg = GenerationConfig(max_tokens=2)
+        handles = [srv.batcher.submit(MODEL, model, [5, 6, 7], cfg) for _ in range(2)]
+        with pytest.raises(APIError) as e:
+            srv.batcher.submit(MODEL, model, [5, 6, 7], cfg)
+        assert e.value.status == 429 and e.value.code == "queue_full"
+    finally:
+        srv.config.max_queue = limit
+        release.set()
+    blocker.result(30)
+    assert all(len(h.result()) <= 2 and h.finished for h in handles)
