@@ -30,7 +30,7 @@ def live(tmp_path_factory):
     reg.add_dir(path)
     app = create_app(ServerConfig(default_model=False, max_batch=4), registry=reg)
     with BackgroundServer(app) as srv:
-        srv.srv = app.state.server
+        srv.srv, srv.path = app.state.server, path
         yield srv
 
 
@@ -259,3 +259,46 @@ def test_full_batch_queue_answers_429(live):
         release.set()
     blocker.result(30)
     assert all(len(h.result()) <= 2 and h.finished for h in handles)
+
+
+def test_shutdown_ends_batched_requests_with_json_and_sse_errors(live):
+    """Two chats decoding in one batch when the server is told to stop: after the grace
+    period both end in OpenAI's error shape (the stream with an error event and [DONE])."""
+    from torch_xdna.server.http import HttpLimits
+    reg = ModelRegistry(max_models=1)
+    reg.add_dir(live.path)
+    app = create_app(ServerConfig(default_model=False, limits=HttpLimits(graceful_timeout_s=0.5)),
+                     registry=reg)
+    bg = BackgroundServer(app)
+    bg.__enter__()
+    srv = app.state.server
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "hello"}],
+            "max_tokens": 400, "temperature": 0}           # greedy: no EOS within 400 tokens
+    out: dict = {}
+
+    def plain():
+        r = httpx.post(bg.url + "/v1/chat/completions", json=body, timeout=60)
+        out["plain"] = (r.status_code, r.text)
+
+    def stream():
+        with httpx.stream("POST", bg.url + "/v1/chat/completions", timeout=60,
+                          json={**body, "stream": True}) as r:
+            out["stream"] = [ln for ln in r.iter_lines() if ln]
+    threads = [threading.Thread(target=plain), threading.Thread(target=stream)]
+    for t in threads:
+        t.start()
+    runner = srv.batcher.runner(MODEL, srv.registry.loaded[MODEL])
+    deadline = time.monotonic() + 30
+    while runner.active < 2 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert runner.active == 2                              # both decoding together
+    t0 = time.monotonic()
+    bg.__exit__(None, None, None)
+    for t in threads:
+        t.join(30)
+    assert time.monotonic() - t0 < 10
+    code, text = out["plain"]
+    assert code == 503 and json.loads(text)["error"]["code"] == "shutting_down", text
+    lines = out["stream"]
+    assert lines[-1] == "data: [DONE]" and "shutting_down" in lines[-2], lines[-3:]
+    assert runner.active == 0
