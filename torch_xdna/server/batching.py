@@ -74,6 +74,10 @@ class Batcher:
     def runner(self, entry_id: str, model: Any):
         from torch_xdna.engine.batching import BatchRunner, slots_for_budget
         with self._lock:
+            loaded = self.srv.registry.loaded
+            for k in [k for k, (m, r) in self._runners.items()      # evicted: let them go
+                      if loaded.get(k) is not m and not r._driving]:
+                del self._runners[k]
             held = self._runners.get(entry_id)
             if held is None or held[0] is not model:        # first use, or the model reloaded
                 engine = model.engine
