@@ -18,7 +18,14 @@ host (the simulator runs each row's reference on the CPU, so host tok/s does not
 batching the way the device does), with every sequence's tokens checked against its tokens
 decoded alone.
 
-    python benchmarks/bench_serving.py [--quick] [--json]
+Through the HTTP server (`xdna serve`'s app on a loopback port, uvicorn): 1/2/4/8 concurrent
+chat clients (httpx, non-streaming, greedy), each round once batched (--max-batch 8) and once
+with --max-batch 1, the two alternating, several rounds each: measured aggregate completion
+tok/s (median, min, max) and request latency p50/p95 over all rounds, plus the modeled device
+tok/s of the round (device counters; prefills included). Every client's answer is checked equal
+between the two modes.
+
+    python benchmarks/bench_serving.py [--quick] [--json] [--http-only]
 """
 from __future__ import annotations
 
@@ -54,6 +61,125 @@ def _tiny_qwen3(tmp: str) -> None:
                       rope_parameters={"rope_type": "default", "rope_theta": 1e6})
     torch.manual_seed(0)
     AutoModelForCausalLM.from_config(cfg).float().eval().save_pretrained(tmp)
+
+
+def _tiny_chat_model(tmp: str) -> None:
+    """The tiny Qwen3 above plus a locally trained byte-level BPE tokenizer and chat template
+    (nothing downloads), so the HTTP server can serve it."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    _tiny_qwen3(tmp)
+    cfg_path = Path(tmp) / "config.json"
+    cfg = json.loads(cfg_path.read_text())
+    cfg.update(bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    cfg_path.write_text(json.dumps(cfg))
+    specials = ["<pad>", "<bos>", "<eos>", "<|im_start|>", "<|im_end|>"]
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=1000, special_tokens=specials,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator([" ".join(_CLIENT_TEXTS) * 30], trainer)
+    tok.save(str(Path(tmp) / "tokenizer.json"))
+    template = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}"
+                "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n"
+                "{% endif %}")
+    (Path(tmp) / "tokenizer_config.json").write_text(json.dumps({
+        "bos_token": "<bos>", "eos_token": "<eos>", "pad_token": "<pad>",
+        "chat_template": template, "tokenizer_class": "PreTrainedTokenizerFast"}))
+
+
+_CLIENT_TEXTS = ["what is the capital of norway and why", "write a short poem about the sea",
+                 "explain continuous batching in one paragraph", "list three prime numbers",
+                 "how does a neural processing unit work", "translate good morning to french",
+                 "summarize the plot of a mystery novel", "give me a recipe for pancakes"]
+
+
+def _pct(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, max(0, int(round(q * (len(xs) - 1)))))]
+
+
+def http_batching(clients=(1, 2, 4, 8), rounds: int = 5, new: int = 32) -> dict:
+    """Concurrent chat clients against the real HTTP server, batched vs --max-batch 1."""
+    import os
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    import httpx
+
+    from torch_xdna.server.app import ServerConfig, create_app
+    from torch_xdna.server.background import BackgroundServer
+    from torch_xdna.server.registry import ModelRegistry
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        model_dir = Path(tmp) / "tiny-chat"
+        model_dir.mkdir()
+        _tiny_chat_model(str(model_dir))
+        reg = ModelRegistry(max_models=1, max_context=256)
+        reg.add_dir(model_dir)
+        app = create_app(ServerConfig(default_model=False, max_batch=max(clients),
+                                      max_new_tokens=new), registry=reg)
+        srv = app.state.server
+        with BackgroundServer(app) as live:
+            url = live.url + "/v1/chat/completions"
+
+            def one(i: int, http: httpx.Client) -> tuple[float, int, str]:
+                body = {"model": "tiny-chat", "max_tokens": new, "temperature": 0,
+                        "messages": [{"role": "user", "content": _CLIENT_TEXTS[i]}]}
+                t0 = time.perf_counter()
+                r = http.post(url, json=body, timeout=300)
+                r.raise_for_status()
+                d = r.json()
+                return (time.perf_counter() - t0, d["usage"]["completion_tokens"],
+                        d["choices"][0]["message"]["content"])
+
+            def round_(n: int, max_batch: int) -> dict:
+                srv.batcher.max_batch = max_batch
+                gate = threading.Barrier(n)
+                c0 = srv.dev.counters.modeled_us
+
+                def client(i):
+                    with httpx.Client() as http:
+                        gate.wait()
+                        return one(i, http)
+                t0 = time.perf_counter()
+                with ThreadPoolExecutor(n) as pool:
+                    out = list(pool.map(client, range(n)))
+                wall = time.perf_counter() - t0
+                toks = sum(k for _, k, _ in out)
+                return {"tok_s": toks / wall, "lat": [x for x, _, _ in out],
+                        "texts": [t for _, _, t in out],
+                        "modeled_tok_s": toks / max(1e-12, (srv.dev.counters.modeled_us - c0) * 1e-6)}
+
+            round_(max(clients), max(clients))               # warm: programs for every bucket
+            for n in (1, 2, 4, 8):
+                if n <= max(clients):
+                    round_(n, max(clients))
+            round_(1, 1)
+            for n in clients:
+                res = {"batched": [], "single": []}
+                for _ in range(rounds):                        # alternate the two modes
+                    res["batched"].append(round_(n, max(clients)))
+                    res["single"].append(round_(n, 1))
+                row = {"clients": n, "rounds": rounds, "new_tokens_each": new,
+                       "answers_equal": all(b["texts"] == s["texts"] for b, s in
+                                            zip(res["batched"], res["single"]))}
+                for mode, rs in res.items():
+                    tps = [r["tok_s"] for r in rs]
+                    lat = [x for r in rs for x in r["lat"]]
+                    row[mode] = {"host_tok_s_measured_median": statistics.median(tps),
+                                 "host_tok_s_measured_min": min(tps),
+                                 "host_tok_s_measured_max": max(tps),
+                                 "latency_s_p50": _pct(lat, 0.5), "latency_s_p95": _pct(lat, 0.95),
+                                 "device_tok_s_modeled": statistics.median(
+                                     r["modeled_tok_s"] for r in rs)}
+                row["speedup_measured"] = (row["batched"]["host_tok_s_measured_median"]
+                                           / row["single"]["host_tok_s_measured_median"])
+                rows.append(row)
+            largest = srv.batcher.runner("tiny-chat", srv.registry.loaded["tiny-chat"]).max_batch
+    OPERANDS.clear()
+    return {"model": "qwen3 random h256 L4 V4096 bf16, context 256", "rows": rows,
+            "largest_batched_step": largest, "load_average": os.getloadavg()}
 
 
 def measured_batching(sizes=(1, 2, 4, 8), prompt: int = 24, new: int = 16) -> list[dict]:
@@ -172,22 +298,48 @@ def modeled_plans(model: str = "qwen3-0.6b", prompt: int = 1536, cached: int = 1
             "ttft_speedup_modeled": whole / (rest + flush)}
 
 
-def run(quick: bool = False) -> dict:
+def run(quick: bool = False, http_only: bool = False) -> dict:
+    http = (http_batching((1, 4), rounds=2, new=12) if quick else http_batching())
+    if http_only:
+        return {"http_batching": http}
     measured = (measured_follow_up(192, 24, 16, 3) if quick
                 else measured_follow_up(448, 32, 32, 5))
     return {"follow_up_turn": measured, "plans": modeled_plans(),
             "batching_plans": modeled_batching(),
-            "batching_measured": measured_batching(new=8 if quick else 16)}
+            "batching_measured": measured_batching(new=8 if quick else 16),
+            "http_batching": http}
+
+
+def print_http(h: dict) -> None:
+    print(f"HTTP server, {h['model']}, concurrent chat clients (host measured, device modeled; "
+          f"load average {', '.join(f'{x:.1f}' for x in h['load_average'])}):")
+    for r in h["rows"]:
+        b, s = r["batched"], r["single"]
+        print(f"  {r['clients']} clients x {r['new_tokens_each']} tokens, {r['rounds']} rounds: "
+              f"batched {b['host_tok_s_measured_median']:.1f} tok/s "
+              f"({b['host_tok_s_measured_min']:.1f}-{b['host_tok_s_measured_max']:.1f}), p50/p95 "
+              f"{b['latency_s_p50']:.2f}/{b['latency_s_p95']:.2f} s, device "
+              f"{b['device_tok_s_modeled']:.0f} tok/s modeled | --max-batch 1 "
+              f"{s['host_tok_s_measured_median']:.1f} tok/s "
+              f"({s['host_tok_s_measured_min']:.1f}-{s['host_tok_s_measured_max']:.1f}), p50/p95 "
+              f"{s['latency_s_p50']:.2f}/{s['latency_s_p95']:.2f} s, device "
+              f"{s['device_tok_s_modeled']:.0f} tok/s modeled | {r['speedup_measured']:.2f}x; "
+              f"answers equal: {r['answers_equal']}")
+    print(f"  largest batched step: {h['largest_batched_step']}")
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--http-only", action="store_true", help="only the HTTP server rounds")
     args = ap.parse_args()
-    res = run(args.quick)
+    res = run(args.quick, args.http_only)
     if args.json:
         print(json.dumps(res, indent=2))
+        return
+    if args.http_only:
+        print_http(res["http_batching"])
         return
     m, p = res["follow_up_turn"], res["plans"]
     print(f"follow-up turn, {m['model']}, {m['prompt_tokens_on']} prompt tokens, "
@@ -212,6 +364,7 @@ def main() -> None:
         print(f"  N={r['sequences']}: device {r['device_tok_s_modeled']:.0f} tok/s modeled, host "
               f"{r['host_tok_s_measured']:.1f} tok/s measured; tokens equal alone: "
               f"{r['tokens_equal_alone']}")
+    print_http(res["http_batching"])
 
 
 if __name__ == "__main__":

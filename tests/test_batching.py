@@ -107,3 +107,35 @@ def test_token_ids_streamed_once_without_tokenizer(engine):
         assert len(r.token_ids) == 4
     finally:
         engine.tokenizer = tok
+
+
+def test_runner_yields_to_waiting_device_work_then_resumes(engine):
+    prompts = _prompts()
+    cfg = GenerationConfig(max_tokens=3, stop_token_ids=())
+    alone = [engine.complete(p, cfg).token_ids for p in prompts[:3]]
+    waiting = {"jobs": 0}
+    runner = BatchRunner(engine, slots=lambda: 2, yield_to=lambda: waiting["jobs"] > 0)
+    handles = [runner.submit(p, cfg)[0] for p in prompts[:3]]
+    waiting["jobs"] = 1                      # another job waits: admit no one after round one
+    assert runner.drive() is True            # the first two ran to the end; the third waits
+    assert [h.finished for h in handles] == [True, True, False] and runner.queued == 1
+    waiting["jobs"] = 0
+    h, start = runner.submit(prompts[0], cfg)
+    assert not start                         # a drive is still owed: the caller re-queues it
+    assert runner.drive() is False and runner.queued == 0
+    assert [x.result() for x in handles] == alone and h.result() == alone[0]
+    r0 = BatchRunner(engine, slots=0)        # no slot fits: served alone, same tokens
+    hs = [r0.submit(p, cfg)[0] for p in prompts[:2]]
+    assert r0.drive() is False and r0.alone == 2 and [x.result() for x in hs] == alone[:2]
+
+
+def test_runner_cancelled_while_queued_never_prefills(engine):
+    prompts = _prompts()
+    cfg = GenerationConfig(max_tokens=3, stop_token_ids=())
+    runner = BatchRunner(engine, slots=1)
+    first, _ = runner.submit(prompts[0], cfg)
+    queued, _ = runner.submit(prompts[1], cfg)      # waits for the only slot
+    queued.cancel()                                 # its client left while it waited
+    assert runner.drive() is False
+    assert len(first.result()) == 3 and queued.result() == []
+    assert queued.finish_reason == "cancelled" and queued.seq is None

@@ -406,6 +406,54 @@ def test_forced_call_grammar_always_parses(conv, tmp_path):
                             tools[calls[0].name]["function"]["parameters"])
 
 
+@pytest.mark.parametrize("conv", ["hermes", "llama3", "prompt"])
+def test_forced_parallel_calls_grammar_parses_into_several_calls(conv, tmp_path):
+    """tool_choice "required" with parallel_tool_calls: random walks through the grammar of up
+    to 3 calls each parse into 1-3 calls of offered tools with valid arguments."""
+    import random
+
+    from llm_fixtures import save_tokenizer
+    from tokenizers import Tokenizer
+
+    from torch_xdna.engine.constrained import Grammar, processor_factory
+    from torch_xdna.server.tools import call_grammar
+    save_tokenizer(tmp_path)
+    tok = Tokenizer.from_file(str(tmp_path / "tokenizer.json"))
+    vocab, eos = 400, 2
+    make = processor_factory(Grammar("lark", call_grammar([WEATHER, TIME], conv, 3)),
+                             tok.to_str(), vocab, eos)
+    rng = random.Random(1)
+    tools = {"weather": WEATHER, "time": TIME}
+    counts = []
+    for _ in range(6):
+        proc, ids = make(), []
+        for _ in range(600):
+            allowed = torch.isfinite(proc(torch.zeros(vocab))).nonzero().flatten().tolist()
+            t = rng.choice(allowed)
+            proc.accept(t)
+            if t == eos:
+                break
+            ids.append(t)
+            if proc.finished():
+                break
+        content, calls = parse_tool_calls(tok.decode(ids), conv, set(tools))
+        assert 1 <= len(calls) <= 3 and not content, tok.decode(ids)
+        for c in calls:
+            jsonschema.validate(json.loads(c.arguments), tools[c.name]["function"]["parameters"])
+        counts.append(len(calls))
+    assert max(counts) > 1, counts
+
+
+def test_parallel_tool_calls_false_forces_exactly_one_call(client):
+    for parallel in (False, True):
+        r = client.chat.completions.create(
+            model="tiny-qwen3", messages=MSGS, tools=[WEATHER, TIME], tool_choice="required",
+            parallel_tool_calls=parallel, max_tokens=120, temperature=0.9, seed=11)
+        ch = r.choices[0]
+        assert ch.finish_reason == "tool_calls", ch
+        assert 1 <= len(ch.message.tool_calls) <= (4 if parallel else 1)
+
+
 def test_follow_up_turn_reports_prefix_cache_hits(client):
     """A second request sharing a long system prompt reuses its KV blocks (engine/prefix_cache.py)
     and says so in OpenAI's usage.prompt_tokens_details.cached_tokens."""

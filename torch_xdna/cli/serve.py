@@ -65,6 +65,11 @@ def register(subparsers) -> None:
                         "the weights)")
     p.add_argument("--kv-dtype", choices=("bf16", "int8"), default="bf16",
                    help="chat models' KV cache storage (int8: half the bytes per token)")
+    p.add_argument("--max-batch", type=positive_int, default=4, metavar="N",
+                   help="concurrent chats of one model decoded together, one batched NPU step "
+                        "per token (default 4; 1: one request at a time). Fewer when their KV "
+                        "caches do not fit the memory budget; requests needing logprobs, "
+                        "grammars, penalties or n>1 run alone")
     p.add_argument("--truncate", action="store_true",
                    help="truncate over-long embedding inputs instead of answering 400")
     p.add_argument("--cors-origin", action="append", default=[], metavar="ORIGIN",
@@ -131,7 +136,8 @@ def run(args: argparse.Namespace) -> int:
                           max_inputs=args.max_inputs, max_body_bytes=args.max_body_bytes,
                           truncate=args.truncate, preload=not args.no_preload,
                           cors_origins=args.cors_origin, limits=limits,
-                          max_context=args.max_context, kv_dtype=args.kv_dtype)
+                          max_context=args.max_context, kv_dtype=args.kv_dtype,
+                          max_batch=args.max_batch)
     problem = _port_free(args.host, args.port)
     if problem:
         raise CliError(problem)

@@ -16,13 +16,18 @@ the ones it gets alone (tests/test_batching.py). Token ids out; the caller decod
 from __future__ import annotations
 
 import dataclasses
+import queue
+import threading
+import time
 from dataclasses import dataclass, field
+from typing import Callable, Iterator
 
 import torch
 
 from torch_xdna.engine.decoder import step_designs
-from torch_xdna.engine.generate import Engine, EngineBusy, GenerationConfig, _Counters
-from torch_xdna.engine.kv_cache import KVCache
+from torch_xdna.engine.generate import (Chunk, Engine, EngineBusy, GenerationConfig,
+                                        GenerationStats, StopMatcher, _Counters)
+from torch_xdna.engine.kv_cache import KVCache, kv_bytes_per_token
 from torch_xdna.engine.sampler import Sampler
 from torch_xdna.kernels.llm_batch import BatchedHeadDesign, BatchedLayerDesign
 from torch_xdna.kernels.llm_blocks import rows_bucket
@@ -32,6 +37,48 @@ from torch_xdna.runtime.buffer import Coherence
 
 class SessionFull(RuntimeError):
     """Every KV slot of the batch session holds a running sequence."""
+
+
+# A slot is a full-capacity KV cache plus its rows of the step's activations; the session takes
+# at most this share of the device memory free when it opens (headroom for the prefix cache
+# and program scratch), so a batch never pushes the device out of memory.
+BATCH_MEMORY_SHARE = 0.9
+
+
+def unsupported(engine: Engine, config: GenerationConfig) -> str | None:
+    """Why `config` cannot decode in a batch session (None: it can). The session samples with
+    temperature/top-k/top-p/seed and stop tokens only; everything that needs per-sequence
+    logits processors, the token history or several samples runs alone."""
+    if getattr(engine.decoder, "kv_dtype", "bf16") != "bf16":
+        return "kv_dtype"                       # slots hold bf16/fp32 KV (no int8 batch layer)
+    if config.n != 1:
+        return "n"
+    if config.repetition_penalty != 1.0:
+        return "repetition_penalty"
+    if config.presence_penalty or config.frequency_penalty or config.logit_bias:
+        return "penalties"
+    if config.grammar is not None or config.processors:
+        return "grammar"
+    if config.logprobs is not None:
+        return "logprobs"
+    return None
+
+
+def slot_bytes(engine: Engine) -> int:
+    """Device bytes one batch slot takes: its KV cache at the engine's capacity and its rows
+    of the step's activations, ids and logits."""
+    dec, spec = engine.decoder, engine.spec
+    kv = dec.capacity * kv_bytes_per_token(spec.layers, spec.kv_heads, spec.head_dim, "bf16",
+                                           dec.policy.exact)
+    return kv + (spec.hidden + 1 + spec.vocab) * 4
+
+
+def slots_for_budget(engine: Engine, max_batch: int) -> int:
+    """How many slots a session may open now: at most max_batch, and only as many as fit
+    BATCH_MEMORY_SHARE of the device memory free (TORCH_XDNA_MEMORY_BUDGET); 0 = none fits."""
+    dev = engine.decoder.dev
+    free = max(0, dev.memory_budget - dev.counters.allocated_bytes)
+    return int(max(0, min(max_batch, int(free * BATCH_MEMORY_SHARE) // slot_bytes(engine))))
 
 
 @dataclass
@@ -47,6 +94,8 @@ class Sequence:
     finish_reason: str | None = None
     next_token: int | None = None       # sampled, not yet fed (its KV is not written yet)
     cached_tokens: int = 0
+    error: BaseException | None = None  # this sequence failed (finish_reason "error")
+    fed: int = 0                        # generated tokens whose KV the slot holds
 
     @property
     def position(self) -> int:
@@ -103,19 +152,25 @@ class BatchSession:
         if not prompt or len(prompt) + max(config.max_tokens, 1) > dec.capacity:
             raise ValueError(f"a prompt of {len(prompt)} tokens + {config.max_tokens} new ones "
                              f"does not fit the KV cache ({dec.capacity})")
-        if config.repetition_penalty != 1.0:
-            raise ValueError("repetition_penalty is not supported in a batch session")
+        why = unsupported(eng, config)
+        if why is not None:
+            raise ValueError(f"{why} is not supported in a batch session; generate it alone")
         stop = eng.eos_token_ids if config.stop_token_ids is None else config.stop_token_ids
-        seq = Sequence(list(prompt), config, self._free.pop(0), Sampler(config.sampling()), set(stop))
+        seq = Sequence(list(prompt), config, self._free[0], Sampler(config.sampling()), set(stop))
         pc = eng.prefix_cache
         reused = pc.restore(dec.dev, dec.cache, prompt) if pc is not None else dec.reset() or 0
         seq.cached_tokens = reused
-        logits = dec.forward(prompt[reused:])
+        logits = dec.forward(prompt[reused:])      # a bad prompt raises here: its slot stays free
         if pc is not None:
             pc.store(dec.dev, dec.cache, prompt)
         self._copy_kv(dec.cache, self.caches[seq.slot], len(prompt))
+        self._free.pop(0)
         self.seqs.append(seq)
-        self._accept(seq, logits)
+        try:
+            self._accept(seq, logits)
+        except BaseException:
+            self._finish(seq, "error")
+            raise
         return seq
 
     def _copy_kv(self, src: KVCache, dst: KVCache, n: int) -> None:
@@ -141,7 +196,15 @@ class BatchSession:
                 seq.next_token = token
 
     def _finish(self, seq: Sequence, reason: str) -> None:
+        fed = seq.fed
         seq.finish_reason, seq.next_token = reason, None
+        pc = self.engine.prefix_cache
+        if pc is not None and reason != "error" and fed > 0:
+            # keep prompt + answer for the next turn, as a generation alone does (the tokens
+            # whose KV the slot holds: the last sampled one was never fed)
+            cache = self.caches[seq.slot]
+            cache.length = len(seq.prompt) + fed
+            pc.store(self.dec.dev, cache, seq.prompt + seq.token_ids[:fed])
         self._free.append(seq.slot)
         self._free.sort()
 
@@ -162,7 +225,12 @@ class BatchSession:
         self.modeled_step_us.append((n, counters.take()["modeled_us"]))
         self.steps += 1
         for r, s in enumerate(batch):
-            self._accept(s, logits[r])
+            s.fed += 1
+            try:
+                self._accept(s, logits[r])
+            except Exception as e:      # noqa: BLE001 - one sequence's failure (its sampler)
+                s.error = e             # ends that sequence only
+                self._finish(s, "error")
         return batch
 
     def program(self, rows: int) -> Program:
@@ -248,15 +316,30 @@ class BatchRunner:
     """Continuous batching for concurrent callers (the server's request threads): `submit` queues
     a generation and returns a Handle; `drive` is ONE device job (the server's DeviceWorker runs
     it) that admits queued generations between steps and steps until none is left. `submit`
-    reports whether a drive job must be scheduled (none is running or queued)."""
+    reports whether a drive job must be scheduled (none is running or queued).
 
-    def __init__(self, engine: Engine, slots: int = 8):
-        import threading
-        self.engine, self.slots = engine, slots
+    slots: an int, or a callable giving the slot count when a drive opens its session (the
+    server: slots_for_budget); 0 (nothing fits the memory) serves the queued generations one by
+    one on the engine's own decoder, with the same tokens. yield_to: checked between steps;
+    True (other device work is waiting) stops admitting: the batch drains and drive() returns
+    True, meaning generations are still queued and another drive must be scheduled."""
+
+    def __init__(self, engine: Engine, slots: int | Callable[[], int] = 8,
+                 yield_to: Callable[[], bool] | None = None):
+        self.engine, self.slots, self.yield_to = engine, slots, yield_to
         self._lock = threading.Lock()
         self._pending: list[Handle] = []
         self._driving = False
         self.max_batch = 0
+        self.active = 0                     # sequences decoding in the running session
+        self.sessions = 0                   # drives that opened a batch session
+        self.alone = 0                      # generations served alone (no slot fitted)
+
+    @property
+    def queued(self) -> int:
+        """Generations waiting to be admitted."""
+        with self._lock:
+            return len(self._pending)
 
     def submit(self, prompt: list[int], config: GenerationConfig | None = None) -> tuple["Handle", bool]:
         h = Handle(list(prompt), config or GenerationConfig())
@@ -266,18 +349,33 @@ class BatchRunner:
             self._driving = True
         return h, start
 
-    def drive(self) -> None:
-        """Run until no generation is queued or decoding (call on the device thread)."""
+    def fail_pending(self, error: BaseException) -> None:
+        """End every queued generation with `error` (its drive job will not run)."""
+        with self._lock:
+            pending, self._pending, self._driving = self._pending, [], False
+        for h in pending:
+            h._done(None, error)
+
+    def drive(self) -> bool:
+        """Run until no generation is queued or decoding (call on the device thread). True:
+        it yielded to other device work with generations still queued (schedule it again)."""
+        n_slots = self.slots() if callable(self.slots) else self.slots
+        if n_slots < 1:
+            return self._drive_alone()
         session = None
+        first = True                        # a fresh drive waited its turn: it always admits
         try:
-            session = BatchSession(self.engine, self.slots)
+            session = BatchSession(self.engine, n_slots)
+            self.sessions += 1
             while True:
+                hold = not first and self.yield_to is not None and self.yield_to()
+                first = False
                 with self._lock:
-                    n_free = len(session._free)
+                    n_free = 0 if hold else len(session._free)
                     joiners, self._pending = self._pending[:n_free], self._pending[n_free:]
                     if not joiners and not session.active:
-                        self._driving = False
-                        return
+                        self._driving = again = bool(self._pending)
+                        return again
                 for h in joiners:
                     if h.cancelled:
                         h._done("cancelled")
@@ -292,6 +390,7 @@ class BatchRunner:
                     session._finish(h.seq, "cancelled")
                     h._emit()
                 batch = session.step()
+                self.active = len(session.active)
                 self.max_batch = max(self.max_batch, len(batch))
                 for h in self._handles(session):
                     h._emit()
@@ -302,8 +401,39 @@ class BatchRunner:
                 h._done(None, e)
             raise
         finally:
+            self.active = 0
             if session is not None:
                 session.close()
+
+    def _drive_alone(self) -> bool:
+        """No slot fits: serve the queue one generation at a time on the engine's decoder."""
+        while True:
+            with self._lock:
+                if not self._pending:
+                    self._driving = False
+                    return False
+                h = self._pending.pop(0)
+            self._alone(h)
+            if self.yield_to is not None and self.yield_to():
+                with self._lock:
+                    self._driving = again = bool(self._pending)
+                return again
+
+    def _alone(self, h: "Handle") -> None:
+        if h.cancelled:
+            h._done("cancelled")
+            return
+        self.alone += 1
+        try:       # stop strings are the caller's (text_chunks): the engine sees only stop ids
+            config = dataclasses.replace(h.config, stop=())
+            for chunk in self.engine.generate(h.prompt, config, lambda: h.cancelled):
+                if chunk.token_ids:
+                    h._q.put(list(chunk.token_ids))
+                if chunk.finish_reason is not None:
+                    h.cached = chunk.stats.cached_tokens if chunk.stats else 0
+                    h._done(chunk.finish_reason)
+        except Exception as e:      # noqa: BLE001 - delivered to that caller
+            h._done(None, e)
 
     @staticmethod
     def _handles(session: BatchSession) -> list["Handle"]:
@@ -316,12 +446,12 @@ class Handle:
     (blocks); then finish_reason is set. cancel() ends it at the next step."""
 
     def __init__(self, prompt: list[int], config: GenerationConfig):
-        import queue
         self.prompt, self.config = prompt, config
         self.seq: Sequence | None = None
         self.finish_reason: str | None = None
         self.finished = False
         self.cancelled = False
+        self.cached = 0                     # prompt tokens from the prefix cache (served alone)
         self._q: queue.Queue = queue.Queue()
         self._sent = 0
 
@@ -329,6 +459,10 @@ class Handle:
         super().__setattr__(name, value)
         if name == "seq" and value is not None:
             value.handle = self
+
+    @property
+    def cached_tokens(self) -> int:
+        return self.seq.cached_tokens if self.seq is not None else self.cached
 
     def cancel(self) -> None:
         self.cancelled = True
@@ -339,7 +473,9 @@ class Handle:
         if new:
             self._q.put(list(new))
             self._sent += len(new)
-        if s.finish_reason is not None:
+        if s.error is not None:
+            self._done(None, s.error)
+        elif s.finish_reason is not None:
             self._done(s.finish_reason)
 
     def _done(self, reason: str | None, error: BaseException | None = None) -> None:
@@ -348,14 +484,81 @@ class Handle:
         self.finished, self.finish_reason = True, reason
         self._q.put(error if error is not None else None)
 
-    def __iter__(self):
+    def tokens(self, cancelled: Callable[[], bool] | None = None,
+               poll_s: float = 0.05) -> Iterator[int]:
+        """Token ids as they come. `cancelled` is checked while waiting (also while queued
+        behind a full batch): once it is true the generation is cancelled and this returns."""
         while True:
-            item = self._q.get()
+            try:
+                item = self._q.get(timeout=poll_s)
+            except queue.Empty:
+                if cancelled is not None and cancelled():
+                    self.cancel()
+                    return
+                continue
             if item is None:
                 return
             if isinstance(item, BaseException):
                 raise item
             yield from item
 
+    def __iter__(self):
+        return self.tokens()
+
     def result(self) -> list[int]:
         return list(self)
+
+
+def text_chunks(engine: Engine, handle: Handle,
+                cancelled: Callable[[], bool] | None = None) -> Iterator[Chunk]:
+    """A Handle's tokens as Engine.generate's Chunks for that generation alone: the same text
+    pieces (stop strings cut, text that may start one or an incomplete UTF-8 sequence held
+    back), finish_reason and token counts. Closing the iterator early cancels the generation."""
+    tok, config = engine.tokenizer, handle.config
+    stops = StopMatcher(config.stop)
+    t0 = time.perf_counter()
+    generated: list[int] = []
+    pending: list[int] = []
+    emitted, finish = "", None
+
+    def chunk(text: str, reason: str | None = None, stats: GenerationStats | None = None) -> Chunk:
+        nonlocal pending
+        c = Chunk(text, pending, reason, stats)
+        pending = []
+        return c
+
+    try:
+        for token in handle.tokens(cancelled):
+            generated.append(token)
+            pending.append(token)
+            if tok is not None:
+                text = tok.decode(generated)
+                cut = stops.find(text)
+                if cut >= 0:
+                    if cut > len(emitted):
+                        yield chunk(text[len(emitted):cut])
+                    emitted, pending, finish = text[:cut], [], "stop"
+                    break
+                safe = stops.safe_len(text)
+                while safe > len(emitted) and text[safe - 1] == "\ufffd":
+                    safe -= 1                  # incomplete UTF-8 sequence: wait for more bytes
+                if safe > len(emitted):
+                    yield chunk(text[len(emitted):safe])
+                    emitted = text[:safe]
+            else:
+                yield chunk("")
+            if cancelled is not None and cancelled():
+                finish = "cancelled"
+                break
+    finally:
+        if finish is not None or not handle.finished:
+            handle.cancel()                    # a stop string, or the caller closed us early
+    finish = finish or handle.finish_reason or "cancelled"
+    if tok is not None and finish == "length":
+        text = tok.decode(generated)
+        if len(text) > len(emitted):
+            yield chunk(text[len(emitted):])
+    stats = GenerationStats(prompt_tokens=len(handle.prompt), cached_tokens=handle.cached_tokens,
+                            generated_tokens=len(generated),
+                            measured_total_s=time.perf_counter() - t0)
+    yield chunk("", finish, stats)

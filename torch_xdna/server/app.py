@@ -59,6 +59,7 @@ class ServerConfig:
     max_new_tokens: int = 2048            # completion tokens per request
     max_context: int | None = None        # chat models' KV capacity (None: from the memory budget)
     kv_dtype: str = "bf16"                # chat models' KV storage: bf16 | int8
+    max_batch: int = 4                    # chats decoded together per step (1: no batching)
     request_timeout_s: float = 300.0
     preload: bool = True                  # make the first models resident at startup
     cors_origins: list[str] = field(default_factory=list)   # browser origins allowed (CORS)
@@ -303,6 +304,8 @@ class Server:
         if not self.registry.entries:
             raise ValueError("no models to serve: give --model DIR or keep the default model")
         self.worker = DeviceWorker(config.max_queue)
+        from torch_xdna.server.batching import Batcher
+        self.batcher = Batcher(self, config.max_batch)     # concurrent chats decode together
         self.shutting_down = False
         self.preloaded = False
         # generations in flight -> how to end their request at the shutdown deadline

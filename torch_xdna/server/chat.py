@@ -221,25 +221,39 @@ class DecoderChatModel:
         """Compile `grammar` now (a GrammarError is the client's 400), cached for the run."""
         self.engine.grammar_processor(grammar)
 
+    def generation_config(self, params: GenerationParams):
+        """The engine's GenerationConfig for these request parameters."""
+        from torch_xdna.engine.generate import GenerationConfig
+        return GenerationConfig(max_tokens=params.max_tokens, temperature=params.temperature,
+                                top_p=params.top_p, seed=params.seed, stop=tuple(params.stop),
+                                top_k=params.top_k,
+                                repetition_penalty=params.repetition_penalty,
+                                presence_penalty=params.presence_penalty,
+                                frequency_penalty=params.frequency_penalty,
+                                logit_bias=params.logit_bias, grammar=params.grammar,
+                                logprobs=params.logprobs, n=max(1, params.n))
+
     def stream(self, prompt_ids: list[int], params: GenerationParams,
                cancelled: Callable[[], bool]) -> Iterator[Piece]:
-        from torch_xdna.engine.generate import GenerationConfig
-        config = GenerationConfig(max_tokens=params.max_tokens, temperature=params.temperature,
-                                  top_p=params.top_p, seed=params.seed, stop=tuple(params.stop),
-                                  top_k=params.top_k,
-                                  repetition_penalty=params.repetition_penalty,
-                                  presence_penalty=params.presence_penalty,
-                                  frequency_penalty=params.frequency_penalty,
-                                  logit_bias=params.logit_bias, grammar=params.grammar,
-                                  logprobs=params.logprobs, n=max(1, params.n))
-        for chunk in self.engine.generate(prompt_ids, config, cancelled):
-            if chunk.finish_reason is not None:
-                # the engine's own count includes tokens cut by a stop string
-                yield Piece(chunk.text, chunk.stats.generated_tokens if chunk.stats else 0,
-                            chunk.finish_reason, chunk.index, chunk.logprobs,
-                            chunk.stats.cached_tokens if chunk.stats else 0)
-            else:
-                yield Piece(chunk.text, 0, index=chunk.index, logprobs=chunk.logprobs)
+        chunks = self.engine.generate(prompt_ids, self.generation_config(params), cancelled)
+        return self.pieces(chunks)
+
+    @staticmethod
+    def pieces(chunks) -> Iterator[Piece]:
+        """Engine Chunks -> Pieces (the last one carries the engine's token counts)."""
+        try:
+            for chunk in chunks:
+                if chunk.finish_reason is not None:
+                    # the engine's own count includes tokens cut by a stop string
+                    yield Piece(chunk.text, chunk.stats.generated_tokens if chunk.stats else 0,
+                                chunk.finish_reason, chunk.index, chunk.logprobs,
+                                chunk.stats.cached_tokens if chunk.stats else 0)
+                else:
+                    yield Piece(chunk.text, 0, index=chunk.index, logprobs=chunk.logprobs)
+        finally:
+            close = getattr(chunks, "close", None)
+            if close:
+                close()
 
     def close(self) -> None:
         self.engine.close()

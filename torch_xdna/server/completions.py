@@ -16,8 +16,8 @@ from torch_xdna.server.chat import GenerationParams
 from torch_xdna.server.generation import GenerationRun, Plan
 from torch_xdna.server.schemas import (APIError, ChatCompletionRequest, CompletionRequest,
                                        NamedToolChoice, ResponseFormat)
-from torch_xdna.server.tools import (ToolStream, call_grammar, convention_of, parse_tool_calls,
-                                     render_messages)
+from torch_xdna.server.tools import (MAX_PARALLEL_CALLS, ToolStream, call_grammar, convention_of,
+                                     parse_tool_calls, render_messages)
 
 
 def base_params(req) -> GenerationParams:
@@ -65,7 +65,9 @@ async def chat_completion(srv: Server, request: Request):
         msgs, extra = render_messages(messages, tools or None, conv or "prompt")
         if forced:
             from torch_xdna.engine.constrained import Grammar
-            params.grammar = Grammar("lark", call_grammar(forced, conv))
+            parallel = choice == "required" and req.parallel_tool_calls is not False
+            params.grammar = Grammar("lark", call_grammar(
+                forced, conv, MAX_PARALLEL_CALLS if parallel else 1))
             info["grammar_param"] = "tool_choice"
         return model.chat_prompt(msgs, **extra) if extra else model.chat_prompt(msgs)
 

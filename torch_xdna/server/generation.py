@@ -4,11 +4,15 @@
 GenerationRun submits the job, validates the prompt against the model's context and the server's
 limits on the worker, and hands the route ("start", prompt_tokens), then ("delta", index, text,
 logprobs) events and ("end", [GenerationResult per sample]). It stops at the next token when the
-client disconnects or the shutdown grace period ends.
+client disconnects or the shutdown grace period ends. A request for a resident decoder that the
+batch can serve (server/batching.py's policy) joins that model's running batch instead of taking
+a device job of its own; its events are the same.
 """
 from __future__ import annotations
 
 import asyncio
+import threading
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Callable
 
@@ -60,52 +64,82 @@ class GenerationRun:
             pass
 
     def _work(self) -> None:
-        srv, plan, cancel, put = self.srv, self.plan, self.cancel, self._put
-        config, entry = srv.config, self.entry
+        """The single-sequence path: one device job loads the model and generates."""
+        cancel, put = self.cancel, self._put
         try:
             if cancel():
                 return                     # the client left while the job waited in the queue
-            model = srv.load(entry)
-            params = plan.params
-            ids = self.pre if self.pre is not None else list(plan.setup(model, params))
-            missing = params.needs() - set(getattr(model, "features", ()))
-            if missing:
-                raise APIError(400, f"the model '{entry.id}' does not support "
-                                    f"{', '.join(sorted(missing))}; drop those parameters or use "
-                                    f"a decoder model.", code="unsupported_parameter")
-            if params.grammar is not None:
-                self._check_grammar(model, params)
-            if not ids:
-                raise APIError(400, "the prompt encodes to zero tokens; send some text.",
-                               param=plan.param, code="invalid_value")
-            ctx = int(model.context_length)
-            room = ctx - len(ids)
-            if room <= 0:
-                raise APIError(400, f"the prompt is {len(ids)} tokens; {entry.id}'s context is "
-                                    f"{ctx} tokens. Shorten the prompt.", param=plan.param,
-                               code="context_length_exceeded")
-            limit = plan.max_tokens if plan.max_tokens is not None \
-                else min(room, config.max_new_tokens)
-            if limit > config.max_new_tokens:
-                raise APIError(400, f"max_tokens is {limit}; this server allows at most "
-                                    f"{config.max_new_tokens}.", param="max_tokens",
-                               code="invalid_value")
-            if limit > room:
-                raise APIError(400, f"this model's maximum context length is {ctx} tokens; the "
-                                    f"prompt is {len(ids)} tokens and max_tokens is {limit}. Lower "
-                                    f"max_tokens or shorten the prompt.", param="max_tokens",
-                               code="context_length_exceeded")
-            params.max_tokens = limit
+            model = self.srv.load(self.entry)
+            ids = self._validate(model)
             put("start", len(ids))
-            results = run_generation(
-                model, ids, params,
-                lambda i, text, lps: put("delta", i, text, logprob_items(model, lps)), cancel)
-            if cancel.reason == "shutdown":
-                put("error", shutting_down(sum(r.completion_tokens for r in results)))
-            else:
-                put("end", results)
+            self._generate(model, ids)
         except BaseException as e:        # noqa: BLE001 - handed to the request
             put("error", e)
+
+    def _work_batched(self, model: Any) -> None:
+        """The batched path (a request thread): validate, join the model's running batch
+        (server/batching.py) and consume this generation's tokens as they come."""
+        from torch_xdna.server.batching import HandleSource
+        cancel, put = self.cancel, self._put
+        try:
+            if cancel():
+                return
+            ids = self._validate(model)
+            handle = self.srv.batcher.submit(self.entry.id, model, ids,
+                                             model.generation_config(self.plan.params))
+            put("start", len(ids))
+            self._generate(HandleSource(model, handle), ids)
+        except BaseException as e:        # noqa: BLE001 - handed to the request
+            put("error", e)
+
+    def _validate(self, model: Any) -> list[int]:
+        """The prompt ids, checked against the model's features and context and the server's
+        limits (APIError otherwise); sets params.max_tokens."""
+        config, entry, plan = self.srv.config, self.entry, self.plan
+        params = plan.params
+        ids = self.pre if self.pre is not None else list(plan.setup(model, params))
+        missing = params.needs() - set(getattr(model, "features", ()))
+        if missing:
+            raise APIError(400, f"the model '{entry.id}' does not support "
+                                f"{', '.join(sorted(missing))}; drop those parameters or use "
+                                f"a decoder model.", code="unsupported_parameter")
+        if params.grammar is not None:
+            self._check_grammar(model, params)
+        if not ids:
+            raise APIError(400, "the prompt encodes to zero tokens; send some text.",
+                           param=plan.param, code="invalid_value")
+        ctx = int(model.context_length)
+        room = ctx - len(ids)
+        if room <= 0:
+            raise APIError(400, f"the prompt is {len(ids)} tokens; {entry.id}'s context is "
+                                f"{ctx} tokens. Shorten the prompt.", param=plan.param,
+                           code="context_length_exceeded")
+        limit = plan.max_tokens if plan.max_tokens is not None \
+            else min(room, config.max_new_tokens)
+        if limit > config.max_new_tokens:
+            raise APIError(400, f"max_tokens is {limit}; this server allows at most "
+                                f"{config.max_new_tokens}.", param="max_tokens",
+                           code="invalid_value")
+        if limit > room:
+            raise APIError(400, f"this model's maximum context length is {ctx} tokens; the "
+                                f"prompt is {len(ids)} tokens and max_tokens is {limit}. Lower "
+                                f"max_tokens or shorten the prompt.", param="max_tokens",
+                           code="context_length_exceeded")
+        params.max_tokens = limit
+        return ids
+
+    def _generate(self, source: Any, ids: list[int]) -> None:
+        """run_generation over `source` (the model, or a batched generation's HandleSource)."""
+        cancel, put = self.cancel, self._put
+        from torch_xdna.server.batching import HandleSource
+        text_of = source.model if isinstance(source, HandleSource) else source   # logprob texts
+        results = run_generation(
+            source, ids, self.plan.params,
+            lambda i, text, lps: put("delta", i, text, logprob_items(text_of, lps)), cancel)
+        if cancel.reason == "shutdown":
+            put("error", shutting_down(sum(r.completion_tokens for r in results)))
+        else:
+            put("end", results)
 
     def _check_grammar(self, model: Any, params: GenerationParams) -> None:
         from torch_xdna.engine.constrained import GrammarError
@@ -130,8 +164,12 @@ class GenerationRun:
                 self.pre = None
         srv.track(cancel, lambda: self.events.put_nowait(("error", shutting_down())))
         try:
-            from torch_xdna.server.worker import Job
-            self.fut = srv.submit(Job(fn=srv.npu_job(self._work)))
+            if resident is not None and self.pre is not None \
+                    and srv.batcher.accepts(resident, self.plan.params):
+                self.fut = self._start_batched(resident)
+            else:
+                from torch_xdna.server.worker import Job
+                self.fut = srv.submit(Job(fn=srv.npu_job(self._work)))
         except BaseException:
             srv.untrack(cancel)
             raise
@@ -148,6 +186,19 @@ class GenerationRun:
             self.cancel.set("done")
             self.stop_watching()
             raise
+
+    def _start_batched(self, model: Any) -> Future:
+        """Run _work_batched on a thread of its own (it waits on the batch, not the device)."""
+        fut: Future = Future()
+        fut.set_running_or_notify_cancel()
+
+        def run() -> None:
+            try:
+                self._work_batched(model)
+            finally:
+                fut.set_result(None)
+        threading.Thread(target=run, name="xdna-batched-request", daemon=True).start()
+        return fut
 
     def _gone(self, task: asyncio.Task) -> None:
         if not task.cancelled():

@@ -13,8 +13,10 @@ Conventions (picked from the chat template's text):
              user turns holding ```tool_output\\n...\\n```. (Google's Gemma function-calling
              guide: describe the functions in the prompt, ask for a fixed output format.)
 Parsing fails soft: output that does not hold a well-formed call is returned as plain content.
-tool_choice "required" / a named function constrains the output to one call of that convention
-with a grammar (engine/constrained.py), so it always parses.
+tool_choice "required" / a named function constrains the output to calls of that convention with
+a grammar (engine/constrained.py), so it always parses: "required" with parallel_tool_calls (the
+default) allows up to MAX_PARALLEL_CALLS calls, a named function or parallel_tool_calls false
+exactly one.
 """
 from __future__ import annotations
 
@@ -264,12 +266,24 @@ def call_schema(tools: list[dict], convention: str) -> dict:
     return options[0] if len(options) == 1 else {"anyOf": options}
 
 
-def call_grammar(tools: list[dict], convention: str) -> str:
-    """A Lark grammar (llguidance) whose language is exactly one call in this convention."""
+MAX_PARALLEL_CALLS = 4      # a forced answer holds at most this many calls (a weak model
+#                             could otherwise repeat calls until max_tokens)
+
+
+def call_grammar(tools: list[dict], convention: str, max_calls: int = 1) -> str:
+    """A Lark grammar (llguidance) whose language is 1..max_calls calls in this convention
+    (parallel tool calls: blocks on their own lines; llama3: objects separated by ';')."""
     from torch_xdna.engine.constrained import json_lark
+    if max_calls < 1:
+        raise ValueError(f"max_calls must be >= 1, got {max_calls}")
     body = json_lark(call_schema(tools, convention))
     if convention == "hermes":
-        return f'start: "<tool_call>\\n" call "\\n</tool_call>"\ncall: {body}\n'
-    if convention == "prompt":
-        return f'start: "```tool_call\\n" call "\\n```"\ncall: {body}\n'
-    return f"start: call\ncall: {body}\n"
+        block, sep = '"<tool_call>\\n" call "\\n</tool_call>"', '"\\n"'
+    elif convention == "prompt":
+        block, sep = '"```tool_call\\n" call "\\n```"', '"\\n"'
+    else:
+        block, sep = "call", '"; "'
+    more = ""
+    for _ in range(max_calls - 1):           # nested optionals: block (sep block (...)?)?
+        more = f"({sep} {block} {more})?"
+    return f"start: {block} {more}\ncall: {body}\n"
