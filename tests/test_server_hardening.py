@@ -109,13 +109,47 @@ def test_partial_and_missing_headers_time_out_with_408():
         assert got.startswith(b"HTTP/1.1 400 ") and not got.endswith(b"<still open>"), got[:80]
 
 
+def test_client_that_stops_reading_a_stream_is_disconnected_and_generation_stops():
+    """A streaming client that never reads: once the socket buffers are full the response
+    cannot be written; after --write-timeout the connection is aborted, the generation stops
+    (fewer tokens than asked) and the server keeps answering others."""
+    class Wordy(CountingChat):                   # 8 KiB per token: 16 MiB if fully read
+        def stream(self, prompt_ids, params, cancelled):
+            for _ in super().stream(prompt_ids, params, cancelled):
+                yield "x" * 8192
+
+    chat = Wordy(delay=0.005)                     # >= 10 s for all 2048 tokens
+    with BackgroundServer(chat_app(chat, limits=HttpLimits(write_timeout_s=0.5))) as srv:
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)   # a tiny receive window
+        sock.connect(_host_port(srv.url))
+        body = json.dumps({"model": "chat", "messages": MSG, "max_tokens": 2048,
+                           "stream": True}).encode()
+        sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
+                     b"application/json\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+        pool = srv.server.config.http_protocol_class.connection_pool
+        deadline = time.monotonic() + 60
+        while pool.write_timeouts == 0 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert pool.write_timeouts == 1
+        time.sleep(0.5)
+        produced = chat.tokens
+        time.sleep(0.5)
+        assert chat.tokens == produced < 2048                # generation stopped
+        assert httpx.post(srv.url + "/v1/chat/completions", timeout=30,
+                          json={"model": "chat", "messages": MSG, "max_tokens": 2}).status_code == 200
+        assert 'xdna_rejected_total{reason="write_timeout"} 1' in httpx.get(srv.url + "/metrics").text
+        sock.close()
+
+
 def test_serve_options_are_checked(capsys):
     from torch_xdna.cli.main import build_parser
     args = build_parser().parse_args(["serve", "--header-timeout", "2.5", "--max-connections",
-                                      "50", "--graceful-timeout", "1"])
-    assert (args.header_timeout, args.max_connections, args.graceful_timeout) == (2.5, 50, 1.0)
+                                      "50", "--graceful-timeout", "1", "--write-timeout", "7"])
+    assert (args.header_timeout, args.max_connections, args.graceful_timeout,
+            args.write_timeout) == (2.5, 50, 1.0, 7.0)
     for bad in (["--header-timeout", "nan"], ["--body-timeout", "0"], ["--keep-alive", "-1"],
-                ["--max-connections", "0"]):
+                ["--max-connections", "0"], ["--write-timeout", "inf"]):
         with pytest.raises(SystemExit) as e:
             build_parser().parse_args(["serve", *bad])
         assert e.value.code == 2 and bad[0] in capsys.readouterr().err

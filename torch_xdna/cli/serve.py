@@ -86,6 +86,9 @@ def register(subparsers) -> None:
     g.add_argument("--body-timeout", type=seconds, default=30.0, metavar="SECONDS",
                    help="the request body must arrive within this after the headers "
                         "(default 30), else 408")
+    g.add_argument("--write-timeout", type=seconds, default=60.0, metavar="SECONDS",
+                   help="a client that stops reading a response (e.g. a stalled stream) is "
+                        "disconnected after this (default 60); its generation stops")
     g.add_argument("--keep-alive", type=seconds, default=5.0, metavar="SECONDS",
                    help="idle keep-alive connections are closed after this (default 5)")
     g.add_argument("--graceful-timeout", type=seconds, default=10.0, metavar="SECONDS",
@@ -129,7 +132,8 @@ def run(args: argparse.Namespace) -> int:
     limits = HttpLimits(header_timeout_s=args.header_timeout, body_timeout_s=args.body_timeout,
                         keep_alive_s=args.keep_alive, max_connections=args.max_connections,
                         backlog=args.backlog, max_header_bytes=args.max_header_bytes,
-                        graceful_timeout_s=args.graceful_timeout)
+                        graceful_timeout_s=args.graceful_timeout,
+                        write_timeout_s=args.write_timeout)
     config = ServerConfig(host=args.host, port=args.port, api_key=args.api_key or None,
                           models=args.model, default_model=not args.no_default_model,
                           max_queue=args.max_queue, max_models=args.max_models,

@@ -9,6 +9,9 @@ limit: ~20,000 such sockets made /health stop answering. Here:
 - at most `max_connections` are open; at the cap a new connection evicts the longest-idle one
   (no request in progress: idle keep-alive or partial headers), so a flood of idle sockets never
   locks out real clients; when every connection is busy the new one gets a JSON 503;
+- a client that stops reading a response (its socket's receive window stays full) has
+  `write_timeout_s` to drain it, else the connection is aborted; its generation then stops as
+  for any disconnect, instead of the request holding its device slot and buffers forever;
 - the cap stays below RLIMIT_NOFILE (whose soft limit `raise_nofile_limit` lifts to the hard one);
 - on SIGINT/SIGTERM `XdnaServer` lets in-flight requests run for `graceful_timeout_s`, then ends
   them itself (503 JSON, or an SSE error event and [DONE]) before uvicorn would cancel them into a
@@ -42,9 +45,11 @@ class HttpLimits:
     backlog: int = 2048                   # listen(2) queue of not-yet-accepted connections
     max_header_bytes: int = 16 << 10      # request line + headers (h11); over -> 400 and close
     graceful_timeout_s: float = 10.0      # SIGINT/SIGTERM -> in-flight requests ended
+    write_timeout_s: float = 60.0         # response blocked by a client not reading -> aborted
 
     def validate(self) -> None:
-        for name in ("header_timeout_s", "body_timeout_s", "keep_alive_s", "graceful_timeout_s"):
+        for name in ("header_timeout_s", "body_timeout_s", "keep_alive_s", "graceful_timeout_s",
+                     "write_timeout_s"):
             v = getattr(self, name)
             if not (v > 0 and v < float("inf")):
                 raise ValueError(f"{name} must be a finite number of seconds > 0 (got {v})")
@@ -110,6 +115,7 @@ class ConnectionPool:
         self.refused = 0
         self.refusing = 0                 # refused connections waiting for their request
         self.header_timeouts = 0
+        self.write_timeouts = 0
         self.on_reject: Callable[[str], None] = lambda reason: None     # the app's metrics
 
 
@@ -122,6 +128,7 @@ def protocol_class(limits: HttpLimits) -> type[H11Protocol]:
 
         def connection_made(self, transport) -> None:  # type: ignore[override]
             self._header_timer = None
+            self._write_timer = None
             self._last_cycle = None
             self._counted = False
             self._refusing = False
@@ -182,6 +189,7 @@ def protocol_class(limits: HttpLimits) -> type[H11Protocol]:
 
         def connection_lost(self, exc) -> None:
             self._cancel_header_timer()
+            self._cancel_write_timer()
             pool.idle.pop(self, None)
             if not self._counted:
                 if self.flow is None:          # refused: super() never saw this connection
@@ -218,6 +226,35 @@ def protocol_class(limits: HttpLimits) -> type[H11Protocol]:
             if self.conn.their_state is h11.IDLE and self.conn.our_state in (h11.IDLE, h11.DONE):
                 self.transport.write(TIMEOUT_408)
             self.transport.close()
+
+        # -- a response the client does not read: the write timer runs while writing is paused --
+        def pause_writing(self) -> None:
+            super().pause_writing()
+            if self._write_timer is None:
+                self._write_timer = self.loop.call_later(limits.write_timeout_s,
+                                                         self._write_timeout)
+
+        def resume_writing(self) -> None:
+            self._cancel_write_timer()
+            super().resume_writing()
+
+        def _cancel_write_timer(self) -> None:
+            if self._write_timer is not None:
+                self._write_timer.cancel()
+                self._write_timer = None
+
+        def _write_timeout(self) -> None:
+            """The client left its receive window full for `write_timeout_s`: abort (no FIN
+            handshake to wait for). connection_lost marks the request disconnected, which stops
+            its generation and releases the app's pending send."""
+            self._write_timer = None
+            if self.transport.is_closing():
+                return
+            pool.write_timeouts += 1
+            pool.on_reject("write_timeout")
+            log.warning("closing a connection whose client stopped reading for %.0f s",
+                        limits.write_timeout_s)
+            self.transport.abort()
 
         def handle_events(self) -> None:
             super().handle_events()
