@@ -50,6 +50,7 @@ EXTRA = [
                 (("mul", (("in", 0), ("in", 1)), ()), ("mul", (("s", 0), 0.5), ()),
                  ("exp", (("s", 1),), ()), ("sub", (("s", 2), ("in", 0)), ())), (3, 1), ("float32", "bfloat16")),
 ]
+EXTRA.append(__import__("test_txn_layer").layer(1))            # the fused layer's 12 stages
 CATALOG = [catalog.example(n, "64x64x64" if n.startswith("gemm") else
                            "32x256" if n == "softmax" else "1024").design for n in catalog.DESIGNS]
 DESIGNS = IR_DESIGNS + EXTRA + CATALOG

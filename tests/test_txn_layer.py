@@ -1,0 +1,141 @@
+"""The fused decoder layer at the transaction level (kernels/lower/llm_layer.py).
+
+A small Qwen3-shaped layer (hidden 256, 4 query heads / 2 KV heads, head_dim 64, q/k norm,
+SwiGLU 512) runs as its 12 stage programs' instruction streams at several positions, the KV
+cache carried between launches, and is compared bit for bit (torch.equal on the output and both
+caches) with the functional level in the stages' order (TORCH_XDNA_LAYER_ORDER=plan,
+llm_layer_stages.staged_reference); that order is checked against the layer's default (BLAS)
+reference within bf16 rounding of the intermediates.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+import torch_xdna.kernels.aie_refs  # noqa: F401  (core-kernel references + the lowering hook)
+from torch_xdna.array import ir
+from torch_xdna.array import txn as T
+from torch_xdna.array.validate import validate
+from torch_xdna.hw import NPU4
+from torch_xdna.kernels.llm_blocks import AttentionBlockDesign, DecoderLayerDesign, MlpBlockDesign
+from torch_xdna.kernels.lower import lower
+from torch_xdna.runtime.sim import txn_level
+
+H, HQ, HKV, D, I, CAP = 256, 4, 2, 64, 512, 128
+
+
+def layer(rows: int = 1, **kw) -> DecoderLayerDesign:
+    a = AttentionBlockDesign(H, rows, "bf16", 0, 1e-6, 0.0, HQ, HKV, D, CAP, qk_norm=True,
+                             scale=D ** -0.5, **kw)
+    return DecoderLayerDesign(a, MlpBlockDesign(H, rows, "bf16", 0, 1e-6, 0.0, I))
+
+
+def weights(seed: int = 0) -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+
+    def r(*s, sc=1.0):
+        return torch.randn(*s, generator=g) * sc
+    inv = 1.0 / (10000 ** (torch.arange(0, D, 2).float() / D))
+    ang = torch.arange(CAP).float()[:, None] * inv[None]
+    ang = torch.cat([ang, ang], -1)
+    return [None, 1 + 0.1 * r(H), 1 + 0.1 * r(D), 1 + 0.1 * r(D),
+            r((HQ + 2 * HKV) * D, H, sc=H ** -0.5), r(H, HQ * D, sc=(HQ * D) ** -0.5),
+            ang.cos(), ang.sin(), 1 + 0.1 * r(H), r(2 * I, H, sc=H ** -0.5), r(H, I, sc=I ** -0.5)]
+
+
+def _caches():
+    return [torch.zeros(HKV, CAP, D, dtype=torch.bfloat16) for _ in range(2)]
+
+
+@pytest.mark.parametrize("rows,steps", [(1, 3), (3, 2)], ids=["decode", "prefill3"])
+def test_layer_txn_bit_identical_across_positions(rows, steps, monkeypatch):
+    L = layer(rows)
+    ins = weights()
+    g = torch.Generator().manual_seed(1)
+    caches = {k: _caches() for k in ("blas", "plan", "txn")}
+    runner = txn_level.TxnRunner(NPU4)
+    for step in range(steps):
+        pos = step * rows
+        ins[0] = torch.randn(rows, H, generator=g)
+        outs = {}
+        for k in ("blas", "plan", "txn"):
+            out = torch.zeros(rows, H)
+            if k == "txn":
+                runner.run(L, ins, [out, *caches[k]], {"pos": pos})
+            else:
+                monkeypatch.setenv("TORCH_XDNA_LAYER_ORDER", k)
+                L.reference(ins, [out, *caches[k]], pos=pos)
+            outs[k] = out
+        assert runner.last["stages"] == 12
+        assert torch.equal(outs["plan"], outs["txn"])
+        for c_plan, c_txn in zip(caches["plan"], caches["txn"]):
+            assert torch.equal(c_plan, c_txn)
+        # the rows at pos..pos+rows-1 were written; later positions are untouched
+        assert bool(caches["txn"][0][:, pos:pos + rows].abs().sum(-1).gt(0).all())
+        assert not bool(caches["txn"][0][:, pos + rows:].any())
+        # the stage order vs the layer's BLAS reference: bf16 rounding of intermediates
+        err = float((outs["blas"] - outs["plan"]).abs().max())
+        assert err <= 2 ** -6 * float(outs["blas"].abs().max()), err
+        kerr = (caches["blas"][0].float() - caches["plan"][0].float()).abs().max()
+        assert float(kerr) <= 2 ** -6 * float(caches["blas"][0].float().abs().max())
+
+
+def _static(p: ir.ArrayProgram):
+    return (p.tiles, p.fifos, p.links, p.buffers, p.kernels, p.cores)
+
+
+def test_new_position_is_a_new_stream_not_a_rebuild():
+    L = layer(1)
+    p0, p5 = lower(L, NPU4, pos=0), lower(L, NPU4, pos=5)
+    assert len(p0) == len(p5) == 12
+    assert [_static(a) for a in p0] == [_static(b) for b in p5]
+    qk0, qk5 = (next(p for p in ps if dict(p.notes)["stage"] == "llm_layer.qk_rope") for ps in (p0, p5))
+    kw0 = [t for t in qk0.sequence.tasks if t.arg == "k_cache"]
+    kw5 = [t for t in qk5.sequence.tasks if t.arg == "k_cache"]
+    assert [t.offset for t in kw0] == [0] and [t.offset for t in kw5] == [5 * D]
+    assert kw5[0].sizes[-2:] == (HKV, D) and kw5[0].strides[-2] == CAP * D     # one row per KV head
+    cs = [t for t in qk5.sequence.tasks if t.arg == "cs"]
+    assert [t.offset for t in cs] == [5 * 2 * D]
+    # the patch carries the position: the k_cache BD's base address is offset by 5 rows
+    words = T.encode_sequence(qk5, T.LaunchBinding.of([a.type.nbytes for a in qk5.sequence.args]))
+    k_idx = [a.name for a in qk5.sequence.args].index("k_cache")
+    patches = [op for op in T.decode(words).ops if isinstance(op, T.DdrPatch) and op.arg_idx == k_idx]
+    assert [op.arg_plus & 0x7FFFFFFF for op in patches] == [5 * D * 2]     # args >= 5: 0x80000000 fold
+    # q heads head-major (the GQA group's heads adjacent, as attention reads them)
+    (tq,) = [t for t in qk5.sequence.tasks if t.arg == "T_q"]
+    assert tq.sizes[-2:] == (HQ, D)
+    att = next(p for p in p5 if dict(p.notes)["stage"] == "llm_layer.attention")
+    assert dict(att.notes)["kv_len"] == 6 and dict(att.notes)["q_offset"] == 5
+
+
+def test_stage_programs_fit_and_are_wired():
+    L = layer(1)
+    progs = lower(L, NPU4, pos=2)
+    notes = [dict(p.notes) for p in progs]
+    assert [n["stage"].split(".")[1] for n in notes] == [
+        "attn_norm", "qkv_proj", "qk_rope", "attention", "attn_cast", "o_proj", "attn_residual",
+        "mlp_norm", "gate_up", "silu_mul", "down", "mlp_residual"]
+    assert notes[0]["launch_args"][-3:] == ("out", "k_cache", "v_cache")
+    produced = set(notes[0]["launch_args"])
+    for p, n in zip(progs, notes):
+        validate(p, NPU4)
+        assert "executable" not in n
+        args = {a.name for a in p.sequence.args}
+        assert args <= produced | set(n["scratch_args"])
+        produced |= set(n["scratch_args"])
+
+
+def test_unsupported_layers_stay_structural_and_fall_back():
+    """An int4 layer still lowers stage by stage for its structure, marked not executable with
+    the reason; the txn runner refuses it (the device then runs it functionally)."""
+    a = AttentionBlockDesign(H, 1, "int4", 32, 1e-6, 0.0, HQ, HKV, D, CAP, qk_norm=True)
+    L = DecoderLayerDesign(a, MlpBlockDesign(H, 1, "int4", 32, 1e-6, 0.0, I))
+    progs = lower(L, NPU4)
+    assert all(dict(p.notes).get("executable") is False for p in progs)
+    assert "precision int4" in dict(progs[0].notes)["not_executable"]
+    with pytest.raises(txn_level.Unlowered, match="structural only"):
+        txn_level.TxnRunner(NPU4).run(L, weights(), [torch.zeros(1, H), *_caches()], {"pos": 0})
+    bad = dataclasses.replace(layer(1).attention, post_norm=True)
+    assert "post-norms" in dict(lower(DecoderLayerDesign(bad, layer(1).mlp), NPU4)[0].notes)["not_executable"]
