@@ -30,6 +30,9 @@ from torch_xdna.kernels.lower.builder import Builder, LoweringError, acq, call, 
 from torch_xdna.kernels.lower.fused import _lower_one, rename_args
 
 
+_STAGES: dict = {}                  # (layer, generation, stage, scalars, P) -> program
+
+
 def layer_programs(d, gen: Generation, pos: int = 0, n: int | None = None, inputs=None,
                    **_) -> tuple[ir.ArrayProgram, ...]:
     """The executable stage programs of one launch at position `pos`. `inputs` (the launch's)
@@ -47,6 +50,12 @@ def layer_programs(d, gen: Generation, pos: int = 0, n: int | None = None, input
     positions = int(inputs[6].shape[0]) if inputs else dm["S"]
     progs = []
     for st in LS.stages(d):
+        scalars = LS.stage_scalars(st, pos, dm["R"])
+        key = (d.key, gen.name, id(gen), st.label, tuple(sorted(scalars.items())), positions)
+        hit = _STAGES.get(key)
+        if hit is not None:             # a stage without per-launch scalars: one program
+            progs.append(hit)           # object for every position (its stream is cached too)
+            continue
         if st.kind == "design":
             p = _lower_one(st.design, gen, **LS.stage_scalars(st, pos, dm["R"]))
             names = [a.name for a in p.sequence.args]
@@ -58,12 +67,16 @@ def layer_programs(d, gen: Generation, pos: int = 0, n: int | None = None, input
                 d, gen, dm, pos, positions)
             mapping = {}
         used = (*st.ins, *st.outs)
-        progs.append(rename_args(p, mapping, {
-            "stage": f"llm_layer.{st.label}", "scratch_args": tuple(x for x in used if x in scratch),
-            "layer_position": pos}))
-    launch = LS.input_names(d) + LS.OUTPUT_NAMES
-    progs[0] = rename_args(progs[0], {}, {"launch_args": launch,
-                                          "host_layout": "llm_layer_stages.host_inputs"})
+        notes = {"stage": f"llm_layer.{st.label}",
+                 "scratch_args": tuple(x for x in used if x in scratch)}
+        if not progs:                   # the first stage names the launch's buffers
+            notes.update(launch_args=LS.input_names(d) + LS.OUTPUT_NAMES,
+                         host_layout="llm_layer_stages.host_inputs")
+        p = rename_args(p, mapping, notes)
+        if len(_STAGES) > 512:
+            _STAGES.clear()
+        _STAGES[key] = p
+        progs.append(p)
     return tuple(progs)
 
 
