@@ -26,33 +26,45 @@ from torch_xdna.runtime.sim import txn_level
 H, HQ, HKV, D, I, CAP = 256, 4, 2, 64, 512, 128
 
 
-def layer(rows: int = 1, **kw) -> DecoderLayerDesign:
-    a = AttentionBlockDesign(H, rows, "bf16", 0, 1e-6, 0.0, HQ, HKV, D, CAP, qk_norm=True,
+def layer(rows: int = 1, precision: str = "bf16", **kw) -> DecoderLayerDesign:
+    a = AttentionBlockDesign(H, rows, precision, 0, 1e-6, 0.0, HQ, HKV, D, CAP, qk_norm=True,
                              scale=D ** -0.5, **kw)
-    return DecoderLayerDesign(a, MlpBlockDesign(H, rows, "bf16", 0, 1e-6, 0.0, I))
+    return DecoderLayerDesign(a, MlpBlockDesign(H, rows, precision, 0, 1e-6, 0.0, I))
 
 
-def weights(seed: int = 0) -> list[torch.Tensor]:
+def weights(seed: int = 0, precision: str = "bf16") -> list[torch.Tensor]:
+    """The layer's inputs (x left None): weights as the engine stores them (int8 / int4:
+    quant.quantize_* values and bf16 scales per group)."""
+    from torch_xdna.kernels import quant
+    from torch_xdna.kernels.llm_blocks import default_group
     g = torch.Generator().manual_seed(seed)
 
     def r(*s, sc=1.0):
         return torch.randn(*s, generator=g) * sc
+
+    def w(n, k):
+        x = r(n, k, sc=k ** -0.5)
+        if precision == "bf16":
+            return [x]
+        q = quant.quantize_int8 if precision == "int8" else quant.quantize_int4
+        return list(q(x, default_group(precision)))
     inv = 1.0 / (10000 ** (torch.arange(0, D, 2).float() / D))
     ang = torch.arange(CAP).float()[:, None] * inv[None]
     ang = torch.cat([ang, ang], -1)
-    return [None, 1 + 0.1 * r(H), 1 + 0.1 * r(D), 1 + 0.1 * r(D),
-            r((HQ + 2 * HKV) * D, H, sc=H ** -0.5), r(H, HQ * D, sc=(HQ * D) ** -0.5),
-            ang.cos(), ang.sin(), 1 + 0.1 * r(H), r(2 * I, H, sc=H ** -0.5), r(H, I, sc=I ** -0.5)]
+    return [None, 1 + 0.1 * r(H), 1 + 0.1 * r(D), 1 + 0.1 * r(D), *w((HQ + 2 * HKV) * D, H),
+            *w(H, HQ * D), ang.cos(), ang.sin(), 1 + 0.1 * r(H), *w(2 * I, H), *w(H, I)]
 
 
 def _caches():
     return [torch.zeros(HKV, CAP, D, dtype=torch.bfloat16) for _ in range(2)]
 
 
-@pytest.mark.parametrize("rows,steps", [(1, 3), (3, 2)], ids=["decode", "prefill3"])
-def test_layer_txn_bit_identical_across_positions(rows, steps, monkeypatch):
-    L = layer(rows)
-    ins = weights()
+@pytest.mark.parametrize("rows,steps,precision", [(1, 3, "bf16"), (3, 2, "bf16"), (1, 2, "int8"),
+                                                   (2, 2, "int4")],
+                         ids=["decode", "prefill3", "decode-int8", "prefill2-int4"])
+def test_layer_txn_bit_identical_across_positions(rows, steps, precision, monkeypatch):
+    L = layer(rows, precision)
+    ins = weights(0, precision)
     g = torch.Generator().manual_seed(1)
     caches = {k: _caches() for k in ("blas", "plan", "txn")}
     runner = txn_level.TxnRunner(NPU4)
@@ -128,13 +140,13 @@ def test_stage_programs_fit_and_are_wired():
 
 
 def test_unsupported_layers_stay_structural_and_fall_back():
-    """An int4 layer still lowers stage by stage for its structure, marked not executable with
+    """A bfp16 layer still lowers stage by stage for its structure, marked not executable with
     the reason; the txn runner refuses it (the device then runs it functionally)."""
-    a = AttentionBlockDesign(H, 1, "int4", 32, 1e-6, 0.0, HQ, HKV, D, CAP, qk_norm=True)
-    L = DecoderLayerDesign(a, MlpBlockDesign(H, 1, "int4", 32, 1e-6, 0.0, I))
+    a = AttentionBlockDesign(H, 1, "bfp16", 0, 1e-6, 0.0, HQ, HKV, D, CAP, qk_norm=True)
+    L = DecoderLayerDesign(a, MlpBlockDesign(H, 1, "bfp16", 0, 1e-6, 0.0, I))
     progs = lower(L, NPU4)
     assert all(dict(p.notes).get("executable") is False for p in progs)
-    assert "precision int4" in dict(progs[0].notes)["not_executable"]
+    assert "precision bfp16" in dict(progs[0].notes)["not_executable"]
     with pytest.raises(txn_level.Unlowered, match="structural only"):
         txn_level.TxnRunner(NPU4).run(L, weights(), [torch.zeros(1, H), *_caches()], {"pos": 0})
     bad = dataclasses.replace(layer(1).attention, post_norm=True)

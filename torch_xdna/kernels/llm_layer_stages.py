@@ -21,7 +21,8 @@ ArrayProgram (kernels/lower/llm_layer.py), wired through scratch DDR buffers nam
   down          GEMM                                  T_m, w_down_t       -> T_d   f32 [R, H]
   mlp_residual  add                                   T_d, T_x1           -> out
 
-Host layouts (once per weight, `host_inputs`): GEMM weights as B = W^T [K, N] bf16, the RoPE
+Host layouts (once per weight, `host_inputs`): bf16 GEMM weights as B = W^T [K, N], int8 /
+int4 weight groups as their GEMM stage's packed tiles (weights and scales per tile), the RoPE
 tables as cs [P, 2, D] bf16 (cos | sin with its first half negated).
 
 `staged_reference` is the layer's functional reference in this order: every stage's own
@@ -42,6 +43,8 @@ from torch_xdna.kernels import numerics
 from torch_xdna.kernels.activations import apply_epilogue
 
 BF16, F32 = torch.bfloat16, torch.float32
+PRECISIONS = ("bf16", "int8", "int4")     # weights: bf16, or int8 / int4 groups (weight-only GEMMs)
+WEIGHTS = ("w_qkv_t", "w_o_t", "w_gate_up_t", "w_down_t")
 
 
 @dataclass(frozen=True)
@@ -60,8 +63,9 @@ def unsupported(layer, n: int | None = None) -> str | None:
     a, m = layer.attention, layer.mlp
     rows = a.rows if n is None else n
     checks = (
-        (a.precision != "bf16" or m.precision != "bf16", f"precision {a.precision}/{m.precision} "
-         "(stages lowered for bf16 weights)"),
+        (a.precision not in PRECISIONS or m.precision != a.precision or m.group != a.group,
+         f"precision {a.precision}/{m.precision} (stages lowered for one of {', '.join(PRECISIONS)}"
+         " in both blocks)"),
         (a.kv_dtype != "bf16" or a.cache_bytes != 2, f"KV cache {a.kv_dtype} (bf16 only)"),
         (not a.qk_norm, "no q/k norm (the qk stage kernel normalizes; rope-only not lowered)"),
         (a.post_norm or m.post_norm, "post-norms"),
@@ -103,6 +107,7 @@ def scratch(layer) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
 def stages(layer) -> tuple[Stage, ...]:
     from torch_xdna.kernels.attention import AttentionDesign
     from torch_xdna.kernels.gemm import GemmDesign
+    from torch_xdna.kernels.llm_blocks import default_group
     from torch_xdna.kernels.vector import VectorDesign
     a, m = layer.attention, layer.mlp
     d = dims(layer)
@@ -113,7 +118,10 @@ def stages(layer) -> tuple[Stage, ...]:
                             (("eps", eps), ("has_weight", True), ("weight_offset", float(offset))))
 
     def gemm(k, n, out):
-        return GemmDesign(R, k, n, dtype="bf16", out_dtype=out)
+        if a.precision == "bf16":
+            return GemmDesign(R, k, n, dtype="bf16", out_dtype=out)
+        return GemmDesign(R, k, n, dtype=a.precision, out_dtype=out,
+                          w_group=a.group or default_group(a.precision))
 
     add = VectorDesign("add", ((R, H), (R, H)), (F32, F32), (R, H), F32)
     attn = AttentionDesign(1, a.heads, a.kv_heads, R, a.capacity, a.head_dim, causal=True,
@@ -145,23 +153,50 @@ def stage_scalars(st: Stage, pos: int, rows: int) -> dict:
 
 
 # -- host layouts ------------------------------------------------------------------------------
-def host_inputs(layer, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-    """The layer's inputs as the stages' host arguments (input_names order). Derived tensors
-    are built once per weight (llm_blocks.OPERANDS: keyed by storage and version)."""
-    from torch_xdna.kernels.llm_blocks import OPERANDS
-    x, attn_norm, q_norm, k_norm, w_qkv, w_o, cos, sin, mlp_norm, w_gu, w_down = inputs
+def split_inputs(layer, inputs: Sequence[torch.Tensor]) -> tuple[dict, dict]:
+    """The layer's inputs (DecoderLayerDesign order) as (named tensors, weights: stage weight
+    name -> its stored tensors: (W,) for bf16, (W, scales) for int8 / int4)."""
+    from torch_xdna.kernels.llm_blocks import weight_tensors
+    nt = weight_tensors(layer.attention.precision)
+    it = iter(inputs)
+    take = lambda n: tuple(next(it) for _ in range(n))          # noqa: E731
+    named = dict(zip(("x", "attn_norm", "q_norm", "k_norm"), take(4)))
+    weights = {"w_qkv_t": take(nt), "w_o_t": take(nt)}
+    named["cos"], named["sin"], named["mlp_norm"] = take(3)
+    weights["w_gate_up_t"], weights["w_down_t"] = take(nt), take(nt)
+    return named, weights
 
-    def wt(w):
-        return OPERANDS.derived(("layer_wt",), (w,),
-                                lambda: numerics.operand(w).t().contiguous().to(BF16))
+
+def host_inputs(layer, inputs: Sequence[torch.Tensor], gen=None) -> list[torch.Tensor]:
+    """The layer's inputs as the stages' host arguments (input_names order): bf16 weights as
+    B = W^T [K, N]; int8 / int4 weights as their GEMM stage's packed tiles
+    (lower/gemm.pack_weight_tiles, for generation `gen`); the RoPE tables as cs [P, 2, D].
+    Derived tensors are built once per weight (llm_blocks.OPERANDS: keyed by storage and
+    version)."""
+    from torch_xdna.kernels.llm_blocks import OPERANDS
+    named, weights = split_inputs(layer, inputs)
+    cos, sin = named["cos"], named["sin"]
+    gemms = {st.ins[1]: st.design for st in stages(layer) if st.ins[-1] in WEIGHTS}
+
+    def wt(name):
+        ws = weights[name]
+        if layer.attention.precision == "bf16":
+            return OPERANDS.derived(("layer_wt",), ws,
+                                    lambda: numerics.operand(ws[0]).t().contiguous().to(BF16))
+        from torch_xdna.hw import NPU4
+        from torch_xdna.kernels.lower.gemm import pack_weight_tiles
+        g = gen or NPU4
+        return OPERANDS.derived(("layer_pack", gemms[name].key, g.name), ws,
+                                lambda: pack_weight_tiles(gemms[name], g, *ws))
 
     def cs():
         c, s = numerics.operand(cos), numerics.operand(sin).clone()
         s[:, :s.shape[-1] // 2].neg_()
         return torch.stack([c, s], 1).to(BF16).contiguous()
 
-    return [x, attn_norm, q_norm, k_norm, wt(w_qkv), wt(w_o),
-            OPERANDS.derived(("layer_cs",), (cos, sin), cs), mlp_norm, wt(w_gu), wt(w_down)]
+    return [named["x"], named["attn_norm"], named["q_norm"], named["k_norm"], wt("w_qkv_t"),
+            wt("w_o_t"), OPERANDS.derived(("layer_cs",), (cos, sin), cs), named["mlp_norm"],
+            wt("w_gate_up_t"), wt("w_down_t")]
 
 
 # -- the per-token stages' numerics (also the core-kernel references) --------------------------
@@ -192,12 +227,22 @@ def staged_reference(layer, inputs: Sequence[torch.Tensor], outputs: Sequence[to
     d = dims(layer)
     R, Hq, Hkv, D, S, I = d["R"], d["Hq"], d["Hkv"], d["D"], d["S"], d["I"]
     a = layer.attention
-    t: dict[str, torch.Tensor] = dict(zip(input_names(layer), host_inputs(layer, inputs)))
+    named, weights = split_inputs(layer, inputs)
+    t: dict[str, torch.Tensor] = dict(named)
+    c, s_ = numerics.operand(named["cos"]), numerics.operand(named["sin"]).clone()
+    s_[:, :D // 2].neg_()
+    t["cs"] = torch.stack([c, s_], 1).to(BF16)
     t.update(zip(OUTPUT_NAMES, outputs))
     for name, (shape, dt) in scratch(layer).items():
         t[name] = torch.zeros(shape, dtype=dt)
     for st in stages(layer):
-        if st.kind == "design":
+        if st.kind == "design" and st.ins[-1] in WEIGHTS:     # a GEMM on a stored weight
+            ds = st.design
+            ws = weights[st.ins[-1]]
+            a_in = _as(t[st.ins[0]], (ds.m, ds.k))
+            b_in = [numerics.operand(ws[0]).t()] if a.precision == "bf16" else list(ws)
+            ds.reference([a_in, *b_in], [_as(t[st.outs[0]], _out_shape(ds))])
+        elif st.kind == "design":
             ds = st.design
             ins = [_as(t[nm], sh) for nm, sh in zip(st.ins, _in_shapes(ds))]
             out = _as(t[st.outs[0]], _out_shape(ds))

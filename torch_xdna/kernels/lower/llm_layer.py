@@ -47,7 +47,7 @@ def layer_programs(d, gen: Generation, pos: int = 0, n: int | None = None, input
         raise LoweringError(f"{d.name}: positions {pos}..{pos + dm['R'] - 1} outside the KV "
                             f"capacity {dm['S']}")
     scratch = LS.scratch(d)
-    positions = int(inputs[6].shape[0]) if inputs else dm["S"]
+    positions = int(LS.split_inputs(d, inputs)[0]["cos"].shape[0]) if inputs else dm["S"]
     progs = []
     for st in LS.stages(d):
         scalars = LS.stage_scalars(st, pos, dm["R"])
