@@ -5,7 +5,7 @@ Cases: a 1024^3 GEMM, and the Qwen3-0.6B-shaped decode layer (hidden 1024, 16 q 
 of 128, intermediate 3072, one token, KV capacity 1024). The bf16 fused layer runs as its 12
 executable stage programs (kernels/lower/llm_layer.py) at a few positions, against the
 functional level in the stages' order (TORCH_XDNA_LAYER_ORDER=plan) and the layer's BLAS
-reference (the default); the int4 layer's stages are structural (stream counts only). The
+reference (the default), with bf16 and int4 weights. The
 layer's 9 separate launches (rms_norm, q/k/v/o and gate/up/down GEMVs) are kept for
 comparison with the earlier figures. Stream words and BD counts are exact properties of the
 generated streams; host times are measured on this host (shared CPU, so noisy; the load
@@ -97,7 +97,7 @@ def decode_layer_launches() -> list[tuple[str, object]]:
 
 def fused_layer_streams(precision: str = "bf16", capacity: int = 1024) -> dict:
     """Stream words and BDs of the fused Qwen3-0.6B decode-layer launch (one token), summed over
-    its stage programs (bf16: executable; int4: structural only)."""
+    its stage programs (executable for bf16 / int8 / int4 weights)."""
     from torch_xdna.array import txn
     from torch_xdna.engine.decoder import PrecisionPolicy, step_designs
     from torch_xdna.kernels.lower import lower
@@ -116,27 +116,37 @@ def fused_layer_streams(precision: str = "bf16", capacity: int = 1024) -> dict:
 
 
 def _layer_inputs(layer, positions: int, g) -> list[torch.Tensor]:
+    """Random inputs of a fused layer; int8 / int4 weights quantized as the engine stores them."""
+    from torch_xdna.kernels import quant
+    from torch_xdna.kernels.llm_blocks import default_group
     a, m = layer.attention, layer.mlp
     h, d, hq, hkv, f = a.hidden, a.head_dim, a.heads, a.kv_heads, m.intermediate
 
     def r(*s, sc=1.0):
-        return torch.randn(*s, generator=g) * sc
+        x = torch.randn(*s, generator=g) * sc
+        if len(s) < 2 or sc == 1.0 or a.precision == "bf16":
+            return x
+        qz = quant.quantize_int8 if a.precision == "int8" else quant.quantize_int4
+        return qz(x, a.group or default_group(a.precision))
     inv = 1.0 / (1e6 ** (torch.arange(0, d, 2).float() / d))
     ang = torch.arange(positions).float()[:, None] * inv[None]
     ang = torch.cat([ang, ang], -1)
+    def w(*s, sc):
+        x = r(*s, sc=sc)
+        return list(x) if isinstance(x, tuple) else [x]
     return [r(1, h), 1 + 0.1 * r(h), 1 + 0.1 * r(d), 1 + 0.1 * r(d),
-            r((hq + 2 * hkv) * d, h, sc=h ** -0.5), r(h, hq * d, sc=(hq * d) ** -0.5),
-            ang.cos(), ang.sin(), 1 + 0.1 * r(h), r(2 * f, h, sc=h ** -0.5), r(h, f, sc=f ** -0.5)]
+            *w((hq + 2 * hkv) * d, h, sc=h ** -0.5), *w(h, hq * d, sc=(hq * d) ** -0.5),
+            ang.cos(), ang.sin(), 1 + 0.1 * r(h), *w(2 * f, h, sc=h ** -0.5), *w(h, f, sc=f ** -0.5)]
 
 
-def fused_layer_txn(capacity: int = 1024, positions=(0, 1, 2)) -> dict:
-    """The bf16 Qwen3-0.6B decode layer executed as its stage programs' streams, per position
+def fused_layer_txn(precision: str = "bf16", capacity: int = 1024, positions=(0, 1, 2)) -> dict:
+    """The Qwen3-0.6B decode layer executed as its stage programs' streams, per position
     (the KV cache carried), vs the functional level in stage order and the BLAS reference."""
     from torch_xdna.engine.decoder import PrecisionPolicy, step_designs
     from torch_xdna.models.families import BUILTIN_CONFIGS, spec_from_config
     spec = spec_from_config(BUILTIN_CONFIGS["qwen3-0.6b"])
-    layer = next(d for role, _, d in step_designs(spec, PrecisionPolicy.parse("bf16"), 1, capacity, False)
-                 if role == "layer")
+    layer = next(d for role, _, d in step_designs(spec, PrecisionPolicy.parse(precision), 1, capacity,
+                                                  False) if role == "layer")
     a = layer.attention
     g = torch.Generator().manual_seed(0)
     ins = _layer_inputs(layer, capacity, g)
@@ -183,7 +193,8 @@ def run(quick: bool = True) -> dict:
                                 out_dtype=torch.int32 if dt == "int8" else torch.bfloat16),
                      f"gemm 1024^3 {dt}", g) for dt in gemm_dtypes]
     fused = [fused_layer_streams(p) for p in (("bf16",) if quick else ("bf16", "int4"))]
-    fused_txn = fused_layer_txn(positions=(0, 1) if quick else (0, 1, 2))
+    fused_txn = [fused_layer_txn(p, positions=(0, 1) if quick else (0, 1, 2))
+                 for p in (("bf16",) if quick else ("bf16", "int4"))]
     layer = [measure(d, name, g) for name, d in decode_layer_launches()]
     total = {k: sum(r[k] for r in layer) for k in ("stream_words", "bds", "ddr_patches", "syncs",
                                                   "txn_host_ms", "functional_host_ms")}
