@@ -79,8 +79,8 @@ def unsupported(layer, n: int | None = None) -> str | None:
 
 
 def input_names(layer) -> tuple[str, ...]:
-    """The layer's inputs in DecoderLayerDesign order, as the stages name them (after
-    host_inputs; bf16 precision, q/k norm, no post-norms)."""
+    """The stages' host arguments for the layer's inputs (host_inputs order: one tensor per
+    weight, whatever its precision; q/k norm, no post-norms)."""
     return ("x", "attn_norm", "q_norm", "k_norm", "w_qkv_t", "w_o_t", "cs", "mlp_norm",
             "w_gate_up_t", "w_down_t")
 

@@ -30,7 +30,7 @@ from torch_xdna.kernels.lower.builder import Builder, LoweringError, acq, call, 
 from torch_xdna.kernels.lower.fused import _lower_one, rename_args
 
 
-_STAGES: dict = {}                  # (layer, generation, stage, scalars, P) -> program
+_STAGES: dict = {}                  # (layer, generation, stage, P, first) -> program
 
 
 def layer_programs(d, gen: Generation, pos: int = 0, n: int | None = None, inputs=None,
@@ -43,7 +43,7 @@ def layer_programs(d, gen: Generation, pos: int = 0, n: int | None = None, input
         raise LoweringError(f"{d.name}: not lowered as executable stages: {why}")
     dm = LS.dims(d)
     pos = int(pos)
-    if not 0 <= pos or pos + dm["R"] > dm["S"]:
+    if pos < 0 or pos + dm["R"] > dm["S"]:
         raise LoweringError(f"{d.name}: positions {pos}..{pos + dm['R'] - 1} outside the KV "
                             f"capacity {dm['S']}")
     scratch = LS.scratch(d)
@@ -51,13 +51,13 @@ def layer_programs(d, gen: Generation, pos: int = 0, n: int | None = None, input
     progs = []
     for st in LS.stages(d):
         scalars = LS.stage_scalars(st, pos, dm["R"])
-        key = (d.key, gen.name, id(gen), st.label, tuple(sorted(scalars.items())), positions)
-        hit = _STAGES.get(key)
+        key = (d.key, gen.name, id(gen), st.label, positions, not progs)
+        hit = None if scalars else _STAGES.get(key)
         if hit is not None:             # a stage without per-launch scalars: one program
             progs.append(hit)           # object for every position (its stream is cached too)
             continue
         if st.kind == "design":
-            p = _lower_one(st.design, gen, **LS.stage_scalars(st, pos, dm["R"]))
+            p = _lower_one(st.design, gen, **scalars)
             names = [a.name for a in p.sequence.args]
             if len(names) != len(st.ins) + 1:
                 raise LoweringError(f"{d.name}: stage {st.label} has {len(names)} host args")
@@ -73,9 +73,10 @@ def layer_programs(d, gen: Generation, pos: int = 0, n: int | None = None, input
             notes.update(launch_args=LS.input_names(d) + LS.OUTPUT_NAMES,
                          host_layout="llm_layer_stages.host_inputs")
         p = rename_args(p, mapping, notes)
-        if len(_STAGES) > 512:
-            _STAGES.clear()
-        _STAGES[key] = p
+        if not scalars:
+            if len(_STAGES) > 512:
+                _STAGES.clear()
+            _STAGES[key] = p
         progs.append(p)
     return tuple(progs)
 
