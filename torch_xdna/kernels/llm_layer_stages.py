@@ -10,7 +10,7 @@ ArrayProgram (kernels/lower/llm_layer.py), wired through scratch DDR buffers nam
                 bf16; q heads written head-major for attention (T_q [Hq, R, D]: the GQA layout,
                 heads of a KV group adjacent), k and v rows written into the caches at pos + i
                                                       T_qkv, q_norm, k_norm, cs -> T_q, k_cache, v_cache
-  attention     flash attention over the cache (AttentionDesign; kv_len = pos + R, q_offset =
+  attention     flash attention over the cache (AttentionDesign; kv_len = pos + n, q_offset =
                 pos as launch scalars)                T_q, k_cache, v_cache -> T_a f32 [Hq, R, D]
   attn_cast     per token: the heads' rows -> token-major bf16       T_a -> T_ab bf16 [R, Hq*D]
   o_proj        GEMM                                  T_ab, w_o_t         -> T_o   f32 [R, H]
@@ -70,7 +70,7 @@ def unsupported(layer, n: int | None = None) -> str | None:
         (not a.qk_norm, "no q/k norm (the qk stage kernel normalizes; rope-only not lowered)"),
         (a.post_norm or m.post_norm, "post-norms"),
         (m.act != "silu", f"MLP activation {m.act} (silu only)"),
-        (rows != a.rows, f"{rows} valid rows of {a.rows} (stages run every row)"),
+        (not 0 < rows <= a.rows, f"{rows} valid rows of {a.rows}"),
     )
     for bad, why in checks:
         if bad:
@@ -143,13 +143,21 @@ def stages(layer) -> tuple[Stage, ...]:
     )
 
 
-def stage_scalars(st: Stage, pos: int, rows: int) -> dict:
-    """The launch scalars a stage's program takes (its stream depends on them, not its build)."""
+def stage_scalars(st: Stage, pos: int, n: int) -> dict:
+    """The launch scalars a stage's program takes (its stream depends on them, not its build):
+    `pos` the first row's position, `n` the valid rows (rows past n are computed like the others
+    but write no KV and are not attended to; their output rows are not defined)."""
     if st.label == "attention":
-        return {"kv_len": pos + rows, "q_offset": pos}
+        return {"kv_len": pos + n, "q_offset": pos}
     if st.kind == "qk_rope":
-        return {"pos": pos}
+        return {"pos": pos, "n": n}
     return {}
+
+
+def cs_rows(pos: int, rows: int, positions: int) -> list[int]:
+    """The RoPE table row each of `rows` tokens reads: its position, clamped to the table (rows
+    past the valid ones may lie beyond it; their values are not used)."""
+    return [min(pos + i, positions - 1) for i in range(rows)]
 
 
 # -- host layouts ------------------------------------------------------------------------------
@@ -227,6 +235,7 @@ def staged_reference(layer, inputs: Sequence[torch.Tensor], outputs: Sequence[to
     d = dims(layer)
     R, Hq, Hkv, D, S, I = d["R"], d["Hq"], d["Hkv"], d["D"], d["S"], d["I"]
     a = layer.attention
+    n = R if n is None else int(n)
     named, weights = split_inputs(layer, inputs)
     t: dict[str, torch.Tensor] = dict(named)
     c, s_ = numerics.operand(named["cos"]), numerics.operand(named["sin"]).clone()
@@ -246,18 +255,18 @@ def staged_reference(layer, inputs: Sequence[torch.Tensor], outputs: Sequence[to
             ds = st.design
             ins = [_as(t[nm], sh) for nm, sh in zip(st.ins, _in_shapes(ds))]
             out = _as(t[st.outs[0]], _out_shape(ds))
-            ds.reference(ins, [out], **stage_scalars(st, pos, R))
+            ds.reference(ins, [out], **stage_scalars(st, pos, n))
         elif st.kind == "qk_rope":
             qkv = t["T_qkv"].float()
             heads = qkv[:, :(Hq + Hkv) * D].reshape(R, Hq + Hkv, D)
             w = torch.cat([numerics.operand(t["q_norm"].reshape(1, D)).expand(Hq, D),
                            numerics.operand(t["k_norm"].reshape(1, D)).expand(Hkv, D)])
-            cs = t["cs"][pos:pos + R].float()
+            cs = t["cs"][cs_rows(pos, R, t["cs"].shape[0])].float()
             y = qk_norm_rope_rows(heads, w, cs[:, 0:1], cs[:, 1:2], a.eps, a.norm_offset)
             t["T_q"].view(Hq, R, D).copy_(y[:, :Hq].transpose(0, 1))
             kc, vc = t["k_cache"].view(Hkv, S, D), t["v_cache"].view(Hkv, S, D)
-            kc[:, pos:pos + R].copy_(y[:, Hq:].transpose(0, 1))
-            vc[:, pos:pos + R].copy_(t["T_qkv"][:, (Hq + Hkv) * D:].reshape(R, Hkv, D).transpose(0, 1))
+            kc[:, pos:pos + n].copy_(y[:n, Hq:].transpose(0, 1))
+            vc[:, pos:pos + n].copy_(t["T_qkv"][:n, (Hq + Hkv) * D:].reshape(n, Hkv, D).transpose(0, 1))
         elif st.kind == "attn_cast":
             t["T_ab"].copy_(cast_bf16(t["T_a"].view(Hq, R, D).transpose(0, 1).reshape(R, Hq * D)))
         elif st.kind == "silu_mul":

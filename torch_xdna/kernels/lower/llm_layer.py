@@ -42,15 +42,15 @@ def layer_programs(d, gen: Generation, pos: int = 0, n: int | None = None, input
     if why:
         raise LoweringError(f"{d.name}: not lowered as executable stages: {why}")
     dm = LS.dims(d)
-    pos = int(pos)
-    if pos < 0 or pos + dm["R"] > dm["S"]:
-        raise LoweringError(f"{d.name}: positions {pos}..{pos + dm['R'] - 1} outside the KV "
+    pos, n = int(pos), dm["R"] if n is None else int(n)
+    if pos < 0 or pos + n > dm["S"]:
+        raise LoweringError(f"{d.name}: positions {pos}..{pos + n - 1} outside the KV "
                             f"capacity {dm['S']}")
     scratch = LS.scratch(d)
     positions = int(LS.split_inputs(d, inputs)[0]["cos"].shape[0]) if inputs else dm["S"]
     progs = []
     for st in LS.stages(d):
-        scalars = LS.stage_scalars(st, pos, dm["R"])
+        scalars = LS.stage_scalars(st, pos, n)
         key = (d.key, gen.name, id(gen), st.label, positions, not progs)
         hit = None if scalars else _STAGES.get(key)
         if hit is not None:             # a stage without per-launch scalars: one program
@@ -64,7 +64,7 @@ def layer_programs(d, gen: Generation, pos: int = 0, n: int | None = None, input
             mapping = dict(zip(names, st.ins + st.outs))
         else:
             p = {"qk_rope": _qk_rope, "attn_cast": _attn_cast, "silu_mul": _silu_mul}[st.kind](
-                d, gen, dm, pos, positions)
+                d, gen, dm, pos, positions, n)
             mapping = {}
         used = (*st.ins, *st.outs)
         notes = {"stage": f"llm_layer.{st.label}",
@@ -81,7 +81,7 @@ def layer_programs(d, gen: Generation, pos: int = 0, n: int | None = None, input
     return tuple(progs)
 
 
-def _qk_rope(d, gen, dm, pos, positions) -> ir.ArrayProgram:
+def _qk_rope(d, gen, dm, pos, positions, n) -> ir.ArrayProgram:
     a = d.attention
     R, Hq, Hkv, D, S, QKV = dm["R"], dm["Hq"], dm["Hkv"], dm["D"], dm["S"], dm["QKV"]
     nh = Hq + Hkv
@@ -113,23 +113,28 @@ def _qk_rope(d, gen, dm, pos, positions) -> ir.ArrayProgram:
                               rel("xcs"), rel("qk", "produce")),
             rel("qkw"))
     b.core_body(core, (forever(*body),))
-    b.notes.update({"tokens": R, "heads": (Hq, Hkv), "head_dim": D, "position": pos})
-    for i in range(R):
+    b.notes.update({"tokens": R, "valid": n, "heads": (Hq, Hkv), "head_dim": D, "position": pos})
+    from torch_xdna.kernels.llm_layer_stages import cs_rows
+    for i, c in enumerate(cs_rows(pos, R, positions)):
         p = pos + i
         b.task("qk", "T_q", i * D, (Hq, D), (R * D, 1))           # q heads, head-major
-        b.task("qk", "k_cache", p * D, (Hkv, D), (S * D, 1))     # k rows at the position
-        b.task("v_out", "v_cache", p * D, (Hkv, D), (S * D, 1))
+        if i < n:                                                 # k rows at the position
+            b.task("qk", "k_cache", p * D, (Hkv, D), (S * D, 1))
+            b.task("v_out", "v_cache", p * D, (Hkv, D), (S * D, 1))
+        else:                                                     # not a valid row: dropped
+            b.task("qk", "k_cache", 0, (0,), (1,), (Hkv * D,))
         if i == 0:
             b.task("qkw", "q_norm", 0, (Hq, D), (0, 1))            # one weight row per head
             b.task("qkw", "k_norm", 0, (Hkv, D), (0, 1))
         b.task("xcs", "T_qkv", i * QKV, (nh * D,), (1,))
-        b.task("xcs", "cs", p * 2 * D, (2 * D,), (1,))            # cos | signed sin at pos + i
-        b.task("v_in", "T_qkv", i * QKV + nh * D, (Hkv * D,), (1,))
+        b.task("xcs", "cs", c * 2 * D, (2 * D,), (1,))            # cos | signed sin at pos + i
+        if i < n:
+            b.task("v_in", "T_qkv", i * QKV + nh * D, (Hkv * D,), (1,))
         b.end_round()
     return b.build()
 
 
-def _attn_cast(d, gen, dm, pos, positions) -> ir.ArrayProgram:
+def _attn_cast(d, gen, dm, pos, positions, n) -> ir.ArrayProgram:
     R, Hq, D = dm["R"], dm["Hq"], dm["D"]
     b = Builder(f"{d.name}_attn_cast_R{R}", gen)
     b.arg("T_a", (Hq, R, D), "f32")
@@ -149,7 +154,7 @@ def _attn_cast(d, gen, dm, pos, positions) -> ir.ArrayProgram:
     return b.build()
 
 
-def _silu_mul(d, gen, dm, pos, positions) -> ir.ArrayProgram:
+def _silu_mul(d, gen, dm, pos, positions, n) -> ir.ArrayProgram:
     R, I = dm["R"], dm["I"]
     b = Builder(f"{d.name}_silu_mul_R{R}", gen)
     b.arg("T_gu", (R, 2 * I), "bf16")
