@@ -563,6 +563,25 @@ def test_rope_equals_llm_blocks(lib, rows, d):
     assert_bits(out, _rope(x.float(), cos.float(), ssin.float()), "rope vs llm_blocks._rope")
 
 
+@pytest.mark.parametrize("rows,d", [(6, 64), (3, 128), (2, 24)])
+@pytest.mark.parametrize("offset", [0.0, 1.0])
+def test_qk_norm_rope(lib, rows, d, offset):
+    """The fused layer's q/k stage: per-head RMSNorm (own weight row per head) then RoPE, both
+    rounded to bf16; bit-exact with its golden, and within the rms_norm bound of the layer's
+    reference functions (llm_layer_stages.qk_norm_rope_rows)."""
+    from torch_xdna.kernels.llm_layer_stages import qk_norm_rope_rows
+    x, w = bf16(rows, d, scale=2), bf16(rows, d)
+    ang = torch.tensor(77.0) * (1.0 / (10000 ** (torch.arange(0, d, 2).float() / d))).repeat(2)
+    cos, ssin = ang.cos().to(torch.bfloat16), ang.sin().to(torch.bfloat16)
+    ssin[: d // 2] = -ssin[: d // 2]
+    xcs = torch.cat([x.reshape(-1), cos, ssin])
+    out = torch.empty(rows, d, dtype=torch.bfloat16)
+    lib.qk_norm_rope_bf16(xcs, w, out, torch.empty(2 * d), rows, d, 1e-6, offset)
+    assert_bits(out, golden.qk_norm_rope(xcs, w, rows, d, 1e-6, offset), "qk_norm_rope")
+    ref = qk_norm_rope_rows(x.float(), w.float(), cos.float(), ssin.float(), 1e-6, offset)
+    assert (out.float() - ref).abs().max() <= 2 ** -6 * ref.abs().max()    # a bf16 ulp or two
+
+
 # --- attention ---------------------------------------------------------------------------------
 def _attention_by_tiles(l, q, k, v, scale, causal, q_offset, window=0, softcap=0.0):
     tq, tkv, d = l.defines["ATT_TQ"], l.defines["ATT_TKV"], l.defines["ATT_D"]

@@ -262,3 +262,19 @@ def test_non_trailing_reduction_is_named():
     d = VectorDesign("sum", ((16, 64),), (F32,), (64,), F32, (("dims", (0,)), ("keepdim", False)))
     with pytest.raises(LoweringError, match="trailing dims"):
         lower(d, NPU4)
+
+
+@pytest.mark.parametrize("m,k,n,dt", [(1, 1024, 4096, "bf16"),
+                                      pytest.param(256, 768, 768, "bf16", marks=pytest.mark.xfail(
+                                          strict=True, reason="GEMM L2 blocking not lowered (docs/array.md)")),
+                                      pytest.param(1024, 1024, 1024, "int8", marks=pytest.mark.xfail(
+                                          strict=True, reason="GEMM L2 blocking not lowered (docs/array.md)"))])
+def test_gemm_stream_dram_bytes_match_plan(m, k, n, dt):
+    """DRAM bytes the stream's MM2S BDs move vs the plan's modeled reads: equal (within the
+    edge-tile padding) where every B tile is used once (GEMV); the L2-blocked shapes stream A and
+    B per output block today (1.75x and 3x the plan), the known gap."""
+    from torch_xdna.array import txn
+    d = GemmDesign(m, k, n, dtype=dt, out_dtype=torch.int32 if dt == "int8" else torch.bfloat16)
+    (prog,) = lower(d, NPU4)
+    streamed = txn.stream_stats(txn.encode_sequence(prog)).mm2s_bytes
+    assert abs(streamed - d.plan(NPU4).dram_read_bytes) <= 0.01 * d.plan(NPU4).dram_read_bytes

@@ -34,7 +34,8 @@ def test_design_show_decode_layer_and_attention(capsys):
                  "--dtype", "int4", "--json"]) == 0
     info = json.loads(capsys.readouterr().out)
     stages = [p["stage"] for p in info["programs"]]
-    assert stages[0] == "llm_attention.attn_norm" and stages[-1] == "llm_mlp.down"
+    assert stages[0] == "llm_layer.attn_norm" and stages[-1] == "llm_layer.mlp_residual"
+    assert "llm_layer.qk_rope" in stages and len(stages) == 12      # executable stages
     assert main(["design", "show", "attention", "--shape", "1x4x2x1x256x64", "--causal",
                  "--kv-len", "100"]) == 0
     assert "attn_tile_bf16" in capsys.readouterr().out

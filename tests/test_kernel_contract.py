@@ -50,6 +50,7 @@ EXTRA = [
                 (("mul", (("in", 0), ("in", 1)), ()), ("mul", (("s", 0), 0.5), ()),
                  ("exp", (("s", 1),), ()), ("sub", (("s", 2), ("in", 0)), ())), (3, 1), ("float32", "bfloat16")),
 ]
+EXTRA.append(__import__("test_txn_layer").layer(1))            # the fused layer's 12 stages
 CATALOG = [catalog.example(n, "64x64x64" if n.startswith("gemm") else
                            "32x256" if n == "softmax" else "1024").design for n in catalog.DESIGNS]
 DESIGNS = IR_DESIGNS + EXTRA + CATALOG
@@ -146,6 +147,10 @@ ELSEWHERE = {
     r"(matmul|gemv)_int[48]_bf16": "test_weight_only_tile_bit_exact",
     r"store_\w+_f32_(f32|bf16)|store_none_i32_i32": "test_store_kernels",
     r"attn_(init_f32|q_bf16|tile_bf16|finish_f32)": "test_ir_attention_work_item",
+    r"qk_norm_rope_bf16": "test_qk_norm_rope",
+    r"rope_bf16_f32": "test_rope_equals_llm_blocks",
+    r"silu_mul_bf16_f32": "test_silu_mul",
+    r"cast_f32_bf16": "test_cast_f32_bf16_rounds_to_nearest_even_and_flushes",
 }
 DT = {"f32": F32, "bf16": BF16, "i32": torch.int32}
 

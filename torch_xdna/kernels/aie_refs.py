@@ -264,11 +264,45 @@ def _gemm_host_layout(d, gen, inputs):
     return None
 
 
+def _layer_host_layout(d, gen, inputs):
+    """The fused decoder layer's stages take transposed weights and one cs RoPE table."""
+    from torch_xdna.kernels.llm_layer_stages import host_inputs, unsupported
+    if unsupported(d) is not None:       # structural stages: the runner refuses them anyway
+        return list(inputs)
+    return host_inputs(d, inputs, gen)
+
+
 def _register_lowering() -> None:
     from torch_xdna.kernels.lower import lower
     from torch_xdna.runtime.sim import txn_level
     txn_level.set_lowerer(lower)
     txn_level.register_host_layout("gemm", _gemm_host_layout)
+    txn_level.register_host_layout("llm_layer", _layer_host_layout)
+
+
+# -- the fused decoder layer's per-token stages (kernels/lower/llm_layer.py) --------------------
+@ck.register("qk_norm_rope_bf16")
+def qk_norm_rope(xcs, w, out, work, rows, d, eps, offset) -> None:
+    """xcs = [rows x d heads | cos d | signed_sin d], w [rows x d] -> out bf16 (qk_rope.cc)."""
+    from torch_xdna.kernels.llm_layer_stages import qk_norm_rope_rows
+    rows, d = int(rows), int(d)
+    x = xcs[:rows * d].reshape(rows, d)
+    cos, ssin = xcs[rows * d:rows * d + d], xcs[rows * d + d:rows * d + 2 * d]
+    y = qk_norm_rope_rows(x.float(), w.reshape(rows, d).float(), cos.float().unsqueeze(0),
+                          ssin.float().unsqueeze(0), float(eps), float(offset))
+    out.copy_(y.reshape(out.shape).to(out.dtype))
+
+
+@ck.register("silu_mul_bf16_f32")
+def silu_mul(gate, up, out, n) -> None:
+    from torch_xdna.kernels.llm_layer_stages import silu_mul_rows
+    out.copy_(silu_mul_rows(gate, up).reshape(out.shape))
+
+
+@ck.register("cast_f32_bf16")
+def cast_f32_bf16(x, out, n) -> None:
+    from torch_xdna.kernels.llm_layer_stages import cast_bf16
+    out.copy_(cast_bf16(x).reshape(out.shape))
 
 
 _register_lowering()

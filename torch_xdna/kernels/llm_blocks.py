@@ -643,6 +643,10 @@ class DecoderLayerDesign(Design):
         return 2 + (2 if a.qk_norm else 0) + 2 * weight_tensors(a.precision) + (1 if a.post_norm else 0) + 2
 
     def reference(self, inputs, outputs, **scalars: Any) -> None:
+        if numerics.layer_order() == "plan":        # the stage programs' order (txn-identical)
+            from torch_xdna.kernels import llm_layer_stages
+            if llm_layer_stages.unsupported(self, scalars.get("n")) is None:
+                return llm_layer_stages.staged_reference(self, inputs, outputs, **scalars)
         na = self.n_attention_inputs
         self.attention.reference(inputs[:na], outputs, **scalars)
         self.mlp.reference([outputs[0], *inputs[na:]], [outputs[0]], **scalars)

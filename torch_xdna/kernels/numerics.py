@@ -121,6 +121,22 @@ def gemm_order() -> str:
     return name
 
 
+LAYER_ORDERS = ("blas", "plan")
+
+
+def layer_order() -> str:
+    """TORCH_XDNA_LAYER_ORDER: "blas" (default) runs the fused decoder layer's functional
+    reference as llm_blocks writes it (fp32 BLAS GEMMs, host speed: the decode loop's path);
+    "plan" runs it in its stage programs' order (kernels/llm_layer_stages.staged_reference:
+    K-tile GEMMs, the attention design's flash order), bit-identical to the transaction level.
+    The two agree within fp32 reordering."""
+    name = os.environ.get("TORCH_XDNA_LAYER_ORDER", "blas").strip().lower() or "blas"
+    if name not in LAYER_ORDERS:
+        raise ValueError(f"TORCH_XDNA_LAYER_ORDER={name!r} is not a layer order; use one of "
+                         f"{', '.join(LAYER_ORDERS)}")
+    return name
+
+
 def tile_dot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """One K tile: a [.., m, k] @ b [.., k, n], products summed exactly, rounded once to fp32."""
     return torch.matmul(a.double(), b.double()).float()

@@ -149,6 +149,10 @@ _SPECS += [
     _k("rope_bf16_f32", "rope.cc",
        ["x:bf16*", "cos:bf16*", "signed_sin:bf16*", "out:f32*", "rows:i32", "d:i32"],
        golden="rope", reference="llm_blocks._rope"),
+    _k("qk_norm_rope_bf16", "qk_rope.cc",
+       ["xcs:bf16*", "w:bf16*", "out:bf16*", "work:f32*", "rows:i32", "d:i32", "eps:f32",
+        "offset:f32"], golden="qk_norm_rope",
+       reference="llm_layer_stages.qk_norm_rope_rows (llm_blocks._rms, _rope)"),
 ]
 # the GEMM epilogue stage (epilogue.cc): epilogue_<act>[_bias][_res[_pk]]_f32_<out>
 for _act in STORE_ACTS:

@@ -334,6 +334,15 @@ def rope(x, cos, signed_sin) -> torch.Tensor:
     return x * f32(cos) + rot * f32(signed_sin)
 
 
+def qk_norm_rope(xcs, w, rows: int, d: int, eps: float, offset: float = 0.0) -> torch.Tensor:
+    """qk_norm_rope_bf16: xcs = [rows x d heads | cos d | signed_sin d], w [rows, d] -> bf16
+    rope(bf16(rms_norm(heads, w))) (qk_rope.cc)."""
+    x = xcs[:rows * d].reshape(rows, d)
+    cos, ssin = xcs[rows * d:rows * d + d], xcs[rows * d + d:rows * d + 2 * d]
+    y = cast_bf16(rms_norm(x, w.reshape(rows, d), eps, offset))
+    return cast_bf16(rope(y, cos, ssin))
+
+
 # --- attention ---------------------------------------------------------------------------------
 def flash_rows(qf: torch.Tensor, qpos: torch.Tensor, kf: torch.Tensor, vf: torch.Tensor, *,
                kv_valid: int, scale: float, tkv: int, causal: bool, window: int, softcap: float,

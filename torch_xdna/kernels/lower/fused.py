@@ -132,9 +132,15 @@ def _stage_designs(d, gen):
     return out
 
 
-def llm_block_programs(d, gen: Generation, **_) -> tuple[ir.ArrayProgram, ...]:
+def llm_block_programs(d, gen: Generation, **launch) -> tuple[ir.ArrayProgram, ...]:
     if d.kind == "llm_layer":
-        return llm_block_programs(d.attention, gen) + llm_block_programs(d.mlp, gen)
+        from torch_xdna.kernels.lower.llm_layer import layer_programs
+        try:                             # executable stages (kernels/llm_layer_stages.py)
+            return layer_programs(d, gen, **launch)
+        except LoweringError as e:
+            why = str(e)
+        return tuple(rename_args(p, {}, {"not_executable": why})
+                     for p in llm_block_programs(d.attention, gen) + llm_block_programs(d.mlp, gen))
     progs = []
     for label, sd, ins, out in _stage_designs(d, gen):
         p = _lower_one(sd, gen)

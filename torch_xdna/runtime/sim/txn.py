@@ -72,6 +72,22 @@ def _byte_index(elem_idx: torch.Tensor, nbytes: int) -> torch.Tensor:
     return (elem_idx.unsqueeze(-1) * nbytes + torch.arange(nbytes)).reshape(-1)
 
 
+_BYTES: dict[tuple, tuple[torch.Tensor, int]] = {}
+
+
+def _pattern_bytes(dims: ir.Dims, count: int, base: int, nbytes: int) -> tuple[torch.Tensor, int]:
+    """Byte indices of a pattern of `nbytes`-byte elements and their maximum (cached, like
+    _pattern_index)."""
+    key = (dims, count, base, nbytes)
+    hit = _BYTES.get(key)
+    if hit is None:
+        if len(_BYTES) > 2048:
+            _BYTES.clear()
+        idx = _byte_index(_pattern_index(dims, count, base), nbytes)
+        hit = _BYTES[key] = (idx, int(idx.max()) if idx.numel() else -1)
+    return hit
+
+
 def gather(buf: torch.Tensor, dims: ir.Dims, count: int, dtype: str, base: int = 0) -> torch.Tensor:
     """Stream bytes read from element buffer `buf` (uint8) with a dims-to-stream pattern."""
     b = elem_bytes(dtype)
@@ -81,9 +97,9 @@ def gather(buf: torch.Tensor, dims: ir.Dims, count: int, dtype: str, base: int =
     if b < 1:
         raise PatternFault(f"{dtype} object FIFO with a data-layout transform: sub-byte elements "
                            f"cannot be re-laid out by the DMA")
-    idx = _byte_index(_pattern_index(dims, count, base), int(b))
-    if int(idx.max()) >= buf.numel():
-        raise PatternFault(f"dims {dims} at offset {base} reach element {int(idx.max()) // int(b)} of a "
+    idx, top = _pattern_bytes(dims, count, base, int(b))
+    if top >= buf.numel():
+        raise PatternFault(f"dims {dims} at offset {base} reach element {top // int(b)} of a "
                            f"{buf.numel() // int(b)}-element buffer")
     return buf[idx]
 
@@ -95,20 +111,34 @@ def scatter(buf: torch.Tensor, stream: torch.Tensor, dims: ir.Dims, count: int, 
         lo = int(base * b)
         buf[lo:lo + stream.numel()] = stream
         return
-    idx = _byte_index(_pattern_index(dims, count, base), int(b))
-    buf[idx] = stream
+    buf[_pattern_bytes(dims, count, base, int(b))[0]] = stream
+
+
+_PADS: dict = {}
 
 
 def pad_map(task: ir.DmaTask) -> torch.Tensor | None:
-    """For a task with pad_after: per stream element (one repeat), its data index or -1."""
+    """For a task with pad_after: per stream element (one repeat), its data index or -1
+    (cached per task: a design's streams repeat their tasks launch after launch)."""
     if not task.pad_after or not any(task.pad_after):
         return None
+    hit = _PADS.get(task)
+    if hit is None:
+        if len(_PADS) > 8192:
+            _PADS.clear()
+        hit = _PADS[task] = _pad_map(task)
+    return hit
+
+
+def _pad_map(task: ir.DmaTask) -> torch.Tensor:
     block = torch.zeros(1, dtype=torch.long)          # one element, data index 0
     n_data = 1
     for s, p in zip(reversed(task.sizes), reversed(task.pad_after)):
-        reps = [torch.where(block >= 0, block + i * n_data, block) for i in range(s)]
+        live = (block >= 0).unsqueeze(0)
+        reps = torch.where(live, block.unsqueeze(0) + (torch.arange(s) * n_data).unsqueeze(1),
+                           block.unsqueeze(0)).reshape(-1)       # s copies, data indices shifted
         pad = torch.full((p * block.numel(),), -1, dtype=torch.long)
-        block = torch.cat(reps + [pad])
+        block = torch.cat([reps, pad])
         n_data *= s
     return block
 
@@ -145,6 +175,7 @@ class _FifoState:
         self.queues = [deque() for _ in f.consumers]        # stream-form elements per consumer
         self.pending = [deque() for _ in f.consumers]       # released by producer, not yet moved
         self.held_produce = 0
+        self.index_of: dict[ir.Tile, int] = {}
 
     def can_produce(self, n: int = 1) -> bool:
         inflight = max((len(q) for q in self.pending), default=0)
@@ -164,8 +195,12 @@ class _FifoState:
         return moved
 
     def consumer_index(self, tile: ir.Tile) -> int:
+        hit = self.index_of.get(tile)
+        if hit is not None:
+            return hit
         try:
-            return self.f.consumers.index(tile)
+            self.index_of[tile] = self.f.consumers.index(tile)
+            return self.index_of[tile]
         except ValueError:
             raise PatternFault(f"object FIFO {self.f.name!r}: {tile.name} is not one of its consumers "
                                f"({', '.join(t.name for t in self.f.consumers)})") from None
@@ -192,6 +227,7 @@ class TxnExecutor:
         self.queues: dict[tuple[int, str, int], deque[_Task]] = {}
         self.tokens: dict[tuple[int, str, int], int] = {}
         self.tasks: list[_Task] = []
+        self.open: list[_Task] = []       # tasks not yet freed (or, S2MM, not yet synced)
         self.carry: dict[tuple[int, str, int], _Carry] = {}
         self.counts = {"bd_writes": 0, "patches": 0, "pushes": 0, "syncs": 0, "kernel_calls": 0,
                        "mm2s_bytes": 0, "s2mm_bytes": 0}
@@ -207,6 +243,8 @@ class TxnExecutor:
             self.ir_tasks.setdefault(key, deque()).append(t)
         self.fifo_chan = {v: k for k, v in self.chan_fifo.items()}
         self.buffers = {b.name: torch.zeros(int(b.type.nbytes), dtype=torch.uint8) for b in program.buffers}
+        self.buffer_types = {b.name: b.type for b in program.buffers}
+        self.chan_ci: dict[tuple[int, str, int], int] = {}
         self.rtp_addr = {}
         for name, (tile, base) in T.rtp_layout(program).items():
             buf = program.buffer(name)
@@ -343,6 +381,7 @@ class TxnExecutor:
         q.append(task)
         self._flush_pads(chan)
         self.tasks.append(task)
+        self.open.append(task)
         self.counts["pushes"] += 1
 
     def _next_ir_task(self, chan) -> ir.DmaTask | None:
@@ -366,11 +405,17 @@ class TxnExecutor:
         raise PatternFault(f"dma task {t.id}: unknown argument {t.arg!r}")
 
     def _check_bounds(self, task: _Task) -> None:
-        offs = _word_offsets(task.bd, task.repeat_count)
-        if offs.numel() == 0:
-            return
-        lo = task.offset + int(offs.min()) * 4
-        hi = task.offset + int(offs.max()) * 4 + 4
+        box = _bd_box(task.bd, task.repeat_count)
+        if box is not None:
+            base, dims = box
+            lo = task.offset + base * 4
+            hi = lo + (sum((n - 1) * st for n, st in dims) + 1) * 4
+        else:
+            offs = _word_offsets(task.bd, task.repeat_count)
+            if offs.numel() == 0:
+                return
+            lo = task.offset + int(offs.min()) * 4
+            hi = task.offset + int(offs.max()) * 4 + 4
         size = self.host[task.arg_idx].numel()
         if task.offset % 4:
             raise AddressFault(f"xdna txn: op {task.op_index} (BD {task.bd_id}, column {task.column}): base "
@@ -393,11 +438,15 @@ class TxnExecutor:
             if all(self.tokens.get(key, 0) > 0 for key in keys):
                 for key in keys:
                     self.tokens[key] -= 1
-                for t in self.tasks:          # the host saw completion: finished BDs may be reused
+                still = []
+                for t in self.open:           # the host saw completion: finished BDs may be reused
                     if t.done:
                         t.freed = True
                         if (t.column, t.direction, t.channel) in keys:
                             t.synced = True   # its own channel's token: its data has landed
+                    if not (t.freed and (t.synced or t.direction != "S2MM")):
+                        still.append(t)
+                self.open = still             # (tasks freed and, for S2MM, synced: settled)
                 return
             if not self._step():
                 self._diagnose(k, op, keys)
@@ -456,7 +505,9 @@ class TxnExecutor:
                 self._complete(q.popleft())
                 progress = True
             return progress
-        ci = fifo.consumer_index(self.p.tile(chan[0], 0))
+        ci = self.chan_ci.get(chan)
+        if ci is None:
+            ci = self.chan_ci[chan] = fifo.consumer_index(self.p.tile(chan[0], 0))
         queue = fifo.queues[ci]
         while q:
             t = q[0]
@@ -483,7 +534,7 @@ class TxnExecutor:
         if t.bd_id < 0:                       # all-padding task: zeros in its argument's units
             return torch.zeros(int(t.ir_task.stream_elements * elem_bytes(self._arg_dtype(t.ir_task))),
                                dtype=torch.uint8)
-        data = self.host[t.arg_idx][_byte_offsets(t)]
+        data = _read_bd(self.host[t.arg_idx], t)
         self.counts["mm2s_bytes"] += data.numel()
         if t.ir_task is not None:
             pm = pad_map(t.ir_task)
@@ -503,7 +554,7 @@ class TxnExecutor:
             pm = pad_map(t.ir_task)
             if pm is not None:
                 stream = _drop_pads(stream, pm, self._arg_dtype(t.ir_task), t.ir_task.repeat)
-        self.host[t.arg_idx][_byte_offsets(t)] = stream
+        _write_bd(self.host[t.arg_idx], t, stream)
         self.counts["s2mm_bytes"] += stream.numel()
 
     # --- diagnosis ------------------------------------------------------------------------------
@@ -618,9 +669,99 @@ def _word_offsets(bd: T.ShimBD, repeat_count: int) -> torch.Tensor:
     return (it.unsqueeze(-1) * step + base).reshape(-1)
 
 
+_BOX: dict = {}
+
+
+def _bd_box(bd: T.ShimBD, repeat_count: int):
+    """The words _word_offsets enumerates as a strided box: (base word, ((size, stride), ...)
+    outermost first), or None when the pattern is not one (a partial d2 run, iterations that
+    wrap). Cached per BD and repeat count."""
+    key = (bd, repeat_count)
+    hit = _BOX.get(key, False)
+    if hit is not False:
+        return hit
+    box = None
+    L = bd.buffer_length
+    if L:
+        if bd.d0_size == 0 and bd.d1_size == 0:
+            inner = ((L, 1),)
+        else:
+            d0, d1 = max(bd.d0_size, 1), max(bd.d1_size, 1)
+            inner = ((L // (d0 * d1), bd.d2_stride + 1), (d1, bd.d1_stride + 1),
+                     (d0, bd.d0_stride + 1)) if L % (d0 * d1) == 0 else None
+        if inner is not None:
+            wrap = bd.iteration_size + 1
+            step = bd.iteration_stride + 1 if bd.iteration_size else 0
+            if repeat_count == 0:
+                box = ((bd.iteration_current % wrap) * step, inner)
+            elif step == 0:
+                box = (0, ((repeat_count + 1, 0),) + inner)
+            elif bd.iteration_current + repeat_count < wrap:
+                box = (bd.iteration_current * step, ((repeat_count + 1, step),) + inner)
+    if len(_BOX) > 8192:
+        _BOX.clear()
+    _BOX[key] = box
+    return box
+
+
+def _bd_view(buf: torch.Tensor, t: _Task):
+    """The task's bytes of host buffer `buf` as a strided view (sizes..., 4), or None."""
+    box = _bd_box(t.bd, t.repeat_count)
+    if box is None or buf.dim() != 1 or not buf.is_contiguous():
+        return None
+    base, dims = box
+    sizes = tuple(n for n, _ in dims) + (4,)
+    strides = tuple(4 * st for _, st in dims) + (1,)
+    return buf.as_strided(sizes, strides, buf.storage_offset() + t.offset + 4 * base)
+
+
+def _read_bd(buf: torch.Tensor, t: _Task) -> torch.Tensor:
+    """MM2S: the bytes one pushed BD reads, in stream order (a copy)."""
+    v = _bd_view(buf, t)
+    if v is None:
+        return buf[_byte_offsets(t)]
+    out = torch.empty(v.shape, dtype=buf.dtype)
+    out.copy_(v)
+    return out.reshape(-1)
+
+
+def _write_bd(buf: torch.Tensor, t: _Task, stream: torch.Tensor) -> None:
+    """S2MM: write the stream bytes where the BD's pattern says (index writes when a stride-0
+    dimension would write one word several times)."""
+    v = _bd_view(buf, t)
+    if v is None or any(st == 0 and n > 1 for n, st in zip(v.shape, v.stride())):
+        buf[_byte_offsets(t)] = stream
+        return
+    v.copy_(stream.view(v.shape))
+
+
 def _byte_offsets(t: _Task) -> torch.Tensor:
     w = _word_offsets(t.bd, t.repeat_count)
     return (w.unsqueeze(-1) * 4 + t.offset + torch.arange(4)).reshape(-1)
+
+
+_PAD_IDX: dict = {}
+
+
+def _pad_index(pm: torch.Tensor, b: int, repeat: int, n_data: int, drop: bool) -> torch.Tensor:
+    """Byte gather index of a padded stream (from the data bytes and one zero element at the
+    end) or, drop=True, of the data bytes within a padded stream; cached per pad map."""
+    key = (pm.data_ptr(), pm.numel(), b, repeat, n_data, drop)
+    hit = _PAD_IDX.get(key)
+    if hit is not None and hit[0] is pm:
+        return hit[1]
+    if drop:
+        full = pm.repeat(repeat) if repeat > 1 else pm
+        idx = _byte_index(torch.nonzero(full >= 0).reshape(-1), b)
+    else:
+        per = int((pm >= 0).sum())
+        full = torch.cat([torch.where(pm >= 0, pm + r * per, pm) for r in range(repeat)]) \
+            if repeat > 1 else pm
+        idx = _byte_index(torch.where(full >= 0, full, torch.full_like(full, n_data)), b)
+    if len(_PAD_IDX) > 8192:
+        _PAD_IDX.clear()
+    _PAD_IDX[key] = (pm, idx)            # pm kept alive: its address cannot be reused
+    return idx
 
 
 def _apply_pads(data: torch.Tensor, pm: torch.Tensor, dtype: str, repeat: int) -> torch.Tensor:
@@ -628,18 +769,13 @@ def _apply_pads(data: torch.Tensor, pm: torch.Tensor, dtype: str, repeat: int) -
     if b < 1:
         raise PatternFault(f"zero padding of sub-byte ({dtype}) elements is not supported by the DMA")
     b = int(b)
-    n_data = int((pm >= 0).sum())
-    full = torch.cat([torch.where(pm >= 0, pm + r * n_data, pm) for r in range(repeat)]) if repeat > 1 else pm
     src = torch.cat([data, torch.zeros(b, dtype=torch.uint8)])
-    pos = torch.where(full >= 0, full, torch.full_like(full, data.numel() // b))
-    return src[_byte_index(pos, b)]
+    return src[_pad_index(pm, b, repeat, data.numel() // b, False)]
 
 
 def _drop_pads(stream: torch.Tensor, pm: torch.Tensor, dtype: str, repeat: int) -> torch.Tensor:
     b = int(elem_bytes(dtype))
-    full = pm.repeat(repeat) if repeat > 1 else pm
-    keep = torch.nonzero(full >= 0).reshape(-1)
-    return stream[_byte_index(keep, b)]
+    return stream[_pad_index(pm, b, repeat, 0, True)]
 
 
 # --- mem-tile links --------------------------------------------------------------------------------
@@ -705,6 +841,7 @@ class _Core:
         self.ops_done = 0
         self.gen = self._run(body.body)
         self.finished = False
+        self.ports: dict[str, str] = {}         # fifo -> this core's side of it
 
     def step(self) -> bool:
         if self.finished:
@@ -785,15 +922,19 @@ class _Core:
         for a in op.args:
             if isinstance(a, ir.FifoElem):
                 fs = self.ex.fifos[a.fifo]
-                port = "produce" if fs.f.producer == self.tile else "consume"
+                port = self.ports.get(a.fifo)
+                if port is None:
+                    port = self.ports[a.fifo] = "produce" if fs.f.producer == self.tile else "consume"
                 held = self.held.get((a.fifo, port), deque())
                 if a.index >= len(held):
                     raise LockDeadlock(f"xdna txn: {self.tile.name} calls {op.kernel} on element {a.index} "
                                        f"of {a.fifo!r} without holding it (acquired {len(held)})")
                 args.append(_typed(held[a.index], fs.f.elem))
             elif isinstance(a, ir.BufferRef):
-                b = self.ex.p.buffer(a.name)
-                args.append(_typed(self.ex.buffers[a.name], b.type))
+                ty = self.ex.buffer_types.get(a.name)
+                if ty is None:
+                    ty = self.ex.p.buffer(a.name).type          # raises, naming the buffer
+                args.append(_typed(self.ex.buffers[a.name], ty))
             elif isinstance(a, ir.Const):
                 args.append(a.value)
             elif isinstance(a, ir.ScalarRef):

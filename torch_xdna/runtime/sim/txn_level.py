@@ -119,8 +119,9 @@ class TxnRunner:
             return tuple(a.name for a in progs[0].sequence.args), ()
         notes = [dict(p.notes) for p in progs]
         if any(n.get("executable") is False for n in notes):
+            why = next((n["not_executable"] for n in notes if n.get("not_executable")), "")
             raise Unlowered(f"{design.name}: its stage programs are structural only (not executable "
-                            f"at the transaction level)")
+                            f"at the transaction level){': ' + why if why else ''}")
         launch = notes[0].get("launch_args")
         if not launch:
             raise Unlowered(f"{design.name}: {len(progs)} stages but no launch_args note to bind them")
