@@ -40,7 +40,9 @@ TERM_SOURCES: dict[str, tuple[str, ...]] = {
     "onchip": ("onchip_bps",),
     "compute": ("macs_per_core_cycle", "measured_gemm_ops", "core_clock_hz", "vector_bits",
                 "vector_flops_per_lane", "kernel_call_cycles", "dequant_ops_per_weight",
-                "kv_tile_cycles"),
+                "kv_tile_cycles", "vector_load_bits", "vector_store_bits",
+                "derivation: docs/simulator.md 'vector unit' (per-op cycles per 32-lane vector "
+                "counted from the mlir-aie AIE2P kernels, hw/vector_costs.py)"),
     "sync": ("sync_point_us", "shim_task_queue_depth"),
     "overlap": ("derivation: docs/simulator.md 'overlap' (double buffering hides all but the "
                 "slowest stage and the plan's fill_s; fused designs: sum of stage fills)",),
