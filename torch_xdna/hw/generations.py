@@ -103,7 +103,6 @@ class Generation:
     subnormals_flushed: Sourced[bool] = Sourced(True, SRC_AM020)
     # --- cost-model v2 terms (benchmarks/backtest, docs/simulator.md section 2) -------------
     design_change_us: Sourced[float] = Sourced(0.0, "")      # other design, same hw context
-    dequant_ops_per_weight: Sourced[int] = Sourced(0, "")    # vector ops per int4/int8 weight
     # --- cost-model v3 terms (benchmarks/backtest, docs/simulator.md section 2) -------------
     weight_stream_bps: Sourced[float] = Sourced(0.0, "")     # single-pass weight/KV streams
     kv_tile_cycles: Sourced[int] = Sourced(0, "")            # fixed core cycles per KV tile pass
@@ -189,9 +188,6 @@ AIE2P = Generation(
                        "dispatch of another design in the same hardware context re-writes the "
                        "same switch/BD/core state; back-tested on xdna-engine's 170/8 Qwen3 "
                        "decode (benchmarks/backtest)"),
-    dequant_ops_per_weight=S(2, SRC_MODEL + ": int4/int8 weight-only dequant = unpack+convert "
-                             "and one scale multiply per weight element on the 512-bit vector "
-                             "unit (bf16 lanes), as in mlir-aie aie_kernels/aie2p dequant loops"),
     weight_stream_bps=S(38.5e9, SRC_BACKTEST + ": effective DRAM rate of a single-pass stream "
                         "(GEMV weights, KV cache: each tile used once on arrival), fitted to the "
                         "published mlir-air Llama-3.2-1B decode calls o_gemv_ffn (3.6 ms) and "

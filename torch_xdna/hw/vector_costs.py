@@ -153,3 +153,11 @@ def cycles_per_elem(cost: VectorOpCost, in_bits: int, out_bits: int, load_bits: 
 def op_cost(op: str) -> Sourced[VectorOpCost] | None:
     """The sourced cost of a vector op, or None when the op has no entry (callers fall back)."""
     return VECTOR_OP_CYCLES.get(op)
+
+
+def dequant_cycles(weight_bits: int, load_bits: int, store_bits: int) -> float:
+    """Core cycles per int4/int8 weight dequantized to the bf16 mmul operand (the vector unit
+    also runs the mmul, so these add to the MAC cycles: AM020/UG1079 one vector instruction per
+    cycle). Also the per-element cost of an int8 KV cache's dequant in attention."""
+    cost = (DEQUANT_INT4 if weight_bits == 4 else DEQUANT_INT8).value
+    return cycles_per_elem(cost, weight_bits, 16, load_bits, store_bits)

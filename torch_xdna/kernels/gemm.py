@@ -32,6 +32,7 @@ from typing import Any, Sequence
 import torch
 
 from torch_xdna.hw import Generation
+from torch_xdna.hw.vector_costs import dequant_cycles
 from torch_xdna.kernels import numerics, quant
 from torch_xdna.kernels.activations import apply_epilogue
 from torch_xdna.kernels.base import Design, ceil_div, round_up
@@ -280,7 +281,10 @@ class GemmDesign(Design):
         if partial:
             tile_cycles += (k_chunks - 1) * gen.kernel_call_cycles.value
         if self.weight_only:
-            tile_cycles += gen.dequant_ops_per_weight.value * kp * tn / (gen.vector_bits.value // 16)
+            # dequant to the bf16 mmul operand on the vector unit (hw/vector_costs.py, cost-v4)
+            tile_cycles += kp * tn * dequant_cycles(4 if self.dtype == "int4" else 8,
+                                                    gen.vector_load_bits.value,
+                                                    gen.vector_store_bits.value)
         cycles = tiles_per_core * tile_cycles
         clock = gen.core_clock_hz.value
         t_dram = dram_time_s(gen, cols, read, c_write, streamed)

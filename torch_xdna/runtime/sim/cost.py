@@ -39,7 +39,7 @@ TERM_SOURCES: dict[str, tuple[str, ...]] = {
             "shim_dma_channels", "stream_port_bytes"),
     "onchip": ("onchip_bps",),
     "compute": ("macs_per_core_cycle", "measured_gemm_ops", "core_clock_hz", "vector_bits",
-                "vector_flops_per_lane", "kernel_call_cycles", "dequant_ops_per_weight",
+                "vector_flops_per_lane", "kernel_call_cycles",
                 "kv_tile_cycles", "vector_load_bits", "vector_store_bits",
                 "derivation: docs/simulator.md 'vector unit' (per-op cycles per 32-lane vector "
                 "counted from the mlir-aie AIE2P kernels, hw/vector_costs.py)"),
