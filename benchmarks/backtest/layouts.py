@@ -295,15 +295,17 @@ def _decode_us(gen: Generation, model: str, precision: str, context: int) -> tup
     return r["modeled_us"], r["terms_us"]
 
 
-def _flm_context_scaling(gen: Generation):
-    """Decode speed at 4k context over 1k (dimensionless): tests the KV-streaming share of a
-    token. ASSUMED layout as _flm (int4 g32, one fused launch per layer)."""
+def _flm_context_scaling(gen: Generation, context: int):
+    """Decode speed at `context` tokens over 1k (dimensionless): tests the KV-streaming share
+    of a token and the per-KV-tile attention pass. ASSUMED layout as _flm (int4 g32, one fused
+    launch per layer), bf16 KV cache (FastFlowLM's KV precision is not published)."""
     t1, _ = _decode_us(gen, "llama-3.2-1b", "int4", 1024)
-    t4, terms = _decode_us(gen, "llama-3.2-1b", "int4", 4096)
-    return t1 / t4, terms, {}
+    tc, terms = _decode_us(gen, "llama-3.2-1b", "int4", context)
+    return t1 / tc, terms, {"modeled_tok_s": round(1e6 / tc, 1)}
 
 
-LAYOUTS["flm_llama_ctx4k"] = _flm_context_scaling
+for _ctx in (4096, 32768, 131072):
+    LAYOUTS[f"flm_llama_ctx{_ctx // 1024}k"] = lambda g, c=_ctx: _flm_context_scaling(g, c)
 
 
 def _flm_short(gen: Generation, model: str):

@@ -1,7 +1,8 @@
 """Back-test report: per published figure, modeled vs published, ratio and dominant terms.
 
 `python -m benchmarks.backtest.report [--json]` (or `xdna bench backtest`). Fitted figures and
-held-out figures (not used to choose any constant) are listed separately.
+held-out figures (not used to choose any constant) are listed separately; each row also shows
+the previous model version's ratio (previous.py), i.e. before / after.
 """
 from __future__ import annotations
 
@@ -14,9 +15,11 @@ from torch_xdna.runtime.sim.cost import MODEL_VERSION
 try:
     from .figures import FIGURES, Figure
     from .layouts import LAYOUTS
+    from .previous import PREVIOUS, PREVIOUS_VERSION
 except ImportError:                 # loaded as a file by `xdna bench`
     from benchmarks.backtest.figures import FIGURES, Figure
     from benchmarks.backtest.layouts import LAYOUTS
+    from benchmarks.backtest.previous import PREVIOUS, PREVIOUS_VERSION
 
 
 def evaluate(fig: Figure, gen: Generation) -> dict:
@@ -30,7 +33,9 @@ def evaluate(fig: Figure, gen: Generation) -> dict:
     tot = sum(pos.values()) or 1.0
     dominant = sorted(pos.items(), key=lambda kv: -kv[1])[:3]
     lo, hi = fig.tolerance
-    return {"key": fig.key, "what": fig.what, "who": fig.who, "unit": fig.unit,
+    before = PREVIOUS.get(fig.key)
+    return {"before_version": PREVIOUS_VERSION,
+            "before_ratio": before[1] if before else None, "key": fig.key, "what": fig.what, "who": fig.who, "unit": fig.unit,
             "published": fig.value, "modeled": modeled, "ratio": ratio,
             "time_ratio": time_ratio, "held_out": fig.held_out, "in_band": lo <= ratio <= hi,
             "band": fig.tolerance, "fits": fig.fits,
@@ -50,18 +55,24 @@ def _fmt(v: float, unit: str) -> str:
     return f"{v:.4g} {unit}"
 
 
+def _before(r: dict) -> str:
+    """The previous model version's ratio (before / after), '-' for a figure new since then."""
+    return "-" if r.get("before_ratio") is None else f"{r['before_ratio']:.2f}x"
+
+
 def table(rows: list[dict]) -> str:
     out = [f"cost model {MODEL_VERSION} (all modeled figures from the simulator)"]
     for title, held in (("fitted / asserted (band 0.75-1.33x; GEMM 0.85-1.15x)", False),
                         ("held out (reported, not asserted)", True)):
-        out += ["", title, f"{'figure':<52} {'published':>14} {'modeled':>14} {'ratio':>6}  dominant"]
+        out += ["", title, f"{'figure':<52} {'published':>14} {'modeled':>14} {'ratio':>6} "
+                f"{PREVIOUS_VERSION:>8}  dominant"]
         for r in rows:
             if r["held_out"] != held:
                 continue
             flag = "" if r["in_band"] else " !"
             out.append(f"{r['who'] + ': ' + r['what']:<52.52} {_fmt(r['published'], r['unit']):>14} "
-                       f"{_fmt(r['modeled'], r['unit']):>14} {r['ratio']:>5.2f}x{flag} "
-                       f"{', '.join(r['dominant'])}"
+                       f"{_fmt(r['modeled'], r['unit']):>14} {r['ratio']:>5.2f}x{flag:<2}"
+                       f"{_before(r):>7}  {', '.join(r['dominant'])}"
                        + (f" [fits {r['fits']}]" if r["fits"] else "")
                        + (f" [NPU part alone: {_fmt(r['npu_only_tok_s'], r['unit'])}]"
                           if "npu_only_tok_s" in r else ""))

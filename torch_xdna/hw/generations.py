@@ -40,6 +40,9 @@ SRC_MODEL = "torch-xdna simulator assumption (see docs/simulator.md); replace wh
 SRC_AM020 = "AMD AM020 AIE-ML architecture manual (floating point: denormals flushed to zero)"
 SRC_AM020_STREAM = ("AMD AM020 AIE-ML architecture manual, stream switch and DMA chapters (32-bit "
                     "AXI4-Stream ports, one word per cycle; each DMA channel drives one port)")
+SRC_AM020_CORE = ("AMD AM020 AIE-ML architecture manual, 'Functional Overview' (two 256-bit load "
+                  "units and one 256-bit store unit per core; docs.amd.com/r/en-US/am020-versal-"
+                  "aie-ml/Functional-Overview, rev 1.5)")
 SRC_BACKTEST = "fitted in benchmarks/backtest (derive.py; docs/simulator.md section 3b)"
 
 
@@ -100,11 +103,13 @@ class Generation:
     subnormals_flushed: Sourced[bool] = Sourced(True, SRC_AM020)
     # --- cost-model v2 terms (benchmarks/backtest, docs/simulator.md section 2) -------------
     design_change_us: Sourced[float] = Sourced(0.0, "")      # other design, same hw context
-    dequant_ops_per_weight: Sourced[int] = Sourced(0, "")    # vector ops per int4/int8 weight
     # --- cost-model v3 terms (benchmarks/backtest, docs/simulator.md section 2) -------------
     weight_stream_bps: Sourced[float] = Sourced(0.0, "")     # single-pass weight/KV streams
     kv_tile_cycles: Sourced[int] = Sourced(0, "")            # fixed core cycles per KV tile pass
     stream_port_bytes: Sourced[int] = Sourced(4, "")         # stream-switch port width per cycle
+    # --- cost-model v4 terms (docs/simulator.md section 2; vector ops: hw/vector_costs.py) ---
+    vector_load_bits: Sourced[int] = Sourced(512, "")        # core load bits per cycle (L1 -> regs)
+    vector_store_bits: Sourced[int] = Sourced(256, "")       # core store bits per cycle
 
     # --- derived, never stored twice ------------------------------------------------------
     @property
@@ -183,9 +188,6 @@ AIE2P = Generation(
                        "dispatch of another design in the same hardware context re-writes the "
                        "same switch/BD/core state; back-tested on xdna-engine's 170/8 Qwen3 "
                        "decode (benchmarks/backtest)"),
-    dequant_ops_per_weight=S(2, SRC_MODEL + ": int4/int8 weight-only dequant = unpack+convert "
-                             "and one scale multiply per weight element on the 512-bit vector "
-                             "unit (bf16 lanes), as in mlir-aie aie_kernels/aie2p dequant loops"),
     weight_stream_bps=S(38.5e9, SRC_BACKTEST + ": effective DRAM rate of a single-pass stream "
                         "(GEMV weights, KV cache: each tile used once on arrival), fitted to the "
                         "published mlir-air Llama-3.2-1B decode calls o_gemv_ffn (3.6 ms) and "
@@ -195,6 +197,8 @@ AIE2P = Generation(
     kv_tile_cycles=S(34500, SRC_BACKTEST + ": fixed core cycles per (work item, KV tile) pass of "
                      "flash attention beyond its MACs, softmax and accumulator rescale"),
     stream_port_bytes=S(4, SRC_AM020_STREAM),
+    vector_load_bits=S(512, SRC_AM020_CORE + ": 2 x 256 bits per cycle"),
+    vector_store_bits=S(256, SRC_AM020_CORE + ": 1 x 256 bits per cycle"),
 )
 
 NPU4 = AIE2P

@@ -14,6 +14,7 @@ from typing import Any, Sequence
 import torch
 
 from torch_xdna.hw import Generation
+from torch_xdna.hw.vector_costs import ATTENTION_SOFTMAX, BF16_LANES
 from torch_xdna.kernels import numerics
 from torch_xdna.kernels.base import Design, ceil_div, round_up
 from torch_xdna.kernels.capacity import DmaTransfer, check_dma, check_plan, lanes, need, \
@@ -148,7 +149,10 @@ def design_order_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tk
 # --- the fused attention design -----------------------------------------------------------------
 Q_TILES = (64, 32, 16, 8, 4, 2, 1)       # query rows per head in one core's work item
 KV_TILES = (256, 128, 64, 32, 16)        # keys per pass over the K/V stream
-SOFTMAX_PASSES = 6                       # vector ops per score: scale, mask, max, exp, sum, scale
+# online softmax per score, core cycles (hw/vector_costs.py ATTENTION_SOFTMAX, derived from
+# mlir-aie softmax.cc): scale, running max, sub, convert, exp2 (+ stall), sum, bf16 P
+SOFTMAX_CYCLES = ATTENTION_SOFTMAX.value.instr / BF16_LANES
+SOFTMAX_PASSES = 6                       # element-ops per score (Plan.vector_elems statistics only)
 KV_L1_SHARE = 0.6                        # L1 share the double-buffered K/V tiles may take
 
 
@@ -496,7 +500,7 @@ class AttentionDesign(Design):
         per_item = visit / q_tiles / splits          # keys one work item streams
         macs_item = 2 * rows * dp * per_item
         rate = gen.macs_per_core_cycle.value["bf16"] * compute_efficiency(gen, "bf16")
-        vec = SOFTMAX_PASSES * rows * per_item / lanes(gen, 32)
+        vec = SOFTMAX_CYCLES * rows * per_item
         # per KV tile: 2 kernel calls and the cost model's tile pass (accumulator rescale + fixed
         # pass cost, cost-v3)
         calls = per_item / tkv * (2 * gen.kernel_call_cycles.value

@@ -17,7 +17,8 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from torch_xdna.hw import Generation
+from torch_xdna.hw import AIE2P, Generation
+from torch_xdna.hw.vector_costs import BF16_LANES, VECTOR_OP_CYCLES
 from torch_xdna.kernels import numerics
 from torch_xdna.kernels.activations import apply_epilogue
 from torch_xdna.kernels.base import Design, ceil_div, numel
@@ -69,37 +70,46 @@ def _to(x, dtype=None):
     return x.to(getattr(torch, dtype)) if dtype else x
 
 
-# op -> (fn(*tensors, **params), vector passes per element, exact on the fp32 accumulator path)
+def _cp(op: str) -> float:
+    """Vector passes per element (cycles per 16 elements, the unit of `lanes` below) of `op`
+    as one step of a fused chain: its vector-slot instructions from hw/vector_costs.py (derived
+    from the mlir-aie AIE2P kernels); the step's operands stay in registers, so no load/store
+    bound (cost-v4)."""
+    return AIE2P.vector_bits.value // 32 * VECTOR_OP_CYCLES[op].value.instr / BF16_LANES
+
+
+# op -> (fn(*tensors, **params), vector passes per element (_cp: hw/vector_costs.py; layout ops
+# and conversions keep their own), exact on the fp32 accumulator path)
 CHAIN_OPS: dict[str, tuple[Callable, float, bool]] = {
-    "add": (_add, 1, True), "sub": (_sub, 1, True), "mul": (torch.mul, 1, False),
-    "div": (torch.div, 4, False), "neg": (torch.neg, 1, True), "abs": (torch.abs, 1, True),
-    "maximum": (torch.maximum, 1, True), "minimum": (torch.minimum, 1, True),
-    "relu": (torch.relu, 1, True), "gelu": (_gelu, 6, False), "silu": (lambda x: apply_epilogue("silu", x), 5, False),
-    "sigmoid": (torch.sigmoid, 5, False), "tanh": (torch.tanh, 5, False), "exp": (torch.exp, 4, False),
-    "rsqrt": (torch.rsqrt, 4, False), "sqrt": (torch.sqrt, 4, False),
-    "reciprocal": (torch.reciprocal, 4, False), "pow": (torch.pow, 2, False),
-    "cos": (torch.cos, 8, False), "sin": (torch.sin, 8, False),
-    "erf": (torch.erf, 6, False), "log": (torch.log, 4, False),     # gelu backward, losses
-    "where": (_where, 1, True), "to": (_to, 0.5, True),
-    "eq": (torch.eq, 1, True), "ne": (torch.ne, 1, True), "lt": (torch.lt, 1, True),
-    "le": (torch.le, 1, True), "gt": (torch.gt, 1, True), "ge": (torch.ge, 1, True),
-    "logical_not": (torch.logical_not, 1, True),
+    "add": (_add, _cp("add"), True), "sub": (_sub, _cp("sub"), True), "mul": (torch.mul, _cp("mul"), False),
+    "div": (torch.div, _cp("div"), False), "neg": (torch.neg, _cp("neg"), True), "abs": (torch.abs, _cp("abs"), True),
+    "maximum": (torch.maximum, _cp("maximum"), True), "minimum": (torch.minimum, _cp("minimum"), True),
+    "relu": (torch.relu, _cp("relu"), True), "gelu": (_gelu, _cp("gelu"), False), "silu": (lambda x: apply_epilogue("silu", x), _cp("silu"), False),
+    "sigmoid": (torch.sigmoid, _cp("sigmoid"), False), "tanh": (torch.tanh, _cp("tanh"), False), "exp": (torch.exp, _cp("exp"), False),
+    "rsqrt": (torch.rsqrt, _cp("rsqrt"), False), "sqrt": (torch.sqrt, _cp("sqrt"), False),
+    "reciprocal": (torch.reciprocal, _cp("reciprocal"), False), "pow": (torch.pow, _cp("pow"), False),
+    "cos": (torch.cos, _cp("cos"), False), "sin": (torch.sin, _cp("sin"), False),
+    "erf": (torch.erf, _cp("erf"), False), "log": (torch.log, _cp("log"), False),     # gelu backward, losses
+    "where": (_where, _cp("where"), True), "to": (_to, 0.5, True),
+    "eq": (torch.eq, _cp("eq"), True), "ne": (torch.ne, _cp("ne"), True), "lt": (torch.lt, _cp("lt"), True),
+    "le": (torch.le, _cp("le"), True), "gt": (torch.gt, _cp("gt"), True), "ge": (torch.ge, _cp("ge"), True),
+    "logical_not": (torch.logical_not, _cp("logical_not"), True),
     # bool/int compares, selects and bit operations: exact (no arithmetic to round)
-    "logical_and": (torch.logical_and, 1, True), "logical_or": (torch.logical_or, 1, True),
-    "logical_xor": (torch.logical_xor, 1, True), "bitwise_and": (torch.bitwise_and, 1, True),
-    "bitwise_or": (torch.bitwise_or, 1, True), "bitwise_xor": (torch.bitwise_xor, 1, True),
-    "bitwise_not": (torch.bitwise_not, 1, True), "isnan": (torch.isnan, 1, True),
-    "isinf": (torch.isinf, 1, True), "isneginf": (torch.isneginf, 1, True),
-    "isposinf": (torch.isposinf, 1, True), "clamp": (torch.clamp, 1, True),
-    "masked_fill": (_masked_fill, 1, True),
+    "logical_and": (torch.logical_and, _cp("logical_and"), True), "logical_or": (torch.logical_or, _cp("logical_or"), True),
+    "logical_xor": (torch.logical_xor, _cp("logical_xor"), True), "bitwise_and": (torch.bitwise_and, _cp("bitwise_and"), True),
+    "bitwise_or": (torch.bitwise_or, _cp("bitwise_or"), True), "bitwise_xor": (torch.bitwise_xor, _cp("bitwise_xor"), True),
+    "bitwise_not": (torch.bitwise_not, _cp("bitwise_not"), True), "isnan": (torch.isnan, _cp("isnan"), True),
+    "isinf": (torch.isinf, _cp("isinf"), True), "isneginf": (torch.isneginf, _cp("isneginf"), True),
+    "isposinf": (torch.isposinf, _cp("isposinf"), True), "clamp": (torch.clamp, _cp("clamp"), True),
+    "masked_fill": (_masked_fill, _cp("where"), True),
     # row ops over trailing dims (a row must fit one core's L1)
-    "mean": (lambda x, dim=(-1,), keepdim=False: x.mean(tuple(dim), keepdim=keepdim), 1, True),
-    "sum": (lambda x, dim=(-1,), keepdim=False: x.sum(tuple(dim), keepdim=keepdim), 1, True),
-    "amax": (lambda x, dim=(-1,), keepdim=False: x.amax(tuple(dim), keepdim=keepdim), 1, True),
-    "any": (_reduce(torch.any), 1, True), "all": (_reduce(torch.all), 1, True),
-    "cumsum": (lambda x: torch.cumsum(x, -1), 1, True),
-    "softmax": (lambda x, dim=-1: torch.softmax(x, dim), 6, False),
-    "layer_norm": (_layer_norm, 6, False),
+    "mean": (lambda x, dim=(-1,), keepdim=False: x.mean(tuple(dim), keepdim=keepdim), _cp("mean"), True),
+    "sum": (lambda x, dim=(-1,), keepdim=False: x.sum(tuple(dim), keepdim=keepdim), _cp("sum"), True),
+    "amax": (lambda x, dim=(-1,), keepdim=False: x.amax(tuple(dim), keepdim=keepdim), _cp("amax"), True),
+    "any": (_reduce(torch.any), _cp("any"), True), "all": (_reduce(torch.all), _cp("all"), True),
+    "cumsum": (lambda x: torch.cumsum(x, -1), _cp("cumsum"), True),
+    "softmax": (lambda x, dim=-1: torch.softmax(x, dim), _cp("softmax"), False),
+    "layer_norm": (_layer_norm, _cp("layer_norm"), False),
     # layout: the DMA addresses these; no vector work
     "view": (lambda x, shape=(): x.reshape(shape), 0, True),
     "permute": (lambda x, dims=(): x.permute(dims), 0, True),

@@ -32,6 +32,7 @@ from typing import Any, Sequence
 import torch
 
 from torch_xdna.hw import Generation
+from torch_xdna.hw.vector_costs import dequant_cycles
 from torch_xdna.kernels import numerics, quant
 from torch_xdna.kernels.activations import apply_epilogue
 from torch_xdna.kernels.base import Design, ceil_div, round_up
@@ -39,7 +40,7 @@ from torch_xdna.kernels.capacity import ACC_BYTES, DmaTransfer, check_dma, check
     check_plan, require_dtype
 from torch_xdna.runtime.plan import Plan, PlanError
 from torch_xdna.runtime.sim import order
-from torch_xdna.runtime.sim.cost import compute_efficiency, dram_time_s
+from torch_xdna.runtime.sim.cost import compute_efficiency, dram_time_s, onchip_time_s
 
 TILE_CANDIDATES = (4, 8, 16, 32, 48, 64, 96, 128, 192, 256)
 L1_MN_CANDIDATES = (4, 8, 16, 32, 64, 128)
@@ -269,8 +270,11 @@ class GemmDesign(Design):
         # on-chip: tiles delivered to cores (broadcasts count once) + partial-sum round trips
         k_chunks = ceil_div(kp, kc)
         onchip = nb_batch * mb * nb * (m2 * kp * ea * q + kp * n2 * eb * p)
-        if partial:
-            onchip += nb_batch * mb * nb * 2 * m2 * n2 * ACC_BYTES * (k_chunks - 1)
+        partial_back = nb_batch * mb * nb * m2 * n2 * ACC_BYTES * (k_chunks - 1) if partial else 0
+        # mem tile -> core direction (cost-v4 stream-port cap): the operand deliveries and the
+        # partial sums going back into the cores
+        memtile_out = onchip + partial_back
+        onchip += 2 * partial_back
         # compute: tiles per core, each a K loop at the calibrated sustained MAC rate
         cores = gm * gn
         tiles_per_core = nb_batch * ceil_div(ceil_div(m_total, tm), gm) * ceil_div(ceil_div(self.n, tn), gn)
@@ -280,11 +284,14 @@ class GemmDesign(Design):
         if partial:
             tile_cycles += (k_chunks - 1) * gen.kernel_call_cycles.value
         if self.weight_only:
-            tile_cycles += gen.dequant_ops_per_weight.value * kp * tn / (gen.vector_bits.value // 16)
+            # dequant to the bf16 mmul operand on the vector unit (hw/vector_costs.py, cost-v4)
+            tile_cycles += kp * tn * dequant_cycles(4 if self.dtype == "int4" else 8,
+                                                    gen.vector_load_bits.value,
+                                                    gen.vector_store_bits.value)
         cycles = tiles_per_core * tile_cycles
         clock = gen.core_clock_hz.value
         t_dram = dram_time_s(gen, cols, read, c_write, streamed)
-        t_chip = onchip / gen.onchip_bps.value
+        t_chip = onchip_time_s(gen, onchip, cols, memtile_out)
         t_comp = cycles / clock
         # pipeline fill: the first tiles of every column arrive before compute starts, and the
         # last K step of the last tile drains after the transfers end
@@ -318,6 +325,7 @@ class GemmDesign(Design):
                 DmaTransfer("C block", (m2, n2), (self.n, 1))),
             notes={"l2_block": (m2, kc, n2), "grid": (gm, gn), "l2_factors": (p, q),
                    "partial_sums_in_memtile": partial, "onchip_bytes": int(onchip),
+                   "memtile_out_bytes": int(memtile_out),
                    "fill_s": fill, "shim_task_batches": ceil_div(tasks, depth),
                    "stream_bytes": int(streamed), "weight_read_bytes": int(b_read),
                    "memtile_locks": 2 * (4 + gm + 1) + (4 if partial else 0),

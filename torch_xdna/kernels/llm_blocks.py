@@ -30,6 +30,7 @@ from typing import Any, Sequence
 import torch
 
 from torch_xdna.hw import Generation
+from torch_xdna.hw.vector_costs import dequant_cycles
 from torch_xdna.kernels import numerics, quant
 from torch_xdna.kernels.activations import apply_epilogue
 from torch_xdna.kernels.attention import AttentionDesign, decode_splits, flash_attention, kv_tile_for
@@ -505,7 +506,18 @@ class AttentionBlockDesign(Design):
                            max(h, self.heads * d),
                            {"weight_bytes": w, "kv_read_bytes": kv_read, "kv_write_bytes": kv_write,
                             "onchip_bytes": attn.notes.get("onchip_bytes", 0),
-                            "kv_tile": self.tkv, "kv_splits": attn.notes.get("kv_splits", 1)})
+                            "kv_tile": self.tkv, "kv_splits": attn.notes.get("kv_splits", 1)},
+                           extra_cycles=self._kv_dequant_cycles(gen, attn))
+
+    def _kv_dequant_cycles(self, gen: Generation, attn: Plan) -> float:
+        """Per-core cycles to dequantize an int8 KV cache to bf16 on the core before QK^T and
+        P @ V (cost-v4, hw/vector_costs.py): every K and V element a work item streams."""
+        if self.kv_dtype != "int8":
+            return 0.0
+        per_item = attn.notes["kv_visited_per_q_tile"] / attn.notes.get("kv_splits", 1)
+        items = ceil_div(attn.notes["work_items"], max(1, attn.cores))
+        return items * 2 * per_item * self.head_dim * dequant_cycles(
+            8, gen.vector_load_bits.value, gen.vector_store_bits.value)
 
 
 @dataclass(frozen=True)

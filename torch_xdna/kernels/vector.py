@@ -1,8 +1,9 @@
 """Vector-unit designs: elementwise chains, reductions, softmax, norms, embedding gather.
 
 These stream their operands through the array once: DRAM bytes are the operands plus the result,
-compute is element-ops over the vector lanes of the cores used. Each op has a cost in vector
-cycles per element (transcendentals cost more), kept here next to its reference.
+compute is element-ops over the vector lanes of the cores used. Each op's cost is the sourced
+per-vector cycle count of hw/vector_costs.py (derived from the upstream AIE2P kernels), bounded
+below by the core's load/store rate at the design's element widths.
 """
 from __future__ import annotations
 
@@ -11,14 +12,23 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from torch_xdna.hw import Generation
+from torch_xdna.hw import AIE2P, Generation
+from torch_xdna.hw.vector_costs import VECTOR_OP_CYCLES, cycles_per_elem
 from torch_xdna.kernels import numerics
 from torch_xdna.kernels.activations import apply_epilogue
 from torch_xdna.kernels.base import Design, ceil_div, numel
 from torch_xdna.kernels.capacity import DmaTransfer, check_plan, lanes, need
 from torch_xdna.runtime.plan import Plan
 
-# op -> (reference on fp32/int values, vector passes per element)
+def _p(op: str) -> float:
+    """The op's cost in vector passes (cycles per 16 elements, the fp32-lane unit other
+    tables use) at bf16 operands, from hw/vector_costs.py: one source for both units."""
+    cost = VECTOR_OP_CYCLES[op].value
+    return 16 * cycles_per_elem(cost, 16, 16, AIE2P.vector_load_bits.value,
+                                AIE2P.vector_store_bits.value)
+
+
+# op -> (reference on fp32/int values, vector passes per element: _p, hw/vector_costs.py)
 def _binary(fn: Callable) -> Callable:
     return lambda xs, **kw: fn(xs[0], xs[1])
 
@@ -64,65 +74,65 @@ def _reduce(fn):
 
 
 OPS: dict[str, tuple[Callable, float]] = {
-    "add": (lambda xs, alpha=1.0, **kw: xs[0] + alpha * xs[1] if alpha != 1.0 else xs[0] + xs[1], 1),
-    "sub": (lambda xs, alpha=1.0, **kw: xs[0] - alpha * xs[1] if alpha != 1.0 else xs[0] - xs[1], 1),
-    "mul": (_binary(torch.mul), 1),
-    "div": (_binary(torch.div), 4),
-    "maximum": (_binary(torch.maximum), 1),
-    "minimum": (_binary(torch.minimum), 1),
-    "neg": (lambda xs, **kw: -xs[0], 1),
-    "relu": (lambda xs, **kw: apply_epilogue("relu", xs[0]), 1),
-    "gelu": (lambda xs, **kw: apply_epilogue("gelu", xs[0]), 6),
-    "gelu_tanh": (lambda xs, **kw: apply_epilogue("gelu_tanh", xs[0]), 6),
-    "silu": (lambda xs, **kw: apply_epilogue("silu", xs[0]), 5),
-    "sigmoid": (lambda xs, **kw: torch.sigmoid(xs[0]), 5),
-    "tanh": (lambda xs, **kw: torch.tanh(xs[0]), 5),
-    "exp": (lambda xs, **kw: torch.exp(xs[0]), 4),
-    "rsqrt": (lambda xs, **kw: torch.rsqrt(xs[0]), 4),
-    "sqrt": (lambda xs, **kw: torch.sqrt(xs[0]), 4),
-    "softmax": (_softmax, 6),
-    "log_softmax": (_log_softmax, 7),
-    "layer_norm": (_layer_norm, 6),
-    "rms_norm": (_rms_norm, 4),
-    "sum": (_reduce(torch.sum), 1),
-    "mean": (_reduce(torch.mean), 1),
-    "amax": (_reduce(torch.amax), 1),
-    "copy": (lambda xs, **kw: xs[0], 0.5),
-    "where": (lambda xs, **kw: torch.where(xs[0].bool(), xs[1], xs[2]), 1),
+    "add": (lambda xs, alpha=1.0, **kw: xs[0] + alpha * xs[1] if alpha != 1.0 else xs[0] + xs[1], _p("add")),
+    "sub": (lambda xs, alpha=1.0, **kw: xs[0] - alpha * xs[1] if alpha != 1.0 else xs[0] - xs[1], _p("sub")),
+    "mul": (_binary(torch.mul), _p("mul")),
+    "div": (_binary(torch.div), _p("div")),
+    "maximum": (_binary(torch.maximum), _p("maximum")),
+    "minimum": (_binary(torch.minimum), _p("minimum")),
+    "neg": (lambda xs, **kw: -xs[0], _p("neg")),
+    "relu": (lambda xs, **kw: apply_epilogue("relu", xs[0]), _p("relu")),
+    "gelu": (lambda xs, **kw: apply_epilogue("gelu", xs[0]), _p("gelu")),
+    "gelu_tanh": (lambda xs, **kw: apply_epilogue("gelu_tanh", xs[0]), _p("gelu_tanh")),
+    "silu": (lambda xs, **kw: apply_epilogue("silu", xs[0]), _p("silu")),
+    "sigmoid": (lambda xs, **kw: torch.sigmoid(xs[0]), _p("sigmoid")),
+    "tanh": (lambda xs, **kw: torch.tanh(xs[0]), _p("tanh")),
+    "exp": (lambda xs, **kw: torch.exp(xs[0]), _p("exp")),
+    "rsqrt": (lambda xs, **kw: torch.rsqrt(xs[0]), _p("rsqrt")),
+    "sqrt": (lambda xs, **kw: torch.sqrt(xs[0]), _p("sqrt")),
+    "softmax": (_softmax, _p("softmax")),
+    "log_softmax": (_log_softmax, _p("log_softmax")),
+    "layer_norm": (_layer_norm, _p("layer_norm")),
+    "rms_norm": (_rms_norm, _p("rms_norm")),
+    "sum": (_reduce(torch.sum), _p("sum")),
+    "mean": (_reduce(torch.mean), _p("mean")),
+    "amax": (_reduce(torch.amax), _p("amax")),
+    "copy": (lambda xs, **kw: xs[0], _p("copy")),
+    "where": (lambda xs, **kw: torch.where(xs[0].bool(), xs[1], xs[2]), _p("where")),
     # comparisons and predicates (bool out): a compare/select per element, no rounding
-    "eq": (_binary(torch.eq), 1),
-    "ne": (_binary(torch.ne), 1),
-    "lt": (_binary(torch.lt), 1),
-    "le": (_binary(torch.le), 1),
-    "gt": (_binary(torch.gt), 1),
-    "ge": (_binary(torch.ge), 1),
-    "bitwise_and": (_binary(torch.bitwise_and), 1),
-    "bitwise_or": (_binary(torch.bitwise_or), 1),
-    "bitwise_xor": (_binary(torch.bitwise_xor), 1),
-    "bitwise_not": (lambda xs, **kw: torch.bitwise_not(xs[0]), 1),
-    "logical_and": (_binary(torch.logical_and), 1),
-    "logical_or": (_binary(torch.logical_or), 1),
-    "logical_xor": (_binary(torch.logical_xor), 1),
-    "logical_not": (lambda xs, **kw: torch.logical_not(xs[0]), 1),
-    "isnan": (lambda xs, **kw: torch.isnan(xs[0]), 1),
-    "isinf": (lambda xs, **kw: torch.isinf(xs[0]), 1),
-    "isneginf": (lambda xs, **kw: torch.isneginf(xs[0]), 1),
-    "isposinf": (lambda xs, **kw: torch.isposinf(xs[0]), 1),
-    "isfinite": (lambda xs, **kw: torch.isfinite(xs[0]), 1),
-    "all": (_reduce(torch.all), 1),
-    "any": (_reduce(torch.any), 1),
-    "abs": (lambda xs, **kw: torch.abs(xs[0]), 1),
-    "clamp": (lambda xs, min=None, max=None, **kw: torch.clamp(xs[0], min, max), 1),
-    "square": (lambda xs, **kw: xs[0] * xs[0], 1),
+    "eq": (_binary(torch.eq), _p("eq")),
+    "ne": (_binary(torch.ne), _p("ne")),
+    "lt": (_binary(torch.lt), _p("lt")),
+    "le": (_binary(torch.le), _p("le")),
+    "gt": (_binary(torch.gt), _p("gt")),
+    "ge": (_binary(torch.ge), _p("ge")),
+    "bitwise_and": (_binary(torch.bitwise_and), _p("bitwise_and")),
+    "bitwise_or": (_binary(torch.bitwise_or), _p("bitwise_or")),
+    "bitwise_xor": (_binary(torch.bitwise_xor), _p("bitwise_xor")),
+    "bitwise_not": (lambda xs, **kw: torch.bitwise_not(xs[0]), _p("bitwise_not")),
+    "logical_and": (_binary(torch.logical_and), _p("logical_and")),
+    "logical_or": (_binary(torch.logical_or), _p("logical_or")),
+    "logical_xor": (_binary(torch.logical_xor), _p("logical_xor")),
+    "logical_not": (lambda xs, **kw: torch.logical_not(xs[0]), _p("logical_not")),
+    "isnan": (lambda xs, **kw: torch.isnan(xs[0]), _p("isnan")),
+    "isinf": (lambda xs, **kw: torch.isinf(xs[0]), _p("isinf")),
+    "isneginf": (lambda xs, **kw: torch.isneginf(xs[0]), _p("isneginf")),
+    "isposinf": (lambda xs, **kw: torch.isposinf(xs[0]), _p("isposinf")),
+    "isfinite": (lambda xs, **kw: torch.isfinite(xs[0]), _p("isfinite")),
+    "all": (_reduce(torch.all), _p("all")),
+    "any": (_reduce(torch.any), _p("any")),
+    "abs": (lambda xs, **kw: torch.abs(xs[0]), _p("abs")),
+    "clamp": (lambda xs, min=None, max=None, **kw: torch.clamp(xs[0], min, max), _p("clamp")),
+    "square": (lambda xs, **kw: xs[0] * xs[0], _p("square")),
     # x ** p as exp2(p * log2 x): two transcendentals and a multiply
-    "pow": (lambda xs, exponent, **kw: torch.pow(xs[0], exponent), 9),
-    "reciprocal": (lambda xs, **kw: torch.reciprocal(xs[0]), 4),
-    "log": (lambda xs, **kw: torch.log(xs[0]), 4),
-    "erf": (lambda xs, **kw: torch.erf(xs[0]), 5),
+    "pow": (lambda xs, exponent, **kw: torch.pow(xs[0], exponent), _p("pow")),
+    "reciprocal": (lambda xs, **kw: torch.reciprocal(xs[0]), _p("reciprocal")),
+    "log": (lambda xs, **kw: torch.log(xs[0]), _p("log")),
+    "erf": (lambda xs, **kw: torch.erf(xs[0]), _p("erf")),
     # sin/cos: range reduction on the fp32 operand, then a polynomial (see FP32_OPERAND)
-    "sin": (lambda xs, **kw: torch.sin(xs[0]), 6),
-    "cos": (lambda xs, **kw: torch.cos(xs[0]), 6),
-    "cumsum": (lambda xs, dim, **kw: torch.cumsum(xs[0], dim), 1),
+    "sin": (lambda xs, **kw: torch.sin(xs[0]), _p("sin")),
+    "cos": (lambda xs, **kw: torch.cos(xs[0]), _p("cos")),
+    "cumsum": (lambda xs, dim, **kw: torch.cumsum(xs[0], dim), _p("cumsum")),
 }
 ROW_OPS = ("softmax", "log_softmax", "layer_norm", "rms_norm", "cumsum")
 FLAT_CHUNK_MAX = 2048         # elements per core per call for elementwise ops (fits L1 x 4 operands)
@@ -190,7 +200,7 @@ class VectorDesign(Design):
         cores = max(1, min(gen.cores, n_units))
         cols = min(gen.columns.value, ceil_div(cores, gen.core_rows.value))
         per_core = ceil_div(n_units, cores)
-        cycles = per_core * (passes * work / lanes(gen, 32) + gen.kernel_call_cycles.value) \
+        cycles = per_core * (work * self._cycles_per_elem(gen) + gen.kernel_call_cycles.value) \
             if n_in else 0.0
         rows_per_col = ceil_div(cores, cols)
         bufs = 2 if double else 1
@@ -216,6 +226,18 @@ class VectorDesign(Design):
     def _passes(self) -> float:
         """Vector passes per element (the op table's cost column); subclasses own other tables."""
         return OPS[self.op][1]
+
+    def _cycles_per_elem(self, gen: Generation) -> float:
+        """Core cycles per element: the op's sourced per-vector cost (hw/vector_costs.py) at
+        this design's operand/result widths in L1 (loads at vector_load_bits, stores at
+        vector_store_bits per cycle); ops of other tables (vector_ops.TABLE) keep their passes
+        over the fp32 lanes."""
+        cost = VECTOR_OP_CYCLES.get(self.op) if self.op in OPS else None
+        if cost is None:
+            return self._passes() / lanes(gen, 32)
+        in_bits = 8 * max((d.itemsize for d in self.in_dtypes), default=4)
+        return cycles_per_elem(cost.value, in_bits, 8 * self.out_dtype.itemsize,
+                               gen.vector_load_bits.value, gen.vector_store_bits.value)
 
     def _is_row_op(self) -> bool:
         """True when a whole row must sit in one core's L1 (softmax, norms, scans)."""

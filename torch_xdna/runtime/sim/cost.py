@@ -8,7 +8,9 @@ Terms (microseconds), each kept separately so a profile can say where time goes:
   context_switch  more live hardware contexts than the firmware holds: the LRU one is swapped out
   dma             DRAM <-> array bytes of the plan (with its tiling reuse) at the streaming rate;
                   single-pass streams (GEMV weights, KV cache) at the weight-stream rate (cost-v3)
-  onchip          mem tile <-> core traffic (partial sums, re-broadcast tiles) at the on-chip rate
+  onchip          mem tile <-> core traffic (partial sums, re-broadcast tiles) at the on-chip rate;
+                  (cost-v4) never faster than the mem tiles' MM2S stream ports can send it
+                  (memtile_stream_bps)
   compute         core cycles at the calibrated sustained MAC / vector rate and the core clock;
                   flash attention adds a per-KV-tile pass cost (kv_tile_pass_cycles, cost-v3)
   sync            waits in the runtime sequence when shim tasks exceed the task queue depth
@@ -25,7 +27,7 @@ from torch_xdna.hw import AIE2P, Generation
 from torch_xdna.runtime.plan import Plan
 
 # Bump when a term or constant changes the modeled figures (docs/simulator.md lists the history).
-MODEL_VERSION = "cost-v3"
+MODEL_VERSION = "cost-v4"
 
 
 # Where each term's constants come from: Generation fields (each a Sourced value in hw/) or a
@@ -37,10 +39,12 @@ TERM_SOURCES: dict[str, tuple[str, ...]] = {
     "context_switch": ("ctx_switch_us", "hw_contexts"),
     "dma": ("npu_read_bps", "npu_mixed_bps", "shim_dma_bps", "weight_stream_bps",
             "shim_dma_channels", "stream_port_bytes"),
-    "onchip": ("onchip_bps",),
+    "onchip": ("onchip_bps", "memtile_dma_channels", "stream_port_bytes", "core_clock_hz"),
     "compute": ("macs_per_core_cycle", "measured_gemm_ops", "core_clock_hz", "vector_bits",
-                "vector_flops_per_lane", "kernel_call_cycles", "dequant_ops_per_weight",
-                "kv_tile_cycles"),
+                "vector_flops_per_lane", "kernel_call_cycles",
+                "kv_tile_cycles", "vector_load_bits", "vector_store_bits",
+                "derivation: docs/simulator.md 'vector unit' (per-op cycles per 32-lane vector "
+                "counted from the mlir-aie AIE2P kernels, hw/vector_costs.py)"),
     "sync": ("sync_point_us", "shim_task_queue_depth"),
     "overlap": ("derivation: docs/simulator.md 'overlap' (double buffering hides all but the "
                 "slowest stage and the plan's fill_s; fused designs: sum of stage fills)",),
@@ -137,8 +141,26 @@ def compute_time_us(gen: Generation, plan: Plan) -> float:
     return plan.compute_cycles / gen.core_clock_hz.value * 1e6
 
 
+def memtile_stream_bps(gen: Generation, columns: int) -> float:
+    """Bytes/s the mem tiles of `columns` columns can send to cores: each mem tile's MM2S DMA
+    channels drive one 32-bit stream-switch port per array clock cycle (AM020), cost-v4."""
+    return max(1, columns) * gen.memtile_dma_channels.value[1] * gen.stream_port_bytes.value \
+        * gen.core_clock_hz.value
+
+
+def onchip_time_s(gen: Generation, onchip: float, columns: int = 1,
+                  memtile_out: float = 0.0) -> float:
+    """Seconds of mem tile <-> core traffic: the aggregate on-chip rate, capped (cost-v4) by the
+    mem tiles' send ports (`memtile_out` bytes leaving the mem tiles of `columns` columns,
+    broadcasts once). The cores' own receive ports are not a cap here (docs/simulator.md
+    section 2, 'on-chip stream caps': at 32-bit ports they contradict the measured bfp16 GEMM)."""
+    return max(onchip / gen.onchip_bps.value, memtile_out / memtile_stream_bps(gen, columns))
+
+
 def onchip_time_us(gen: Generation, plan: Plan) -> float:
-    return plan.notes.get("onchip_bytes", 0) / gen.onchip_bps.value * 1e6
+    n = plan.notes
+    return onchip_time_s(gen, n.get("onchip_bytes", 0), plan.columns,
+                         n.get("memtile_out_bytes", 0)) * 1e6
 
 
 def transfer_terms(gen: Generation, plan: Plan) -> CostTerms:
