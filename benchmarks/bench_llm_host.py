@@ -57,7 +57,7 @@ def build_hf_dir(path: Path, layers: int | None = None, seed: int = 0):
 
 def _vocab_tokenizer(n: int):
     """A GGUF vocabulary for llama.cpp: `n` distinct tokens (the byte-level alphabet, then
-    fillers), no merges. The benchmark feeds token ids, so only the count matters."""
+    fillers), one merge (llama.cpp requires the key). The benchmark feeds token ids, so only the count matters."""
     def add(w) -> None:
         from gguf import TokenType
         from tokenizers.pre_tokenizers import ByteLevel
@@ -67,7 +67,7 @@ def _vocab_tokenizer(n: int):
         w.add_tokenizer_pre("default")
         w.add_token_list(tokens)
         w.add_token_types([TokenType.NORMAL] * n)
-        w.add_token_merges([])
+        w.add_token_merges([f"{alpha[0]} {alpha[1]}"])     # llama.cpp needs the key
         w.add_bos_token_id(0)
         w.add_eos_token_id(1)
         w.add_add_bos_token(False)
@@ -145,13 +145,17 @@ class LlamaCppRunner:
         import numpy as np
         llm = self.llm
         llm.reset()
+        n_vocab = llm.n_vocab()
+
+        def last() -> int:         # eval() keeps no logits without logits_all: read the context's
+            return int(np.argmax(np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(n_vocab,))))
         t0 = time.perf_counter()
         llm.eval(prompt)
         t1 = time.perf_counter()
-        toks = [int(np.argmax(llm.scores[llm.n_tokens - 1]))]
+        toks = [last()]
         for _ in range(n_new - 1):
             llm.eval([toks[-1]])
-            toks.append(int(np.argmax(llm.scores[llm.n_tokens - 1])))
+            toks.append(last())
         return t1 - t0, time.perf_counter() - t1, toks
 
     def close(self):

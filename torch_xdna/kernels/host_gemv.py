@@ -9,7 +9,8 @@ linear reads 2 but rounds the result to bf16 (not the design's fp32 result). Thi
 the bf16 weight as stored (2 bytes) and computes what the array computes: x [M, K] (fp32 holding
 bf16 values) times w [N, K] bf16, each product exact in fp32 (8-bit x 8-bit significands), summed
 by fp32 FMA in a fixed order per output element, fp32 result. The order (4 x 8-lane accumulators
-over K in strides of 32, combined pairwise, then the K % 32 tail in sequence) depends on K alone:
+over K in blocks of 32, even/odd elements in separate accumulators, combined pairwise, then the
+K % 32 tail in sequence; the C source says it exactly) depends on K alone:
 no dependence on M, on the other rows or on the thread count (threads split N), so a row's result
 is batch invariant. It differs from a BLAS order only in how the fp32 sum is associated (bounded
 by K * 2^-24 * sum|x||w| per element).
@@ -41,18 +42,16 @@ _SOURCE = r"""
 #include <string.h>
 #include <math.h>
 
-/* the fixed order (host_gemv.py): 4 x 8-lane fp32 FMA accumulators over K in strides of 32,
-   lanes combined pairwise, then the K % 32 tail in sequence. */
+/* The fixed order (host_gemv.py): K in blocks of 32; block element 2t of each 16-element half
+   goes to lane t of one accumulator, element 2t+1 to lane t of another (4 x 8-lane fp32 FMA
+   accumulators), the accumulators and lanes combined pairwise; then the K % 32 tail in
+   sequence. The even/odd split lets a 256-bit load of 16 bf16 widen with a shift and a mask
+   (no shuffles); x is permuted to match once per call. */
 static inline float finish(__m256 a0, __m256 a1, __m256 a2, __m256 a3) {
   __m256 s = _mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3));
   float l[8];
   _mm256_storeu_ps(l, s);
   return ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]));
-}
-
-static inline __m256 wide(const uint16_t* w) {
-  return _mm256_castsi256_ps(_mm256_slli_epi32(
-      _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i*)w)), 16));
 }
 
 static inline float bf16f(uint16_t b) {
@@ -62,48 +61,42 @@ static inline float bf16f(uint16_t b) {
   return f;
 }
 
-static float dot_bf16(const float* x, const uint16_t* w, int64_t k) {
+/* xp: x permuted by permute_x; w: bf16 bits */
+static float dot_bf16(const float* xp, const uint16_t* w, int64_t k) {
+  const __m256i hi = _mm256_set1_epi32((int)0xFFFF0000u);
   __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
   __m256 a2 = _mm256_setzero_ps(), a3 = _mm256_setzero_ps();
   int64_t i = 0;
   for (; i + 32 <= k; i += 32) {
-    a0 = _mm256_fmadd_ps(_mm256_loadu_ps(x + i), wide(w + i), a0);
-    a1 = _mm256_fmadd_ps(_mm256_loadu_ps(x + i + 8), wide(w + i + 8), a1);
-    a2 = _mm256_fmadd_ps(_mm256_loadu_ps(x + i + 16), wide(w + i + 16), a2);
-    a3 = _mm256_fmadd_ps(_mm256_loadu_ps(x + i + 24), wide(w + i + 24), a3);
+    __m256i v0 = _mm256_loadu_si256((const __m256i*)(w + i));
+    __m256i v1 = _mm256_loadu_si256((const __m256i*)(w + i + 16));
+    a0 = _mm256_fmadd_ps(_mm256_loadu_ps(xp + i), _mm256_castsi256_ps(_mm256_slli_epi32(v0, 16)), a0);
+    a1 = _mm256_fmadd_ps(_mm256_loadu_ps(xp + i + 8), _mm256_castsi256_ps(_mm256_and_si256(v0, hi)), a1);
+    a2 = _mm256_fmadd_ps(_mm256_loadu_ps(xp + i + 16), _mm256_castsi256_ps(_mm256_slli_epi32(v1, 16)), a2);
+    a3 = _mm256_fmadd_ps(_mm256_loadu_ps(xp + i + 24), _mm256_castsi256_ps(_mm256_and_si256(v1, hi)), a3);
   }
   float r = finish(a0, a1, a2, a3);
-  for (; i < k; ++i) r = fmaf(x[i], bf16f(w[i]), r);
+  for (; i < k; ++i) r = fmaf(xp[i], bf16f(w[i]), r);
   return r;
 }
 
-/* the same order with the weight row already widened to fp32 (conversion is exact) */
-static float dot_f32(const float* x, const float* w, int64_t k) {
-  __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
-  __m256 a2 = _mm256_setzero_ps(), a3 = _mm256_setzero_ps();
-  int64_t i = 0;
-  for (; i + 32 <= k; i += 32) {
-    a0 = _mm256_fmadd_ps(_mm256_loadu_ps(x + i), _mm256_loadu_ps(w + i), a0);
-    a1 = _mm256_fmadd_ps(_mm256_loadu_ps(x + i + 8), _mm256_loadu_ps(w + i + 8), a1);
-    a2 = _mm256_fmadd_ps(_mm256_loadu_ps(x + i + 16), _mm256_loadu_ps(w + i + 16), a2);
-    a3 = _mm256_fmadd_ps(_mm256_loadu_ps(x + i + 24), _mm256_loadu_ps(w + i + 24), a3);
-  }
-  float r = finish(a0, a1, a2, a3);
-  for (; i < k; ++i) r = fmaf(x[i], w[i], r);
-  return r;
+/* per 16 elements: [x0 x2 .. x14 | x1 x3 .. x15] (little-endian: the low bf16 of each 32-bit
+   word is the even element); the K % 32 tail unchanged */
+static void permute_x(const float* x, float* xp, int64_t k) {
+  int64_t k32 = k - k % 32;
+  for (int64_t i = 0; i < k32; i += 16)
+    for (int t = 0; t < 8; ++t) { xp[i + t] = x[i + 2 * t]; xp[i + 8 + t] = x[i + 2 * t + 1]; }
+  for (int64_t i = k32; i < k; ++i) xp[i] = x[i];
 }
 
 /* y[r, j] = x[r, :] . w[j, :] for j in [n0, n1); x [m, k] fp32, w [n, k] bf16 bits, y [m, ldy];
-   scratch: k floats (m > 1: each weight row is widened once, then dotted with every row). */
+   scratch: m * k floats for the permuted rows of x. */
 void xdna_bf16_linear(const float* x, const uint16_t* w, float* y, int64_t m, int64_t k,
                       int64_t n0, int64_t n1, int64_t ldy, float* scratch) {
+  for (int64_t r = 0; r < m; ++r) permute_x(x + r * k, scratch + r * k, k);
   for (int64_t j = n0; j < n1; ++j) {
     const uint16_t* wr = w + j * k;
-    if (m == 1) { y[j] = dot_bf16(x, wr, k); continue; }
-    int64_t i = 0;
-    for (; i + 8 <= k; i += 8) _mm256_storeu_ps(scratch + i, wide(wr + i));
-    for (; i < k; ++i) scratch[i] = bf16f(wr[i]);
-    for (int64_t r = 0; r < m; ++r) y[r * ldy + j] = dot_f32(x + r * k, scratch, k);
+    for (int64_t r = 0; r < m; ++r) y[r * ldy + j] = dot_bf16(scratch + r * k, wr, k);
   }
 }
 """
@@ -191,7 +184,7 @@ def bf16_linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     m, k = x.shape
     n = w.shape[0]
     y = torch.empty(m, n)
-    scratch = torch.empty(max(k, 8))
+    scratch = torch.empty(max(m * k, 8))
     args = (x.data_ptr(), w.data_ptr(), y.data_ptr(), m, k)
     nt = min(torch.get_num_threads(), max(1, n // 256))
     if nt <= 1:
@@ -199,7 +192,7 @@ def bf16_linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         return y
     pool = _pool(nt)
     step = -(-n // nt)
-    scratches = [scratch] + [torch.empty(max(k, 8)) for _ in range(nt - 1)]
+    scratches = [scratch] + [torch.empty(max(m * k, 8)) for _ in range(nt - 1)]
     futs = [pool.submit(fn, *args, j, min(n, j + step), n, scratches[t].data_ptr())
             for t, j in enumerate(range(0, n, step))]
     for f in futs:
