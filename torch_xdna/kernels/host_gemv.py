@@ -89,68 +89,6 @@ static void permute_x(const float* x, float* xp, int64_t k) {
   for (int64_t i = k32; i < k; ++i) xp[i] = x[i];
 }
 
-/* int8 / int4 codes with one fp32 (bf16-valued) scale per group of g (g % 32 == 0, k % 32 == 0):
-   each weight is dequantized as the core does, code * scale (exact in fp32: <= 8 x 8 significant
-   bits), rounded to bf16 (RNE), then used in dot_bf16's order, so the result equals dot_bf16 on
-   the dequantized bf16 weight bit for bit. */
-static inline __m256 deq(__m256i code, __m256 scale) {
-  __m256i b = _mm256_castps_si256(_mm256_mul_ps(_mm256_cvtepi32_ps(code), scale));
-  __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(b, 16), _mm256_set1_epi32(1));
-  b = _mm256_add_epi32(b, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7FFF)));
-  return _mm256_castsi256_ps(_mm256_and_si256(b, _mm256_set1_epi32((int)0xFFFF0000u)));
-}
-
-static float dot_i8(const float* xp, const int8_t* q, const float* sc, int64_t k, int64_t g) {
-  __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
-  __m256 a2 = _mm256_setzero_ps(), a3 = _mm256_setzero_ps();
-  for (int64_t i = 0; i < k; i += 32) {
-    __m256 s = _mm256_set1_ps(sc[i / g]);
-    __m256i v0 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i*)(q + i)));
-    __m256i v1 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i*)(q + i + 16)));
-    /* int16 pairs in 32-bit lanes: the even element is the low half */
-    a0 = _mm256_fmadd_ps(_mm256_loadu_ps(xp + i), deq(_mm256_srai_epi32(_mm256_slli_epi32(v0, 16), 16), s), a0);
-    a1 = _mm256_fmadd_ps(_mm256_loadu_ps(xp + i + 8), deq(_mm256_srai_epi32(v0, 16), s), a1);
-    a2 = _mm256_fmadd_ps(_mm256_loadu_ps(xp + i + 16), deq(_mm256_srai_epi32(_mm256_slli_epi32(v1, 16), 16), s), a2);
-    a3 = _mm256_fmadd_ps(_mm256_loadu_ps(xp + i + 24), deq(_mm256_srai_epi32(v1, 16), s), a3);
-  }
-  return finish(a0, a1, a2, a3);
-}
-
-/* int4: byte j holds element 2j (low nibble) and 2j + 1 (high nibble), two's complement */
-static inline __m256i nib(__m256i v) {
-  const __m256i eight = _mm256_set1_epi32(8);
-  return _mm256_sub_epi32(_mm256_xor_si256(v, eight), eight);
-}
-
-static float dot_i4(const float* xp, const uint8_t* q, const float* sc, int64_t k, int64_t g) {
-  const __m256i lo4 = _mm256_set1_epi32(0xF);
-  __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
-  __m256 a2 = _mm256_setzero_ps(), a3 = _mm256_setzero_ps();
-  for (int64_t i = 0; i < k; i += 32) {
-    __m256 s = _mm256_set1_ps(sc[i / g]);
-    __m256i b0 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)(q + i / 2)));
-    __m256i b1 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)(q + i / 2 + 8)));
-    a0 = _mm256_fmadd_ps(_mm256_loadu_ps(xp + i), deq(nib(_mm256_and_si256(b0, lo4)), s), a0);
-    a1 = _mm256_fmadd_ps(_mm256_loadu_ps(xp + i + 8), deq(nib(_mm256_srli_epi32(b0, 4)), s), a1);
-    a2 = _mm256_fmadd_ps(_mm256_loadu_ps(xp + i + 16), deq(nib(_mm256_and_si256(b1, lo4)), s), a2);
-    a3 = _mm256_fmadd_ps(_mm256_loadu_ps(xp + i + 24), deq(nib(_mm256_srli_epi32(b1, 4)), s), a3);
-  }
-  return finish(a0, a1, a2, a3);
-}
-
-/* bits: 8 (int8 codes [n, k]) or 4 (packed [n, k / 2]); sc: fp32 scales [n, k / g] */
-void xdna_quant_linear(const float* x, const void* q, const float* sc, float* y, int64_t m,
-                       int64_t k, int64_t g, int64_t bits, int64_t n0, int64_t n1, int64_t ldy,
-                       float* scratch) {
-  for (int64_t r = 0; r < m; ++r) permute_x(x + r * k, scratch + r * k, k);
-  const int64_t ng = k / g;
-  for (int64_t j = n0; j < n1; ++j)
-    for (int64_t r = 0; r < m; ++r)
-      y[r * ldy + j] = bits == 8
-          ? dot_i8(scratch + r * k, (const int8_t*)q + j * k, sc + j * ng, k, g)
-          : dot_i4(scratch + r * k, (const uint8_t*)q + j * (k / 2), sc + j * ng, k, g);
-}
-
 /* y[r, j] = x[r, :] . w[j, :] for j in [n0, n1); x [m, k] fp32, w [n, k] bf16 bits, y [m, ldy];
    scratch: m * k floats for the permuted rows of x. */
 void xdna_bf16_linear(const float* x, const uint16_t* w, float* y, int64_t m, int64_t k,
@@ -172,7 +110,7 @@ def _enabled() -> bool:
     return v not in ("0", "off", "false", "no")
 
 
-def _compile():
+def _compile() -> ctypes.CDLL:
     """Compile the source into a private temp dir (0700) and load it; nothing is cached on disk,
     so no library is ever loaded from a location another user could have written."""
     cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
@@ -190,10 +128,7 @@ def _compile():
     fn = so.xdna_bf16_linear
     fn.restype = None
     fn.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 5 + [ctypes.c_void_p]
-    qfn = so.xdna_quant_linear
-    qfn.restype = None
-    qfn.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 7 + [ctypes.c_void_p]
-    return fn, qfn
+    return fn
 
 
 def _build() -> bool:
@@ -202,7 +137,7 @@ def _build() -> bool:
         _state["why"] = f"host CPU capability {cap} (the kernel needs AVX2 + FMA)"
         return False
     try:
-        _state["fn"], _state["qfn"] = _compile()
+        _state["fn"] = _compile()
         return True
     except Exception as e:                       # no compiler: keep the fp32 path
         _state["why"] = f"{type(e).__name__}: {e}"
@@ -259,41 +194,6 @@ def bf16_linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     step = -(-n // nt)
     scratches = [scratch] + [torch.empty(max(m * k, 8)) for _ in range(nt - 1)]
     futs = [pool.submit(fn, *args, j, min(n, j + step), n, scratches[t].data_ptr())
-            for t, j in enumerate(range(0, n, step))]
-    for f in futs:
-        f.result()
-    return y
-
-
-def quant_supported(precision: str, k: int, group: int) -> bool:
-    """Whether quant_linear takes int8/int4 weights of reduction size k in groups of `group`."""
-    return precision in ("int8", "int4") and group > 0 and group % 32 == 0 and k % group == 0
-
-
-def quant_linear(x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor, precision: str,
-                 group: int) -> torch.Tensor:
-    """x [M, K] fp32 (bf16 values) @ dequant(q, scales)^T -> fp32 [M, N], reading the int8 codes
-    (int8 [N, K]) or packed int4 (uint8 [N, K / 2]) as stored: each weight dequantized to bf16 as
-    the core does (code * scale, RNE), then bf16_linear's order, so the result equals
-    bf16_linear(x, dequantized bf16 weight) bit for bit at 1 (int8) or 0.5 (int4) bytes/weight."""
-    m, k = x.shape
-    bits = 8 if precision == "int8" else 4
-    if not quant_supported(precision, k, group) or q.shape[1] * (8 // bits) != k:
-        raise ValueError(f"quant_linear: {precision} weight {tuple(q.shape)} with group {group} "
-                         f"for K={k}; needs a group that is a multiple of 32 dividing K")
-    n = q.shape[0]
-    x, q = x.contiguous(), q.contiguous()
-    sc = scales.float().contiguous()
-    y = torch.empty(m, n)
-    qfn = _state["qfn"]
-    args = (x.data_ptr(), q.data_ptr(), sc.data_ptr(), y.data_ptr(), m, k, group, bits)
-    nt = min(torch.get_num_threads(), max(1, n // 256))
-    scratches = [torch.empty(max(m * k, 8)) for _ in range(max(1, nt))]   # alive for the calls
-    if nt <= 1:
-        qfn(*args, 0, n, n, scratches[0].data_ptr())
-        return y
-    step = -(-n // nt)
-    futs = [_pool(nt).submit(qfn, *args, j, min(n, j + step), n, scratches[t].data_ptr())
             for t, j in enumerate(range(0, n, step))]
     for f in futs:
         f.result()
