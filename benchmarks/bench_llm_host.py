@@ -258,7 +258,8 @@ def print_table(res: dict) -> None:
             " random model flip)")
     if res.get("engine_tokens_unchanged_without_host_kernels") is not None:
         print("  engine tokens identical with TORCH_XDNA_HOST_KERNELS=0 (fp32 BLAS path): "
-              f"{res['engine_tokens_unchanged_without_host_kernels']}")
+              f"{res['engine_tokens_unchanged_without_host_kernels']} (False: an fp32 summation-"
+              "order change flipped a near-tie; docs/llm.md 'Host speed' has one analysed)")
     for n in res["notes"]:
         print(f"  note: {n}")
 
