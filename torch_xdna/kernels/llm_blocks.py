@@ -31,7 +31,7 @@ import torch
 
 from torch_xdna.hw import Generation
 from torch_xdna.hw.vector_costs import dequant_cycles
-from torch_xdna.kernels import numerics, quant
+from torch_xdna.kernels import host_gemv, numerics, quant
 from torch_xdna.kernels.activations import apply_epilogue
 from torch_xdna.kernels.attention import AttentionDesign, decode_splits, flash_attention, kv_tile_for
 from torch_xdna.kernels.base import Design, ceil_div, round_up
@@ -108,6 +108,17 @@ class _OperandCache:
         return self.derived((precision, group), tensors,
                             lambda: dequantize(tensors, precision, group))
 
+    def bf16(self, tensors: Sequence[torch.Tensor], precision: str, group: int) -> torch.Tensor:
+        """The weight as the core's matmul sees it, in its 2-byte form (bf16 tensor; the same
+        values `get` returns in fp32): the stored bf16 weight itself when it holds no
+        subnormals, else a flushed copy; int8/int4 dequantized to bf16 (exact: dequantize
+        rounds to bf16 values). For host_gemv (decode reads 2 bytes per weight, not 4)."""
+        def make() -> torch.Tensor:
+            if precision == "bf16":
+                return numerics.operand_bf16(tensors[0])
+            return dequantize(tensors, precision, group).to(torch.bfloat16)
+        return self.derived(("bf16", precision, group), tensors, make)
+
     def derived(self, tag: tuple, tensors: Sequence[torch.Tensor], make) -> torch.Tensor:
         """make()'s tensor, computed once per content of the resident `tensors` (an operand
         copy, or a per-design constant derived from them such as a sign-folded RoPE table)."""
@@ -120,7 +131,8 @@ class _OperandCache:
         if hit is not None:
             return hit[0]
         w = make()
-        size = w.numel() * w.element_size()
+        # an entry that is one of its own inputs (nothing to convert) costs no memory
+        size = 0 if any(w is t for t in tensors) else w.numel() * w.element_size()
         if self.bytes + size <= self.budget():     # no eviction: cyclic access would thrash
             self.entries[key] = (w, tuple(tensors))
             self.bytes += size
@@ -191,6 +203,18 @@ def _linear(x: torch.Tensor, w: torch.Tensor, rnd, precision: str = "") -> torch
     if precision == "bfp16":                     # the bfp16 mmul takes both operands as blocks
         x = quant.quantize_bfp16(x, dim=-1)
     return torch.nn.functional.linear(x, w)
+
+
+def _matmul(x: torch.Tensor, tensors: Sequence[torch.Tensor], precision: str, group: int,
+            rnd) -> torch.Tensor:
+    """x @ W^T for a resident weight in its stored format, with the design's numerics (bf16
+    operands, fp32 accumulation, fp32 result). Host speed only: a few rows against a large
+    bf16/int8/int4 weight (decode) take host_gemv, which reads the 2-byte weight instead of its
+    fp32 operand copy (the same products; fp32 sums associated in another fixed order)."""
+    if (precision in ("bf16", "int8", "int4") and rnd is numerics.operand
+            and host_gemv.use_for(x.shape[0], tensors[0])):
+        return host_gemv.bf16_linear(rnd(x), OPERANDS.bf16(tensors, precision, group))
+    return _linear(x, OPERANDS.get(tensors, precision, group), rnd, precision)
 
 
 def _rope(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
@@ -430,8 +454,7 @@ class AttentionBlockDesign(Design):
         xs = x if n == x.shape[0] else x[:n]
         h = _rms(xs, ln, self.eps, self.norm_offset, rnd)
         # every use of q, k and v takes them as operands: round the projection once
-        qkv = rnd(_linear(h, OPERANDS.get(wqkv, self.precision, self.group), rnd,
-                          self.precision)).view(n, hq + 2 * hkv, d)
+        qkv = rnd(_matmul(h, wqkv, self.precision, self.group, rnd)).view(n, hq + 2 * hkv, d)
         qk, v = qkv.narrow(1, 0, hq + hkv), qkv.narrow(1, hq + hkv, hkv)
         if self.qk_norm:               # q and k heads normalized together (per-head weights)
             qk = rnd(_rms(qk, qk_w, self.eps, self.norm_offset, rnd, rounded=True))
@@ -459,7 +482,7 @@ class AttentionBlockDesign(Design):
                    scale=self.scale, q_offset=pos, k_offset=start, window=self.window,
                    softcap=self.softcap, exact=exact, rounded=True, tkv=tkv, splits=self.splits)
         a = a.transpose(0, 1).reshape(n, hq * d)
-        o = _linear(a, OPERANDS.get(wo, self.precision, self.group), rnd, self.precision)
+        o = _matmul(a, wo, self.precision, self.group, rnd)
         if self.post_norm:
             o = _rms(o, pn, self.eps, self.norm_offset, rnd)
         (out if n == out.shape[0] else out[:n]).copy_(o.add_(xs))   # x + o (IEEE: commutes)
@@ -551,11 +574,11 @@ class MlpBlockDesign(Design):
         wd, i = _take(inputs, i, nt)
         xs = x if n == x.shape[0] else x[:n]
         h = _rms(xs, ln, self.eps, self.norm_offset, rnd)
-        gu = rnd(_linear(h, OPERANDS.get(wgu, self.precision, self.group), rnd, self.precision))
+        gu = rnd(_matmul(h, wgu, self.precision, self.group, rnd))
         f = self.intermediate
         g, u = gu.narrow(1, 0, f), gu.narrow(1, f, f)
         a = apply_epilogue(self.act, g) * u
-        y = _linear(a, OPERANDS.get(wd, self.precision, self.group), rnd, self.precision)
+        y = _matmul(a, wd, self.precision, self.group, rnd)
         if self.post_norm:
             y = _rms(y, _const(inputs[i], exact), self.eps, self.norm_offset, rnd)
         out = outputs[0]
@@ -598,9 +621,9 @@ class HeadDesign(Design):
     @_inference
     def reference(self, inputs, outputs, pos: int = 0, n: int | None = None, **_: Any) -> None:
         n, _, rnd, x, ln = _prologue(self, inputs, n)
-        w = OPERANDS.get(inputs[2:2 + weight_tensors(self.precision)], self.precision, self.group)
+        w = inputs[2:2 + weight_tensors(self.precision)]
         h = _rms(x[n - 1:n], ln, self.eps, self.norm_offset, rnd)
-        logits = _linear(h, w, rnd, self.precision)
+        logits = _matmul(h, w, self.precision, self.group, rnd)
         if self.softcap:
             logits = torch.tanh(logits / self.softcap) * self.softcap
         outputs[0].copy_(logits)

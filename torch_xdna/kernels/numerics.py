@@ -56,16 +56,22 @@ def operand(x: torch.Tensor, rounding: str = ROUND_NEAREST_EVEN, ftz: bool = Tru
     if x.dtype not in FLOAT_DTYPES:
         return x
     if rounding == ROUND_NEAREST_EVEN or x.dtype == torch.bfloat16:
-        # round (RNE) and flush on the 2-byte form: a bf16 subnormal has a zero exponent field
-        b = x if x.dtype == torch.bfloat16 else x.to(torch.bfloat16)
-        # cheap screen first (sim speed: 2 ops instead of 3 + a Python scalar per call): only a
-        # tensor whose smallest magnitude is below the normal range (or NaN) can hold subnormals
-        if ftz and b.numel() and not float(b.abs().min()) >= FP32_MIN_NORMAL:
-            tiny = (b.view(torch.int16) & 0x7F80) == 0
-            b = torch.where(tiny, b * 0, b)           # keeps the sign of zero
-        return b.float()
+        return operand_bf16(x, ftz).float()
     y = bf16_round(x, rounding)
     return flush_subnormals(y) if ftz else y
+
+
+def operand_bf16(x: torch.Tensor, ftz: bool = True) -> torch.Tensor:
+    """operand(x) in its 2-byte form: a float tensor rounded (RNE) to bf16, subnormals flushed
+    (the same values operand() returns, as a bf16 tensor; `x` itself when it already is one)."""
+    # round and flush on the 2-byte form: a bf16 subnormal has a zero exponent field
+    b = x if x.dtype == torch.bfloat16 else x.to(torch.bfloat16)
+    # cheap screen first (sim speed: 2 ops instead of 3 + a Python scalar per call): only a
+    # tensor whose smallest magnitude is below the normal range (or NaN) can hold subnormals
+    if ftz and b.numel() and not float(b.abs().min()) >= FP32_MIN_NORMAL:
+        tiny = (b.view(torch.int16) & 0x7F80) == 0
+        b = torch.where(tiny, b * 0, b)           # keeps the sign of zero
+    return b
 
 
 # the largest bf16 subnormal, as fp32: a value above it is a normal number (or inf)

@@ -1,0 +1,208 @@
+"""A host kernel for the memory-bound GEMMs of decode (simulator speed): bf16 weights in,
+fp32 out, few rows.
+
+The array's GEMM numerics are bf16 operands with fp32 accumulation and an fp32 result. A decode
+step multiplies 1 (or a batch of a few) rows by every weight, so on the host it is bound by the
+bytes of weight it reads. The fp32 GEMM on bf16-valued fp32 copies of the weights (what the
+references use for prefill, kernels/host_gemm.py) reads 4 bytes per weight; torch's own bf16
+linear reads 2 but rounds the result to bf16 (not the design's fp32 result). This kernel reads
+the bf16 weight as stored (2 bytes) and computes what the array computes: x [M, K] (fp32 holding
+bf16 values) times w [N, K] bf16, each product exact in fp32 (8-bit x 8-bit significands), summed
+by fp32 FMA in a fixed order per output element, fp32 result. The order (4 x 8-lane accumulators
+over K in blocks of 32, even/odd elements in separate accumulators, combined pairwise, then the
+K % 32 tail in sequence; the C source says it exactly) depends on K alone:
+no dependence on M, on the other rows or on the thread count (threads split N), so a row's result
+is batch invariant. It differs from a BLAS order only in how the fp32 sum is associated (bounded
+by K * 2^-24 * sum|x||w| per element).
+
+Compiled once per process from the C source below (a plain C compiler, ~1 s; AVX2+FMA hosts)
+into a private temp directory and loaded with ctypes; no library is cached on disk (a cached
+.so would be code another writer of the cache could replace). Where it cannot be built or the
+host lacks AVX2, `available()` is False and callers keep the fp32 path.
+TORCH_XDNA_HOST_KERNELS=0 disables it.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+import shutil
+import subprocess
+import tempfile
+import threading
+import warnings
+from concurrent.futures import ThreadPoolExecutor
+
+import torch
+
+MAX_ROWS = 8                    # rows above this are compute bound: the fp32 BLAS GEMM wins
+MIN_WEIGHT = 1 << 20            # weights below this many elements: the fp32 path is as fast
+_SOURCE = r"""
+#include <immintrin.h>
+#include <stdint.h>
+#include <string.h>
+#include <math.h>
+
+/* The fixed order (host_gemv.py): K in blocks of 32; block element 2t of each 16-element half
+   goes to lane t of one accumulator, element 2t+1 to lane t of another (4 x 8-lane fp32 FMA
+   accumulators), the accumulators and lanes combined pairwise; then the K % 32 tail in
+   sequence. The even/odd split lets a 256-bit load of 16 bf16 widen with a shift and a mask
+   (no shuffles); x is permuted to match once per call. */
+static inline float finish(__m256 a0, __m256 a1, __m256 a2, __m256 a3) {
+  __m256 s = _mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3));
+  float l[8];
+  _mm256_storeu_ps(l, s);
+  return ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]));
+}
+
+static inline float bf16f(uint16_t b) {
+  uint32_t bits = (uint32_t)b << 16;
+  float f;
+  memcpy(&f, &bits, 4);
+  return f;
+}
+
+/* xp: x permuted by permute_x; w: bf16 bits */
+static float dot_bf16(const float* xp, const uint16_t* w, int64_t k) {
+  const __m256i hi = _mm256_set1_epi32((int)0xFFFF0000u);
+  __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+  __m256 a2 = _mm256_setzero_ps(), a3 = _mm256_setzero_ps();
+  int64_t i = 0;
+  for (; i + 32 <= k; i += 32) {
+    __m256i v0 = _mm256_loadu_si256((const __m256i*)(w + i));
+    __m256i v1 = _mm256_loadu_si256((const __m256i*)(w + i + 16));
+    a0 = _mm256_fmadd_ps(_mm256_loadu_ps(xp + i), _mm256_castsi256_ps(_mm256_slli_epi32(v0, 16)), a0);
+    a1 = _mm256_fmadd_ps(_mm256_loadu_ps(xp + i + 8), _mm256_castsi256_ps(_mm256_and_si256(v0, hi)), a1);
+    a2 = _mm256_fmadd_ps(_mm256_loadu_ps(xp + i + 16), _mm256_castsi256_ps(_mm256_slli_epi32(v1, 16)), a2);
+    a3 = _mm256_fmadd_ps(_mm256_loadu_ps(xp + i + 24), _mm256_castsi256_ps(_mm256_and_si256(v1, hi)), a3);
+  }
+  float r = finish(a0, a1, a2, a3);
+  for (; i < k; ++i) r = fmaf(xp[i], bf16f(w[i]), r);
+  return r;
+}
+
+/* per 16 elements: [x0 x2 .. x14 | x1 x3 .. x15] (little-endian: the low bf16 of each 32-bit
+   word is the even element); the K % 32 tail unchanged */
+static void permute_x(const float* x, float* xp, int64_t k) {
+  int64_t k32 = k - k % 32;
+  for (int64_t i = 0; i < k32; i += 16)
+    for (int t = 0; t < 8; ++t) { xp[i + t] = x[i + 2 * t]; xp[i + 8 + t] = x[i + 2 * t + 1]; }
+  for (int64_t i = k32; i < k; ++i) xp[i] = x[i];
+}
+
+/* y[r, j] = x[r, :] . w[j, :] for j in [n0, n1); x [m, k] fp32, w [n, k] bf16 bits, y [m, ldy];
+   scratch: m * k floats for the permuted rows of x. */
+void xdna_bf16_linear(const float* x, const uint16_t* w, float* y, int64_t m, int64_t k,
+                      int64_t n0, int64_t n1, int64_t ldy, float* scratch) {
+  for (int64_t r = 0; r < m; ++r) permute_x(x + r * k, scratch + r * k, k);
+  for (int64_t j = n0; j < n1; ++j) {
+    const uint16_t* wr = w + j * k;
+    for (int64_t r = 0; r < m; ++r) y[r * ldy + j] = dot_bf16(scratch + r * k, wr, k);
+  }
+}
+"""
+
+_lock = threading.Lock()
+_state: dict[str, object] = {}
+
+
+def _enabled() -> bool:
+    v = os.environ.get("TORCH_XDNA_HOST_KERNELS", "1").strip().lower()
+    return v not in ("0", "off", "false", "no")
+
+
+def _compile() -> ctypes.CDLL:
+    """Compile the source into a private temp dir (0700) and load it; nothing is cached on disk,
+    so no library is ever loaded from a location another user could have written."""
+    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if not cc:
+        raise RuntimeError("no C compiler (cc/gcc) on PATH")
+    with tempfile.TemporaryDirectory(prefix="xdna-gemv-") as d:
+        src, lib = os.path.join(d, "gemv.c"), os.path.join(d, "gemv.so")
+        with open(src, "w") as f:
+            f.write(_SOURCE)
+        r = subprocess.run([cc, "-O3", "-mavx2", "-mfma", "-ffp-contract=off", "-shared", "-fPIC",
+                            "-o", lib, src], capture_output=True, text=True, timeout=300)
+        if r.returncode:
+            raise RuntimeError(f"{cc} failed: {r.stderr.strip().splitlines()[-1:]}")
+        so = ctypes.CDLL(lib)                  # mapped: the file may go with the directory
+    fn = so.xdna_bf16_linear
+    fn.restype = None
+    fn.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 5 + [ctypes.c_void_p]
+    return fn
+
+
+def _build() -> bool:
+    cap = torch.backends.cpu.get_cpu_capability()
+    if cap not in ("AVX2", "AVX512"):
+        _state["why"] = f"host CPU capability {cap} (the kernel needs AVX2 + FMA)"
+        return False
+    try:
+        _state["fn"] = _compile()
+        return True
+    except Exception as e:                       # no compiler: keep the fp32 path
+        _state["why"] = f"{type(e).__name__}: {e}"
+        warnings.warn(f"torch_xdna: host decode kernel not built ({_state['why']}); decode "
+                      "uses the fp32 GEMM path (slower, the same numerics up to fp32 summation "
+                      "order). Install a C compiler, or set TORCH_XDNA_HOST_KERNELS=0 to "
+                      "silence this", RuntimeWarning, stacklevel=3)
+        return False
+
+
+def available() -> bool:
+    """True when the kernel is built and enabled (compiled on first call, ~1 s)."""
+    if not _enabled():
+        return False
+    ok = _state.get("ok")
+    if ok is None:
+        with _lock:
+            ok = _state.get("ok")
+            if ok is None:
+                ok = _state["ok"] = _build()
+    return bool(ok)
+
+
+def unavailable_reason() -> str:
+    return "" if available() else str(_state.get("why", "disabled (TORCH_XDNA_HOST_KERNELS=0)"))
+
+
+def use_for(rows: int, w: torch.Tensor) -> bool:
+    """Whether a [rows, K] x w [N, K] product takes this kernel (few rows, a large weight)."""
+    return rows <= MAX_ROWS and w.numel() >= MIN_WEIGHT and available()
+
+
+def bf16_linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """x [M, K] fp32 (bf16 values) @ w [N, K] bf16 ^T -> fp32 [M, N] (module docstring).
+    With torch.get_num_threads() > 1 the N range is split over that many threads (the call
+    releases the GIL); every element's order is the same either way."""
+    if x.dim() != 2 or w.dim() != 2 or x.shape[1] != w.shape[1]:
+        raise ValueError(f"bf16_linear: x [M, K] and w [N, K], got {tuple(x.shape)} and "
+                         f"{tuple(w.shape)}")
+    if x.dtype != torch.float32 or w.dtype != torch.bfloat16:
+        raise TypeError(f"bf16_linear: x fp32 and w bf16, got {x.dtype} and {w.dtype}")
+    fn = _state["fn"]
+    x, w = x.contiguous(), w.contiguous()
+    m, k = x.shape
+    n = w.shape[0]
+    y = torch.empty(m, n)
+    scratch = torch.empty(max(m * k, 8))
+    args = (x.data_ptr(), w.data_ptr(), y.data_ptr(), m, k)
+    nt = min(torch.get_num_threads(), max(1, n // 256))
+    if nt <= 1:
+        fn(*args, 0, n, n, scratch.data_ptr())
+        return y
+    pool = _pool(nt)
+    step = -(-n // nt)
+    scratches = [scratch] + [torch.empty(max(m * k, 8)) for _ in range(nt - 1)]
+    futs = [pool.submit(fn, *args, j, min(n, j + step), n, scratches[t].data_ptr())
+            for t, j in enumerate(range(0, n, step))]
+    for f in futs:
+        f.result()
+    return y
+
+
+def _pool(nt: int) -> ThreadPoolExecutor:
+    pool = _state.get("pool")
+    if pool is None or _state.get("pool_n") != nt:
+        pool = _state["pool"] = ThreadPoolExecutor(nt, thread_name_prefix="xdna-gemv")
+        _state["pool_n"] = nt
+    return pool
