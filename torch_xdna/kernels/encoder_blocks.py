@@ -69,7 +69,7 @@ def linear_rows(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, chunk: int = 
     accepted for callers of the older blocked form; rows are independent either way.
     Bias, epilogue and residual run in place on the fresh accumulator (the same ops in the same
     order as apply_epilogue, so the same values)."""
-    acc = host_gemm.gemm_rows(numerics.operand(x), _operand_w(w))
+    acc = host_gemm.gemm_rows(numerics.gemm_operand(x), _operand_w(w))
     acc = apply_epilogue_(act, acc.add_(_operand_w(b)))
     return acc.add_(residual.float()) if residual is not None else acc
 
@@ -227,17 +227,20 @@ class EncoderAttentionDesign(_Fused):
         # its own tokens (not on the batch's padded length or partners), and padding costs nothing
         rows = real_rows(lengths, s)
         xr = x.index_select(0, rows)
-        qkv = numerics.operand(linear_rows(xr, w_qkv, b_qkv))   # Q, K, V rounded once
-        ctx = torch.empty(len(rows), h)
+        r = len(rows)
+        # Q, K, V rounded once (they only feed products), laid out head-major in one copy so
+        # each sequence's per-head [n, D] blocks are contiguous for the two batched GEMMs
+        qkv = numerics.gemm_operand(linear_rows(xr, w_qkv, b_qkv))
+        qkv = qkv.view(r, 3, nh, d).permute(1, 2, 0, 3).contiguous()     # [3, heads, R, D]
+        ctx = torch.empty(nh, r, d)
         off = 0
         for n in lengths:
             if n:
-                q, k, v = qkv[off:off + n].view(n, 3, nh, d).permute(1, 2, 0, 3)
-                ctx[off:off + n].view(n, nh, d).copy_(
-                    attention_reference(q, k, v, scale=1.0 / math.sqrt(d), rounded=True)
-                    .transpose(0, 1))
+                q, k, v = qkv[:, :, off:off + n]
+                ctx[:, off:off + n] = attention_reference(q, k, v, scale=1.0 / math.sqrt(d),
+                                                          rounded=True)
                 off += n
-        y = linear_rows(ctx, w_o, b_o, residual=xr)
+        y = linear_rows(ctx.transpose(0, 1).reshape(r, h), w_o, b_o, residual=xr)
         ln = torch.empty_like(y)
         self._ln.reference([y, ln_w, ln_b], [ln])
         scatter_rows(outputs[0], rows, ln)
