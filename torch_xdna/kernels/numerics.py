@@ -88,8 +88,14 @@ def gemm_operand(x: torch.Tensor) -> torch.Tensor:
     at +0 plus any mix of signed-zero products stays +0, and a nonzero sum ignores them."""
     if x.dtype not in FLOAT_DTYPES:
         return x
+    return gemm_operand_bf16(x).float()
+
+
+def gemm_operand_bf16(x: torch.Tensor) -> torch.Tensor:
+    """gemm_operand(x) in its 2-byte form (bf16): a caller that lays the operand out anew
+    converts and moves it in one copy."""
     b = x if x.dtype == torch.bfloat16 else x.to(torch.bfloat16)
-    return torch.nn.functional.hardshrink(b, _BF16_MAX_SUBNORMAL).float()
+    return torch.nn.functional.hardshrink(b, _BF16_MAX_SUBNORMAL)
 
 
 def store(result: torch.Tensor, out: torch.Tensor) -> None:
