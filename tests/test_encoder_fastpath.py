@@ -38,6 +38,37 @@ def test_operand_nonneg_matches_operand_with_subnormals():
     assert torch.equal(got, want) and torch.equal(got.signbit(), want.signbit())
 
 
+def test_gemm_operand_is_operand_up_to_the_sign_of_flushed_zeros():
+    """gemm_operand flushes like operand (a GELU output holds subnormals), only the sign of a
+    flushed zero may differ; and a GEMM on either gives the same bits."""
+    g = torch.Generator().manual_seed(6)
+    x = apply_epilogue("gelu", torch.randn(64, 384, generator=g) * 12)   # tiny negatives
+    x[0, :6] = torch.tensor([2.0 ** -130, -(2.0 ** -130), -0.0, 0.0, float("inf"), float("nan")])
+    assert bool(((x.abs() > 0) & (x.abs() < numerics.FP32_MIN_NORMAL)).any())
+    got, want = numerics.gemm_operand(x), numerics.operand(x)
+    assert torch.equal(got.nan_to_num(), want.nan_to_num()) and bool(got[0, 5].isnan())
+    x[0, 4:] = 1.0                                       # finite, for the GEMM
+    got, want = numerics.gemm_operand(x), numerics.operand(x)
+    w = numerics.operand(torch.randn(384, 96, generator=g) / 20)
+    assert torch.equal(host_gemm.gemm_rows(got, w), host_gemm.gemm_rows(want, w))
+    assert torch.equal(numerics.gemm_operand(x.bfloat16()), numerics.gemm_operand(x))
+
+
+def test_layer_norm_in_place_equals_the_written_out_formula():
+    from torch_xdna.kernels.encoder_blocks import layer_norm_design
+    g = torch.Generator().manual_seed(7)
+    x = torch.randn(40, 384, generator=g) * 3 + 1
+    w = (1 + torch.randn(384, generator=g) / 10).bfloat16()
+    b = (torch.randn(384, generator=g) / 10).bfloat16()
+    out = torch.empty(40, 384)
+    layer_norm_design(40, 384, 1e-12).reference([x, w, b], [out])
+    xo, wo, bo = numerics.operand(x), w.float(), b.float()
+    mean = xo.mean(-1, keepdim=True)
+    var = ((xo - mean) ** 2).mean(-1, keepdim=True)
+    want = (xo - mean) * torch.rsqrt(var + 1e-12) * wo + bo
+    assert torch.equal(out, want)
+
+
 def test_rounded_attention_equals_reference():
     g = torch.Generator().manual_seed(2)
     q, k, v = (torch.randn(2, 4, 16, 32, generator=g) for _ in range(3))

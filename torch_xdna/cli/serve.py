@@ -35,6 +35,17 @@ examples:
 """
 
 
+def _gather_ms(text: str) -> float:
+    """argparse type: the embedding gather window, 0-1000 ms."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of milliseconds") from None
+    if not 0.0 <= value <= 1000.0:
+        raise argparse.ArgumentTypeError(f"{value:g} ms is not allowed; give 0-1000")
+    return value
+
+
 def register(subparsers) -> None:
     p = subparsers.add_parser("serve", help="OpenAI-compatible server (embeddings, chat)",
                               description=DESCRIPTION, epilog=EPILOG,
@@ -52,6 +63,9 @@ def register(subparsers) -> None:
                    help="do not serve the bundled all-MiniLM-L6-v2")
     p.add_argument("--max-queue", type=positive_int, default=64,
                    help="requests waiting for the NPU before new ones get 429 (default 64)")
+    p.add_argument("--gather-ms", type=_gather_ms, default=20.0, metavar="MS",
+                   help="while concurrent clients send embeddings, wait up to MS ms for their next "
+                        "requests to share a device step (0 = never wait; default 20)")
     p.add_argument("--max-models", type=positive_int, default=2,
                    help="models resident on the device at once; least recently used are unloaded "
                         "(default 2)")
@@ -136,7 +150,8 @@ def run(args: argparse.Namespace) -> int:
                         write_timeout_s=args.write_timeout)
     config = ServerConfig(host=args.host, port=args.port, api_key=args.api_key or None,
                           models=args.model, default_model=not args.no_default_model,
-                          max_queue=args.max_queue, max_models=args.max_models,
+                          max_queue=args.max_queue, gather_ms=args.gather_ms,
+                          max_models=args.max_models,
                           max_inputs=args.max_inputs, max_body_bytes=args.max_body_bytes,
                           truncate=args.truncate, preload=not args.no_preload,
                           cors_origins=args.cors_origin, limits=limits,

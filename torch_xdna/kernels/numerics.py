@@ -86,6 +86,24 @@ def operand_nonneg(x: torch.Tensor) -> torch.Tensor:
     return torch.nn.functional.threshold_(y, _BF16_MAX_SUBNORMAL, 0.0)
 
 
+def gemm_operand(x: torch.Tensor) -> torch.Tensor:
+    """operand(x) for a float tensor that only feeds GEMM products (sim speed): RNE to bf16, then
+    one hardshrink pass flushes the subnormals, held in fp32; 3 passes where operand takes 4 (8
+    when it finds subnormals, as after a GELU). It differs from operand only in the sign of a
+    flushed zero (always +0 here), which no product sum can see: an fp32 accumulator starting
+    at +0 plus any mix of signed-zero products stays +0, and a nonzero sum ignores them."""
+    if x.dtype not in FLOAT_DTYPES:
+        return x
+    return gemm_operand_bf16(x).float()
+
+
+def gemm_operand_bf16(x: torch.Tensor) -> torch.Tensor:
+    """gemm_operand(x) in its 2-byte form (bf16): a caller that lays the operand out anew
+    converts and moves it in one copy."""
+    b = x if x.dtype == torch.bfloat16 else x.to(torch.bfloat16)
+    return torch.nn.functional.hardshrink(b, _BF16_MAX_SUBNORMAL)
+
+
 def store(result: torch.Tensor, out: torch.Tensor) -> None:
     """Write an fp32/int32 accumulator result into the output view in its dtype."""
     out.copy_(result.to(out.dtype) if result.dtype != out.dtype else result)

@@ -44,15 +44,19 @@ def _log_softmax(xs, dim, **kw):
 def _layer_norm(xs, eps, has_weight, has_bias, norm_dims, **kw):
     x = xs[0]
     dims = tuple(range(-norm_dims, 0))
+    # the centred x is computed once and the rest runs in place on it: the same operations in
+    # the same order as (x - mean) ** 2 ... (x - mean) * rsqrt * w + b (pow 2 is a square), so
+    # the same values, without four temporaries (sim speed)
     mean = x.mean(dims, keepdim=True)
-    var = ((x - mean) ** 2).mean(dims, keepdim=True)
-    y = (x - mean) * torch.rsqrt(var + eps)
+    y = x - mean
+    var = (y * y).mean(dims, keepdim=True)
+    y.mul_(torch.rsqrt(var + eps))
     i = 1
     if has_weight:
-        y = y * xs[i]
+        y = y.mul_(xs[i]) if xs[i].shape == y.shape[-xs[i].dim():] else y * xs[i]
         i += 1
     if has_bias:
-        y = y + xs[i]
+        y = y.add_(xs[i]) if xs[i].shape == y.shape[-xs[i].dim():] else y + xs[i]
     return y
 
 

@@ -50,6 +50,7 @@ class ServerConfig:
     models: list[str] = field(default_factory=list)
     default_model: bool = True            # offer the bundled all-MiniLM-L6-v2
     max_queue: int = 64                   # waiting requests before 429
+    gather_ms: float = 20.0               # embedding merge window when clients overlap (worker.py)
     max_models: int = 2                   # resident models (LRU)
     max_body_bytes: int = 4 << 20
     max_audio_bytes: int = 25 << 20       # /v1/audio/* uploads (OpenAI's 25 MB file limit)
@@ -303,7 +304,7 @@ class Server:
                 self.registry.add_dir(path, name)
         if not self.registry.entries:
             raise ValueError("no models to serve: give --model DIR or keep the default model")
-        self.worker = DeviceWorker(config.max_queue)
+        self.worker = DeviceWorker(config.max_queue, gather_s=config.gather_ms / 1e3)
         from torch_xdna.server.batching import Batcher
         self.batcher = Batcher(self, config.max_batch)     # concurrent chats decode together
         self.shutting_down = False

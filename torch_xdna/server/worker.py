@@ -3,6 +3,11 @@
 The NPU is a single-tenant device and switching designs costs milliseconds, so the server never
 lets two requests interleave on it. Embedding jobs for the same model that wait in the queue are
 merged into one engine call (fewer, fuller batches); each job still gets exactly its own rows.
+Concurrent clients in a closed loop resubmit a few ms after their shared step ends, so the queue
+is empty at the instant the next step starts: with a gather window (`gather_s`, bounded) the worker
+waits for up to as many jobs of that key as were in flight at the end of its last step (the step's
+jobs plus those queued meanwhile: `_peak`), so a lone client never waits and concurrent ones keep
+merging.
 When the queue is full, `submit` refuses at once (QueueFull -> HTTP 429) instead of letting
 latency grow without bound.
 """
@@ -12,6 +17,7 @@ import collections
 import logging
 import queue
 import threading
+import time
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -43,10 +49,16 @@ class Job:
 class DeviceWorker:
     """A single thread running jobs in arrival order."""
 
-    def __init__(self, max_queue: int = 64, max_merge: int = 256, name: str = "xdna-device"):
+    def __init__(self, max_queue: int = 64, max_merge: int = 256, name: str = "xdna-device",
+                 gather_s: float = 0.0):
         if max_queue < 1:
             raise ValueError(f"max_queue must be >= 1 (got {max_queue})")
-        self.max_queue, self.max_merge = max_queue, max_merge
+        if not 0.0 <= gather_s <= 1.0:
+            raise ValueError(f"gather window must be 0-1000 ms (got {gather_s * 1e3:g} ms)")
+        self.max_queue, self.max_merge, self.gather_s = max_queue, max_merge, gather_s
+        self._peak: dict[tuple, int] = {}      # batch_key -> jobs in flight after its last step
+        self.steps = 0                          # device steps (one job or one merged group)
+        self.gather_waits_s = 0.0               # time spent in gather windows
         self._q: queue.Queue[Job | None] = queue.Queue(maxsize=max_queue)
         self._held: collections.deque[Job] = collections.deque()   # taken out while merging
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
@@ -130,6 +142,7 @@ class DeviceWorker:
                 self.busy = False
 
     def _run_one(self, job: Job) -> None:
+        self.steps += 1
         try:
             result = job.fn() if job.fn is not None else job.batch_fn([job.payload])[0]
         except BaseException as e:          # noqa: BLE001 - delivered to the waiting request
@@ -139,31 +152,49 @@ class DeviceWorker:
         self.jobs_run += 1
 
     def _run_merged(self, first: Job) -> None:
+        key = first.batch_key
         group, size, skipped = [first], first.size, []
+        target = self._peak.get(key, 1)          # jobs that shared this key's recent steps
+        t0 = time.monotonic()
+        deadline = t0 + self.gather_s
         while size < self.max_merge:
             try:
-                nxt = self._q.get_nowait()
+                wait = deadline - time.monotonic()
+                if self._held or len(group) >= target or wait <= 0:
+                    nxt = self._q.get_nowait()
+                else:                             # gather window: more are on their way
+                    nxt = self._q.get(timeout=wait)
             except queue.Empty:
                 break
             if nxt is None:
                 skipped.append(nxt)
                 break
-            if nxt.batch_key == first.batch_key and size + nxt.size <= self.max_merge:
+            if nxt.batch_key == key and size + nxt.size <= self.max_merge:
                 if nxt.future.set_running_or_notify_cancel():
                     group.append(nxt)
                     size += nxt.size
             else:
                 skipped.append(nxt)
-                if nxt.batch_key != first.batch_key:
+                if nxt.batch_key != key:
                     break                            # keep arrival order for other work
+        self.gather_waits_s += time.monotonic() - t0
         self._held.extend(skipped)
+        try:
+            self._run_group(group)
+        finally:
+            self._peak[key] = len(group) + self._q.qsize() + len(self._held)
+
+    def _run_group(self, group: list[Job]) -> None:
+        first = group[0]
         if len(group) == 1:
             self._run_one(first)
             return
+        self.steps += 1
         try:
             results = first.batch_fn([j.payload for j in group])
         except BaseException:                # noqa: BLE001 - isolate the failing job
             log.warning("merged batch of %d jobs failed; retrying them one by one", len(group))
+            self.steps -= 1                          # each retry counts its own step
             for j in group:
                 self._run_one(j)
             return
