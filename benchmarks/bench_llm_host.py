@@ -166,8 +166,13 @@ def _load() -> str:
     return "load average %.2f %.2f %.2f" % os.getloadavg()
 
 
-def run(reps: int, n_prefill: int, n_decode: int, threads: int, only: set[str] | None,
-        layers: int | None, check: bool = True) -> dict:
+def run(reps: int = 5, n_prefill: int = 1024, n_decode: int = 32, threads: int = 1,
+        only: set[str] | None = None, layers: int | None = None, check: bool = True,
+        quick: bool = False) -> dict:
+    """The comparison; `quick` (what `xdna bench llm_host` runs without --full): 2 rounds,
+    a 128-token prompt, 8 new tokens, 4 of the 28 layers."""
+    if quick:
+        reps, n_prefill, n_decode, layers = 2, 128, 8, layers or 4
     torch.set_num_threads(threads)
     want = lambda n: only is None or n in only          # noqa: E731
     with tempfile.TemporaryDirectory() as td:

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from torch_xdna.cli.main import main
 
 
@@ -32,3 +34,17 @@ def test_demo_json(capsys):
 def test_bench_unknown_name_is_clear(capsys):
     assert main(["bench", "nope"]) == 2
     assert "unknown benchmark" in capsys.readouterr().err
+
+
+def test_bench_runs_quick_or_names_the_script(tmp_path):
+    """`xdna bench NAME` calls run(quick=...) or an argument-free run(); a benchmark with its own
+    options (no such run) is refused with the command that runs it."""
+    from torch_xdna.cli.bench import _run_one
+    from torch_xdna.cli.common import CliError
+    (tmp_path / "bench_a.py").write_text("def run(quick=True):\n    return {'quick': quick}\n")
+    (tmp_path / "bench_b.py").write_text("def run(only=None):\n    return {'only': only}\n")
+    (tmp_path / "bench_c.py").write_text("def main(argv=None):\n    return 0\n")
+    assert _run_one("a", tmp_path / "bench_a.py", quick=False) == {"quick": False}
+    assert _run_one("b", tmp_path / "bench_b.py", quick=True) == {"only": None}
+    with pytest.raises(CliError, match=r"bench_c.py --help"):
+        _run_one("c", tmp_path / "bench_c.py", quick=True)

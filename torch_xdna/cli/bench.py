@@ -30,6 +30,20 @@ def _load(path: Path):
     return mod
 
 
+def _run_one(name: str, path: Path, quick: bool) -> dict:
+    """A benchmark's `run(quick=...)`, or `run()` when it takes no required argument."""
+    import inspect
+    fn = getattr(_load(path), "run", None)
+    if fn is not None:
+        params = inspect.signature(fn).parameters
+        if "quick" in params:
+            return fn(quick=quick)
+        if all(p.default is not p.empty or p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
+               for p in params.values()):
+            return fn()
+    raise CliError(f"benchmark {name} has its own options: run `python {path} --help`")
+
+
 def run(args: argparse.Namespace) -> int:
     benches = available()
     if not benches:
@@ -46,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
         if not args.json:
             print(f"== {name} ({'full' if args.full else 'quick'}) ...", flush=True)
         t0 = time.perf_counter()
-        results[name] = _load(benches[name]).run(quick=not args.full)
+        results[name] = _run_one(name, benches[name], quick=not args.full)
         results[name]["_wall_s"] = round(time.perf_counter() - t0, 1)
         if not args.json:
             print(json.dumps(results[name], indent=2))
