@@ -242,14 +242,20 @@ class GemmDesign(Design):
         m2, n2 = gm * tm * p, gn * tn * q
         partial = p * q > 1
         kp = max(tk, round_up(self.k, tk))     # K = 0 (addmm of an empty product): one zero step
-        # mem tile (per column): K-chunk of the A panel (spread over columns) and of the B panel,
-        # double-buffered; partial sums when the block exceeds one tile per core; output joins
+        # mem tile (the fullest one: an A column), double-buffered: the K-chunk of the A panel
+        # (on the a_columns mem tiles, one channel per core) when the q N sub-blocks reuse it,
+        # else one K step of it streamed through; likewise the B panel's chunk when the p M
+        # sub-blocks reuse it; partial sums when the block exceeds one tile per core; else
+        # the output joins
+        a_cols = a_columns(gm, cols)
         kc = None
         for steps in KC_STEPS:
             c = tk * steps
             if c > kp and steps > 1:
                 continue
-            mem = 2 * (m2 * c * ea / cols + c * (n2 / cols) * (eb + es))
+            ca, cb = (c if q > 1 else tk), (c if p > 1 else tk)
+            a_rows = m2 / a_cols if q > 1 else gm * tm / a_cols
+            mem = 2 * (a_rows * ca * ea + cb * (n2 / cols) * (eb + es))
             mem += m2 * (n2 / cols) * ACC_BYTES if partial else 2 * gm * tm * tn * out_b
             if mem <= gen.memtile_bytes.value:
                 kc, memtile = c, int(mem)
@@ -325,6 +331,13 @@ class GemmDesign(Design):
                    "steady_state_s": max(t_dram, t_sync, t_chip, t_comp)},
         )
         return (score, cores, plan)
+
+
+def a_columns(gm: int, cols: int) -> int:
+    """Mem tiles that hold the A panel: each core takes its A tiles on one channel from one mem
+    tile, so the gm m-slices are split evenly over the largest divisor of gm <= cols columns
+    (the lowering's placement, kernels/lower/gemm.py; the capacity check uses the same rule)."""
+    return max(x for x in range(1, gm + 1) if gm % x == 0 and x <= cols)
 
 
 def _cands(options: Sequence[int], native: int, dim: int) -> list[int]:

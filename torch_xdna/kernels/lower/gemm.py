@@ -22,12 +22,9 @@ import torch
 from torch_xdna.array import ir
 from torch_xdna.hw import Generation
 from torch_xdna.kernels.base import ceil_div
+from torch_xdna.kernels.gemm import a_columns
 from torch_xdna.kernels.lower.builder import Builder, LoweringError, acq, call, elem, flat, \
     forever, loop, rel, spread, tt
-
-
-def _divisor_at_most(n: int, cap: int) -> int:
-    return max(d for d in range(1, n + 1) if n % d == 0 and d <= cap)
 
 
 def gemm_program(d, gen: Generation, name: str | None = None, args=("A", "B", "C"),
@@ -92,7 +89,7 @@ def gemm_program(d, gen: Generation, name: str | None = None, args=("A", "B", "C
         for i in range(gm):
             for jj in range(pcs[c]):
                 cores[(i, c, jj)] = b.core(c, i * per_col + jj)
-    a_cols = _divisor_at_most(gm, cols)
+    a_cols = a_columns(gm, cols)
     spc = gm // a_cols
 
     # -- kernels -----------------------------------------------------------------------------
