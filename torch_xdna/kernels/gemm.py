@@ -196,6 +196,21 @@ class GemmDesign(Design):
         check_mmul_tile(gen, label, cdt, best[2].tile)
         return check_plan(gen, label, best[2])
 
+    def _b_tile_bytes(self, tk: int, tn: int) -> float:
+        """Bytes of one core's B tile per K step as streamed (packed: [W | scales] or bfp16)."""
+        _, eb, _ = self._bytes()
+        sg = max(1, tk // self.w_group) * 2 if self.weight_only else 0
+        return tn * (tk * eb + sg)
+
+    def _lowered_memtile(self, gen, tm, tk, tn, gm, gn, a_cols, b_steps) -> int:
+        """Bytes of the fullest mem tile (an A column) in the lowered layout, with B held for
+        `b_steps` K steps: 2 x A (gm / a_cols m-slices, one K step) + 2 x B (the column's
+        n-slices) + 2 x the output join; kernels/lower/gemm.py allocates exactly this."""
+        ea, _, _ = self._bytes()
+        pc = min(gen.core_rows.value // gm, gn)
+        return int(2 * (gm // a_cols) * tm * tk * ea + 2 * b_steps * pc * self._b_tile_bytes(tk, tn)
+                   + 2 * gm * pc * tm * tn * self.out_dtype.itemsize)
+
     def _l1(self, tm: int, tk: int, tn: int) -> int:
         ea, eb, _ = self._bytes()
         out_b = self.out_dtype.itemsize
@@ -240,26 +255,32 @@ class GemmDesign(Design):
         ea, eb, es = self._bytes()
         out_b = self.out_dtype.itemsize
         m2, n2 = gm * tm * p, gn * tn * q
-        partial = p * q > 1
         kp = max(tk, round_up(self.k, tk))     # K = 0 (addmm of an empty product): one zero step
-        # mem tile (the fullest one: an A column), double-buffered: the K-chunk of the A panel
-        # (on the a_columns mem tiles, one channel per core) when the q N sub-blocks reuse it,
-        # else one K step of it streamed through; likewise the B panel's chunk when the p M
-        # sub-blocks reuse it; partial sums when the block exceeds one tile per core; else
-        # the output joins
+        kt = ceil_div(kp, tk)
         a_cols = a_columns(gm, cols)
-        kc = None
-        for steps in KC_STEPS:
-            c = tk * steps
-            if c > kp and steps > 1:
-                continue
-            ca, cb = (c if q > 1 else tk), (c if p > 1 else tk)
-            a_rows = m2 / a_cols if q > 1 else gm * tm / a_cols
-            mem = 2 * (a_rows * ca * ea + cb * (n2 / cols) * (eb + es))
-            mem += m2 * (n2 / cols) * ACC_BYTES if partial else 2 * gm * tm * tn * out_b
-            if mem <= gen.memtile_bytes.value:
-                kc, memtile = c, int(mem)
-                break
+        memtile = self._lowered_memtile(gen, tm, tk, tn, gm, gn, a_cols, kt if p > 1 else 1)
+        # the lowered layouts (kernels/lower/gemm.py), per mem tile, exact: A one K step per
+        # m-slice on the a_columns mem tiles (one channel per core), the column's B (one K
+        # step, or with p M sub-blocks its whole K panel, held and re-streamed p times), the
+        # output join; each double-buffered. No partial sums: a core finishes a tile's K loop.
+        resident = q == 1 and memtile <= gen.memtile_bytes.value
+        partial = p * q > 1 and not resident
+        kc = kp if resident else None
+        if not resident:
+            # not lowered (docs/array.md "Known gaps"): the K-chunk (kc) of the A panel when
+            # the q N sub-blocks reuse it, else one K step streamed through; likewise B's for
+            # the p M sub-blocks; partial sums in the mem tile cycling through L1 per chunk
+            for steps in KC_STEPS:
+                c = tk * steps
+                if c > kp and steps > 1:
+                    continue
+                ca, cb = (c if q > 1 else tk), (c if p > 1 else tk)
+                a_rows = m2 / a_cols if q > 1 else gm * tm / a_cols
+                mem = 2 * (a_rows * ca * ea + cb * (n2 / cols) * (eb + es))
+                mem += m2 * (n2 / cols) * ACC_BYTES
+                if mem <= gen.memtile_bytes.value:
+                    kc, memtile = c, int(mem)
+                    break
         if kc is None:
             return None
         mb, nb = ceil_div(m_total, m2), ceil_div(self.n, n2)
@@ -269,13 +290,13 @@ class GemmDesign(Design):
             (nb_batch * m_total * self.n * out_b if self.residual else 0)
         c_write = nb_batch * m_total * self.n * out_b
         read = a_read + b_read + extra
-        # what kernels/lower/gemm.py streams today: A and B once per gm*tm x gn*tn array block
-        # (the L2 blocking, p x q sub-blocks and partial sums in the mem tiles, is not lowered;
-        # docs/array.md "Known gaps"); the tests pin the stream's MM2S bytes to this figure
-        mb1, nb1 = ceil_div(m_total, gm * tm), ceil_div(self.n, gn * tn)
+        # what kernels/lower/gemm.py streams: A and B once per M2 x gn*tn block when B is held
+        # (`resident`), else once per gm*tm x gn*tn array block (the partial-sum blocking is
+        # not lowered; docs/array.md "Known gaps"); the tests pin the stream's MM2S bytes to it
+        mb1 = ceil_div(m_total, gm * tm * (p if resident else 1))
+        nb1 = ceil_div(self.n, gn * tn)
         if self.weight_only or self.dtype == "bfp16":   # host-packed tiles, padded to the grid
-            sg = max(1, tk // self.w_group) * 2 if self.weight_only else 0
-            b_lowered = nb1 * gn * tn * ceil_div(self.k, tk) * (tk * eb + sg)
+            b_lowered = nb1 * gn * kt * self._b_tile_bytes(tk, tn)
         else:
             b_lowered = self.k * self.n * eb
         lowered_read = nb_batch * (m_total * self.k * ea * nb1 + b_lowered * mb1)
@@ -289,7 +310,9 @@ class GemmDesign(Design):
             onchip += nb_batch * mb * nb * 2 * m2 * n2 * ACC_BYTES * (k_chunks - 1)
         # compute: tiles per core, each a K loop at the calibrated sustained MAC rate
         cores = gm * gn
-        tiles_per_core = nb_batch * ceil_div(ceil_div(m_total, tm), gm) * ceil_div(ceil_div(self.n, tn), gn)
+        m_steps = ceil_div(ceil_div(m_total, tm), gm * p) * p if resident else \
+            ceil_div(ceil_div(m_total, tm), gm)          # held B: whole (zero-padded) sub-blocks
+        tiles_per_core = nb_batch * m_steps * ceil_div(ceil_div(self.n, tn), gn)
         cdt = self.compute_dtype
         rate = gen.macs_per_core_cycle.value[cdt] * compute_efficiency(gen, cdt)
         tile_cycles = tm * tn * kp / rate + gen.kernel_call_cycles.value
@@ -333,7 +356,8 @@ class GemmDesign(Design):
                 else DmaTransfer("B panel", (nb, self.k, n2), (n2, self.n, 1)),
                 DmaTransfer("C block", (m2, n2), (self.n, 1))),
             notes={"l2_block": (m2, kc, n2), "grid": (gm, gn), "l2_factors": (p, q),
-                   "partial_sums_in_memtile": partial, "onchip_bytes": int(onchip),
+                   "partial_sums_in_memtile": partial, "b_panel_resident": resident,
+                   "onchip_bytes": int(onchip),
                    "fill_s": fill, "shim_task_batches": ceil_div(tasks, depth),
                    "stream_bytes": int(streamed), "lowered_read_bytes": int(lowered_read), "weight_read_bytes": int(b_read),
                    "memtile_locks": 2 * (4 + gm + 1) + (4 if partial else 0),

@@ -43,11 +43,14 @@ def gemm_program(d, gen: Generation, name: str | None = None, args=("A", "B", "C
     K, N = d.k, d.n
     kt = ceil_div(K, tk)
     mt, nt = ceil_div(m_total, tm), ceil_div(N, tn)
-    mblocks, nblocks = ceil_div(mt, gm), ceil_div(nt, gn)
+    # B held in the mem tile for the plan's p M sub-blocks (plan note b_panel_resident): each
+    # round is an M2 = p x gm x tm block, its B panel streamed once and re-streamed p times
+    pl = plan.notes["l2_factors"][0] if plan.notes.get("b_panel_resident") else 1
+    mblocks, nblocks = ceil_div(mt, gm * pl), ceil_div(nt, gn)
     act = store_act if store_act is not None else d.epilogue
     b = Builder(name or f"{d.name}_{d.batch}x{d.m}x{d.k}x{d.n}", gen)
     b.notes.update({"design": d.name, "tile": plan.tile, "grid": (gm, gn), "columns": cols,
-                    "l2_factors_lowered": (1, 1), "plan_l2_factors": plan.notes["l2_factors"]})
+                    "l2_factors_lowered": (pl, 1), "plan_l2_factors": plan.notes["l2_factors"]})
 
     a_dt = "i8" if cdt == "int8" else "bf16"
     acc_dt = "i32" if cdt == "int8" else "f32"
@@ -122,17 +125,22 @@ def gemm_program(d, gen: Generation, name: str | None = None, args=("A", "B", "C
         pc = pcs[c]
         if not pc:
             continue
+        hk = kt if pl > 1 else 1                  # K steps held in the mem tile
         if packed:
-            b.fifo(f"B{c}", b.shim(c), b.mem(c), 2, tt((pc * tile_b,), "u8"))
+            b.fifo(f"B{c}", b.shim(c), b.mem(c), 2, tt((hk * pc * tile_b,), "u8"))
         else:
-            b.fifo(f"B{c}", b.shim(c), b.mem(c), 2, tt((tk, pc * tn), b_dt))
+            b.fifo(f"B{c}", b.shim(c), b.mem(c), 2, tt((hk * tk, pc * tn), b_dt))
         outs = []
         for jj in range(pc):
             outs.append(f"B{c}_{jj}")
-            dims = () if packed or pc == 1 else ((tk, pc * tn), (tn, 1))
+            if pl > 1:                            # walk the held panel pl times (stride-0 dim)
+                dims = ((pl, 0), (kt, pc * tile_b), (tile_b, 1)) if packed else \
+                    ((pl, 0), (kt * tk, pc * tn), (tn, 1))
+            else:
+                dims = () if packed or pc == 1 else ((tk, pc * tn), (tn, 1))
             b.fifo(outs[-1], b.mem(c), [cores[(i, c, jj)] for i in range(gm)], 2, b_t, dims=dims)
         offs = tuple(jj * (tile_b if packed else tn) for jj in range(pc))
-        b.link([f"B{c}"], outs, (), offs if pc > 1 else ())
+        b.link([f"B{c}"], outs, (), offs if pc > 1 else (), emits=pl * kt if pl > 1 else 1)
     for c in range(cols):
         if not pcs[c]:
             continue
@@ -146,7 +154,7 @@ def gemm_program(d, gen: Generation, name: str | None = None, args=("A", "B", "C
         b.link(ins, [f"C{c}"], tuple(offs) if len(ins) > 1 else (), ())
 
     # -- core programs -------------------------------------------------------------------------
-    tiles_per_core = nb_batch * mblocks * nblocks
+    tiles_per_core = nb_batch * mblocks * pl * nblocks
     for (i, c, jj), tile in sorted(cores.items()):
         af = f"A{i // spc}_{i % spc}"
         bf, cf = f"B{c}_{jj}", f"C{c}_{i}_{jj}"
@@ -169,17 +177,7 @@ def gemm_program(d, gen: Generation, name: str | None = None, args=("A", "B", "C
     for bb in range(nb_batch):
         for bm in range(mblocks):
             for bn in range(nblocks):
-                m0 = bm * gm * tm
-                for c in range(cols):                     # drains first
-                    if pcs[c]:
-                        _c_tasks(b, f"C{c}", c_name, bb * m_total * N, m0, (bn * gn + c * per_col) * tn,
-                                 gm, pcs[c], tm, tn, m_total, N)
-                for ac in range(a_cols):
-                    r0 = m0 + ac * spc * tm
-                    mv = max(0, min(spc * tm, m_total - r0))
-                    base = bb * m_total * K + min(r0, m_total) * K
-                    _k_tasks(b, f"A{ac}", a_name, base, kt, tk, k_last, mv, spc * tm, K)
-                for c in range(cols):
+                for c in range(cols):                     # B first: held for the pl sub-blocks
                     if not pcs[c]:
                         continue
                     n0 = (bn * gn + c * per_col) * tn
@@ -191,6 +189,17 @@ def gemm_program(d, gen: Generation, name: str | None = None, args=("A", "B", "C
                     else:
                         base = bb * K * N + min(n0, N)
                         _b_rowmajor(b, f"B{c}", b_name, base, kt, tk, k_last, nv, pcs[c] * tn, N)
+                for sb in range(pl):
+                    m0 = (bm * pl + sb) * gm * tm
+                    for c in range(cols):                 # then per sub-block: drains, A feeds
+                        if pcs[c]:
+                            _c_tasks(b, f"C{c}", c_name, bb * m_total * N, m0,
+                                     (bn * gn + c * per_col) * tn, gm, pcs[c], tm, tn, m_total, N)
+                    for ac in range(a_cols):
+                        r0 = m0 + ac * spc * tm
+                        mv = max(0, min(spc * tm, m_total - r0))
+                        base = bb * m_total * K + min(r0, m_total) * K
+                        _k_tasks(b, f"A{ac}", a_name, base, kt, tk, k_last, mv, spc * tm, K)
                 b.end_round()
     return b.build()
 
