@@ -11,7 +11,11 @@ a row, B tiles down a column. Two levels of tiling:
      columns and broadcast) and of the B panel (kc x N2); when the block is larger than one core
      tile per core, partial sums live in the mem tiles and cycle through L1 once per K-chunk
      (on-chip traffic, ~13x DRAM bandwidth). DRAM reads each A panel once per N block and each
-     B panel once per M block, so a bigger L2 block means less DRAM traffic.
+     B panel once per M block, so a bigger L2 block means less DRAM traffic. When q = 1 and
+     the column's whole B K panel fits the mem tile, the plan holds it instead (no partial
+     sums: each core finishes a tile's K loop; `b_panel_resident`), the layout
+     kernels/lower/gemm.py lowers; the partial-sum form (q > 1, or K panels too big) is
+     planned but not lowered (`lowered_read_bytes`: what the stream then moves).
 The planner enumerates legal (L1 tile, grid, L2 block) choices and keeps the fastest modeled one.
 
 Operand conventions of `reference` (inputs in order, then bias [N], then residual [.., M, N]):

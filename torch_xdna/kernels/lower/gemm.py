@@ -9,9 +9,13 @@ sits as core (col c, row r) = m-slice r // per_col, n-slice c * per_col + r % pe
       column; weight-only W (with its scales) and bfp16 B arrive as host-packed tiles
       (pack_weight_tiles / pack_bfp16_tiles), one contiguous tile per core and K step
   C   per core: tm x tn -> mem tile join -> shim
+  With the plan's B panel held (`b_panel_resident`, p M sub-blocks): the column's whole
+      K panel is one mem-tile element, re-streamed p times to the cores by a link with
+      emits = p x K/tk (a stride-0 repeat dim in the split's pattern); A and C per sub-block.
 Each core: forever { tiles_per_core x { zero acc; K/tk x { matmul(A, B, acc) }; store(acc, C) } }.
-A round of the runtime sequence is one output block (every active core's next tile): its C
-drains are queued first, then the A, B (and S) feeds. Edge tiles (M, N, K not multiples of the
+A round of the runtime sequence is one output block (p sub-blocks of every active core's
+tiles): its B feeds are queued first (held for the round), then per sub-block its C drains
+and A feeds. Edge tiles (M, N, K not multiples of the
 tile) are zero-padded in the stream and dropped on the way out (DmaTask.pad_after).
 Bias and residual become an epilogue stage (kernels/lower/vector.py) after the GEMM stage.
 """
