@@ -77,9 +77,12 @@ def measure(design, label: str, g) -> dict:
     return {"launch": label, "stream_words": stats.words, "stream_bytes": stats.bytes,
             "bds": stats.bd_writes, "ddr_patches": stats.patches, "syncs": stats.syncs,
             "mm2s_mb": round(stats.mm2s_bytes / 1e6, 3), "s2mm_mb": round(stats.s2mm_bytes / 1e6, 3),
-            # the plan's modeled DRAM reads (GEMM: with its L2 blocking, which the lowering does
-            # not follow yet, so mm2s_mb is larger; docs/array.md "Known gaps")
+            # the plan's modeled DRAM reads (GEMM: equal to mm2s_mb where its L2 blocking is
+            # lowered, b_panel_resident; docs/array.md "Known gaps")
             "plan_dram_read_mb": round(design.plan(NPU4).dram_read_bytes / 1e6, 3),
+            **({"plan_l2_factors": design.plan(NPU4).notes["l2_factors"],
+                "b_panel_resident": design.plan(NPU4).notes["b_panel_resident"]}
+               if isinstance(design, GemmDesign) else {}),
             "kernel_calls": runner.last.get("kernel_calls", 0),
             "txn_host_ms": round(txn_s * 1e3, 1), "functional_host_ms": round(func_s * 1e3, 2),
             **({"functional_blas_host_ms": round(blas_s * 1e3, 2)} if blas_s is not None else {}),

@@ -20,8 +20,10 @@ Types (all frozen dataclasses; only torch_xdna.hw is imported):
   ObjectFifo     (name, producer Tile, consumers tuple[Tile], depth, elem TensorType,
                  dims_to_stream ((size, stride), ...) producer side, outermost first, <= 4-D;
                  dims_from_stream: per consumer, same form, () = contiguous)
-  FifoLink       mem-tile split/join: (srcs, dsts, src_offsets, dst_offsets) fifo names,
-                 offsets in elements of the single (joined/split) fifo; 1:1 = plain forward
+  FifoLink       mem-tile split/join: (srcs, dsts, src_offsets, dst_offsets, emits) fifo names,
+                 offsets in elements of the single (joined/split) fifo; 1:1 = plain forward;
+                 emits > 1 (split/forward): each source element goes out as `emits` elements
+                 per destination (a held block re-streamed, e.g. GEMM B reused by M sub-blocks)
   CoreBody       (tile, body tuple[CoreOp], link_with object file names)
     CoreOp = Loop(count, body) | Acquire(fifo, port, n) | Release(fifo, port, n)
            | Call(kernel, args tuple[KernelArg])
@@ -154,6 +156,10 @@ class FifoLink:
     dsts: tuple[str, ...]
     src_offsets: tuple[int, ...] = ()
     dst_offsets: tuple[int, ...] = ()
+    # a split / forward that re-streams its held source element: each destination's
+    # dims_to_stream walks it (a size-n stride-0 dim repeats it) as `emits` elements, the
+    # source buffer held until the last is sent (mlir-aie: multi-dim mem-tile BDs with repeat)
+    emits: int = 1
 
     @property
     def kind(self) -> str:

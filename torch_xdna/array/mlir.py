@@ -122,9 +122,13 @@ def emit(prog: ir.ArrayProgram, arch: str = "aie2p",
         outs = ", ".join("@" + s for s in ln.dsts)
         so = ", ".join(map(str, ln.src_offsets))
         do = ", ".join(map(str, ln.dst_offsets))
-        o.line(f"aie.objectfifo.link [{ins}] -> [{outs}]([{so}] [{do}])",
+        # a re-streaming link (emits > 1): our attribute; the destinations' dimensionsToStream
+        # carry the repeat as a stride-0 dim, as a multi-dim mem-tile BD would
+        em = f"emits = {ln.emits} : i64" if ln.emits > 1 else ""
+        o.line(f"aie.objectfifo.link [{ins}] -> [{outs}]([{so}] [{do}])" + (f" {{{em}}}" if em else ""),
                f'"aie.objectfifo.link"() {{fifoIns = [{ins}], fifoOuts = [{outs}], '
-               f'src_offsets = {_arr(ln.src_offsets)}, dst_offsets = {_arr(ln.dst_offsets)}}} : () -> ()')
+               f'src_offsets = {_arr(ln.src_offsets)}, dst_offsets = {_arr(ln.dst_offsets)}'
+               + (f", {em}" if em else "") + '} : () -> ()')
     bv = {}
     for b in prog.buffers:
         v = f"%{b.name}"

@@ -196,6 +196,22 @@ def _check_refs(prog: ir.ArrayProgram, gen: Generation) -> None:
             prog.fifo(n)
         if ln.kind == "split" and ln.dst_offsets and len(ln.dst_offsets) != len(ln.dsts):
             raise ArrayIRError(f"array program {prog.name}: split link offsets do not match {ln.dsts}")
+        if ln.emits < 1 or ln.emits > 1 and ln.kind == "join":
+            raise ArrayIRError(f"array program {prog.name}: link {ln.srcs}->{ln.dsts} emits "
+                               f"{ln.emits}: a split or forward re-streams >= 1 elements per source "
+                               f"element, a join exactly 1")
+        if ln.emits > 1:
+            src = prog.fifo(ln.srcs[0])
+            for n in ln.dsts:
+                d = prog.fifo(n)
+                walked = 1
+                for size, _ in d.dims_to_stream:
+                    walked *= size
+                need = ln.emits * d.elem.numel
+                if not d.dims_to_stream or walked != need:
+                    raise ArrayIRError(f"array program {prog.name}: fifo {n}: a link emitting "
+                                       f"{ln.emits} elements needs dims_to_stream walking {need} "
+                                       f"values of {src.name}'s element, got {walked}")
     kernels = {k.symbol: k for k in prog.kernels}
     bufs = {b.name for b in prog.buffers}
     fifo_names = set(names)
@@ -297,7 +313,7 @@ def fifo_elements(prog: ir.ArrayProgram) -> dict[str, int]:
                 else:
                     srcs = [out.get(s) for s in ln.srcs]
                     if all(s is not None for s in srcs):
-                        n = srcs[0]
+                        n = srcs[0] * ln.emits
             if n is None:
                 rest.append(f)
             else:

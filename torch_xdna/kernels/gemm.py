@@ -11,7 +11,11 @@ a row, B tiles down a column. Two levels of tiling:
      columns and broadcast) and of the B panel (kc x N2); when the block is larger than one core
      tile per core, partial sums live in the mem tiles and cycle through L1 once per K-chunk
      (on-chip traffic, ~13x DRAM bandwidth). DRAM reads each A panel once per N block and each
-     B panel once per M block, so a bigger L2 block means less DRAM traffic.
+     B panel once per M block, so a bigger L2 block means less DRAM traffic. When q = 1 and
+     the column's whole B K panel fits the mem tile, the plan holds it instead (no partial
+     sums: each core finishes a tile's K loop; `b_panel_resident`), the layout
+     kernels/lower/gemm.py lowers; the partial-sum form (q > 1, or K panels too big) is
+     planned but not lowered (`lowered_read_bytes`: what the stream then moves).
 The planner enumerates legal (L1 tile, grid, L2 block) choices and keeps the fastest modeled one.
 
 Operand conventions of `reference` (inputs in order, then bias [N], then residual [.., M, N]):
@@ -197,6 +201,21 @@ class GemmDesign(Design):
         check_mmul_tile(gen, label, cdt, best[2].tile)
         return check_plan(gen, label, best[2])
 
+    def _b_tile_bytes(self, tk: int, tn: int) -> float:
+        """Bytes of one core's B tile per K step as streamed (packed: [W | scales] or bfp16)."""
+        _, eb, _ = self._bytes()
+        sg = max(1, tk // self.w_group) * 2 if self.weight_only else 0
+        return tn * (tk * eb + sg)
+
+    def _lowered_memtile(self, gen, tm, tk, tn, gm, gn, a_cols, b_steps) -> int:
+        """Bytes of the fullest mem tile (an A column) in the lowered layout, with B held for
+        `b_steps` K steps: 2 x A (gm / a_cols m-slices, one K step) + 2 x B (the column's
+        n-slices) + 2 x the output join; kernels/lower/gemm.py allocates exactly this."""
+        ea, _, _ = self._bytes()
+        pc = min(gen.core_rows.value // gm, gn)
+        return int(2 * (gm // a_cols) * tm * tk * ea + 2 * b_steps * pc * self._b_tile_bytes(tk, tn)
+                   + 2 * gm * pc * tm * tn * self.out_dtype.itemsize)
+
     def _l1(self, tm: int, tk: int, tn: int) -> int:
         ea, eb, _ = self._bytes()
         out_b = self.out_dtype.itemsize
@@ -241,20 +260,32 @@ class GemmDesign(Design):
         ea, eb, es = self._bytes()
         out_b = self.out_dtype.itemsize
         m2, n2 = gm * tm * p, gn * tn * q
-        partial = p * q > 1
         kp = max(tk, round_up(self.k, tk))     # K = 0 (addmm of an empty product): one zero step
-        # mem tile (per column): K-chunk of the A panel (spread over columns) and of the B panel,
-        # double-buffered; partial sums when the block exceeds one tile per core; output joins
-        kc = None
-        for steps in KC_STEPS:
-            c = tk * steps
-            if c > kp and steps > 1:
-                continue
-            mem = 2 * (m2 * c * ea / cols + c * (n2 / cols) * (eb + es))
-            mem += m2 * (n2 / cols) * ACC_BYTES if partial else 2 * gm * tm * tn * out_b
-            if mem <= gen.memtile_bytes.value:
-                kc, memtile = c, int(mem)
-                break
+        kt = ceil_div(kp, tk)
+        a_cols = a_columns(gm, cols)
+        memtile = self._lowered_memtile(gen, tm, tk, tn, gm, gn, a_cols, kt if p > 1 else 1)
+        # the lowered layouts (kernels/lower/gemm.py), per mem tile, exact: A one K step per
+        # m-slice on the a_columns mem tiles (one channel per core), the column's B (one K
+        # step, or with p M sub-blocks its whole K panel, held and re-streamed p times), the
+        # output join; each double-buffered. No partial sums: a core finishes a tile's K loop.
+        resident = q == 1 and memtile <= gen.memtile_bytes.value
+        partial = p * q > 1 and not resident
+        kc = kp if resident else None
+        if not resident:
+            # not lowered (docs/array.md "Known gaps"): the K-chunk (kc) of the A panel when
+            # the q N sub-blocks reuse it, else one K step streamed through; likewise B's for
+            # the p M sub-blocks; partial sums in the mem tile cycling through L1 per chunk
+            for steps in KC_STEPS:
+                c = tk * steps
+                if c > kp and steps > 1:
+                    continue
+                ca, cb = (c if q > 1 else tk), (c if p > 1 else tk)
+                a_rows = m2 / a_cols if q > 1 else gm * tm / a_cols
+                mem = 2 * (a_rows * ca * ea + cb * (n2 / cols) * (eb + es))
+                mem += m2 * (n2 / cols) * ACC_BYTES
+                if mem <= gen.memtile_bytes.value:
+                    kc, memtile = c, int(mem)
+                    break
         if kc is None:
             return None
         mb, nb = ceil_div(m_total, m2), ceil_div(self.n, n2)
@@ -264,6 +295,16 @@ class GemmDesign(Design):
             (nb_batch * m_total * self.n * out_b if self.residual else 0)
         c_write = nb_batch * m_total * self.n * out_b
         read = a_read + b_read + extra
+        # what kernels/lower/gemm.py streams: A and B once per M2 x gn*tn block when B is held
+        # (`resident`), else once per gm*tm x gn*tn array block (the partial-sum blocking is
+        # not lowered; docs/array.md "Known gaps"); the tests pin the stream's MM2S bytes to it
+        mb1 = ceil_div(m_total, gm * tm * (p if resident else 1))
+        nb1 = ceil_div(self.n, gn * tn)
+        if self.weight_only or self.dtype == "bfp16":   # host-packed tiles, padded to the grid
+            b_lowered = nb1 * gn * kt * self._b_tile_bytes(tk, tn)
+        else:
+            b_lowered = self.k * self.n * eb
+        lowered_read = nb_batch * (m_total * self.k * ea * nb1 + b_lowered * mb1)
         # one M tile per core: every B tile is used once on arrival (GEMV, decode, short
         # chunks), a single-pass stream at the weight-stream rate (cost-v3)
         streamed = b_read if ceil_div(m_total, tm) <= gm else 0
@@ -277,7 +318,9 @@ class GemmDesign(Design):
         onchip += 2 * partial_back
         # compute: tiles per core, each a K loop at the calibrated sustained MAC rate
         cores = gm * gn
-        tiles_per_core = nb_batch * ceil_div(ceil_div(m_total, tm), gm) * ceil_div(ceil_div(self.n, tn), gn)
+        m_steps = ceil_div(ceil_div(m_total, tm), gm * p) * p if resident else \
+            ceil_div(ceil_div(m_total, tm), gm)          # held B: whole (zero-padded) sub-blocks
+        tiles_per_core = nb_batch * m_steps * ceil_div(ceil_div(self.n, tn), gn)
         cdt = self.compute_dtype
         rate = gen.macs_per_core_cycle.value[cdt] * compute_efficiency(gen, cdt)
         tile_cycles = tm * tn * kp / rate + gen.kernel_call_cycles.value
@@ -324,15 +367,22 @@ class GemmDesign(Design):
                 else DmaTransfer("B panel", (nb, self.k, n2), (n2, self.n, 1)),
                 DmaTransfer("C block", (m2, n2), (self.n, 1))),
             notes={"l2_block": (m2, kc, n2), "grid": (gm, gn), "l2_factors": (p, q),
-                   "partial_sums_in_memtile": partial, "onchip_bytes": int(onchip),
-                   "memtile_out_bytes": int(memtile_out),
+                   "partial_sums_in_memtile": partial, "b_panel_resident": resident,
+                   "onchip_bytes": int(onchip), "memtile_out_bytes": int(memtile_out),
                    "fill_s": fill, "shim_task_batches": ceil_div(tasks, depth),
-                   "stream_bytes": int(streamed), "weight_read_bytes": int(b_read),
+                   "stream_bytes": int(streamed), "lowered_read_bytes": int(lowered_read), "weight_read_bytes": int(b_read),
                    "memtile_locks": 2 * (4 + gm + 1) + (4 if partial else 0),
                    "core_dma": (2, 1), "memtile_dma": (2 + gm, 3), "shim_dma": (2, 1),
                    "steady_state_s": max(t_dram, t_sync, t_chip, t_comp)},
         )
         return (score, cores, plan)
+
+
+def a_columns(gm: int, cols: int) -> int:
+    """Mem tiles that hold the A panel: each core takes its A tiles on one channel from one mem
+    tile, so the gm m-slices are split evenly over the largest divisor of gm <= cols columns
+    (the lowering's placement, kernels/lower/gemm.py; the capacity check uses the same rule)."""
+    return max(x for x in range(1, gm + 1) if gm % x == 0 and x <= cols)
 
 
 def _cands(options: Sequence[int], native: int, dim: int) -> list[int]:

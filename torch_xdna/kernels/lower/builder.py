@@ -92,8 +92,9 @@ class Builder:
                 self._next_ch[key] += 1
         return f
 
-    def link(self, srcs, dsts, src_offsets=(), dst_offsets=()) -> None:
-        self.links.append(ir.FifoLink(tuple(srcs), tuple(dsts), tuple(src_offsets), tuple(dst_offsets)))
+    def link(self, srcs, dsts, src_offsets=(), dst_offsets=(), emits: int = 1) -> None:
+        self.links.append(ir.FifoLink(tuple(srcs), tuple(dsts), tuple(src_offsets), tuple(dst_offsets),
+                                      emits))
 
     def buffer(self, name: str, tile: ir.Tile, type_: ir.TensorType, rtp: bool = False) -> str:
         self.buffers.append(ir.Buffer(name, tile, type_, "L2" if tile.kind == "mem" else "L1", rtp))

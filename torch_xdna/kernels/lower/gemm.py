@@ -9,9 +9,13 @@ sits as core (col c, row r) = m-slice r // per_col, n-slice c * per_col + r % pe
       column; weight-only W (with its scales) and bfp16 B arrive as host-packed tiles
       (pack_weight_tiles / pack_bfp16_tiles), one contiguous tile per core and K step
   C   per core: tm x tn -> mem tile join -> shim
+  With the plan's B panel held (`b_panel_resident`, p M sub-blocks): the column's whole
+      K panel is one mem-tile element, re-streamed p times to the cores by a link with
+      emits = p x K/tk (a stride-0 repeat dim in the split's pattern); A and C per sub-block.
 Each core: forever { tiles_per_core x { zero acc; K/tk x { matmul(A, B, acc) }; store(acc, C) } }.
-A round of the runtime sequence is one output block (every active core's next tile): its C
-drains are queued first, then the A, B (and S) feeds. Edge tiles (M, N, K not multiples of the
+A round of the runtime sequence is one output block (p sub-blocks of every active core's
+tiles): its B feeds are queued first (held for the round), then per sub-block its C drains
+and A feeds. Edge tiles (M, N, K not multiples of the
 tile) are zero-padded in the stream and dropped on the way out (DmaTask.pad_after).
 Bias and residual become an epilogue stage (kernels/lower/vector.py) after the GEMM stage.
 """
@@ -22,12 +26,9 @@ import torch
 from torch_xdna.array import ir
 from torch_xdna.hw import Generation
 from torch_xdna.kernels.base import ceil_div
+from torch_xdna.kernels.gemm import a_columns
 from torch_xdna.kernels.lower.builder import Builder, LoweringError, acq, call, elem, flat, \
     forever, loop, rel, spread, tt
-
-
-def _divisor_at_most(n: int, cap: int) -> int:
-    return max(d for d in range(1, n + 1) if n % d == 0 and d <= cap)
 
 
 def gemm_program(d, gen: Generation, name: str | None = None, args=("A", "B", "C"),
@@ -46,11 +47,14 @@ def gemm_program(d, gen: Generation, name: str | None = None, args=("A", "B", "C
     K, N = d.k, d.n
     kt = ceil_div(K, tk)
     mt, nt = ceil_div(m_total, tm), ceil_div(N, tn)
-    mblocks, nblocks = ceil_div(mt, gm), ceil_div(nt, gn)
+    # B held in the mem tile for the plan's p M sub-blocks (plan note b_panel_resident): each
+    # round is an M2 = p x gm x tm block, its B panel streamed once and re-streamed p times
+    pl = plan.notes["l2_factors"][0] if plan.notes.get("b_panel_resident") else 1
+    mblocks, nblocks = ceil_div(mt, gm * pl), ceil_div(nt, gn)
     act = store_act if store_act is not None else d.epilogue
     b = Builder(name or f"{d.name}_{d.batch}x{d.m}x{d.k}x{d.n}", gen)
     b.notes.update({"design": d.name, "tile": plan.tile, "grid": (gm, gn), "columns": cols,
-                    "l2_factors_lowered": (1, 1), "plan_l2_factors": plan.notes["l2_factors"]})
+                    "l2_factors_lowered": (pl, 1), "plan_l2_factors": plan.notes["l2_factors"]})
 
     a_dt = "i8" if cdt == "int8" else "bf16"
     acc_dt = "i32" if cdt == "int8" else "f32"
@@ -92,7 +96,7 @@ def gemm_program(d, gen: Generation, name: str | None = None, args=("A", "B", "C
         for i in range(gm):
             for jj in range(pcs[c]):
                 cores[(i, c, jj)] = b.core(c, i * per_col + jj)
-    a_cols = _divisor_at_most(gm, cols)
+    a_cols = a_columns(gm, cols)
     spc = gm // a_cols
 
     # -- kernels -----------------------------------------------------------------------------
@@ -125,17 +129,22 @@ def gemm_program(d, gen: Generation, name: str | None = None, args=("A", "B", "C
         pc = pcs[c]
         if not pc:
             continue
+        hk = kt if pl > 1 else 1                  # K steps held in the mem tile
         if packed:
-            b.fifo(f"B{c}", b.shim(c), b.mem(c), 2, tt((pc * tile_b,), "u8"))
+            b.fifo(f"B{c}", b.shim(c), b.mem(c), 2, tt((hk * pc * tile_b,), "u8"))
         else:
-            b.fifo(f"B{c}", b.shim(c), b.mem(c), 2, tt((tk, pc * tn), b_dt))
+            b.fifo(f"B{c}", b.shim(c), b.mem(c), 2, tt((hk * tk, pc * tn), b_dt))
         outs = []
         for jj in range(pc):
             outs.append(f"B{c}_{jj}")
-            dims = () if packed or pc == 1 else ((tk, pc * tn), (tn, 1))
+            if pl > 1:                            # walk the held panel pl times (stride-0 dim)
+                dims = ((pl, 0), (kt, pc * tile_b), (tile_b, 1)) if packed else \
+                    ((pl, 0), (kt * tk, pc * tn), (tn, 1))
+            else:
+                dims = () if packed or pc == 1 else ((tk, pc * tn), (tn, 1))
             b.fifo(outs[-1], b.mem(c), [cores[(i, c, jj)] for i in range(gm)], 2, b_t, dims=dims)
         offs = tuple(jj * (tile_b if packed else tn) for jj in range(pc))
-        b.link([f"B{c}"], outs, (), offs if pc > 1 else ())
+        b.link([f"B{c}"], outs, (), offs if pc > 1 else (), emits=pl * kt if pl > 1 else 1)
     for c in range(cols):
         if not pcs[c]:
             continue
@@ -149,7 +158,7 @@ def gemm_program(d, gen: Generation, name: str | None = None, args=("A", "B", "C
         b.link(ins, [f"C{c}"], tuple(offs) if len(ins) > 1 else (), ())
 
     # -- core programs -------------------------------------------------------------------------
-    tiles_per_core = nb_batch * mblocks * nblocks
+    tiles_per_core = nb_batch * mblocks * pl * nblocks
     for (i, c, jj), tile in sorted(cores.items()):
         af = f"A{i // spc}_{i % spc}"
         bf, cf = f"B{c}_{jj}", f"C{c}_{i}_{jj}"
@@ -172,17 +181,7 @@ def gemm_program(d, gen: Generation, name: str | None = None, args=("A", "B", "C
     for bb in range(nb_batch):
         for bm in range(mblocks):
             for bn in range(nblocks):
-                m0 = bm * gm * tm
-                for c in range(cols):                     # drains first
-                    if pcs[c]:
-                        _c_tasks(b, f"C{c}", c_name, bb * m_total * N, m0, (bn * gn + c * per_col) * tn,
-                                 gm, pcs[c], tm, tn, m_total, N)
-                for ac in range(a_cols):
-                    r0 = m0 + ac * spc * tm
-                    mv = max(0, min(spc * tm, m_total - r0))
-                    base = bb * m_total * K + min(r0, m_total) * K
-                    _k_tasks(b, f"A{ac}", a_name, base, kt, tk, k_last, mv, spc * tm, K)
-                for c in range(cols):
+                for c in range(cols):                     # B first: held for the pl sub-blocks
                     if not pcs[c]:
                         continue
                     n0 = (bn * gn + c * per_col) * tn
@@ -194,6 +193,17 @@ def gemm_program(d, gen: Generation, name: str | None = None, args=("A", "B", "C
                     else:
                         base = bb * K * N + min(n0, N)
                         _b_rowmajor(b, f"B{c}", b_name, base, kt, tk, k_last, nv, pcs[c] * tn, N)
+                for sb in range(pl):
+                    m0 = (bm * pl + sb) * gm * tm
+                    for c in range(cols):                 # then per sub-block: drains, A feeds
+                        if pcs[c]:
+                            _c_tasks(b, f"C{c}", c_name, bb * m_total * N, m0,
+                                     (bn * gn + c * per_col) * tn, gm, pcs[c], tm, tn, m_total, N)
+                    for ac in range(a_cols):
+                        r0 = m0 + ac * spc * tm
+                        mv = max(0, min(spc * tm, m_total - r0))
+                        base = bb * m_total * K + min(r0, m_total) * K
+                        _k_tasks(b, f"A{ac}", a_name, base, kt, tk, k_last, mv, spc * tm, K)
                 b.end_round()
     return b.build()
 

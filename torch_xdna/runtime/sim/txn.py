@@ -791,6 +791,8 @@ class _Link:
         self.tile = next((t for t in mem if t.kind == "mem"), mem[0])
         self.src_ci = [s.consumer_index(self.tile) for s in self.srcs]
         self.waiting = ""
+        self.held: list | None = None      # emits > 1: the destinations' streams of the held element
+        self.sent = 0
 
     def step(self) -> bool:
         progress = False
@@ -802,6 +804,10 @@ class _Link:
                 self.waiting = f"mem-tile link {self.ln.srcs}->{self.ln.dsts} waits for space"
                 return progress
             self.waiting = ""
+            if self.ln.emits > 1:
+                self._emit_next()
+                progress = True
+                continue
             ins = [s.queues[ci].popleft() for s, ci in zip(self.srcs, self.src_ci)]
             if len(self.srcs) == 1:
                 buf = self._layout(self.srcs[0], self.src_ci[0], ins[0])
@@ -817,6 +823,24 @@ class _Link:
                     scatter(buf, x, dims, s.f.elem.numel, s.f.elem.dtype, off)
                 d.push(gather(buf, d.f.dims_to_stream, d.f.elem.numel, d.f.elem.dtype).clone())
             progress = True
+
+    def _emit_next(self) -> None:
+        """A re-streaming split/forward: the source element stays held (it keeps its buffer
+        slot) while each destination's pattern walks it as `emits` elements, one per step."""
+        s, ci = self.srcs[0], self.src_ci[0]
+        if self.held is None:
+            buf = self._layout(s, ci, s.queues[ci][0])
+            offs = self.ln.dst_offsets or self.ln.src_offsets or (0,) * len(self.dsts)
+            self.held = [gather(buf, d.f.dims_to_stream, d.f.elem.numel * self.ln.emits,
+                                d.f.elem.dtype, off) for d, off in zip(self.dsts, offs)]
+            self.sent = 0
+        for d, whole in zip(self.dsts, self.held):
+            n = d.nbytes
+            d.push(whole[self.sent * n:(self.sent + 1) * n].clone())
+        self.sent += 1
+        if self.sent == self.ln.emits:
+            s.queues[ci].popleft()
+            self.held = None
 
     @staticmethod
     def _layout(s: _FifoState, ci: int, stream: torch.Tensor) -> torch.Tensor:
