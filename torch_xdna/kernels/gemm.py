@@ -264,9 +264,12 @@ class GemmDesign(Design):
             (nb_batch * m_total * self.n * out_b if self.residual else 0)
         c_write = nb_batch * m_total * self.n * out_b
         read = a_read + b_read + extra
-        # one M tile per core: every B tile is used once on arrival (GEMV, decode, short
-        # chunks), a single-pass stream at the weight-stream rate (cost-v3)
-        streamed = b_read if ceil_div(m_total, tm) <= gm else 0
+        # every M row in one L2 block (mb == 1): each B byte leaves DRAM once and is consumed
+        # by the block's M tiles (GEMV, decode, batched decode, short chunks), a single-pass
+        # stream at the weight-stream rate (cost-v3). Keyed on the block, not on one M tile per
+        # core: otherwise 8 decode rows split into 2 M tiles of 4 would escape the stream rate
+        # and model cheaper than 4 rows.
+        streamed = b_read if mb == 1 else 0
         # on-chip: tiles delivered to cores (broadcasts count once) + partial-sum round trips
         k_chunks = ceil_div(kp, kc)
         onchip = nb_batch * mb * nb * (m2 * kp * ea * q + kp * n2 * eb * p)
