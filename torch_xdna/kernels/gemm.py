@@ -291,6 +291,8 @@ class GemmDesign(Design):
         mb, nb = ceil_div(m_total, m2), ceil_div(self.n, n2)
         a_read = nb_batch * m_total * self.k * ea * nb
         b_read = nb_batch * self.k * self.n * (eb + es) * mb
+        if self.weight_only or self.dtype == "bfp16":   # host-packed tiles: read padded to the grid
+            b_read = nb_batch * ceil_div(self.n, gn * tn) * gn * kt * self._b_tile_bytes(tk, tn) * mb
         extra = (self.n * out_b * mb if self.bias else 0) + \
             (nb_batch * m_total * self.n * out_b if self.residual else 0)
         c_write = nb_batch * m_total * self.n * out_b
@@ -305,9 +307,12 @@ class GemmDesign(Design):
         else:
             b_lowered = self.k * self.n * eb
         lowered_read = nb_batch * (m_total * self.k * ea * nb1 + b_lowered * mb1)
-        # one M tile per core: every B tile is used once on arrival (GEMV, decode, short
-        # chunks), a single-pass stream at the weight-stream rate (cost-v3)
-        streamed = b_read if ceil_div(m_total, tm) <= gm else 0
+        # every M row in one L2 block (mb == 1): each B byte leaves DRAM once and is consumed
+        # by the block's M tiles (GEMV, decode, batched decode, short chunks), a single-pass
+        # stream at the weight-stream rate (cost-v3). Keyed on the block, not on one M tile per
+        # core: otherwise 8 decode rows split into 2 M tiles of 4 would escape the stream rate
+        # and model cheaper than 4 rows.
+        streamed = b_read if mb == 1 else 0
         # on-chip: tiles delivered to cores (broadcasts count once) + partial-sum round trips
         k_chunks = ceil_div(kp, kc)
         onchip = nb_batch * mb * nb * (m2 * kp * ea * q + kp * n2 * eb * p)

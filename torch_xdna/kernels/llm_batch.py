@@ -69,7 +69,7 @@ class BatchedLayerDesign(Design):
     def _plan_at(self, gen: Generation, extents: tuple) -> Plan:
         a = self.layer.attention
         scaled = self._scaled(self.rows)
-        base = scaled._combine(scaled.attention._plan_at(gen, max(extents)), scaled.mlp.plan(gen))
+        base = scaled._combine(scaled.attention._plan_at(gen, max(extents), sequences=self.rows), scaled.mlp.plan(gen))
         per_key = 2 * a.kv_heads * a.head_dim * a.cache_bytes
         keys = [e if a.window is None else min(e, a.window + KV_TILE) for e in extents]
         extra = per_key * (sum(keys) - max(keys))

@@ -501,15 +501,21 @@ class AttentionBlockDesign(Design):
             plan = cache[(gen.name, kv)] = self._plan_at(gen, kv)
         return plan
 
-    def _plan_at(self, gen: Generation, kv_len: int) -> Plan:
+    def _plan_at(self, gen: Generation, kv_len: int, sequences: int = 1) -> Plan:
+        """sequences > 1: the rows are that many independent decode sequences (batched decode,
+        kernels/llm_batch.py), one query each over its own cache with the batch-1 split-KV
+        factor, not `rows` causal queries of one sequence (which would run 1/`rows` of the work
+        items with no split-KV and a visit of every key per query tile)."""
         name = f"{self.name} rows={self.rows} kv={kv_len}"
         m, h, d = self.rows, self.hidden, self.head_dim
         qkv_n = (self.heads + 2 * self.kv_heads) * d
-        keys = kv_len if self.window is None else min(kv_len, round_up(self.window + m, KV_TILE))
+        q = m // sequences
+        keys = kv_len if self.window is None else min(kv_len, round_up(self.window + q, KV_TILE))
+        splits = self.splits if sequences == 1 else decode_splits(self.kv_heads, q)
         # flash attention: its plan charges every KV tile pass (per-tile cost of the cost model)
-        attn = AttentionDesign(1, self.heads, self.kv_heads, m, keys, d, causal=True,
+        attn = AttentionDesign(sequences, self.heads, self.kv_heads, q, keys, d, causal=True,
                                window=self.window or 0, softcap=self.softcap or 0.0,
-                               scale=self.scale, kv_tile=self.tkv, splits=self.splits).plan(gen)
+                               scale=self.scale, kv_tile=self.tkv, splits=splits).plan(gen)
         fixed = self.__dict__.setdefault("_fixed_stages", {})   # the KV-independent stages
         if gen.name not in fixed:
             fixed[gen.name] = (
