@@ -226,7 +226,7 @@ def _mask_scores(s: torch.Tensor, qpos: torch.Tensor, k0: int, lo: int, hi: int,
 def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float,
                     tkv: int, splits: int = 1, causal: bool = True, q_offset: int = 0,
                     k_offset: int = 0, window: int | None = None, softcap: float | None = None,
-                    exact: bool = False) -> torch.Tensor:
+                    exact: bool = False, valid: int | None = None) -> torch.Tensor:
     """The flash kernel's result: q [Hkv, R, D] (the R query rows of each KV head's group, at
     absolute position q_offset, or per row when q_offset is an [R] tensor),
     k / v [Hkv, S, D] holding keys at absolute positions k_offset..k_offset+S-1 -> fp32 [Hkv, R, D].
@@ -239,17 +239,27 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale:
     in closed form (each tile's partial scaled once by e^(m_tile - m_final), m_tile the running
     max after that tile): the same values as the loop up to fp32 summation order
     (flash_attention_loop is the literal loop; tests check they agree). exact=True: no bf16
-    rounding (fp32 verification mode)."""
+    rounding (fp32 verification mode).
+    valid: k / v already are the fp32, zero-padded tiles (k_offset a multiple of tkv, k.shape[1]
+    == round_up(valid, tkv), keys past `valid` zero) holding `valid` keys: sim speed, the
+    attention block's fp32 KV mirror (the same values the conversion and padding below make)."""
     rnd = (lambda t: t.float()) if exact else numerics.operand
     hkv, r, d = q.shape
-    s_len = k.shape[1]
+    s_len = k.shape[1] if valid is None else valid
     qpos = q_offset if isinstance(q_offset, torch.Tensor) else torch.full((r,), q_offset)
     # zero-pad K/V so tiles sit at absolute multiples of tkv (padded keys are masked)
     lead = k_offset % tkv
     total = round_up(lead + s_len, tkv)
     n_tiles = total // tkv
-    kf, vf = k.float(), v.float()
-    if total != s_len:
+    if valid is not None:
+        if lead or k.shape[1] != total or k.dtype != torch.float32 or v.shape != k.shape:
+            raise ValueError(f"flash_attention: valid={valid} needs fp32 K/V of {total} keys at "
+                             f"a tile-aligned k_offset, got {tuple(k.shape)} {k.dtype} at "
+                             f"k_offset {k_offset}")
+        kf, vf = k, v
+    else:
+        kf, vf = k.float(), v.float()
+    if valid is None and total != s_len:
         kf = torch.nn.functional.pad(kf, (0, 0, lead, total - lead - s_len))
         vf = torch.nn.functional.pad(vf, (0, 0, lead, total - lead - s_len))
     s = torch.matmul(rnd(q), kf.transpose(-1, -2)).mul_(scale)      # [Hkv, R, T*tkv]

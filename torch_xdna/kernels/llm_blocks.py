@@ -141,9 +141,75 @@ class _OperandCache:
     def clear(self) -> None:
         self.entries.clear()
         self.bytes = 0
+        KV_MIRROR.clear()
 
 
 OPERANDS = _OperandCache()
+
+
+class _KvMirror:
+    """Simulator speed only: an fp32 copy of each bf16 KV cache region, zero past the written
+    rows, so attention reads fp32 tiles directly instead of converting and padding the whole
+    visible cache on every token (bf16 -> fp32 is exact: the same values). Each call appends the
+    rows the block just wrote. An entry is trusted only while its cache's version counter is the
+    one it recorded after its own last write and it covers every row before `pos`; anything else
+    (another writer, a cache restored or copied) rebuilds it from the cache. Entries keep their
+    cache alive (the address cannot be reused) and are cleared with OPERANDS (Decoder.close).
+    Bounded, with the operand copies, by TORCH_XDNA_SIM_WEIGHT_CACHE_MB; `enabled` False turns
+    it off (tests compare both paths)."""
+
+    enabled = True
+    MIN_ROWS = 256                      # first allocation; grows by doubling up to the capacity
+
+    def __init__(self) -> None:
+        self.entries: dict[tuple, list] = {}
+        self.bytes = 0
+
+    def rows(self, cache: torch.Tensor, pre_version: int, pos: int, end: int, start: int,
+             tkv: int) -> torch.Tensor | None:
+        """fp32 keys start..round_up(end, tkv) of `cache` [H, C, D] (bf16) after the caller wrote
+        rows pos..end-1 (its version counter was `pre_version` before that write); None when
+        the mirror is off or over budget (the caller converts as before)."""
+        if not self.enabled or start % tkv:
+            return None
+        try:
+            key = (cache.data_ptr(), tuple(cache.shape), cache.stride(), tkv)
+            version = cache._version
+        except RuntimeError:           # an inference tensor has no version counter
+            return None
+        need = round_up(end, tkv)
+        e = self.entries.get(key)
+        if e is not None and (e[2] != pre_version or e[3] < pos):
+            e[3] = 0                    # stale: rebuild from the cache
+            e[1].zero_()
+        if e is None or e[1].shape[1] < need:
+            h, c, d = cache.shape
+            size = min(round_up(c, tkv), max(self.MIN_ROWS, need,
+                                             2 * (e[1].shape[1] if e is not None else 0)))
+            old = 0 if e is None else e[1].numel() * 4
+            if self.bytes - old + h * size * d * 4 > OPERANDS.budget() - OPERANDS.bytes:
+                return None
+            m = torch.zeros(h, size, d)
+            if e is not None:
+                m[:, :e[3]] = e[1][:, :e[3]]
+                e[1] = m
+            else:
+                e = self.entries[key] = [cache, m, version, 0]
+            self.bytes += m.numel() * 4 - old
+        m, have = e[1], e[3]
+        lo = min(pos, have)
+        if have > end:                  # rows past the new end (a reset): back to zero
+            m[:, end:have].zero_()
+        m[:, lo:end].copy_(cache[:, lo:end])
+        e[2], e[3] = version, end
+        return m[:, start:need]
+
+    def clear(self) -> None:
+        self.entries.clear()
+        self.bytes = 0
+
+
+KV_MIRROR = _KvMirror()
 
 
 # -- shared numerics ---------------------------------------------------------------------------
@@ -247,7 +313,8 @@ def _qk_norm_weight(qn: torch.Tensor, kn: torch.Tensor, hq: int, hkv: int,
 
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float, q_offset: int,
            window: int | None, softcap: float | None, exact: bool, rounded: bool = False,
-           k_offset: int = 0, tkv: int = 16, splits: int = 1) -> torch.Tensor:
+           k_offset: int = 0, tkv: int = 16, splits: int = 1,
+           valid: int | None = None) -> torch.Tensor:
     """Causal GQA flash attention of q [Hq, n, D] (query 0 at absolute position q_offset) over
     cached k/v [Hkv, S, D] (key 0 at absolute position k_offset) -> fp32 [Hq, n, D].
 
@@ -256,7 +323,8 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float, q
     reduction when splits > 1) for caches that hold operand-rounded values, which the attention
     block guarantees by storing operand(k), operand(v). q heads are grouped per KV head (no
     repeat_interleave copies of the cache). exact=True: no rounding at all (fp32 verification
-    mode). rounded=True: q already is an operand."""
+    mode). rounded=True: q already is an operand. valid: k / v are fp32 tiles holding `valid`
+    keys (flash_attention's `valid`; the block's KV mirror)."""
     hq, n, d = q.shape
     hkv = k.shape[0]
     g = hq // hkv
@@ -264,7 +332,7 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float, q
     qpos = (torch.arange(n) + q_offset).repeat(g)
     out = flash_attention(qg, k, v, scale=scale, tkv=tkv, splits=splits, causal=True,
                           q_offset=qpos, k_offset=k_offset, window=window, softcap=softcap,
-                          exact=exact)
+                          exact=exact, valid=valid)
     return out.view(hq, n, d)
 
 
@@ -466,6 +534,7 @@ class AttentionBlockDesign(Design):
         tkv = self.tkv
         # keys the first row can see, from the tile holding the oldest one (tiles are aligned)
         start = max(0, pos - self.window + 1) // tkv * tkv if self.window is not None else 0
+        valid = None
         if self.kv_dtype == "int8":
             ks, vs = outputs[3], outputs[4]
             for cache, scales, rows in ((kc, ks, k_new), (vc, vs, v_new)):
@@ -475,12 +544,19 @@ class AttentionBlockDesign(Design):
             keys = rnd(dequantize_kv(kc.narrow(1, start, end - start), ks.narrow(1, start, end - start)))
             vals = rnd(dequantize_kv(vc.narrow(1, start, end - start), vs.narrow(1, start, end - start)))
         else:
+            kver, vver = kc._version, vc._version
             kc.narrow(1, pos, n).copy_(k_new)
             vc.narrow(1, pos, n).copy_(v_new)
             keys, vals = kc.narrow(1, start, end - start), vc.narrow(1, start, end - start)
+            if kc.dtype == torch.bfloat16:          # fp32 tiles from the mirror (same values)
+                km = KV_MIRROR.rows(kc, kver, pos, end, start, tkv)
+                vm = KV_MIRROR.rows(vc, vver, pos, end, start, tkv) if km is not None else None
+                if vm is not None:
+                    keys, vals, valid = km, vm, end - start
         a = attend(qk.narrow(1, 0, hq).transpose(0, 1), keys, vals,
                    scale=self.scale, q_offset=pos, k_offset=start, window=self.window,
-                   softcap=self.softcap, exact=exact, rounded=True, tkv=tkv, splits=self.splits)
+                   softcap=self.softcap, exact=exact, rounded=True, tkv=tkv, splits=self.splits,
+                   valid=valid)
         a = a.transpose(0, 1).reshape(n, hq * d)
         o = _matmul(a, wo, self.precision, self.group, rnd)
         if self.post_norm:

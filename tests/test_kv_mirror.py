@@ -1,0 +1,85 @@
+"""The attention block's fp32 KV mirror (kernels/llm_blocks.py KV_MIRROR) is sim speed only: decode
+logits are torch.equal with and without it on the test models (tests/llm_fixtures.py; gemma3's
+sliding window exercises a window start past 0), across a reset and a cache written behind its
+back, and greedy tokens still equal transformers'."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from torch_xdna.kernels import llm_blocks
+
+PROMPT = [5, 17, 33, 101, 7, 250, 64, 12, 99, 3, 42, 77]
+
+
+@pytest.fixture(scope="module", params=("qwen3", "llama", "gemma3"))
+def tiny_model(request, tmp_path_factory):
+    from llm_fixtures import build_model
+    path = tmp_path_factory.mktemp(request.param)
+    model = build_model(request.param, path)
+    return request.param, path, model
+
+
+def _logits(path, mirror: bool, monkeypatch) -> tuple[list[int], list[torch.Tensor]]:
+    from torch_xdna.engine.generate import load_decoder
+    monkeypatch.setattr(llm_blocks.KV_MIRROR, "enabled", mirror)
+    eng = load_decoder(path, "bf16", max_context=96, prefill_chunk=8, quiet=True, cache_dir=False)
+    try:
+        dec = eng.decoder
+        out, toks = [], []
+        for _ in range(2):                      # the second pass runs after a reset
+            dec.reset()
+            lg = dec.forward(PROMPT)
+            out.append(lg)
+            toks = [int(lg.argmax())]
+            for _ in range(20):                 # positions 12..31: past a 16-key tile
+                lg = dec.forward([toks[-1]])
+                out.append(lg)
+                toks.append(int(lg.argmax()))
+        # a cache written behind the mirror's back (another writer): rebuilt, not trusted
+        k0 = dec.cache.k[0]
+        dec.dev.write(k0.buffer, dec.dev.download(k0))
+        out.append(dec.forward([toks[-1]]))
+        assert bool(llm_blocks.KV_MIRROR.entries) == mirror     # the mirror path was taken
+    finally:
+        eng.close()
+    return toks, out
+
+
+def test_decode_logits_equal_with_and_without_mirror(tiny_model, monkeypatch):
+    fam, path, model = tiny_model
+    toks0, base = _logits(path, False, monkeypatch)
+    toks1, got = _logits(path, True, monkeypatch)
+    assert toks1 == toks0, fam
+    assert len(got) == len(base)
+    for i, (a, b) in enumerate(zip(got, base)):
+        assert torch.equal(a, b), f"{fam}: logits differ at step {i}"
+    from llm_fixtures import hf_greedy
+    hf = hf_greedy(model, PROMPT, 8)
+    assert toks1[:8] == hf, fam
+
+
+def test_mirror_follows_the_cache():
+    m = llm_blocks._KvMirror()
+    cache = torch.zeros(2, 40, 4, dtype=torch.bfloat16)
+    ver = cache._version
+    cache[:, :5] = torch.randn(2, 5, 4).bfloat16()
+    r = m.rows(cache, ver, 0, 5, 0, 16)
+    assert r.shape == (2, 16, 4) and torch.equal(r[:, :5], cache[:, :5].float())
+    assert not r[:, 5:].any()
+    ver = cache._version
+    cache[:, 5:7] = 1.5
+    r = m.rows(cache, ver, 5, 7, 0, 16)
+    assert torch.equal(r[:, :7], cache[:, :7].float()) and not r[:, 7:].any()
+    cache[:, 0] = -2.0                               # written by someone else: rebuilt
+    ver = cache._version
+    r = m.rows(cache, ver, 7, 7, 0, 16)
+    assert torch.equal(r[:, :7], cache[:, :7].float())
+    ver = cache._version                             # a reset to position 2: rows past it zeroed
+    cache[:, 2] = 3.0
+    r = m.rows(cache, ver, 2, 3, 0, 16)
+    assert torch.equal(r[:, :3], cache[:, :3].float()) and not r[:, 3:].any()
+    ver = cache._version                             # grows up to the capacity (rounded to tkv)
+    cache[:, 3:35] = 0.25
+    r = m.rows(cache, ver, 3, 35, 16, 16)
+    assert r.shape == (2, 32, 4) and torch.equal(r[:, :19], cache[:, 16:35].float())
