@@ -214,7 +214,9 @@ KV_MIRROR = _KvMirror()
 
 # -- shared numerics ---------------------------------------------------------------------------
 def _rnd(exact: bool):
-    return (lambda t: t.float()) if exact else numerics.operand
+    """The blocks' operand rounding: numerics.operand (host_gemv.operand computes it in one
+    pass, bit-equal); exact mode: none."""
+    return (lambda t: t.float()) if exact else host_gemv.operand
 
 
 def _inference(reference):
@@ -277,7 +279,7 @@ def _matmul(x: torch.Tensor, tensors: Sequence[torch.Tensor], precision: str, gr
     operands, fp32 accumulation, fp32 result). Host speed only: a few rows against a large
     bf16/int8/int4 weight (decode) take host_gemv, which reads the 2-byte weight instead of its
     fp32 operand copy (the same products; fp32 sums associated in another fixed order)."""
-    if (precision in ("bf16", "int8", "int4") and rnd is numerics.operand
+    if (precision in ("bf16", "int8", "int4") and rnd is host_gemv.operand
             and host_gemv.use_for(x.shape[0], tensors[0])):
         return host_gemv.bf16_linear(rnd(x), OPERANDS.bf16(tensors, precision, group))
     return _linear(x, OPERANDS.get(tensors, precision, group), rnd, precision)

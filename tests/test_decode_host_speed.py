@@ -1,5 +1,6 @@
-"""The attention block's fp32 KV mirror (kernels/llm_blocks.py KV_MIRROR) is sim speed only: decode
-logits are torch.equal with and without it on the test models (tests/llm_fixtures.py; gemma3's
+"""Decode host-speed paths that must not change numerics: the attention block's fp32 KV mirror
+(kernels/llm_blocks.py KV_MIRROR) and the one-pass C operand rounding (host_gemv.operand). Decode
+logits are torch.equal with and without them on the test models (tests/llm_fixtures.py; gemma3's
 sliding window exercises a window start past 0), across a reset and a cache written behind its
 back, and greedy tokens still equal transformers'."""
 from __future__ import annotations
@@ -7,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from torch_xdna.kernels import llm_blocks
+from torch_xdna.kernels import host_gemv, llm_blocks, numerics
 
 PROMPT = [5, 17, 33, 101, 7, 250, 64, 12, 99, 3, 42, 77]
 
@@ -23,6 +24,7 @@ def tiny_model(request, tmp_path_factory):
 def _logits(path, mirror: bool, monkeypatch) -> tuple[list[int], list[torch.Tensor]]:
     from torch_xdna.engine.generate import load_decoder
     monkeypatch.setattr(llm_blocks.KV_MIRROR, "enabled", mirror)
+    monkeypatch.setattr(host_gemv, "FAST_OPERAND", mirror)
     eng = load_decoder(path, "bf16", max_context=96, prefill_chunk=8, quiet=True, cache_dir=False)
     try:
         dec = eng.decoder
@@ -83,3 +85,19 @@ def test_mirror_follows_the_cache():
     cache[:, 3:35] = 0.25
     r = m.rows(cache, ver, 3, 35, 16, 16)
     assert r.shape == (2, 32, 4) and torch.equal(r[:, :19], cache[:, 16:35].float())
+
+
+@pytest.mark.skipif(not host_gemv.available(), reason="host kernel not built")
+def test_c_operand_bit_equal_to_numerics_operand():
+    g = torch.Generator().manual_seed(0)
+    bits = torch.randint(-2**31, 2**31 - 1, (1 << 20,), generator=g, dtype=torch.int64)
+    edge = torch.tensor([0.0, -0.0, 1e-40, -1e-40, 1.1754942e-38, -1.1754942e-38, 1.17549435e-38,
+                         float("inf"), -float("inf"), 3.4e38, -3.4e38, 3.3961e38, 1.00390625,
+                         1.005859375, 1.0029296875, -1.0029296875, float("nan")])
+    x = torch.cat([bits.to(torch.int32).view(torch.float32), edge])
+    a, r = host_gemv.operand(x), numerics.operand(x)
+    nan = torch.isnan(r)
+    assert torch.equal(torch.isnan(a), nan)
+    assert torch.equal(a[~nan].view(torch.int32), r[~nan].view(torch.int32))
+    y = torch.randn(4, 6)[:, :3]                        # not contiguous: numerics.operand
+    assert torch.equal(host_gemv.operand(y), numerics.operand(y))
