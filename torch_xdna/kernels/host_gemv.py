@@ -221,13 +221,15 @@ def operand(x: torch.Tensor) -> torch.Tensor:
     """numerics.operand(x) (RNE to bf16, subnormals flushed, held in fp32) of a contiguous fp32
     tensor in one C pass instead of 4 torch ops (sim speed: a decode layer rounds ~12 small
     activations). Bit-equal to numerics.operand (tests/test_host_gemv.py), NaN aside (a NaN
-    stays a NaN, payload not kept). Other tensors, or without the kernel: numerics.operand."""
+    stays a NaN, payload not kept). Other tensors, or before the kernel is built:
+    numerics.operand. The caller checks available() (TORCH_XDNA_HOST_KERNELS), once per block
+    rather than per call (an environment read costs as much as the rounding here)."""
     from torch_xdna.kernels import numerics
-    if (not FAST_OPERAND or x.dtype != torch.float32 or not x.is_contiguous()
-            or not available()):
+    op = _state.get("operand") if FAST_OPERAND else None
+    if op is None or x.dtype != torch.float32 or not x.is_contiguous():
         return numerics.operand(x)
     y = torch.empty_like(x)
-    _state["operand"](x.data_ptr(), y.data_ptr(), x.numel())
+    op(x.data_ptr(), y.data_ptr(), x.numel())
     return y
 
 

@@ -214,9 +214,11 @@ KV_MIRROR = _KvMirror()
 
 # -- shared numerics ---------------------------------------------------------------------------
 def _rnd(exact: bool):
-    """The blocks' operand rounding: numerics.operand (host_gemv.operand computes it in one
-    pass, bit-equal); exact mode: none."""
-    return (lambda t: t.float()) if exact else host_gemv.operand
+    """The blocks' operand rounding, chosen once per block call: numerics.operand, computed in
+    one pass by host_gemv.operand (bit-equal) when the host kernels are on; exact mode: none."""
+    if exact:
+        return lambda t: t.float()
+    return host_gemv.operand if host_gemv.available() else numerics.operand
 
 
 def _inference(reference):
