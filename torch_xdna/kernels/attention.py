@@ -207,8 +207,10 @@ def _mask_scores(s: torch.Tensor, qpos: torch.Tensor, k0: int, lo: int, hi: int,
     k0 + j; valid keys are lo..hi-1): padding, future keys (causal), keys older than the window.
     Only the column ranges where some row hides a key are touched."""
     ninf = float("-inf")
-    s[..., :lo] = ninf
-    s[..., hi:] = ninf
+    if lo > 0:                                          # (an empty fill is still an op)
+        s[..., :lo] = ninf
+    if hi < s.shape[-1]:
+        s[..., hi:] = ninf
     if causal:
         a = max(lo, int(qpos.min()) + 1 - k0)          # first key some row must not see
         if a < hi:
@@ -226,7 +228,8 @@ def _mask_scores(s: torch.Tensor, qpos: torch.Tensor, k0: int, lo: int, hi: int,
 def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float,
                     tkv: int, splits: int = 1, causal: bool = True, q_offset: int = 0,
                     k_offset: int = 0, window: int | None = None, softcap: float | None = None,
-                    exact: bool = False, valid: int | None = None) -> torch.Tensor:
+                    exact: bool = False, valid: int | None = None, q_rounded: bool = False,
+                    operand=None) -> torch.Tensor:
     """The flash kernel's result: q [Hkv, R, D] (the R query rows of each KV head's group, at
     absolute position q_offset, or per row when q_offset is an [R] tensor),
     k / v [Hkv, S, D] holding keys at absolute positions k_offset..k_offset+S-1 -> fp32 [Hkv, R, D].
@@ -242,8 +245,10 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale:
     rounding (fp32 verification mode).
     valid: k / v already are the fp32, zero-padded tiles (k_offset a multiple of tkv, k.shape[1]
     == round_up(valid, tkv), keys past `valid` zero) holding `valid` keys: sim speed, the
-    attention block's fp32 KV mirror (the same values the conversion and padding below make)."""
-    rnd = (lambda t: t.float()) if exact else numerics.operand
+    attention block's fp32 KV mirror (the same values the conversion and padding below make).
+    q_rounded: q already is an operand (rounding is idempotent: not redone). operand: a
+    function bit-equal to numerics.operand to round with (host_gemv.operand; sim speed)."""
+    rnd = (lambda t: t.float()) if exact else (operand or numerics.operand)
     hkv, r, d = q.shape
     s_len = k.shape[1] if valid is None else valid
     qpos = q_offset if isinstance(q_offset, torch.Tensor) else torch.full((r,), q_offset)
@@ -262,7 +267,8 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale:
     if valid is None and total != s_len:
         kf = torch.nn.functional.pad(kf, (0, 0, lead, total - lead - s_len))
         vf = torch.nn.functional.pad(vf, (0, 0, lead, total - lead - s_len))
-    s = torch.matmul(rnd(q), kf.transpose(-1, -2)).mul_(scale)      # [Hkv, R, T*tkv]
+    s = torch.matmul(q if q_rounded and not exact else rnd(q),
+                     kf.transpose(-1, -2)).mul_(scale)                  # [Hkv, R, T*tkv]
     if softcap is not None:
         s = torch.tanh(s.div_(softcap)).mul_(softcap)
     _mask_scores(s, qpos, k_offset - lead, lead, lead + s_len, causal, window)

@@ -333,10 +333,12 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float, q
     hkv = k.shape[0]
     g = hq // hkv
     qg = (q if rounded or exact else numerics.operand(q)).reshape(hkv, g * n, d)
-    qpos = (torch.arange(n) + q_offset).repeat(g)
+    # one query row per head (decode): every row sits at q_offset
+    qpos = q_offset if n == 1 else (torch.arange(n) + q_offset).repeat(g)
     out = flash_attention(qg, k, v, scale=scale, tkv=tkv, splits=splits, causal=True,
                           q_offset=qpos, k_offset=k_offset, window=window, softcap=softcap,
-                          exact=exact, valid=valid)
+                          exact=exact, valid=valid, q_rounded=True,
+                          operand=host_gemv.operand if host_gemv.available() else None)
     return out.view(hq, n, d)
 
 
