@@ -12,8 +12,9 @@ from torch_xdna.kernels import host_fused, numerics
 from torch_xdna.kernels.activations import apply_epilogue_
 from torch_xdna.kernels.encoder_blocks import linear_rows
 
-pytestmark = pytest.mark.skipif(not host_fused.available(),
-                                reason=f"host_fused kernel not built: {host_fused.unavailable_reason()}")
+pytestmark = pytest.mark.skipif(
+    not host_fused.available(),
+    reason=f"host_fused kernel not built: {host_fused.unavailable_reason()}")
 
 SPECIAL = [0.0, -0.0, 1e-40, -1e-40, 1e-45, -1e-45, 2.0 ** -126, -(2.0 ** -126), 1.1754942e-38,
            float("inf"), -float("inf"), float("nan"), 3.4e38, -3.4e38, 9.0, -9.0, 10.5, 1e-20,
@@ -35,7 +36,8 @@ def _values(rows: int, n: int, seed: int) -> torch.Tensor:
     bits = torch.randint(-2 ** 31, 2 ** 31 - 1, (rows, n), generator=g, dtype=torch.int32)
     x = torch.where(torch.rand(rows, n, generator=g) < 0.3, bits.view(torch.float32), x)
     tiny = torch.randint(-2 ** 23, 2 ** 23, (rows, n), generator=g, dtype=torch.int32)
-    x = torch.where(torch.rand(rows, n, generator=g) < 0.1, tiny.view(torch.float32), x)  # subnormals
+    # and subnormals
+    x = torch.where(torch.rand(rows, n, generator=g) < 0.1, tiny.view(torch.float32), x)
     flat = x.view(-1)
     flat[:len(SPECIAL)] = torch.tensor(SPECIAL)[:flat.numel()]
     return x
@@ -56,7 +58,8 @@ def test_every_bf16_input_through_gelu():
     acc = acc.float().view(256, 256)
     for bias in (0.0, 1e-39, -3.0):
         b = torch.full((256,), bias)
-        assert _same(host_fused.bias_act_operand(acc.clone(), b, "gelu"), _reference(acc, b, "gelu"))
+        got = host_fused.bias_act_operand(acc.clone(), b, "gelu")
+        assert _same(got, _reference(acc, b, "gelu"))
 
 
 def test_strided_rows_and_threads(monkeypatch):

@@ -31,7 +31,8 @@ import torch
 
 from torch_xdna.kernels import host_cc
 
-VML_MODE = 0x2 | 0x00140000 | 0x100    # VML_HA | VML_FTZDAZ_OFF | VML_ERRMODE_IGNORE (mkl_vml_defines.h)
+# VML_HA | VML_FTZDAZ_OFF | VML_ERRMODE_IGNORE (mkl_vml_defines.h), the mode ATen's vml.h passes
+VML_MODE = 0x2 | 0x00140000 | 0x100
 ACTS = ("none", "gelu")
 _SOURCE = r"""
 #include <stdint.h>
@@ -140,6 +141,9 @@ def bias_act_operand(acc: torch.Tensor, bias: torch.Tensor, act: str = "none") -
     if bias.shape != (n,):
         raise ValueError(f"bias_act_operand: bias [{n}] expected, got {tuple(bias.shape)}")
     out = acc if acc.is_contiguous() else torch.empty(rows, n)
+    if not available():
+        raise RuntimeError(f"host_fused kernel unavailable ({unavailable_reason()}); use the "
+                           "torch ops (encoder_blocks.linear_rows does)")
     fn, erf = _state["fn"], _state["erf"]
     c = 1.0 / math.sqrt(2.0)                      # as torch.mul casts the Python scalar: fp32
     a = 1 if act == "gelu" else 0
