@@ -18,7 +18,7 @@ from typing import Any, Sequence
 import torch
 
 from torch_xdna.hw import Generation
-from torch_xdna.kernels import host_gemm, numerics
+from torch_xdna.kernels import host_fused, host_gemm, numerics
 from torch_xdna.kernels.activations import apply_epilogue_
 from torch_xdna.kernels.attention import attention_reference
 from torch_xdna.kernels.base import Design
@@ -62,17 +62,24 @@ def _operand_w(t: torch.Tensor) -> torch.Tensor:
 
 def linear_rows(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, chunk: int = 0,
                 act: str = "none", residual: torch.Tensor | None = None,
-                rounded: bool = False) -> torch.Tensor:
+                rounded: bool = False, operand_out: bool = False) -> torch.Tensor:
     """act(x @ w + b) (+ residual) with the GEMM designs' numerics (bf16 operands, fp32
     accumulation). The array computes each output tile on its own, so a row's result never
     depends on the other rows of the batch: host_gemm.gemm_rows keeps that property (one host
     GEMM where this host's BLAS is row-invariant, see host_gemm.rows_invariant). `chunk` is
     accepted for callers of the older blocked form; rows are independent either way.
     Bias, epilogue and residual run in place on the fresh accumulator (the same ops in the same
-    order as apply_epilogue, so the same values). `rounded`: x already is a GEMM operand."""
+    order as apply_epilogue, so the same values). `rounded`: x already is a GEMM operand.
+    `operand_out`: return numerics.gemm_operand of the result (it only feeds GEMMs); bias,
+    epilogue and rounding then run as one host pass where host_fused can (the same bits)."""
     acc = host_gemm.gemm_rows(x if rounded else numerics.gemm_operand(x), _operand_w(w))
-    acc = apply_epilogue_(act, acc.add_(_operand_w(b)))
-    return acc.add_(residual.float()) if residual is not None else acc
+    bias = _operand_w(b)
+    if operand_out and residual is None and act in host_fused.ACTS and host_fused.available():
+        return host_fused.bias_act_operand(acc, bias, act)
+    acc = apply_epilogue_(act, acc.add_(bias))
+    if residual is not None:
+        acc.add_(residual.float())
+    return numerics.gemm_operand(acc) if operand_out else acc
 
 
 def prefix_lengths(mask: torch.Tensor) -> list[int] | None:
@@ -235,7 +242,7 @@ class EncoderAttentionDesign(_Fused):
         # Q, K, V rounded once (they only feed products) and laid out head-major in the same
         # copy, so each sequence's per-head [n, D] blocks are contiguous for the batched GEMMs
         qkv = torch.empty(3, nh, r, d)
-        qkv.copy_(numerics.gemm_operand_bf16(linear_rows(xr, w_qkv, b_qkv))
+        qkv.copy_(linear_rows(xr, w_qkv, b_qkv, operand_out=True)
                   .view(r, 3, nh, d).permute(1, 2, 0, 3))
         ctx = torch.empty(nh, r, d)
         off = 0
@@ -300,13 +307,14 @@ class EncoderFFNDesign(_Fused):
         if self.masked:
             lengths = prefix_lengths(inputs[7].view(self.rows // self.chunk, self.chunk))
         if lengths is None:
-            inter = linear_rows(x, w1, b1, act=self.act)
-            y = linear_rows(inter, w2, b2, residual=x)
+            inter = linear_rows(x, w1, b1, act=self.act, operand_out=True)
+            y = linear_rows(inter, w2, b2, residual=x, rounded=True)
             self._ln.reference([y, ln_w, ln_b], outputs)
             return
         rows = real_rows(lengths, self.chunk)
         xr = x.index_select(0, rows)
-        y = linear_rows(linear_rows(xr, w1, b1, act=self.act), w2, b2, residual=xr)
+        inter = linear_rows(xr, w1, b1, act=self.act, operand_out=True)
+        y = linear_rows(inter, w2, b2, residual=xr, rounded=True)
         ln = torch.empty_like(y)
         self._ln.reference([y, ln_w, ln_b], [ln])
         scatter_rows(outputs[0], rows, ln)

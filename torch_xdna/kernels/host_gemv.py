@@ -24,15 +24,13 @@ TORCH_XDNA_HOST_KERNELS=0 disables it.
 from __future__ import annotations
 
 import ctypes
-import os
-import shutil
-import subprocess
-import tempfile
 import threading
 import warnings
 from concurrent.futures import ThreadPoolExecutor
 
 import torch
+
+from torch_xdna.kernels import host_cc
 
 MAX_ROWS = 8                    # rows above this are compute bound: the fp32 BLAS GEMM wins
 MIN_WEIGHT = 1 << 20            # weights below this many elements: the fp32 path is as fast
@@ -119,26 +117,12 @@ _state: dict[str, object] = {}
 
 
 def _enabled() -> bool:
-    v = os.environ.get("TORCH_XDNA_HOST_KERNELS", "1").strip().lower()
-    return v not in ("0", "off", "false", "no")
+    return host_cc.enabled()
 
 
-def _compile() -> ctypes.CDLL:
-    """Compile the source into a private temp dir (0700) and load it; nothing is cached on disk,
-    so no library is ever loaded from a location another user could have written."""
-    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-    if not cc:
-        raise RuntimeError("no C compiler (cc/gcc) on PATH")
-    with tempfile.TemporaryDirectory(prefix="xdna-gemv-") as d:
-        src, lib = os.path.join(d, "gemv.c"), os.path.join(d, "gemv.so")
-        with open(src, "w") as f:
-            f.write(_SOURCE)
-        r = subprocess.run([cc, "-O3", "-mavx2", "-mfma", "-ffp-contract=off", "-shared", "-fPIC",
-                            "-o", lib, src], capture_output=True, text=True, timeout=300)
-        if r.returncode:
-            raise RuntimeError(f"{cc} failed: {r.stderr.strip().splitlines()[-1:]}")
-        so = ctypes.CDLL(lib)                  # mapped: the file may go with the directory
-    fn = so.xdna_bf16_linear
+def _compile():
+    """Compile and load the source (host_cc: private temp dir, nothing cached on disk)."""
+    fn = host_cc.compile_library(_SOURCE, "gemv").xdna_bf16_linear
     fn.restype = None
     fn.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 5 + [ctypes.c_void_p]
     op = so.xdna_operand

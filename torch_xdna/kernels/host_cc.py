@@ -1,0 +1,40 @@
+"""Building the host kernels' C sources (simulator speed): one place for the compile-and-load
+step and the TORCH_XDNA_HOST_KERNELS switch, shared by host_gemv and host_fused.
+
+A source is compiled once per process with a plain C compiler (~1 s) into a private temp
+directory (0700) and loaded with ctypes; no library is cached on disk (a cached .so would be code
+another writer of the cache could replace). -ffp-contract=off: a kernel's float operations are
+exactly the ones its source writes (no fused multiply-add unless it asks for one).
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+import shutil
+import subprocess
+import tempfile
+
+FLAGS = ("-O3", "-mavx2", "-mfma", "-ffp-contract=off", "-shared", "-fPIC")
+
+
+def enabled() -> bool:
+    """TORCH_XDNA_HOST_KERNELS=0 (off/false/no) disables every host kernel."""
+    v = os.environ.get("TORCH_XDNA_HOST_KERNELS", "1").strip().lower()
+    return v not in ("0", "off", "false", "no")
+
+
+def compile_library(source: str, name: str) -> ctypes.CDLL:
+    """Compile `source` into a private temp dir and load it; raises RuntimeError naming the
+    compiler's last error line when it cannot be built."""
+    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if not cc:
+        raise RuntimeError("no C compiler (cc/gcc) on PATH")
+    with tempfile.TemporaryDirectory(prefix=f"xdna-{name}-") as d:
+        src, lib = os.path.join(d, f"{name}.c"), os.path.join(d, f"{name}.so")
+        with open(src, "w") as f:
+            f.write(source)
+        r = subprocess.run([cc, *FLAGS, "-o", lib, src], capture_output=True, text=True,
+                           timeout=300)
+        if r.returncode:
+            raise RuntimeError(f"{cc} failed: {r.stderr.strip().splitlines()[-1:]}")
+        return ctypes.CDLL(lib)                  # mapped: the file may go with the directory

@@ -1,0 +1,169 @@
+"""Fused elementwise host kernels for the encoder's GEMM epilogues (simulator speed): the
+bias add, the exact-erf GELU and the rounding of the result to the next GEMM's operand in one
+pass over the accumulator, bit for bit what the torch ops compute.
+
+The unfused reference (encoder_blocks.linear_rows then numerics.gemm_operand) runs 9 passes over
+an [R, I] fp32 tensor: acc + b; torch.mul(a, 1/sqrt 2); erf_; add_(1); mul_(0.5); mul_(t); to
+bf16 (RNE); hardshrink (flush subnormals to +0); back to fp32. This kernel does the same
+operations per element in the same order: the adds and multiplies are single IEEE fp32
+operations (compiled with -ffp-contract=off, so no fused multiply-add changes a rounding); erf
+is the very function torch's erf_ calls on this build, MKL's vmsErf with VML_HA |
+VML_FTZDAZ_OFF | VML_ERRMODE_IGNORE (aten/src/ATen/cpu/vml.h, IMPLEMENT_VML_MKL), looked up in
+libtorch_cpu.so and called on blocks of a row (an elementwise function: its result does not
+depend on the block, tests/test_host_fused.py checks); the fp32 -> bf16 rounding is ATen's
+(round to nearest even, NaN -> 0xFFFF as its AVX2 conversion writes it), then every bf16 with a
+zero exponent field (subnormals, -0) becomes +0 (hardshrink at the largest subnormal).
+
+Where the build has no vmsErf symbol (a torch without MKL), the host lacks AVX2, no C compiler
+is found or TORCH_XDNA_HOST_KERNELS=0, `available()` is False and callers keep the torch ops.
+Rows are independent (a row's bits never depend on the other rows), so splitting rows over
+threads (torch.get_num_threads()) changes nothing.
+"""
+from __future__ import annotations
+
+import ctypes
+import math
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import torch
+
+from torch_xdna.kernels import host_cc
+
+# VML_HA | VML_FTZDAZ_OFF | VML_ERRMODE_IGNORE (mkl_vml_defines.h), the mode ATen's vml.h passes
+VML_MODE = 0x2 | 0x00140000 | 0x100
+ACTS = ("none", "gelu")
+_SOURCE = r"""
+#include <stdint.h>
+#include <string.h>
+
+typedef void (*erf_fn)(int n, const float* a, float* r, long long mode);
+#define BLK 512
+
+/* numerics.gemm_operand of one fp32 value: ATen's RNE to bf16 (NaN -> 0xFFFF), a zero
+   exponent field (subnormal or -0) -> +0, back to fp32 */
+static inline float operand_of(float y) {
+  uint32_t u, r;
+  memcpy(&u, &y, 4);
+  if (y != y) r = 0xFFFFu;
+  else r = (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
+  if ((r & 0x7F80u) == 0) r = 0;
+  r <<= 16;
+  float o;
+  memcpy(&o, &r, 4);
+  return o;
+}
+
+/* out[r, j] = operand(act(acc[r, j] + bias[j])) for rows [0, rows); act 1 = exact GELU as
+   activations.apply_epilogue_ writes it: a * 0.5 * (erf(a * c) + 1), c = fp32(1/sqrt 2).
+   acc row stride lda; out [rows, n] (may be acc when lda == n). */
+void xdna_bias_act_operand(const float* acc, int64_t lda, const float* bias, float* out,
+                           int64_t rows, int64_t n, int64_t act, float c, erf_fn erf,
+                           int64_t mode) {
+  float a[BLK], u[BLK];
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* ar = acc + r * lda;
+    float* orow = out + r * n;
+    for (int64_t j0 = 0; j0 < n; j0 += BLK) {
+      int64_t m = n - j0 < BLK ? n - j0 : BLK;
+      if (!act) {
+        for (int64_t j = 0; j < m; ++j) orow[j0 + j] = operand_of(ar[j0 + j] + bias[j0 + j]);
+        continue;
+      }
+      for (int64_t j = 0; j < m; ++j) { a[j] = ar[j0 + j] + bias[j0 + j]; u[j] = a[j] * c; }
+      erf((int)m, u, u, (long long)mode);
+      for (int64_t j = 0; j < m; ++j) orow[j0 + j] = operand_of((a[j] * 0.5f) * (u[j] + 1.0f));
+    }
+  }
+}
+"""
+
+_lock = threading.Lock()
+_state: dict[str, object] = {}
+
+
+def _vml_erf() -> int:
+    """The address of MKL's vmsErf in the loaded libtorch_cpu (the function torch's erf uses)."""
+    lib = ctypes.CDLL(os.path.join(os.path.dirname(torch.__file__), "lib", "libtorch_cpu.so"))
+    try:
+        return ctypes.cast(lib.vmsErf, ctypes.c_void_p).value or 0
+    except AttributeError:
+        raise RuntimeError("libtorch_cpu.so exports no vmsErf (torch built without MKL)") from None
+
+
+def _build() -> bool:
+    cap = torch.backends.cpu.get_cpu_capability()
+    if cap not in ("AVX2", "AVX512"):
+        _state["why"] = f"host CPU capability {cap} (the kernel is built for AVX2 hosts)"
+        return False
+    try:
+        _state["erf"] = _vml_erf()
+        fn = host_cc.compile_library(_SOURCE, "fused").xdna_bias_act_operand
+        fn.restype = None
+        fn.argtypes = ([ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p]
+                       + [ctypes.c_int64] * 3 + [ctypes.c_float, ctypes.c_void_p, ctypes.c_int64])
+        _state["fn"] = fn
+        return True
+    except Exception as e:                       # keep the torch ops (same values, slower)
+        _state["why"] = f"{type(e).__name__}: {e}"
+        return False
+
+
+def available() -> bool:
+    """True when the kernel is built and enabled (compiled on first call, ~1 s)."""
+    if not host_cc.enabled():
+        return False
+    ok = _state.get("ok")
+    if ok is None:
+        with _lock:
+            ok = _state.get("ok")
+            if ok is None:
+                ok = _state["ok"] = _build()
+    return bool(ok)
+
+
+def unavailable_reason() -> str:
+    return "" if available() else str(_state.get("why", "disabled (TORCH_XDNA_HOST_KERNELS=0)"))
+
+
+def bias_act_operand(acc: torch.Tensor, bias: torch.Tensor, act: str = "none") -> torch.Tensor:
+    """numerics.gemm_operand(apply_epilogue_(act, acc + bias)) for an fp32 accumulator
+    acc [R, N] (rows may be strided) and an fp32 bias [N], in one pass, written in place
+    into `acc` when it is contiguous. Call only when available()."""
+    if act not in ACTS:
+        raise ValueError(f"bias_act_operand: act {act!r} not fused; use one of {ACTS}")
+    if acc.dtype != torch.float32 or acc.dim() != 2 or acc.stride(1) != 1:
+        raise ValueError(f"bias_act_operand: acc must be fp32 [R, N] with unit column stride, "
+                         f"got {acc.dtype} {tuple(acc.shape)} strides {acc.stride()}")
+    rows, n = acc.shape
+    bias = bias.to(torch.float32).contiguous()
+    if bias.shape != (n,):
+        raise ValueError(f"bias_act_operand: bias [{n}] expected, got {tuple(bias.shape)}")
+    out = acc if acc.is_contiguous() else torch.empty(rows, n)
+    if not available():
+        raise RuntimeError(f"host_fused kernel unavailable ({unavailable_reason()}); use the "
+                           "torch ops (encoder_blocks.linear_rows does)")
+    fn, erf = _state["fn"], _state["erf"]
+    c = 1.0 / math.sqrt(2.0)                      # as torch.mul casts the Python scalar: fp32
+    a = 1 if act == "gelu" else 0
+    nt = min(torch.get_num_threads(), max(1, rows // 16))
+    if nt <= 1:
+        fn(acc.data_ptr(), acc.stride(0), bias.data_ptr(), out.data_ptr(), rows, n, a, c, erf,
+           VML_MODE)
+        return out
+    step = -(-rows // nt)
+    futs = [_pool(nt).submit(fn, acc[r:].data_ptr(), acc.stride(0), bias.data_ptr(),
+                             out[r:].data_ptr(), min(step, rows - r), n, a, c, erf, VML_MODE)
+            for r in range(0, rows, step)]
+    for f in futs:
+        f.result()
+    return out
+
+
+def _pool(nt: int) -> ThreadPoolExecutor:
+    pool = _state.get("pool")
+    if pool is None or _state.get("pool_n") != nt:
+        pool = _state["pool"] = ThreadPoolExecutor(nt, thread_name_prefix="xdna-fused")
+        _state["pool_n"] = nt
+    return pool
