@@ -122,7 +122,8 @@ def _enabled() -> bool:
 
 def _compile():
     """Compile and load the source (host_cc: private temp dir, nothing cached on disk)."""
-    fn = host_cc.compile_library(_SOURCE, "gemv").xdna_bf16_linear
+    so = host_cc.compile_library(_SOURCE, "gemv")
+    fn = so.xdna_bf16_linear
     fn.restype = None
     fn.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 5 + [ctypes.c_void_p]
     op = so.xdna_operand
