@@ -23,6 +23,25 @@ def enabled() -> bool:
     return v not in ("0", "off", "false", "no")
 
 
+def build_once(state: dict, lock, build) -> bool:
+    """A kernel module's lazy build: state["ok"] from build() on the first call (thread-safe),
+    cached after; False while the kernels are disabled."""
+    if not enabled():
+        return False
+    ok = state.get("ok")
+    if ok is None:
+        with lock:
+            ok = state.get("ok")
+            if ok is None:
+                ok = state["ok"] = build()
+    return bool(ok)
+
+
+def unavailable_reason(state: dict, ok: bool) -> str:
+    """Why a kernel module is not in use ("" when it is)."""
+    return "" if ok else str(state.get("why", "disabled (TORCH_XDNA_HOST_KERNELS=0)"))
+
+
 def compile_library(source: str, name: str) -> ctypes.CDLL:
     """Compile `source` into a private temp dir and load it; raises RuntimeError naming the
     compiler's last error line when it cannot be built."""

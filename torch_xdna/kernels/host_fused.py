@@ -112,19 +112,11 @@ def _build() -> bool:
 
 def available() -> bool:
     """True when the kernel is built and enabled (compiled on first call, ~1 s)."""
-    if not host_cc.enabled():
-        return False
-    ok = _state.get("ok")
-    if ok is None:
-        with _lock:
-            ok = _state.get("ok")
-            if ok is None:
-                ok = _state["ok"] = _build()
-    return bool(ok)
+    return host_cc.enabled() and host_cc.build_once(_state, _lock, _build)
 
 
 def unavailable_reason() -> str:
-    return "" if available() else str(_state.get("why", "disabled (TORCH_XDNA_HOST_KERNELS=0)"))
+    return host_cc.unavailable_reason(_state, available())
 
 
 def bias_act_operand(acc: torch.Tensor, bias: torch.Tensor, act: str = "none") -> torch.Tensor:
