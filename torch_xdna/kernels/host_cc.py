@@ -42,6 +42,19 @@ def unavailable_reason(state: dict, ok: bool) -> str:
     return "" if ok else str(state.get("why", "disabled (TORCH_XDNA_HOST_KERNELS=0)"))
 
 
+def thread_pool(state: dict, nt: int, name: str):
+    """The kernel module's worker pool of `nt` threads (kept in `state`; a new thread count
+    replaces it, the old pool is shut down)."""
+    from concurrent.futures import ThreadPoolExecutor
+    pool = state.get("pool")
+    if pool is None or state.get("pool_n") != nt:
+        if pool is not None:
+            pool.shutdown(wait=False)
+        pool = state["pool"] = ThreadPoolExecutor(nt, thread_name_prefix=name)
+        state["pool_n"] = nt
+    return pool
+
+
 def compile_library(source: str, name: str) -> ctypes.CDLL:
     """Compile `source` into a private temp dir and load it; raises RuntimeError naming the
     compiler's last error line when it cannot be built."""

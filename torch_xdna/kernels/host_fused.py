@@ -25,7 +25,6 @@ import ctypes
 import math
 import os
 import threading
-from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
@@ -153,9 +152,5 @@ def bias_act_operand(acc: torch.Tensor, bias: torch.Tensor, act: str = "none") -
     return out
 
 
-def _pool(nt: int) -> ThreadPoolExecutor:
-    pool = _state.get("pool")
-    if pool is None or _state.get("pool_n") != nt:
-        pool = _state["pool"] = ThreadPoolExecutor(nt, thread_name_prefix="xdna-fused")
-        _state["pool_n"] = nt
-    return pool
+def _pool(nt: int):
+    return host_cc.thread_pool(_state, nt, "xdna-fused")

@@ -26,7 +26,6 @@ from __future__ import annotations
 import ctypes
 import threading
 import warnings
-from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
@@ -210,9 +209,5 @@ def operand(x: torch.Tensor) -> torch.Tensor:
     return y
 
 
-def _pool(nt: int) -> ThreadPoolExecutor:
-    pool = _state.get("pool")
-    if pool is None or _state.get("pool_n") != nt:
-        pool = _state["pool"] = ThreadPoolExecutor(nt, thread_name_prefix="xdna-gemv")
-        _state["pool_n"] = nt
-    return pool
+def _pool(nt: int):
+    return host_cc.thread_pool(_state, nt, "xdna-gemv")
