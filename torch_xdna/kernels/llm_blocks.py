@@ -31,7 +31,7 @@ import torch
 
 from torch_xdna.hw import Generation
 from torch_xdna.hw.vector_costs import dequant_cycles
-from torch_xdna.kernels import host_gemv, numerics, quant
+from torch_xdna.kernels import host_attention, host_gemv, numerics, quant
 from torch_xdna.kernels.activations import apply_epilogue
 from torch_xdna.kernels.attention import AttentionDesign, decode_splits, flash_attention, kv_tile_for
 from torch_xdna.kernels.base import Design, ceil_div, round_up
@@ -335,6 +335,10 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float, q
     qg = (q if rounded or exact else numerics.operand(q)).reshape(hkv, g * n, d)
     # one query row per head (decode): every row sits at q_offset
     qpos = q_offset if n == 1 else (torch.arange(n) + q_offset).repeat(g)
+    if host_attention.use_for(g * n, valid, softcap, exact):     # the same closed form in C
+        return host_attention.decode_attention(
+            qg, k, v, scale=scale, tkv=tkv, splits=splits, q_offset=qpos, k_offset=k_offset,
+            valid=valid, window=window).view(hq, n, d)
     out = flash_attention(qg, k, v, scale=scale, tkv=tkv, splits=splits, causal=True,
                           q_offset=qpos, k_offset=k_offset, window=window, softcap=softcap,
                           exact=exact, valid=valid, q_rounded=True,
