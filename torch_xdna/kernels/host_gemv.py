@@ -10,7 +10,8 @@ the bf16 weight as stored (2 bytes) and computes what the array computes: x [M, 
 bf16 values) times w [N, K] bf16, each product exact in fp32 (8-bit x 8-bit significands), summed
 by fp32 FMA in a fixed order per output element, fp32 result. The order (4 x 8-lane accumulators
 over K in blocks of 32, even/odd elements in separate accumulators, combined pairwise, then the
-K % 32 tail in sequence; the C source says it exactly) depends on K alone:
+K % 32 tail in sequence; the C source says it exactly) depends on K alone (a single row takes
+the weight rows two at a time, each still in that order: the same bits):
 no dependence on M, on the other rows or on the thread count (threads split N), so a row's result
 is batch invariant. It differs from a BLAS order only in how the fp32 sum is associated (bounded
 by K * 2^-24 * sum|x||w| per element).
@@ -78,6 +79,44 @@ static float dot_bf16(const float* xp, const uint16_t* w, int64_t k) {
   return r;
 }
 
+/* Two weight rows per pass, each in dot_bf16's order exactly (the same bits): the permuted x
+   is loaded once for both rows (pinned in registers, else the compiler re-loads it from memory
+   per FMA) and the row after the pair is prefetched at the position being read (a row ahead of
+   the stream: the hardware prefetcher alone leaves ~30% of the read rate on this host). */
+#define PIN(a) __asm__("" : "+x"(a))
+static void dot2_bf16(const float* xp, const uint16_t* w0, int64_t k, float* y0, float* y1) {
+  const uint16_t* w1 = w0 + k;
+  const __m256i hi = _mm256_set1_epi32((int)0xFFFF0000u);
+  __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+  __m256 a2 = _mm256_setzero_ps(), a3 = _mm256_setzero_ps();
+  __m256 b0 = _mm256_setzero_ps(), b1 = _mm256_setzero_ps();
+  __m256 b2 = _mm256_setzero_ps(), b3 = _mm256_setzero_ps();
+  int64_t i = 0;
+  for (; i + 32 <= k; i += 32) {
+    _mm_prefetch((const char*)(w1 + k + i), _MM_HINT_T0);
+    __m256 x0 = _mm256_loadu_ps(xp + i), x1 = _mm256_loadu_ps(xp + i + 8);
+    __m256 x2 = _mm256_loadu_ps(xp + i + 16), x3 = _mm256_loadu_ps(xp + i + 24);
+    PIN(x0); PIN(x1); PIN(x2); PIN(x3);
+    __m256i v0 = _mm256_loadu_si256((const __m256i*)(w0 + i));
+    __m256i v1 = _mm256_loadu_si256((const __m256i*)(w0 + i + 16));
+    __m256i u0 = _mm256_loadu_si256((const __m256i*)(w1 + i));
+    __m256i u1 = _mm256_loadu_si256((const __m256i*)(w1 + i + 16));
+    PIN(v0); PIN(v1); PIN(u0); PIN(u1);
+    a0 = _mm256_fmadd_ps(x0, _mm256_castsi256_ps(_mm256_slli_epi32(v0, 16)), a0);
+    a1 = _mm256_fmadd_ps(x1, _mm256_castsi256_ps(_mm256_and_si256(v0, hi)), a1);
+    a2 = _mm256_fmadd_ps(x2, _mm256_castsi256_ps(_mm256_slli_epi32(v1, 16)), a2);
+    a3 = _mm256_fmadd_ps(x3, _mm256_castsi256_ps(_mm256_and_si256(v1, hi)), a3);
+    b0 = _mm256_fmadd_ps(x0, _mm256_castsi256_ps(_mm256_slli_epi32(u0, 16)), b0);
+    b1 = _mm256_fmadd_ps(x1, _mm256_castsi256_ps(_mm256_and_si256(u0, hi)), b1);
+    b2 = _mm256_fmadd_ps(x2, _mm256_castsi256_ps(_mm256_slli_epi32(u1, 16)), b2);
+    b3 = _mm256_fmadd_ps(x3, _mm256_castsi256_ps(_mm256_and_si256(u1, hi)), b3);
+  }
+  float r0 = finish(a0, a1, a2, a3), r1 = finish(b0, b1, b2, b3);
+  for (; i < k; ++i) { r0 = fmaf(xp[i], bf16f(w0[i]), r0); r1 = fmaf(xp[i], bf16f(w1[i]), r1); }
+  *y0 = r0;
+  *y1 = r1;
+}
+
 /* per 16 elements: [x0 x2 .. x14 | x1 x3 .. x15] (little-endian: the low bf16 of each 32-bit
    word is the even element); the K % 32 tail unchanged */
 static void permute_x(const float* x, float* xp, int64_t k) {
@@ -92,7 +131,10 @@ static void permute_x(const float* x, float* xp, int64_t k) {
 void xdna_bf16_linear(const float* x, const uint16_t* w, float* y, int64_t m, int64_t k,
                       int64_t n0, int64_t n1, int64_t ldy, float* scratch) {
   for (int64_t r = 0; r < m; ++r) permute_x(x + r * k, scratch + r * k, k);
-  for (int64_t j = n0; j < n1; ++j) {
+  int64_t j = n0;
+  if (m == 1)                           /* decode: weight rows in pairs (dot2_bf16) */
+    for (; j + 2 <= n1; j += 2) dot2_bf16(scratch, w + j * k, k, y + j, y + j + 1);
+  for (; j < n1; ++j) {
     const uint16_t* wr = w + j * k;
     for (int64_t r = 0; r < m; ++r) y[r * ldy + j] = dot_bf16(scratch + r * k, wr, k);
   }
