@@ -130,3 +130,16 @@ def test_engine_tokens_unchanged_by_the_kernel(tiny_model, precision, monkeypatc
         # only the fp32 association differs; bf16 re-rounding of an intermediate may flip, so
         # bound by bf16 resolution of the logit scale rather than fp32's
         assert (a - b).abs().max().item() <= 2 ** -7 * b.abs().max().item(), f"{fam}/{precision}"
+
+
+def test_kernel_rounds_x_like_numerics_operand():
+    """bf16_linear rounds x to operands itself (the blocks skip a separate rounding pass): the
+    same bits as rounding first, for random fp32 and edge values (bf16 ties, subnormals)."""
+    from torch_xdna.kernels import numerics
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(3, 1000, generator=g) * 3
+    x[0, :6] = torch.tensor([1e-39, -1e-39, 1.00390625, 1.005859375, -1.0029296875, 3.3961e38])
+    w = torch.randn(300, 1000, generator=g).bfloat16()
+    for rows in (x[:1], x):                     # the single-row (paired) and the batch path
+        assert torch.equal(host_gemv.bf16_linear(rows, w),
+                           host_gemv.bf16_linear(numerics.operand(rows), w))

@@ -16,7 +16,7 @@ from typing import Mapping
 
 import torch
 
-from torch_xdna.kernels import host_gemv
+from torch_xdna.kernels import host_attention, host_gemv
 from torch_xdna.kernels.base import Design
 from torch_xdna.kernels.llm_blocks import (
     OPERANDS, PRECISIONS, AttentionBlockDesign, DecoderLayerDesign, EmbedDesign, HeadDesign,
@@ -267,7 +267,8 @@ class Decoder:
         self._scalars: dict = {"pos": 0, "n": 1}
         self._programs: dict[tuple, Program] = {}
         if spec.vocab * spec.hidden >= host_gemv.MIN_WEIGHT:
-            host_gemv.available()     # build the decode host kernel now, not in the first token
+            if host_gemv.available():  # build the decode host kernels now, not in the first token
+                host_attention.available()
 
     # -- memory ----------------------------------------------------------------------------
     def _upload(self, t: torch.Tensor) -> TensorArg:

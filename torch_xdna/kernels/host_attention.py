@@ -224,8 +224,10 @@ def unavailable_reason() -> str:
 def use_for(rows: int, valid: int | None, softcap: float | None, exact: bool) -> bool:
     """Whether a flash_attention call takes this kernel: few rows, the fp32 tile-padded K/V
     (`valid`), no softcap, not the fp32 verification mode. Call once per block (the
-    TORCH_XDNA_HOST_KERNELS read is not free)."""
-    return rows <= MAX_ROWS and valid is not None and not softcap and not exact and available()
+    TORCH_XDNA_HOST_KERNELS read is not free: a built kernel is taken without re-reading it,
+    the caller gates on the host kernels being on)."""
+    return (rows <= MAX_ROWS and valid is not None and not softcap and not exact and ENABLED
+            and (_state.get("ok") is True or available()))
 
 
 def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float,

@@ -117,13 +117,28 @@ static void dot2_bf16(const float* xp, const uint16_t* w0, int64_t k, float* y0,
   *y1 = r1;
 }
 
-/* per 16 elements: [x0 x2 .. x14 | x1 x3 .. x15] (little-endian: the low bf16 of each 32-bit
-   word is the even element); the K % 32 tail unchanged */
+/* numerics.operand of one fp32 (xdna_operand below says it) */
+static inline float operand1(float f) {
+  uint32_t b;
+  memcpy(&b, &f, 4);
+  uint32_t r = (b + 0x7FFFu + ((b >> 16) & 1u)) & 0xFFFF0000u;
+  if ((r & 0x7F800000u) == 0) r &= 0x80000000u;
+  if ((b & 0x7FFFFFFFu) > 0x7F800000u) r = (b | 0x00400000u) & 0xFFFF0000u;
+  memcpy(&f, &r, 4);
+  return f;
+}
+
+/* x rounded to operands (idempotent: an operand stays itself) and permuted: per 16 elements
+   [x0 x2 .. x14 | x1 x3 .. x15] (little-endian: the low bf16 of each 32-bit word is the even
+   element); the K % 32 tail in place */
 static void permute_x(const float* x, float* xp, int64_t k) {
   int64_t k32 = k - k % 32;
   for (int64_t i = 0; i < k32; i += 16)
-    for (int t = 0; t < 8; ++t) { xp[i + t] = x[i + 2 * t]; xp[i + 8 + t] = x[i + 2 * t + 1]; }
-  for (int64_t i = k32; i < k; ++i) xp[i] = x[i];
+    for (int t = 0; t < 8; ++t) {
+      xp[i + t] = operand1(x[i + 2 * t]);
+      xp[i + 8 + t] = operand1(x[i + 2 * t + 1]);
+    }
+  for (int64_t i = k32; i < k; ++i) xp[i] = operand1(x[i]);
 }
 
 /* y[r, j] = x[r, :] . w[j, :] for j in [n0, n1); x [m, k] fp32, w [n, k] bf16 bits, y [m, ldy];
@@ -142,14 +157,8 @@ void xdna_bf16_linear(const float* x, const uint16_t* w, float* y, int64_t m, in
 
 /* numerics.operand of fp32 x in one pass: round to nearest even at bf16 (torch's rounding),
    flush a bf16 subnormal to a zero of its sign, widen back; a NaN stays a (quiet) NaN. */
-void xdna_operand(const uint32_t* x, uint32_t* y, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) {
-    uint32_t b = x[i];
-    uint32_t r = (b + 0x7FFFu + ((b >> 16) & 1u)) & 0xFFFF0000u;
-    if ((r & 0x7F800000u) == 0) r &= 0x80000000u;
-    if ((b & 0x7FFFFFFFu) > 0x7F800000u) r = (b | 0x00400000u) & 0xFFFF0000u;
-    y[i] = r;
-  }
+void xdna_operand(const float* x, float* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] = operand1(x[i]);
 }
 """
 
@@ -192,8 +201,9 @@ def _build() -> bool:
 
 
 def available() -> bool:
-    """True when the kernel is built and enabled (compiled on first call, ~1 s)."""
-    return _enabled() and host_cc.build_once(_state, _lock, _build)
+    """True when the kernel is built and enabled (compiled on first call, ~1 s; build_once
+    reads TORCH_XDNA_HOST_KERNELS)."""
+    return host_cc.build_once(_state, _lock, _build)
 
 
 def unavailable_reason() -> str:
@@ -202,11 +212,17 @@ def unavailable_reason() -> str:
 
 def use_for(rows: int, w: torch.Tensor) -> bool:
     """Whether a [rows, K] x w [N, K] product takes this kernel (few rows, a large weight)."""
-    return rows <= MAX_ROWS and w.numel() >= MIN_WEIGHT and available()
+    return fits(rows, w) and available()
+
+
+def fits(rows: int, w: torch.Tensor) -> bool:
+    """use_for without the availability check, for callers that made it once per block."""
+    return rows <= MAX_ROWS and w.numel() >= MIN_WEIGHT
 
 
 def bf16_linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """x [M, K] fp32 (bf16 values) @ w [N, K] bf16 ^T -> fp32 [M, N] (module docstring).
+    """operand(x) [M, K] fp32 @ w [N, K] bf16 ^T -> fp32 [M, N] (module docstring): the kernel
+    rounds x to operands itself (numerics.operand, bit-equal; an operand x is unchanged).
     With torch.get_num_threads() > 1 the N range is split over that many threads (the call
     releases the GIL); every element's order is the same either way."""
     if x.dim() != 2 or w.dim() != 2 or x.shape[1] != w.shape[1]:

@@ -281,9 +281,10 @@ def _matmul(x: torch.Tensor, tensors: Sequence[torch.Tensor], precision: str, gr
     operands, fp32 accumulation, fp32 result). Host speed only: a few rows against a large
     bf16/int8/int4 weight (decode) take host_gemv, which reads the 2-byte weight instead of its
     fp32 operand copy (the same products; fp32 sums associated in another fixed order)."""
-    if (precision in ("bf16", "int8", "int4") and rnd is host_gemv.operand
-            and host_gemv.use_for(x.shape[0], tensors[0])):
-        return host_gemv.bf16_linear(rnd(x), OPERANDS.bf16(tensors, precision, group))
+    if (precision in ("bf16", "int8", "int4") and rnd is host_gemv.operand  # kernels on
+            and host_gemv.fits(x.shape[0], tensors[0])):
+        # the kernel rounds x to operands itself (the same bits as rnd)
+        return host_gemv.bf16_linear(x, OPERANDS.bf16(tensors, precision, group))
     return _linear(x, OPERANDS.get(tensors, precision, group), rnd, precision)
 
 
@@ -318,7 +319,7 @@ def _qk_norm_weight(qn: torch.Tensor, kn: torch.Tensor, hq: int, hkv: int,
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float, q_offset: int,
            window: int | None, softcap: float | None, exact: bool, rounded: bool = False,
            k_offset: int = 0, tkv: int = 16, splits: int = 1,
-           valid: int | None = None) -> torch.Tensor:
+           valid: int | None = None, host: bool | None = None) -> torch.Tensor:
     """Causal GQA flash attention of q [Hq, n, D] (query 0 at absolute position q_offset) over
     cached k/v [Hkv, S, D] (key 0 at absolute position k_offset) -> fp32 [Hq, n, D].
 
@@ -328,21 +329,24 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float, q
     block guarantees by storing operand(k), operand(v). q heads are grouped per KV head (no
     repeat_interleave copies of the cache). exact=True: no rounding at all (fp32 verification
     mode). rounded=True: q already is an operand. valid: k / v are fp32 tiles holding `valid`
-    keys (flash_attention's `valid`; the block's KV mirror)."""
+    keys (flash_attention's `valid`; the block's KV mirror). host: whether the host kernels are
+    on, when the caller already knows (TORCH_XDNA_HOST_KERNELS read once per block)."""
+    if host is None:
+        host = host_gemv.available()
     hq, n, d = q.shape
     hkv = k.shape[0]
     g = hq // hkv
     qg = (q if rounded or exact else numerics.operand(q)).reshape(hkv, g * n, d)
     # one query row per head (decode): every row sits at q_offset
     qpos = q_offset if n == 1 else (torch.arange(n) + q_offset).repeat(g)
-    if host_attention.use_for(g * n, valid, softcap, exact):     # the same closed form in C
+    if host and host_attention.use_for(g * n, valid, softcap, exact):   # the closed form in C
         return host_attention.decode_attention(
             qg, k, v, scale=scale, tkv=tkv, splits=splits, q_offset=qpos, k_offset=k_offset,
             valid=valid, window=window).view(hq, n, d)
     out = flash_attention(qg, k, v, scale=scale, tkv=tkv, splits=splits, causal=True,
                           q_offset=qpos, k_offset=k_offset, window=window, softcap=softcap,
                           exact=exact, valid=valid, q_rounded=True,
-                          operand=host_gemv.operand if host_gemv.available() else None)
+                          operand=host_gemv.operand if host else None)
     return out.view(hq, n, d)
 
 
@@ -566,7 +570,7 @@ class AttentionBlockDesign(Design):
         a = attend(qk.narrow(1, 0, hq).transpose(0, 1), keys, vals,
                    scale=self.scale, q_offset=pos, k_offset=start, window=self.window,
                    softcap=self.softcap, exact=exact, rounded=True, tkv=tkv, splits=self.splits,
-                   valid=valid)
+                   valid=valid, host=rnd is host_gemv.operand)
         a = a.transpose(0, 1).reshape(n, hq * d)
         o = _matmul(a, wo, self.precision, self.group, rnd)
         if self.post_norm:
