@@ -1,5 +1,6 @@
 """Decode host-speed paths that must not change numerics: the attention block's fp32 KV mirror
-(kernels/llm_blocks.py KV_MIRROR) and the one-pass C operand rounding (host_gemv.operand). Decode
+(kernels/llm_blocks.py KV_MIRROR), the one-pass C operand rounding (host_gemv.operand) and the C
+RMSNorm tail (host_gemv.rms_norm; both switched by host_gemv.FAST_OPERAND). Decode
 logits are torch.equal with and without them on the test models (tests/llm_fixtures.py; gemma3's
 sliding window exercises a window start past 0), across a reset and a cache written behind its
 back, and greedy tokens still equal transformers'. The C decode attention kernel
@@ -104,3 +105,34 @@ def test_c_operand_bit_equal_to_numerics_operand():
     assert torch.equal(a[~nan].view(torch.int32), r[~nan].view(torch.int32))
     y = torch.randn(4, 6)[:, :3]                        # not contiguous: numerics.operand
     assert torch.equal(host_gemv.operand(y), numerics.operand(y))
+
+
+def _rms_torch(x, w, eps, offset, round_out):
+    y = x * (x * x).mean(-1, keepdim=True).add_(llm_blocks._scalar(eps)).rsqrt_()
+    y = y * (w + llm_blocks._scalar(offset)) if offset else y * w
+    return numerics.operand(y) if round_out else y
+
+
+@pytest.mark.skipif(not host_gemv.available(), reason="host kernel not built")
+@pytest.mark.parametrize("shape,wshape", [((1, 1024), (1024,)), ((3, 1152), (1152,)),
+                                          ((1, 24, 128), (24, 128)), ((2, 6, 256), (6, 256)),
+                                          ((1, 3, 16), (16,)), ((5, 64), (64,))])
+def test_c_rms_norm_bit_equal_to_the_torch_ops(shape, wshape):
+    """host_gemv.rms_norm (torch's sum of squares, the rest in C) = llm_blocks._rms's torch ops
+    bit for bit: random scales over 2^-60..2^60, a zero row, bf16 ties, offsets 0 and 1,
+    rounded and unrounded output."""
+    g = torch.Generator().manual_seed(sum(shape))
+    for trial in range(40):
+        scale = 2.0 ** float(torch.randint(-60, 61, (1,), generator=g))
+        x = numerics.operand(torch.randn(*shape, generator=g) * scale)
+        if trial == 0:
+            x.view(-1, shape[-1])[0] = 0.0                      # ss = 0: 1 / sqrt(eps)
+        if trial == 1:
+            x.view(-1)[:4] = torch.tensor([1.00390625, 1.005859375, -1.0029296875, 3.3e38])
+        w = numerics.operand(torch.randn(*wshape, generator=g))
+        for eps, off, rnd_out in ((1e-6, 0.0, False), (1e-5, 1.0, True), (1e-6, 0.0, True)):
+            got = host_gemv.rms_norm(x, w, eps, off, rnd_out)
+            want = _rms_torch(x, w, eps, off, rnd_out)
+            assert got is not None
+            assert torch.equal(got.view(torch.int32), want.view(torch.int32)), (shape, trial, eps, off)
+    assert host_gemv.rms_norm(x.transpose(0, -1), w, 1e-6, 0.0, False) is None   # layout: torch

@@ -34,7 +34,7 @@ from torch_xdna.kernels import host_cc
 
 MAX_ROWS = 8                    # rows above this are compute bound: the fp32 BLAS GEMM wins
 MIN_WEIGHT = 1 << 20            # weights below this many elements: the fp32 path is as fast
-FAST_OPERAND = True             # operand(): the C pass (False: numerics.operand; tests compare)
+FAST_OPERAND = True             # operand(), rms_norm(): the C passes (False: torch ops; tests compare)
 _SOURCE = r"""
 #include <immintrin.h>
 #include <stdint.h>
@@ -155,6 +155,27 @@ void xdna_bf16_linear(const float* x, const uint16_t* w, float* y, int64_t m, in
   }
 }
 
+/* RMSNorm's elementwise tail, after torch's sum of squares ss [rows] (the reduction order is
+   torch's; everything here is one IEEE operation per step, as llm_blocks._rms writes it):
+   r = 1 / sqrt(ss / d + eps); y = (x * r) * (w + off) (w row i % wrows; `+ off` only when
+   use_off); operand-rounded when round_out. */
+void xdna_rms_tail(const float* x, const float* ss, const float* w, float* y, int64_t rows,
+                   int64_t d, int64_t wrows, float eps, float off, int64_t use_off,
+                   int64_t round_out) {
+  const float n = (float)d;
+  for (int64_t i = 0; i < rows; ++i) {
+    const float r = 1.0f / sqrtf(ss[i] / n + eps);
+    const float* wr = w + (i % wrows) * d;
+    const float* xr = x + i * d;
+    float* yr = y + i * d;
+    for (int64_t j = 0; j < d; ++j) {
+      const float wv = use_off ? wr[j] + off : wr[j];
+      const float v = (xr[j] * r) * wv;
+      yr[j] = round_out ? operand1(v) : v;
+    }
+  }
+}
+
 /* numerics.operand of fp32 x in one pass: round to nearest even at bf16 (torch's rounding),
    flush a bf16 subnormal to a zero of its sign, widen back; a NaN stays a (quiet) NaN. */
 void xdna_operand(const float* x, float* y, int64_t n) {
@@ -180,6 +201,11 @@ def _compile():
     op.restype = None
     op.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
     _state["operand"] = op
+    rms = so.xdna_rms_tail
+    rms.restype = None
+    rms.argtypes = ([ctypes.c_void_p] * 4 + [ctypes.c_int64] * 3 + [ctypes.c_float] * 2
+                    + [ctypes.c_int64] * 2)
+    _state["rms"] = rms
     return fn
 
 
@@ -269,3 +295,26 @@ def operand(x: torch.Tensor) -> torch.Tensor:
 
 def _pool(nt: int):
     return host_cc.thread_pool(_state, nt, "xdna-gemv")
+
+
+def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float, offset: float,
+             round_out: bool) -> torch.Tensor | None:
+    """llm_blocks._rms on an operand x [..., D] with its operand weight w [..., D] (w's rows
+    repeat over x's leading rows): torch's sum of squares (its reduction order: mean is that sum
+    divided by D), then one C pass for the elementwise rest (eps, 1/sqrt, the two products,
+    the weight offset, the optional rounding), bit-equal to the torch ops (sim speed: ~5 ops
+    less per norm). None when the kernel is not built or the layout does not fit (contiguous
+    fp32): the caller runs the torch ops."""
+    fn = _state.get("rms") if FAST_OPERAND else None
+    d = x.shape[-1]
+    if (fn is None or x.dtype != torch.float32 or w.dtype != torch.float32 or not d
+            or not x.is_contiguous() or not w.is_contiguous() or w.shape[-1] != d):
+        return None
+    rows, wrows = x.numel() // d, w.numel() // d
+    if not wrows or rows % wrows:
+        return None
+    ss = (x * x).sum(-1)
+    y = torch.empty_like(x)
+    fn(x.data_ptr(), ss.data_ptr(), w.data_ptr(), y.data_ptr(), rows, d, wrows, eps, offset,
+       1 if offset else 0, 1 if round_out else 0)
+    return y

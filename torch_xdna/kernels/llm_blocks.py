@@ -259,13 +259,20 @@ def _const(t: torch.Tensor, exact: bool) -> torch.Tensor:
 
 
 def _rms(x: torch.Tensor, w: torch.Tensor, eps: float, offset: float, rnd,
-         rounded: bool = False) -> torch.Tensor:
+         rounded: bool = False, round_out: bool = False) -> torch.Tensor:
     """RMSNorm of operand(x) times w (+ offset); `w` is already an operand (see _const).
-    rounded=True: `x` already is an operand (rounding is idempotent, so it is not redone)."""
+    rounded=True: `x` already is an operand (rounding is idempotent, so it is not redone).
+    round_out=True: the result rounded to an operand. With the host kernels on, the elementwise
+    part is one C pass (host_gemv.rms_norm, bit-equal)."""
     if not rounded:
         x = rnd(x)
+    if rnd is host_gemv.operand:
+        y = host_gemv.rms_norm(x, w, eps, offset, round_out)
+        if y is not None:
+            return y
     y = x * (x * x).mean(-1, keepdim=True).add_(_scalar(eps)).rsqrt_()
-    return y * (w + _scalar(offset)) if offset else y * w
+    y = y * (w + _scalar(offset)) if offset else y * w
+    return rnd(y) if round_out else y
 
 
 def _linear(x: torch.Tensor, w: torch.Tensor, rnd, precision: str = "") -> torch.Tensor:
@@ -539,7 +546,7 @@ class AttentionBlockDesign(Design):
         qkv = rnd(_matmul(h, wqkv, self.precision, self.group, rnd)).view(n, hq + 2 * hkv, d)
         qk, v = qkv.narrow(1, 0, hq + hkv), qkv.narrow(1, hq + hkv, hkv)
         if self.qk_norm:               # q and k heads normalized together (per-head weights)
-            qk = rnd(_rms(qk, qk_w, self.eps, self.norm_offset, rnd, rounded=True))
+            qk = _rms(qk, qk_w, self.eps, self.norm_offset, rnd, rounded=True, round_out=True)
         cos = cos_t[pos:pos + n].unsqueeze(1)
         sin = sin_t[pos:pos + n].unsqueeze(1)
         qk = rnd(_rope(qk, cos, sin))  # the cache stores operand(k); attention takes operand(q)
