@@ -136,3 +136,26 @@ def test_c_rms_norm_bit_equal_to_the_torch_ops(shape, wshape):
             assert got is not None
             assert torch.equal(got.view(torch.int32), want.view(torch.int32)), (shape, trial, eps, off)
     assert host_gemv.rms_norm(x.transpose(0, -1), w, 1e-6, 0.0, False) is None   # layout: torch
+
+
+@pytest.mark.skipif(not host_gemv.available(), reason="host kernel not built")
+@pytest.mark.parametrize("n,h,d", [(1, 24, 128), (3, 5, 16), (1, 2, 256), (2, 3, 7)])
+def test_c_rope_bit_equal_to_the_torch_ops(n, h, d):
+    """host_gemv.rope = operand(llm_blocks._rope(...)) bit for bit (random operands over wide
+    scales, bf16 ties in the sum, an odd head_dim's roll)."""
+    g = torch.Generator().manual_seed(n * h * d)
+    for trial in range(30):
+        scale = 2.0 ** float(torch.randint(-40, 41, (1,), generator=g))
+        x = numerics.operand(torch.randn(n, h, d, generator=g) * scale)
+        cos = numerics.operand(torch.rand(n, 1, d, generator=g) * 2 - 1)
+        ssin = numerics.operand(torch.rand(n, 1, d, generator=g) * 2 - 1)
+        if trial == 0:
+            x.view(-1)[:3] = torch.tensor([1.00390625, 1.005859375, -3.3e38])
+            cos.view(-1)[:3], ssin.view(-1)[:3] = 1.0, 0.0
+        got = host_gemv.rope(x, cos, ssin)
+        want = numerics.operand(llm_blocks._rope(x, cos, ssin))
+        assert got is not None
+        nan = torch.isnan(want)
+        assert torch.equal(torch.isnan(got), nan)
+        assert torch.equal(got[~nan].view(torch.int32), want[~nan].view(torch.int32)), (n, h, d)
+    assert host_gemv.rope(x.transpose(0, 1), cos, ssin) is None          # layout: torch

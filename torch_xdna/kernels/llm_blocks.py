@@ -549,7 +549,9 @@ class AttentionBlockDesign(Design):
             qk = _rms(qk, qk_w, self.eps, self.norm_offset, rnd, rounded=True, round_out=True)
         cos = cos_t[pos:pos + n].unsqueeze(1)
         sin = sin_t[pos:pos + n].unsqueeze(1)
-        qk = rnd(_rope(qk, cos, sin))  # the cache stores operand(k); attention takes operand(q)
+        # the cache stores operand(k); attention takes operand(q)
+        r = host_gemv.rope(qk, cos, sin) if rnd is host_gemv.operand else None
+        qk = rnd(_rope(qk, cos, sin)) if r is None else r
         k_new, v_new = qk.narrow(1, hq, hkv).transpose(0, 1), v.transpose(0, 1)
         end = pos + n
         tkv = self.tkv
