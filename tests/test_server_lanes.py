@@ -74,3 +74,13 @@ def test_concurrent_clients_get_their_own_vectors_on_two_lanes(live):
     assert len(merged) == 16
     assert srv.dev.lane_runs > runs0                     # merged steps ran on the lanes
     assert max(merged) >= 2                              # and clients did share steps
+
+
+def test_serve_host_threads_option_parses_and_validates(capsys):
+    from torch_xdna.cli.main import build_parser
+    p = build_parser()
+    assert p.parse_args(["serve", "--host-threads", "3"]).host_threads == 3
+    assert p.parse_args(["serve"]).host_threads is None          # default: default_host_lanes()
+    with pytest.raises(SystemExit):
+        p.parse_args(["serve", "--host-threads", "0"])
+    assert "--host-threads" in capsys.readouterr().err
