@@ -170,7 +170,8 @@ class ServerProcess:
     """`xdna serve` in its own process (clients and server do not share a GIL, as in use), with
     `threads` torch threads; its device worker merges concurrent embedding requests."""
 
-    def __init__(self, threads: int, gather_ms: float | None = None):
+    def __init__(self, threads: int, gather_ms: float | None = None,
+                 host_threads: int | None = None):
         import os
         import socket
         import subprocess
@@ -184,6 +185,8 @@ class ServerProcess:
                "--log-level", "warning"]
         if gather_ms is not None:
             cmd += ["--gather-ms", str(gather_ms)]
+        if host_threads is not None:
+            cmd += ["--host-threads", str(host_threads)]
         self.proc = subprocess.Popen(cmd, env=env)
 
     def __enter__(self) -> "ServerProcess":
@@ -217,6 +220,7 @@ def bench_server(url: str, work: list[list[str]], clients: int, time_limit_s: fl
     import httpx
     latencies: list[float] = []
     merged: list[int] = []
+    modeled_ms = [0.0]                  # modeled NPU time of the steps (each step once)
     codes: dict[int, int] = {}
     done = [0]
     lock = threading.Lock()
@@ -234,7 +238,9 @@ def bench_server(url: str, work: list[list[str]], clients: int, time_limit_s: fl
                     codes[r.status_code] = codes.get(r.status_code, 0) + 1
                     if r.status_code == 200:
                         latencies.append(dt)
-                        merged.append(int(r.headers.get("x-xdna-merged-requests", "1")))
+                        m = int(r.headers.get("x-xdna-merged-requests", "1"))
+                        merged.append(m)
+                        modeled_ms[0] += float(r.headers.get("x-xdna-modeled-npu-ms", "0")) / m
                         done[0] += len(batch)
 
     t0 = time.perf_counter()
@@ -251,16 +257,19 @@ def bench_server(url: str, work: list[list[str]], clients: int, time_limit_s: fl
             "sentences": done[0], "measured_sent_per_s": done[0] / wall if wall else None,
             "measured_p50_ms": pct(0.50), "measured_p95_ms": pct(0.95),
             "measured_mean_ms": statistics.fmean(lat) * 1e3 if lat else None,
-            "device_steps": steps, "jobs_per_step": len(merged) / steps if steps else None}
+            "device_steps": steps, "jobs_per_step": len(merged) / steps if steps else None,
+            "modeled_npu_ms": modeled_ms[0],
+            "modeled_npu_sent_per_s": done[0] / modeled_ms[0] * 1e3 if modeled_ms[0] else None}
 
 
 def bench_server_scaling(texts: list[str], requests: int, repeats: int, time_limit_s: float,
-                         threads: int = 1, gather_ms: float | None = None) -> dict:
+                         threads: int = 1, gather_ms: float | None = None,
+                         host_threads: int | None = None) -> dict:
     """Throughput, latency and merging at 1 client and at 4, alternated, `repeats` runs each,
     against one `xdna serve` process, warmed first with the same requests (every shape planned)."""
     work = server_work(texts, requests)
     runs: dict[int, list[dict]] = {1: [], 4: []}
-    with ServerProcess(threads, gather_ms) as srv:
+    with ServerProcess(threads, gather_ms, host_threads) as srv:
         # warm: plan the (batch, seq) shapes the runs use, as a long-running server has (a new
         # shape's first run plans its designs: ~1-2 s of host time here, once per shape)
         bench_server(srv.url, work, 4, time_limit_s)
@@ -271,13 +280,14 @@ def bench_server_scaling(texts: list[str], requests: int, repeats: int, time_lim
     out: dict = {"conditions": {"requests_per_run": requests, "sentences_per_request": "1-8",
                                 "sentence_pool": len(texts), "server_threads": threads,
                                 "gather_ms": 20.0 if gather_ms is None else gather_ms,
+                                "host_threads": host_threads or "default (cores, max 2)",
                                 "repeats": repeats, "alternated": True,
                                 "server": "xdna serve subprocess, loopback"}}
     for c, rs in runs.items():
         out[f"{c}_client" + ("s" if c > 1 else "")] = {
             k: _spread([r[k] for r in rs if r[k] is not None])
             for k in ("measured_sent_per_s", "measured_p50_ms", "measured_p95_ms",
-                      "jobs_per_step")}
+                      "jobs_per_step", "modeled_npu_sent_per_s")}
     out["ratio_4_vs_1"] = (out["4_clients"]["measured_sent_per_s"]["median"]
                            / out["1_client"]["measured_sent_per_s"]["median"])
     out["runs"] = runs
@@ -305,12 +315,12 @@ def run(quick: bool, server: bool = True, repeats: int | None = None, threads: i
 
 
 def server_scaling(quick: bool, repeats: int | None, threads: int,
-                   gather_ms: float | None = None) -> dict:
+                   gather_ms: float | None = None, host_threads: int | None = None) -> dict:
     """The /v1/embeddings comparison at its default size (--quick: 12 requests, 1 repeat)."""
     return bench_server_scaling(realistic_corpus(512), requests=12 if quick else 40,
                                 repeats=repeats or (1 if quick else 3),
                                 time_limit_s=300 if quick else 900, threads=threads,
-                                gather_ms=gather_ms)
+                                gather_ms=gather_ms, host_threads=host_threads)
 
 
 def _mmm(d: dict | None, spec: str = ".1f") -> str:
@@ -325,7 +335,9 @@ def server_rows(v: dict) -> list[tuple[str, str, str, str]]:
                  (f"  p50 latency ({label})", _mmm(d["measured_p50_ms"], ".0f"), "ms", "measured"),
                  (f"  p95 latency ({label})", _mmm(d["measured_p95_ms"], ".0f"), "ms", "measured"),
                  (f"  requests per device step ({label})", _mmm(d["jobs_per_step"], ".2f"), "",
-                  "counted")]
+                  "counted"),
+                 (f"  NPU throughput ({label})", _mmm(d.get("modeled_npu_sent_per_s")), "sent/s",
+                  "modeled")]
     rows.append(("/v1/embeddings 4 clients / 1 client", f"{v['ratio_4_vs_1']:.2f}", "x",
                  "measured"))
     return rows
@@ -342,7 +354,8 @@ def print_server(v: dict) -> None:
     print_rows(server_rows(v))
     print(f"({c['requests_per_run']} requests of {c['sentences_per_request']} sentences per run, "
           f"{c['server']}, {c['server_threads']} torch thread(s), gather window "
-          f"{c['gather_ms']:g} ms, {c['repeats']} alternated runs per client count)")
+          f"{c['gather_ms']:g} ms, host lanes {c.get('host_threads')}, {c['repeats']} "
+          f"alternated runs per client count)")
 
 
 def print_table(r: dict) -> None:
@@ -386,12 +399,15 @@ def main() -> None:
                     help="only the /v1/embeddings 1-vs-4-client comparison")
     ap.add_argument("--gather-ms", type=float, default=None, metavar="MS",
                     help="the server's embedding gather window (xdna serve --gather-ms)")
+    ap.add_argument("--host-threads", type=int, default=None, metavar="N",
+                    help="the server's simulator host lanes (xdna serve --host-threads)")
     ap.add_argument("--save-vectors", metavar="PT", help="write the engine's vectors (torch.save)")
     ap.add_argument("--compare", metavar="PT", help="min cosine of the engine's vectors vs a "
                     "file written by --save-vectors (e.g. by an older checkout)")
     args = ap.parse_args()
     if args.server_only:
-        r = server_scaling(args.quick, args.repeats, args.threads, args.gather_ms)
+        r = server_scaling(args.quick, args.repeats, args.threads, args.gather_ms,
+                           args.host_threads)
         print(json.dumps(r, indent=2, default=str))
         print_server(r)
         return

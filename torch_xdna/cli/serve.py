@@ -66,6 +66,10 @@ def register(subparsers) -> None:
     p.add_argument("--gather-ms", type=_gather_ms, default=20.0, metavar="MS",
                    help="while concurrent clients send embeddings, wait up to MS ms for their next "
                         "requests to share a device step (0 = never wait; default 20)")
+    p.add_argument("--host-threads", type=positive_int, default=None, metavar="N",
+                   help="simulator only: host threads that run the independent batches of one "
+                        "embedding step at once (one torch thread each; modeled NPU time, order "
+                        "and results are unchanged; default: the host's cores, at most 2)")
     p.add_argument("--max-models", type=positive_int, default=2,
                    help="models resident on the device at once; least recently used are unloaded "
                         "(default 2)")
@@ -151,6 +155,7 @@ def run(args: argparse.Namespace) -> int:
     config = ServerConfig(host=args.host, port=args.port, api_key=args.api_key or None,
                           models=args.model, default_model=not args.no_default_model,
                           max_queue=args.max_queue, gather_ms=args.gather_ms,
+                          host_threads=args.host_threads,
                           max_models=args.max_models,
                           max_inputs=args.max_inputs, max_body_bytes=args.max_body_bytes,
                           truncate=args.truncate, preload=not args.no_preload,

@@ -87,6 +87,17 @@ class EmbedStats:
         self.batches += 1
         self.shapes.append(shape)
 
+    def run_all(self, dev, programs: list, shapes: list[tuple[int, int]]) -> None:
+        """Run independent Programs with one dev.run_programs call (see Embedder._run_batches)."""
+        c = dev.counters
+        us0, d0 = c.modeled_us, c.dispatches
+        dev.run_programs(programs)
+        c = dev.counters
+        self.modeled_us += c.modeled_us - us0
+        self.dispatches += c.dispatches - d0
+        self.batches += len(programs)
+        self.shapes.extend(shapes)
+
 
 @dataclass
 class _Workspace:
@@ -169,16 +180,22 @@ class Embedder:
         return sum(a.buffer.nbytes for a in self.w.values())
 
     # --- programs --------------------------------------------------------------------------
-    def _workspace(self, b: int, s: int) -> _Workspace:
-        key = (b, s)
+    def _workspace(self, b: int, s: int, copy: int = 0,
+                   keep: frozenset = frozenset()) -> _Workspace:
+        """The (b, s) workspace; `copy` k > 0 is the k-th extra one, for a step that runs
+        several batches of one shape at the same time (each needs its own buffers). Keys in
+        `keep` (in use by the current step) are not evicted."""
+        key = (b, s, copy)
         ws = self._workspaces.get(key)
         if ws is not None:
             self._workspaces.move_to_end(key)
             return ws
-        while len(self._workspaces) >= MAX_WORKSPACES:
-            _, old = self._workspaces.popitem(last=False)
-            for arg in old.buffers:
-                self.dev.free(arg.buffer)
+        for old_key in list(self._workspaces):
+            if len(self._workspaces) < MAX_WORKSPACES:
+                break
+            if old_key not in keep:
+                for arg in self._workspaces.pop(old_key).buffers:
+                    self.dev.free(arg.buffer)
         ws = self._build(b, s)
         self._workspaces[key] = ws
         return ws
@@ -263,17 +280,23 @@ class Embedder:
         out = torch.empty(len(seqs), self.dim)
         t0 = time.perf_counter()
         with self._lock:
-            for idx in self.plan_batches([len(s) for s in seqs]):
-                out[idx] = self._run_batch([seqs[i] for i in idx], stats)
+            plan = self.plan_batches([len(s) for s in seqs])
+            if len(plan) > 1 and getattr(self.dev, "host_lanes", 1) > 1:
+                for idx, vecs in zip(plan, self._run_batches([[seqs[i] for i in idx]
+                                                              for idx in plan], stats)):
+                    out[idx] = vecs
+            else:
+                for idx in plan:
+                    out[idx] = self._run_batch([seqs[i] for i in idx], stats)
         stats.inputs += len(seqs)
         stats.tokens += sum(len(s) for s in seqs)
         stats.host_s += time.perf_counter() - t0
         return out
 
-    def _run_batch(self, seqs: list[list[int]], stats: EmbedStats) -> torch.Tensor:
+    def _inputs(self, seqs: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Padded ids [b, s] and additive mask [b, s] of one batch (its shape: .shape)."""
         n, s = len(seqs), bucket(max(len(x) for x in seqs), self.buckets)
         b = batch_bucket(n, self.max_batch)
-        ws = self._workspace(b, s)
         ids = torch.full((b, s), self.spec.pad_token_id, dtype=torch.int32)
         mask = torch.full((b, s), float("-inf"))
         for i, x in enumerate(seqs):
@@ -282,6 +305,36 @@ class Embedder:
         bad = (ids < 0) | (ids >= self.spec.vocab)
         if bool(bad.any()):
             raise ValueError(f"token id out of range [0, {self.spec.vocab}) for {self.name}")
+        return ids, mask
+
+    def _run_batches(self, batches: list[list[list[int]]], stats: EmbedStats) -> list[torch.Tensor]:
+        """Several batches as one run_programs call: the device charges them in this order
+        (the modeled time of sequential runs) and the sim may execute them on its host lanes
+        at once, so each batch gets its own workspace (a repeated shape: another copy)."""
+        inputs = [self._inputs(seqs) for seqs in batches]
+        copies: dict[tuple[int, int], int] = {}
+        keys = []
+        for ids, _ in inputs:
+            shape = tuple(ids.shape)
+            keys.append(shape + (copies.get(shape, 0),))
+            copies[shape] = keys[-1][2] + 1
+        keep = frozenset(keys)
+        spaces = [self._workspace(*k, keep=keep) for k in keys]
+        for ws, (ids, mask) in zip(spaces, inputs):
+            self.dev.write(ws.ids.buffer, ids)
+            self.dev.write(ws.mask.buffer, mask)
+        stats.run_all(self.dev, [ws.program for ws in spaces], [k[:2] for k in keys])
+        out = []
+        for ws, seqs, k in zip(spaces, batches, keys):
+            stats.processed_tokens += k[0] * k[1]
+            out.append(self.dev.download(ws.out)[:len(seqs)])
+        return out
+
+    def _run_batch(self, seqs: list[list[int]], stats: EmbedStats) -> torch.Tensor:
+        n = len(seqs)
+        ids, mask = self._inputs(seqs)
+        b, s = ids.shape
+        ws = self._workspace(b, s)
         self.dev.write(ws.ids.buffer, ids)
         self.dev.write(ws.mask.buffer, mask)
         stats.run(self.dev, ws.program, (b, s))

@@ -8,7 +8,7 @@ from __future__ import annotations
 import threading
 from abc import ABC, abstractmethod
 from dataclasses import asdict, dataclass, field
-from typing import Iterable
+from typing import Iterable, Sequence
 
 import torch
 
@@ -181,6 +181,14 @@ class Device(ABC):
             self.counters.dispatches += 1
             self.counters.programs += 1
             self._finish(program.launches)
+
+    def run_programs(self, programs: Sequence[Program]) -> None:
+        """Execute independent programs (none writes a buffer another one reads or writes) as
+        consecutive submissions, in order: the same device work, counters and modeled time as
+        calling run_program on each. Backends may overlap their host-side work (the sim runs
+        the functional execution on its host lanes, see SimDevice.set_host_lanes)."""
+        for program in programs:
+            self.run_program(program)
 
     def _prepare(self, launches: Iterable[Launch]) -> None:
         for launch in launches:

@@ -51,6 +51,7 @@ class ServerConfig:
     default_model: bool = True            # offer the bundled all-MiniLM-L6-v2
     max_queue: int = 64                   # waiting requests before 429
     gather_ms: float = 20.0               # embedding merge window when clients overlap (worker.py)
+    host_threads: int | None = None       # sim host lanes (None: runtime/sim/lanes.default_host_lanes)
     max_models: int = 2                   # resident models (LRU)
     max_body_bytes: int = 4 << 20
     max_audio_bytes: int = 25 << 20       # /v1/audio/* uploads (OpenAI's 25 MB file limit)
@@ -305,6 +306,9 @@ class Server:
         if not self.registry.entries:
             raise ValueError("no models to serve: give --model DIR or keep the default model")
         self.worker = DeviceWorker(config.max_queue, gather_s=config.gather_ms / 1e3)
+        if hasattr(self.dev, "set_host_lanes"):   # sim: a merged step's batches use the cores
+            from torch_xdna.runtime.sim.lanes import default_host_lanes
+            self.dev.set_host_lanes(config.host_threads or default_host_lanes())
         from torch_xdna.server.batching import Batcher
         self.batcher = Batcher(self, config.max_batch)     # concurrent chats decode together
         self.shutting_down = False

@@ -12,7 +12,7 @@ from torch_xdna.runtime.device import Device, TraceRecord
 from torch_xdna.runtime.launch import Launch
 from torch_xdna.runtime.plan import Plan
 from torch_xdna.runtime.sim.cost import CostModel
-from torch_xdna.runtime.sim import order, txn_level
+from torch_xdna.runtime.sim import lanes, order, txn_level
 from torch_xdna.runtime.sim.threads import launch_threads
 
 
@@ -28,6 +28,9 @@ class SimDevice(Device):
         self._plan_ids: dict[int, tuple] = {}     # id(design) -> (design, plan): no key hashing
         self._epoch = 0              # bumped by every free: cached host views are then stale
         self.clock_us = 0.0          # modeled timeline
+        self.host_lanes = 1          # run_programs' host threads (set_host_lanes)
+        self._lanes: lanes.HostLanes | None = None
+        self.lane_runs = 0           # run_programs calls executed on the host lanes
 
     def _alloc(self, nbytes: int) -> Buffer:
         return Buffer(nbytes=nbytes, host=torch.empty(nbytes, dtype=torch.uint8))
@@ -68,13 +71,18 @@ class SimDevice(Device):
         launch.__dict__["_sim_views"] = (self, self._epoch, args, tuple(ins), tuple(outs))
         return ins, outs
 
-    def _run(self, launch: Launch, chained: bool, program: str = "") -> None:
+    def _launch_plan(self, launch: Launch) -> Plan:
         design = launch.design
         plan = self.plan_for(design)
         if launch.scalars and hasattr(design, "launch_plan"):
             # designs with run-time extents (attention over a KV cache) are charged at the
             # extent of this launch, with the tiling chosen at full capacity
             plan = design.launch_plan(self.gen, **launch.scalars)
+        return plan
+
+    def _run(self, launch: Launch, chained: bool, program: str = "") -> None:
+        design = launch.design
+        plan = self._launch_plan(launch)
         ins, outs = self._views(launch)
         t0 = time.perf_counter() if self.trace is not None else 0.0
         stream = None
@@ -89,6 +97,13 @@ class SimDevice(Device):
         else:
             with order.using(self.gen), launch_threads(plan.macs):
                 design.reference(ins, outs, **launch.scalars)
+        host_us = (time.perf_counter() - t0) * 1e6 if self.trace is not None else 0.0
+        self._charge(launch, plan, chained, program, stream, host_us)
+
+    def _charge(self, launch: Launch, plan: Plan, chained: bool, program: str = "",
+                stream=None, host_us: float = 0.0) -> None:
+        """Put one executed launch on the modeled timeline (cost model, counters, trace)."""
+        design = launch.design
         terms = self.cost.charge(design.key, plan, chained, context=self.submission_context,
                                  stream=stream)
         total = terms.total
@@ -104,5 +119,71 @@ class SimDevice(Device):
                 design=design.name, op=launch.op or design.name, plan=plan.summary(),
                 bytes_in=plan.dram_read_bytes, bytes_out=plan.dram_write_bytes,
                 terms=terms.as_dict(), modeled_us=total, start_us=self.clock_us,
-                host_us=(time.perf_counter() - t0) * 1e6, program=program))
+                host_us=host_us, program=program))
         self.clock_us += total
+
+    # --- host lanes (sim speed only) -----------------------------------------------------------
+    def set_host_lanes(self, n: int) -> None:
+        """Host threads that run_programs may use for the functional execution of independent
+        programs (1: one after another on the caller's thread, the default). Sim speed only:
+        results, modeled time and counters do not depend on it (runtime/sim/lanes.py)."""
+        if n < 1:
+            raise ValueError(f"host lanes must be >= 1 (got {n})")
+        with self.lock:
+            if self._lanes is not None and self._lanes.n != n:
+                self._lanes.close()
+                self._lanes = None
+            self.host_lanes = n
+
+    def run_programs(self, programs) -> None:
+        """Independent programs as consecutive submissions: executed on the host lanes at the
+        same time (each on one intra-op thread), then charged one after another in the given
+        order, exactly as sequential run_program calls charge them. The trace (per-launch host
+        time) and the txn level run them sequentially."""
+        programs = list(programs)
+        if (self.host_lanes <= 1 or len(programs) < 2 or self.trace is not None
+                or (self.level or txn_level.level()) == "txn"):
+            super().run_programs(programs)
+            return
+        lanes.check_independent(programs)
+        with self.lock:
+            if self._lanes is None:
+                self._lanes = lanes.HostLanes(self.host_lanes)
+            plans = [[self._launch_plan(launch) for launch in p.launches] for p in programs]
+            for p in programs:
+                self._prepare(p.launches)
+            views = [[self._views(launch) for launch in p.launches] for p in programs]
+            self.lane_runs += 1
+            threads = torch.get_num_threads()   # process-wide: one intra-op thread per lane
+            torch.set_num_threads(1)
+            try:
+                errors = self._lanes.run(
+                    [lambda p=p, v=v: self._execute(p, v) for p, v in zip(programs, views)],
+                    [sum(pl.macs for pl in ps) for ps in plans])
+            finally:
+                torch.set_num_threads(threads)
+            for p, ps, err in zip(programs, plans, errors):
+                if err is not None:            # as run_program: the failing program is not charged
+                    raise err
+                self.submission_context = p.key
+                try:
+                    for i, (launch, plan) in enumerate(zip(p.launches, ps)):
+                        self._charge(launch, plan, chained=i > 0, program=p.name)
+                finally:
+                    self.submission_context = None
+                self.counters.launches += len(p.launches)
+                self.counters.dispatches += 1
+                self.counters.programs += 1
+                self._finish(p.launches)
+
+    def _execute(self, program, views) -> None:
+        """One program's functional execution (a host lane)."""
+        with order.using(self.gen):
+            for launch, (ins, outs) in zip(program.launches, views):
+                launch.design.reference(ins, outs, **launch.scalars)
+
+    def close(self) -> None:
+        if self._lanes is not None:
+            self._lanes.close()
+            self._lanes = None
+        super().close()
