@@ -177,6 +177,26 @@ def test_layer_result_of_a_sequence_ignores_batch_and_padding():
         assert torch.equal(o, outs[0])
 
 
+@pytest.mark.parametrize("h,nh", [(64, 4), (128, 4)])
+def test_equal_length_runs_batched_equal_each_sequence_alone(h, nh):
+    """Attention runs one batched call per run of equal lengths; each sequence's layer output
+    is bit for bit what it gets alone (one call per sequence, the per-sequence path)."""
+    from torch_xdna.kernels.encoder_blocks import equal_runs
+    assert equal_runs([5, 5, 5, 9, 9, 3, 5]) == [(5, 3), (9, 2), (3, 1), (5, 1)]
+    g = torch.Generator().manual_seed(11)
+    w = _weights(h, 4 * h, g)
+    lengths, s = [5, 5, 5, 9, 9, 3, 5, 16], 16
+    b = len(lengths)
+    x = torch.randn(b * s, h, generator=g) * 2
+    mask = torch.full((b, s), float("-inf"))
+    for i, n in enumerate(lengths):
+        mask[i, :n] = 0.0
+    out = _layer(b, s, h, nh, w, x, mask).view(b, s, h)
+    for i, n in enumerate(lengths):
+        alone = _layer(1, n, h, nh, w, x.view(b, s, h)[i, :n].clone(), torch.zeros(1, n))
+        assert torch.equal(out[i, :n], alone), (i, n)
+
+
 @pytest.fixture(scope="module")
 def embedder():
     from torch_xdna.engine.embedder import Embedder
@@ -203,6 +223,11 @@ def test_sentence_embedding_is_bit_identical_in_any_batch(embedder):
         order = rng.sample(range(len(texts)), len(texts))
         got = embedder.embed([texts[i] for i in order])
         assert torch.equal(got, alone[order])
+    # sentences of equal token counts share one batched attention call: same bits as alone
+    same = ["Hello world.", "Hello there.", "Goodbye world.", "a", "b"]
+    assert len({len(x) for x in embedder.tokenize(same[:3])}) == 1
+    same_alone = torch.cat([embedder.embed([t]) for t in same])
+    assert torch.equal(embedder.embed(same), same_alone)
     # a short sentence padded up to a long partner's length in the same Program
     pair = embedder.embed([texts[1], texts[4]])
     assert torch.equal(pair, alone[[1, 4]])

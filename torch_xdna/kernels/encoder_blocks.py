@@ -99,6 +99,20 @@ def real_rows(lengths: list[int], seq: int) -> torch.Tensor:
     return torch.cat([torch.arange(i * seq, i * seq + n) for i, n in enumerate(lengths)])
 
 
+def equal_runs(lengths: list[int]) -> list[tuple[int, int]]:
+    """(length, count) of each run of consecutive equal lengths. Attention runs one batched call
+    per run: every sequence in it still attends over its own n tokens only (the per-sequence
+    matrices of a batched matmul and the rows of a softmax are computed independently, so the
+    bits are those of one call per sequence; tests/test_encoder_fastpath.py checks)."""
+    runs: list[tuple[int, int]] = []
+    for n in lengths:
+        if runs and runs[-1][0] == n:
+            runs[-1] = (n, runs[-1][1] + 1)
+        else:
+            runs.append((n, 1))
+    return runs
+
+
 def scatter_rows(out: torch.Tensor, rows: torch.Tensor, y: torch.Tensor) -> None:
     """out[rows] = y, every other (padding) row zero (finite, so a masked pool stays exact);
     only the padding rows are zeroed (sim speed: they are ~6% of a sorted batch)."""
@@ -246,12 +260,13 @@ class EncoderAttentionDesign(_Fused):
                   .view(r, 3, nh, d).permute(1, 2, 0, 3))
         ctx = torch.empty(nh, r, d)
         off = 0
-        for n in lengths:
+        for n, g in equal_runs(lengths):
             if n:
-                q, k, v = qkv[:, :, off:off + n]
-                ctx[:, off:off + n] = attention_reference(q, k, v, scale=1.0 / math.sqrt(d),
-                                                          rounded=True)
-                off += n
+                # g consecutive sequences of n tokens: one batched call over [nh, g, n, D]
+                q, k, v = qkv[:, :, off:off + g * n].unflatten(2, (g, n))
+                ctx[:, off:off + g * n].view(nh, g, n, d).copy_(
+                    attention_reference(q, k, v, scale=1.0 / math.sqrt(d), rounded=True))
+                off += g * n
         ctx_op = torch.empty(r, nh, d)             # rounded and back to token-major in one copy
         ctx_op.copy_(numerics.gemm_operand_bf16(ctx).transpose(0, 1))
         y = linear_rows(ctx_op.view(r, h), w_o, b_o, residual=xr, rounded=True)
