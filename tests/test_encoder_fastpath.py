@@ -79,17 +79,33 @@ def test_rounded_attention_equals_reference():
     assert torch.equal(attention_reference(*ops, scale=0.17, mask=mask, rounded=True), want)
 
 
-def test_gemm_rows_within_accumulation_bound_and_row_independent():
+@pytest.mark.parametrize("packed", [False, True])
+def test_gemm_rows_within_accumulation_bound_and_row_independent(packed):
     g = torch.Generator().manual_seed(3)
     rows, k, n = 96, 384, 160
     xo = numerics.operand(torch.randn(rows, k, generator=g))
     wo = numerics.operand(torch.randn(k, n, generator=g) / math.sqrt(k))
-    got = host_gemm.gemm_rows(xo, wo)
+    pw = host_gemm.pack(wo) if packed else None
+    if packed and pw is None:
+        pytest.skip("no row-invariant oneDNN packed GEMM on this host")
+    got = host_gemm.gemm_rows(xo, wo, pw)
     exact = xo.double() @ wo.double()
     bound = k * 2.0 ** -23 * (xo.abs().double() @ wo.abs().double())
     assert bool(((got.double() - exact).abs() <= bound).all())
     for lo, hi in ((0, 1), (0, 3), (5, 9), (17, 50), (40, 96)):      # any subset, any offset
-        assert torch.equal(host_gemm.gemm_rows(xo[lo:hi], wo), got[lo:hi]), (lo, hi)
+        assert torch.equal(host_gemm.gemm_rows(xo[lo:hi], wo, pw), got[lo:hi]), (lo, hi)
+
+
+def test_packed_gemm_is_used_on_encoder_shapes_and_can_be_turned_off(monkeypatch):
+    """The encoder's resident weights get a packed form (once: the operand cache) where this
+    host's oneDNN is row-invariant; TORCH_XDNA_HOST_KERNELS=0 gives None (torch.mm)."""
+    from torch_xdna.kernels.encoder_blocks import _packed_w
+    w = (torch.randn(384, 1152, generator=torch.Generator().manual_seed(9)) / 20).bfloat16()
+    if not (host_gemm.packing_enabled() and host_gemm.packed_invariant(384, 1152)):
+        pytest.skip("no row-invariant oneDNN packed GEMM on this host")
+    assert _packed_w(w) is _packed_w(w)
+    monkeypatch.setenv("TORCH_XDNA_HOST_KERNELS", "0")
+    assert _packed_w(w) is None and host_gemm.pack(w.float()) is None
 
 
 def test_prefix_lengths():

@@ -60,6 +60,16 @@ def _operand_w(t: torch.Tensor) -> torch.Tensor:
     return OPERANDS.get([t], "bf16", 0) if t.dtype == torch.bfloat16 else numerics.operand(t)
 
 
+def _packed_w(t: torch.Tensor) -> torch.Tensor | None:
+    # a resident weight's oneDNN packed form, made once per weight content (host_gemm.pack;
+    # None where that GEMM is not used), kept with the operand copies
+    if (t.dtype != torch.bfloat16 or t.dim() != 2 or not host_gemm.packing_enabled()
+            or not host_gemm.packed_invariant(*t.shape)):
+        return None
+    return OPERANDS.derived(("mkldnn_linear", host_gemm.PACK_ROWS_HINT), [t],
+                            lambda: host_gemm.pack(_operand_w(t)))
+
+
 def linear_rows(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, chunk: int = 0,
                 act: str = "none", residual: torch.Tensor | None = None,
                 rounded: bool = False, operand_out: bool = False) -> torch.Tensor:
@@ -72,7 +82,8 @@ def linear_rows(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, chunk: int = 
     order as apply_epilogue, so the same values). `rounded`: x already is a GEMM operand.
     `operand_out`: return numerics.gemm_operand of the result (it only feeds GEMMs); bias,
     epilogue and rounding then run as one host pass where host_fused can (the same bits)."""
-    acc = host_gemm.gemm_rows(x if rounded else numerics.gemm_operand(x), _operand_w(w))
+    acc = host_gemm.gemm_rows(x if rounded else numerics.gemm_operand(x), _operand_w(w),
+                              _packed_w(w))
     bias = _operand_w(b)
     if operand_out and residual is None and act in host_fused.ACTS and host_fused.available():
         return host_fused.bias_act_operand(acc, bias, act)
