@@ -104,8 +104,12 @@ def test_linear_rows_operand_out_matches_rounding_after(monkeypatch):
 
 
 def test_embeddings_unchanged_by_the_fused_pass(monkeypatch):
-    """The bundled all-MiniLM-L6-v2: vectors with the fused pass == with the torch ops."""
+    """The bundled all-MiniLM-L6-v2: vectors with the fused passes == with the torch ops
+    (the GEMM held the same: TORCH_XDNA_HOST_KERNELS=0 also drops the packed oneDNN GEMM,
+    which sums in another order)."""
     from torch_xdna.engine.embedder import Embedder
+    from torch_xdna.kernels import host_gemm
+    monkeypatch.setattr(host_gemm, "packing_enabled", lambda: False)
     texts = ["Hello world.", "a", "The NPU streams weights from DRAM; batching amortizes the "
              "dispatch cost.", "Zürich café naïve résumé 東京 " * 6]
     emb = Embedder.load()
@@ -116,3 +120,27 @@ def test_embeddings_unchanged_by_the_fused_pass(monkeypatch):
     finally:
         emb.close()
     assert torch.equal(fused, plain)
+
+
+def test_probs_operand_is_nan_to_num_then_operand_nonneg():
+    """The softmax-probability pass: every fp32 class (NaN, +-inf, subnormals, +-0, negatives,
+    values rounding up to a normal, ties) gives the bits of the torch ops it replaces."""
+    p = _values(37, 301, 5).abs() * torch.where(torch.rand(37, 301) < 0.1, -1.0, 1.0)
+    flat = p.view(-1)
+    flat[-8:] = torch.tensor([numerics.BF16_MAX_SUBNORMAL, 1.1754942e-38, 1.1755e-38,
+                              float("-inf"), float("nan"), 1.00390625, 1.01171875, 3.4e38])
+    want = numerics.operand_nonneg(torch.nan_to_num_(p.clone(), nan=0.0))
+    got = host_fused.probs_operand_(p.clone())
+    assert _same(got, want) and torch.equal(got.signbit(), want.signbit())
+    softmax = torch.softmax(torch.randn(4, 12, 50, 50) * 30, dim=-1)     # underflowing tails
+    assert _same(host_fused.probs_operand_(softmax.clone()),
+                 numerics.operand_nonneg(torch.nan_to_num_(softmax.clone(), nan=0.0)))
+
+
+def test_encoder_attention_equals_attention_reference():
+    from torch_xdna.kernels.attention import attention_reference
+    from torch_xdna.kernels.encoder_blocks import encoder_attention
+    g = torch.Generator().manual_seed(8)
+    q, k, v = (numerics.operand(torch.randn(12, 3, 37, 32, generator=g) * 2) for _ in range(3))
+    assert torch.equal(encoder_attention(q, k, v, 0.17),
+                       attention_reference(q, k, v, scale=0.17, rounded=True))

@@ -110,6 +110,19 @@ def real_rows(lengths: list[int], seq: int) -> torch.Tensor:
     return torch.cat([torch.arange(i * seq, i * seq + n) for i, n in enumerate(lengths)])
 
 
+def encoder_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                      scale: float) -> torch.Tensor:
+    """attention_reference(q, k, v, scale=scale, rounded=True) without a mask (q, k, v already
+    operands), the same ops in the same order, with the probabilities' NaN guard and rounding
+    to the P V operand as one host pass where host_fused can (the same bits; sim speed)."""
+    p = torch.softmax(torch.matmul(q, k.transpose(-1, -2)).mul_(scale), dim=-1)
+    if host_fused.available():
+        p = host_fused.probs_operand_(p)
+    else:
+        p = numerics.operand_nonneg(torch.nan_to_num_(p, nan=0.0))
+    return torch.matmul(p, v)
+
+
 def equal_runs(lengths: list[int]) -> list[tuple[int, int]]:
     """(length, count) of each run of consecutive equal lengths. Attention runs one batched call
     per run: every sequence in it still attends over its own n tokens only (the per-sequence
@@ -276,7 +289,7 @@ class EncoderAttentionDesign(_Fused):
                 # g consecutive sequences of n tokens: one batched call over [nh, g, n, D]
                 q, k, v = qkv[:, :, off:off + g * n].unflatten(2, (g, n))
                 ctx[:, off:off + g * n].view(nh, g, n, d).copy_(
-                    attention_reference(q, k, v, scale=1.0 / math.sqrt(d), rounded=True))
+                    encoder_attention(q, k, v, 1.0 / math.sqrt(d)))
                 off += g * n
         ctx_op = torch.empty(r, nh, d)             # rounded and back to token-major in one copy
         ctx_op.copy_(numerics.gemm_operand_bf16(ctx).transpose(0, 1))
