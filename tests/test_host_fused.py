@@ -144,3 +144,33 @@ def test_encoder_attention_equals_attention_reference():
     q, k, v = (numerics.operand(torch.randn(12, 3, 37, 32, generator=g) * 2) for _ in range(3))
     assert torch.equal(encoder_attention(q, k, v, 0.17),
                        attention_reference(q, k, v, scale=0.17, rounded=True))
+
+
+@pytest.mark.parametrize("rows,n", [(1, 1), (3, 7), (40, 384), (5, 1000)])
+def test_bias_residual_operand_is_operand_of_the_sum(rows, n):
+    acc, res = _values(rows, n, n + 1), _values(rows, n, n + 2)
+    b = _values(1, n, n + 3)[0]
+    if n >= 4:                          # signed zeros and subnormal sums keep their sign
+        acc[0, :4] = torch.tensor([-0.0, -1e-40, 1e-40, -0.0])
+        b[:4] = torch.tensor([-0.0, 0.0, -0.0, 0.0])
+        res[0, :4] = torch.tensor([-0.0, -1e-41, 1e-41, -0.0])
+    want = numerics.operand(acc.clone().add_(b).add_(res))
+    got = host_fused.bias_residual_operand(acc.clone(), b, res)
+    assert _same(got, want) and torch.equal(got.signbit(), want.signbit())
+    wide = torch.zeros(rows, n + 9)                                     # strided rows
+    wide[:, 3:n + 3] = acc
+    assert _same(host_fused.bias_residual_operand(wide[:, 3:n + 3], b, res), want)
+
+
+def test_linear_residual_layer_norm_equals_linear_then_norm():
+    from torch_xdna.kernels.encoder_blocks import (layer_norm_design, linear_residual_layer_norm,
+                                                   linear_rows)
+    g = torch.Generator().manual_seed(12)
+    x = numerics.operand(torch.randn(50, 384, generator=g))
+    w = (torch.randn(384, 384, generator=g) / 20).bfloat16()
+    b, ln_w, ln_b = (torch.randn(384, generator=g).bfloat16() for _ in range(3))
+    res = torch.randn(50, 384, generator=g) * 3
+    ln = layer_norm_design(50, 384, 1e-12)
+    want = torch.empty(50, 384)
+    ln.reference([linear_rows(x, w, b, residual=res, rounded=True), ln_w, ln_b], [want])
+    assert torch.equal(linear_residual_layer_norm(x, w, b, res, ln, ln_w, ln_b), want)

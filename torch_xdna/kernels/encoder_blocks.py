@@ -24,7 +24,7 @@ from torch_xdna.kernels.attention import attention_reference
 from torch_xdna.kernels.base import Design
 from torch_xdna.kernels.gemm import GemmDesign
 from torch_xdna.kernels.llm_blocks import OPERANDS
-from torch_xdna.kernels.vector import EmbeddingDesign, VectorDesign
+from torch_xdna.kernels.vector import OPS as VECTOR_OPS, EmbeddingDesign, VectorDesign
 from torch_xdna.runtime.plan import Plan, PlanError
 
 
@@ -91,6 +91,24 @@ def linear_rows(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, chunk: int = 
     if residual is not None:
         acc.add_(residual.float())
     return numerics.gemm_operand(acc) if operand_out else acc
+
+
+def linear_residual_layer_norm(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor,
+                               residual: torch.Tensor, ln: VectorDesign, ln_w: torch.Tensor,
+                               ln_b: torch.Tensor) -> torch.Tensor:
+    """LayerNorm(x @ w + b + residual) for an operand x: ln.reference on linear_rows(x, w, b,
+    residual=residual, rounded=True), returned. Where host_fused can, bias, residual and the
+    rounding of the norm's input (the vector unit reads bf16 operands) are one host pass and the
+    norm runs the same function on it (the same bits; sim speed, tests/test_host_fused.py)."""
+    if not host_fused.available():
+        y = linear_rows(x, w, b, residual=residual, rounded=True)
+        out = torch.empty_like(y)
+        ln.reference([y, ln_w, ln_b], [out])
+        return out
+    acc = host_gemm.gemm_rows(x, _operand_w(w), _packed_w(w))
+    xo = host_fused.bias_residual_operand(acc, _operand_w(b), residual.float())
+    norm = VECTOR_OPS[ln.op][0]
+    return norm([xo, numerics.operand(ln_w), numerics.operand(ln_b)], **dict(ln.params))
 
 
 def prefix_lengths(mask: torch.Tensor) -> list[int] | None:
@@ -293,9 +311,7 @@ class EncoderAttentionDesign(_Fused):
                 off += g * n
         ctx_op = torch.empty(r, nh, d)             # rounded and back to token-major in one copy
         ctx_op.copy_(numerics.gemm_operand_bf16(ctx).transpose(0, 1))
-        y = linear_rows(ctx_op.view(r, h), w_o, b_o, residual=xr, rounded=True)
-        ln = torch.empty_like(y)
-        self._ln.reference([y, ln_w, ln_b], [ln])
+        ln = linear_residual_layer_norm(ctx_op.view(r, h), w_o, b_o, xr, self._ln, ln_w, ln_b)
         scatter_rows(outputs[0], rows, ln)
 
 
@@ -353,9 +369,7 @@ class EncoderFFNDesign(_Fused):
         rows = real_rows(lengths, self.chunk)
         xr = x.index_select(0, rows)
         inter = linear_rows(xr, w1, b1, act=self.act, operand_out=True)
-        y = linear_rows(inter, w2, b2, residual=xr, rounded=True)
-        ln = torch.empty_like(y)
-        self._ln.reference([y, ln_w, ln_b], [ln])
+        ln = linear_residual_layer_norm(inter, w2, b2, xr, self._ln, ln_w, ln_b)
         scatter_rows(outputs[0], rows, ln)
 
 

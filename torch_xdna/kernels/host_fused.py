@@ -77,6 +77,29 @@ void xdna_bias_act_operand(const float* acc, int64_t lda, const float* bias, flo
   }
 }
 
+/* numerics.operand(acc[r, j] + bias[j] + res[r, j]) (the adds in that order, each one fp32
+   rounding): ATen's RNE to bf16 (NaN -> 0xFFFF), a zero exponent field -> a zero of the same
+   sign (operand_bf16's flush keeps the sign), back to fp32. The layer norm's input after a
+   GEMM with bias and residual. Row strides lda (acc), ldr (res); out [rows, n] may be acc. */
+void xdna_bias_res_operand(const float* acc, int64_t lda, const float* bias, const float* res,
+                           int64_t ldr, float* out, int64_t rows, int64_t n) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* ar = acc + r * lda;
+    const float* rr = res + r * ldr;
+    float* orow = out + r * n;
+    for (int64_t j = 0; j < n; ++j) {
+      float y = (ar[j] + bias[j]) + rr[j];
+      uint32_t u, q;
+      memcpy(&u, &y, 4);
+      if (y != y) q = 0xFFFFu;
+      else q = (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
+      if ((q & 0x7F80u) == 0) q &= 0x8000u;
+      q <<= 16;
+      memcpy(&orow[j], &q, 4);
+    }
+  }
+}
+
 /* numerics.operand_nonneg(torch.nan_to_num_(p, nan=0)) in place, for softmax probabilities:
    NaN -> 0, +-inf -> +-FLT_MAX (nan_to_num), ATen's RNE to bf16, then threshold_ at the
    largest bf16 subnormal (a value <= it becomes +0), back to fp32 */
@@ -121,6 +144,11 @@ def _build() -> bool:
         probs.restype = None
         probs.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_float]
         _state["probs"] = probs
+        res = lib.xdna_bias_res_operand
+        res.restype = None
+        res.argtypes = ([ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p,
+                         ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64])
+        _state["res"] = res
         fn = lib.xdna_bias_act_operand
         fn.restype = None
         fn.argtypes = ([ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p]
@@ -191,3 +219,27 @@ def probs_operand_(p: torch.Tensor) -> torch.Tensor:
                            "numerics.operand_nonneg(torch.nan_to_num_(p, nan=0.0))")
     _state["probs"](p.data_ptr(), p.numel(), numerics.BF16_MAX_SUBNORMAL)
     return p
+
+
+def bias_residual_operand(acc: torch.Tensor, bias: torch.Tensor,
+                          residual: torch.Tensor) -> torch.Tensor:
+    """numerics.operand(acc + bias + residual) (fp32 acc [R, N] and residual [R, N] with unit
+    column stride, bias [N]) in one pass, written into `acc` when it is contiguous: a layer
+    norm's rounded input after the GEMM's bias and the residual add. Call only when
+    available()."""
+    for name, t in (("acc", acc), ("residual", residual)):
+        if t.dtype != torch.float32 or t.dim() != 2 or t.stride(1) != 1:
+            raise ValueError(f"bias_residual_operand: {name} must be fp32 [R, N] with unit "
+                             f"column stride, got {t.dtype} {tuple(t.shape)} {t.stride()}")
+    rows, n = acc.shape
+    bias = bias.to(torch.float32).contiguous()
+    if residual.shape != acc.shape or bias.shape != (n,):
+        raise ValueError(f"bias_residual_operand: residual {tuple(residual.shape)} and bias "
+                         f"{tuple(bias.shape)} do not match acc {tuple(acc.shape)}")
+    if not available():
+        raise RuntimeError(f"host_fused kernel unavailable ({unavailable_reason()}); use "
+                           "numerics.operand(acc + bias + residual)")
+    out = acc if acc.is_contiguous() else torch.empty(rows, n)
+    _state["res"](acc.data_ptr(), acc.stride(0), bias.data_ptr(), residual.data_ptr(),
+                  residual.stride(0), out.data_ptr(), rows, n)
+    return out
