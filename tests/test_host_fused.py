@@ -174,3 +174,12 @@ def test_linear_residual_layer_norm_equals_linear_then_norm():
     want = torch.empty(50, 384)
     ln.reference([linear_rows(x, w, b, residual=res, rounded=True), ln_w, ln_b], [want])
     assert torch.equal(linear_residual_layer_norm(x, w, b, res, ln, ln_w, ln_b), want)
+
+
+@pytest.mark.parametrize("rows,n", [(1, 1), (17, 384), (3, 5000)])
+def test_gemm_operand_pass_is_numerics_gemm_operand(rows, n):
+    x = _values(rows, n, n + 7)
+    assert _same(host_fused.gemm_operand(x), numerics.gemm_operand(x))
+    wide = torch.zeros(rows, n + 5)
+    wide[:, 2:n + 2] = x
+    assert _same(host_fused.gemm_operand(wide[:, 2:n + 2]), numerics.gemm_operand(x))

@@ -70,6 +70,14 @@ def _packed_w(t: torch.Tensor) -> torch.Tensor | None:
                             lambda: host_gemm.pack(_operand_w(t)))
 
 
+def _gemm_operand(x: torch.Tensor) -> torch.Tensor:
+    # numerics.gemm_operand in one host pass where host_fused can (the same bits)
+    if (x.dtype == torch.float32 and x.dim() == 2 and x.stride(1) == 1
+            and host_fused.available()):
+        return host_fused.gemm_operand(x)
+    return numerics.gemm_operand(x)
+
+
 def linear_rows(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, chunk: int = 0,
                 act: str = "none", residual: torch.Tensor | None = None,
                 rounded: bool = False, operand_out: bool = False) -> torch.Tensor:
@@ -82,7 +90,7 @@ def linear_rows(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, chunk: int = 
     order as apply_epilogue, so the same values). `rounded`: x already is a GEMM operand.
     `operand_out`: return numerics.gemm_operand of the result (it only feeds GEMMs); bias,
     epilogue and rounding then run as one host pass where host_fused can (the same bits)."""
-    acc = host_gemm.gemm_rows(x if rounded else numerics.gemm_operand(x), _operand_w(w),
+    acc = host_gemm.gemm_rows(x if rounded else _gemm_operand(x), _operand_w(w),
                               _packed_w(w))
     bias = _operand_w(b)
     if operand_out and residual is None and act in host_fused.ACTS and host_fused.available():

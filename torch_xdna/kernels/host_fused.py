@@ -243,3 +243,24 @@ def bias_residual_operand(acc: torch.Tensor, bias: torch.Tensor,
     _state["res"](acc.data_ptr(), acc.stride(0), bias.data_ptr(), residual.data_ptr(),
                   residual.stride(0), out.data_ptr(), rows, n)
     return out
+
+
+def gemm_operand(x: torch.Tensor) -> torch.Tensor:
+    """numerics.gemm_operand(x) for fp32 x [R, N] (unit column stride) in one pass into a new
+    tensor: the bias pass with a zero bias (x + 0 is x, but -0 + 0 = +0, and gemm_operand
+    flushes -0 to +0 anyway). Call only when available()."""
+    n = x.shape[-1]
+    zeros = _state.get("zeros")
+    if zeros is None or zeros.numel() < n:
+        with _lock:
+            zeros = _state["zeros"] = torch.zeros(max(n, 4096))
+    out = torch.empty(x.shape)
+    if x.dtype != torch.float32 or x.dim() != 2 or x.stride(1) != 1:
+        raise ValueError(f"gemm_operand: x must be fp32 [R, N] with unit column stride, got "
+                         f"{x.dtype} {tuple(x.shape)} strides {x.stride()}")
+    if not available():
+        raise RuntimeError(f"host_fused kernel unavailable ({unavailable_reason()}); use "
+                           "numerics.gemm_operand")
+    _state["fn"](x.data_ptr(), x.stride(0), zeros.data_ptr(), out.data_ptr(), x.shape[0], n, 0,
+                 0.0, _state["erf"], VML_MODE)
+    return out
