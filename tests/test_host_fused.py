@@ -183,3 +183,17 @@ def test_gemm_operand_pass_is_numerics_gemm_operand(rows, n):
     wide = torch.zeros(rows, n + 5)
     wide[:, 2:n + 2] = x
     assert _same(host_fused.gemm_operand(wide[:, 2:n + 2]), numerics.gemm_operand(x))
+
+
+@pytest.mark.parametrize("rows,n,d", [(1, 6, 2), (37, 1152, 32), (5, 96, 16)])
+def test_bias_operand_heads_is_the_pass_then_the_permute(rows, n, d):
+    acc = _values(rows, n, n + d)
+    b = torch.randn(n, generator=torch.Generator().manual_seed(d)).bfloat16().float()
+    want = _reference(acc, b, "none").view(rows, n // d, d).permute(1, 0, 2)
+    assert _same(host_fused.bias_operand_heads(acc.clone(), b, d), want.contiguous())
+    n_threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        assert _same(host_fused.bias_operand_heads(acc.clone(), b, d), want.contiguous())
+    finally:
+        torch.set_num_threads(n_threads)

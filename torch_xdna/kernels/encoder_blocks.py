@@ -305,9 +305,13 @@ class EncoderAttentionDesign(_Fused):
         r = len(rows)
         # Q, K, V rounded once (they only feed products) and laid out head-major in the same
         # copy, so each sequence's per-head [n, D] blocks are contiguous for the batched GEMMs
-        qkv = torch.empty(3, nh, r, d)
-        qkv.copy_(linear_rows(xr, w_qkv, b_qkv, operand_out=True)
-                  .view(r, 3, nh, d).permute(1, 2, 0, 3))
+        if host_fused.available():                 # bias, rounding and layout in one pass
+            acc = host_gemm.gemm_rows(_gemm_operand(xr), _operand_w(w_qkv), _packed_w(w_qkv))
+            qkv = host_fused.bias_operand_heads(acc, _operand_w(b_qkv), d).view(3, nh, r, d)
+        else:
+            qkv = torch.empty(3, nh, r, d)
+            qkv.copy_(linear_rows(xr, w_qkv, b_qkv, operand_out=True)
+                      .view(r, 3, nh, d).permute(1, 2, 0, 3))
         ctx = torch.empty(nh, r, d)
         off = 0
         for n, g in equal_runs(lengths):

@@ -77,6 +77,20 @@ void xdna_bias_act_operand(const float* acc, int64_t lda, const float* bias, flo
   }
 }
 
+/* operand(acc[r, j] + bias[j]) as bias_act_operand (act none) computes it, written head-major:
+   column j = b * d + c of row r goes to out[b * block + r * d + c] (the [3, heads, R, d] layout
+   attention reads Q, K, V in); `out` points at this call's first row. */
+void xdna_bias_operand_heads(const float* acc, int64_t lda, const float* bias, float* out,
+                             int64_t rows, int64_t n, int64_t d, int64_t block) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* ar = acc + r * lda;
+    for (int64_t b = 0; b * d < n; ++b) {
+      float* o = out + b * block + r * d;
+      for (int64_t c = 0; c < d; ++c) o[c] = operand_of(ar[b * d + c] + bias[b * d + c]);
+    }
+  }
+}
+
 /* numerics.operand(acc[r, j] + bias[j] + res[r, j]) (the adds in that order, each one fp32
    rounding): ATen's RNE to bf16 (NaN -> 0xFFFF), a zero exponent field -> a zero of the same
    sign (operand_bf16's flush keeps the sign), back to fp32. The layer norm's input after a
@@ -149,6 +163,11 @@ def _build() -> bool:
         res.argtypes = ([ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p,
                          ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64])
         _state["res"] = res
+        heads = lib.xdna_bias_operand_heads
+        heads.restype = None
+        heads.argtypes = ([ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p]
+                          + [ctypes.c_int64] * 4)
+        _state["heads"] = heads
         fn = lib.xdna_bias_act_operand
         fn.restype = None
         fn.argtypes = ([ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p]
@@ -263,4 +282,35 @@ def gemm_operand(x: torch.Tensor) -> torch.Tensor:
                            "numerics.gemm_operand")
     _state["fn"](x.data_ptr(), x.stride(0), zeros.data_ptr(), out.data_ptr(), x.shape[0], n, 0,
                  0.0, _state["erf"], VML_MODE)
+    return out
+
+
+def bias_operand_heads(acc: torch.Tensor, bias: torch.Tensor, head_dim: int) -> torch.Tensor:
+    """bias_act_operand(acc, bias, "none") laid out head-major: acc [R, N] (unit column
+    stride), N = blocks x head_dim, gives [blocks, R, head_dim] (for QKV: [3 * heads, R, D]),
+    in one pass instead of the pass and a permuting copy. Call only when available()."""
+    rows, n = acc.shape
+    if acc.dtype != torch.float32 or acc.stride(1) != 1 or head_dim <= 0 or n % head_dim:
+        raise ValueError(f"bias_operand_heads: acc must be fp32 [R, N] with unit column stride "
+                         f"and N a multiple of head_dim {head_dim}, got {acc.dtype} "
+                         f"{tuple(acc.shape)} strides {acc.stride()}")
+    bias = bias.to(torch.float32).contiguous()
+    if bias.shape != (n,):
+        raise ValueError(f"bias_operand_heads: bias [{n}] expected, got {tuple(bias.shape)}")
+    if not available():
+        raise RuntimeError(f"host_fused kernel unavailable ({unavailable_reason()}); use "
+                           "bias_act_operand's torch ops and a permuting copy")
+    out = torch.empty(n // head_dim, rows, head_dim)
+    fn, block = _state["heads"], rows * head_dim
+    nt = min(torch.get_num_threads(), max(1, rows // 16))
+    step = -(-rows // nt)
+    if nt <= 1:
+        fn(acc.data_ptr(), acc.stride(0), bias.data_ptr(), out.data_ptr(), rows, n, head_dim,
+           block)
+        return out
+    futs = [_pool(nt).submit(fn, acc[r:].data_ptr(), acc.stride(0), bias.data_ptr(),
+                             out[:, r:].data_ptr(), min(step, rows - r), n, head_dim, block)
+            for r in range(0, rows, step)]
+    for f in futs:
+        f.result()
     return out
