@@ -2,7 +2,7 @@
 
 A fused design is a sequence of component designs run back to back on the array. Its reference
 has the components' numerics (bf16 operands, fp32 accumulation; the vector steps call the
-VectorDesign/EmbeddingDesign references, attention calls attention_reference); its plan is the
+VectorDesign/EmbeddingDesign references, attention runs attention_reference's ops); its plan is the
 components' plans combined: DRAM bytes and compute add up (the intermediates between components
 are counted as spilled to DRAM, a conservative choice), and the capacity checks are the
 components' own, so an oversized shape raises their PlanError. Weights are bf16 (the operand
