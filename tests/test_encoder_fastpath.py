@@ -79,17 +79,33 @@ def test_rounded_attention_equals_reference():
     assert torch.equal(attention_reference(*ops, scale=0.17, mask=mask, rounded=True), want)
 
 
-def test_gemm_rows_within_accumulation_bound_and_row_independent():
+@pytest.mark.parametrize("packed", [False, True])
+def test_gemm_rows_within_accumulation_bound_and_row_independent(packed):
     g = torch.Generator().manual_seed(3)
     rows, k, n = 96, 384, 160
     xo = numerics.operand(torch.randn(rows, k, generator=g))
     wo = numerics.operand(torch.randn(k, n, generator=g) / math.sqrt(k))
-    got = host_gemm.gemm_rows(xo, wo)
+    pw = host_gemm.pack(wo) if packed else None
+    if packed and pw is None:
+        pytest.skip("no row-invariant oneDNN packed GEMM on this host")
+    got = host_gemm.gemm_rows(xo, wo, pw)
     exact = xo.double() @ wo.double()
     bound = k * 2.0 ** -23 * (xo.abs().double() @ wo.abs().double())
     assert bool(((got.double() - exact).abs() <= bound).all())
     for lo, hi in ((0, 1), (0, 3), (5, 9), (17, 50), (40, 96)):      # any subset, any offset
-        assert torch.equal(host_gemm.gemm_rows(xo[lo:hi], wo), got[lo:hi]), (lo, hi)
+        assert torch.equal(host_gemm.gemm_rows(xo[lo:hi], wo, pw), got[lo:hi]), (lo, hi)
+
+
+def test_packed_gemm_is_used_on_encoder_shapes_and_can_be_turned_off(monkeypatch):
+    """The encoder's resident weights get a packed form (once: the operand cache) where this
+    host's oneDNN is row-invariant; TORCH_XDNA_HOST_KERNELS=0 gives None (torch.mm)."""
+    from torch_xdna.kernels.encoder_blocks import _packed_w
+    w = (torch.randn(384, 1152, generator=torch.Generator().manual_seed(9)) / 20).bfloat16()
+    if not (host_gemm.packing_enabled() and host_gemm.packed_invariant(384, 1152)):
+        pytest.skip("no row-invariant oneDNN packed GEMM on this host")
+    assert _packed_w(w) is _packed_w(w)
+    monkeypatch.setenv("TORCH_XDNA_HOST_KERNELS", "0")
+    assert _packed_w(w) is None and host_gemm.pack(w.float()) is None
 
 
 def test_prefix_lengths():
@@ -177,6 +193,26 @@ def test_layer_result_of_a_sequence_ignores_batch_and_padding():
         assert torch.equal(o, outs[0])
 
 
+@pytest.mark.parametrize("h,nh", [(64, 4), (128, 4)])
+def test_equal_length_runs_batched_equal_each_sequence_alone(h, nh):
+    """Attention runs one batched call per run of equal lengths; each sequence's layer output
+    is bit for bit what it gets alone (one call per sequence, the per-sequence path)."""
+    from torch_xdna.kernels.encoder_blocks import equal_runs
+    assert equal_runs([5, 5, 5, 9, 9, 3, 5]) == [(5, 3), (9, 2), (3, 1), (5, 1)]
+    g = torch.Generator().manual_seed(11)
+    w = _weights(h, 4 * h, g)
+    lengths, s = [5, 5, 5, 9, 9, 3, 5, 16], 16
+    b = len(lengths)
+    x = torch.randn(b * s, h, generator=g) * 2
+    mask = torch.full((b, s), float("-inf"))
+    for i, n in enumerate(lengths):
+        mask[i, :n] = 0.0
+    out = _layer(b, s, h, nh, w, x, mask).view(b, s, h)
+    for i, n in enumerate(lengths):
+        alone = _layer(1, n, h, nh, w, x.view(b, s, h)[i, :n].clone(), torch.zeros(1, n))
+        assert torch.equal(out[i, :n], alone), (i, n)
+
+
 @pytest.fixture(scope="module")
 def embedder():
     from torch_xdna.engine.embedder import Embedder
@@ -203,6 +239,11 @@ def test_sentence_embedding_is_bit_identical_in_any_batch(embedder):
         order = rng.sample(range(len(texts)), len(texts))
         got = embedder.embed([texts[i] for i in order])
         assert torch.equal(got, alone[order])
+    # sentences of equal token counts share one batched attention call: same bits as alone
+    same = ["Hello world.", "Hello there.", "Goodbye world.", "a", "b"]
+    assert len({len(x) for x in embedder.tokenize(same[:3])}) == 1
+    same_alone = torch.cat([embedder.embed([t]) for t in same])
+    assert torch.equal(embedder.embed(same), same_alone)
     # a short sentence padded up to a long partner's length in the same Program
     pair = embedder.embed([texts[1], texts[4]])
     assert torch.equal(pair, alone[[1, 4]])

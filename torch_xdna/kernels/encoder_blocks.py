@@ -2,7 +2,7 @@
 
 A fused design is a sequence of component designs run back to back on the array. Its reference
 has the components' numerics (bf16 operands, fp32 accumulation; the vector steps call the
-VectorDesign/EmbeddingDesign references, attention calls attention_reference); its plan is the
+VectorDesign/EmbeddingDesign references, attention runs attention_reference's ops); its plan is the
 components' plans combined: DRAM bytes and compute add up (the intermediates between components
 are counted as spilled to DRAM, a conservative choice), and the capacity checks are the
 components' own, so an oversized shape raises their PlanError. Weights are bf16 (the operand
@@ -24,7 +24,7 @@ from torch_xdna.kernels.attention import attention_reference
 from torch_xdna.kernels.base import Design
 from torch_xdna.kernels.gemm import GemmDesign
 from torch_xdna.kernels.llm_blocks import OPERANDS
-from torch_xdna.kernels.vector import EmbeddingDesign, VectorDesign
+from torch_xdna.kernels.vector import OPS as VECTOR_OPS, EmbeddingDesign, VectorDesign
 from torch_xdna.runtime.plan import Plan, PlanError
 
 
@@ -60,6 +60,24 @@ def _operand_w(t: torch.Tensor) -> torch.Tensor:
     return OPERANDS.get([t], "bf16", 0) if t.dtype == torch.bfloat16 else numerics.operand(t)
 
 
+def _packed_w(t: torch.Tensor) -> torch.Tensor | None:
+    # a resident weight's oneDNN packed form, made once per weight content (host_gemm.pack;
+    # None where that GEMM is not used), kept with the operand copies
+    if (t.dtype != torch.bfloat16 or t.dim() != 2 or not host_gemm.packing_enabled()
+            or not host_gemm.packed_invariant(*t.shape)):
+        return None
+    return OPERANDS.derived(("mkldnn_linear", host_gemm.PACK_ROWS_HINT), [t],
+                            lambda: host_gemm.pack(_operand_w(t)))
+
+
+def _gemm_operand(x: torch.Tensor) -> torch.Tensor:
+    # numerics.gemm_operand in one host pass where host_fused can (the same bits)
+    if (x.dtype == torch.float32 and x.dim() == 2 and x.stride(1) == 1
+            and host_fused.available()):
+        return host_fused.gemm_operand(x)
+    return numerics.gemm_operand(x)
+
+
 def linear_rows(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, chunk: int = 0,
                 act: str = "none", residual: torch.Tensor | None = None,
                 rounded: bool = False, operand_out: bool = False) -> torch.Tensor:
@@ -72,7 +90,8 @@ def linear_rows(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, chunk: int = 
     order as apply_epilogue, so the same values). `rounded`: x already is a GEMM operand.
     `operand_out`: return numerics.gemm_operand of the result (it only feeds GEMMs); bias,
     epilogue and rounding then run as one host pass where host_fused can (the same bits)."""
-    acc = host_gemm.gemm_rows(x if rounded else numerics.gemm_operand(x), _operand_w(w))
+    acc = host_gemm.gemm_rows(x if rounded else _gemm_operand(x), _operand_w(w),
+                              _packed_w(w))
     bias = _operand_w(b)
     if operand_out and residual is None and act in host_fused.ACTS and host_fused.available():
         return host_fused.bias_act_operand(acc, bias, act)
@@ -80,6 +99,24 @@ def linear_rows(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, chunk: int = 
     if residual is not None:
         acc.add_(residual.float())
     return numerics.gemm_operand(acc) if operand_out else acc
+
+
+def linear_residual_layer_norm(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor,
+                               residual: torch.Tensor, ln: VectorDesign, ln_w: torch.Tensor,
+                               ln_b: torch.Tensor) -> torch.Tensor:
+    """LayerNorm(x @ w + b + residual) for an operand x: ln.reference on linear_rows(x, w, b,
+    residual=residual, rounded=True), returned. Where host_fused can, bias, residual and the
+    rounding of the norm's input (the vector unit reads bf16 operands) are one host pass and the
+    norm runs the same function on it (the same bits; sim speed, tests/test_host_fused.py)."""
+    if not host_fused.available():
+        y = linear_rows(x, w, b, residual=residual, rounded=True)
+        out = torch.empty_like(y)
+        ln.reference([y, ln_w, ln_b], [out])
+        return out
+    acc = host_gemm.gemm_rows(x, _operand_w(w), _packed_w(w))
+    xo = host_fused.bias_residual_operand(acc, _operand_w(b), residual.float())
+    norm = VECTOR_OPS[ln.op][0]
+    return norm([xo, numerics.operand(ln_w), numerics.operand(ln_b)], **dict(ln.params))
 
 
 def prefix_lengths(mask: torch.Tensor) -> list[int] | None:
@@ -97,6 +134,33 @@ def prefix_lengths(mask: torch.Tensor) -> list[int] | None:
 def real_rows(lengths: list[int], seq: int) -> torch.Tensor:
     """Row indices (into the padded [B*S] layout) of the real tokens, sequence by sequence."""
     return torch.cat([torch.arange(i * seq, i * seq + n) for i, n in enumerate(lengths)])
+
+
+def encoder_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                      scale: float) -> torch.Tensor:
+    """attention_reference(q, k, v, scale=scale, rounded=True) without a mask (q, k, v already
+    operands), the same ops in the same order, with the probabilities' NaN guard and rounding
+    to the P V operand as one host pass where host_fused can (the same bits; sim speed)."""
+    p = torch.softmax(torch.matmul(q, k.transpose(-1, -2)).mul_(scale), dim=-1)
+    if host_fused.available():
+        p = host_fused.probs_operand_(p)
+    else:
+        p = numerics.operand_nonneg(torch.nan_to_num_(p, nan=0.0))
+    return torch.matmul(p, v)
+
+
+def equal_runs(lengths: list[int]) -> list[tuple[int, int]]:
+    """(length, count) of each run of consecutive equal lengths. Attention runs one batched call
+    per run: every sequence in it still attends over its own n tokens only (the per-sequence
+    matrices of a batched matmul and the rows of a softmax are computed independently, so the
+    bits are those of one call per sequence; tests/test_encoder_fastpath.py checks)."""
+    runs: list[tuple[int, int]] = []
+    for n in lengths:
+        if runs and runs[-1][0] == n:
+            runs[-1] = (n, runs[-1][1] + 1)
+        else:
+            runs.append((n, 1))
+    return runs
 
 
 def scatter_rows(out: torch.Tensor, rows: torch.Tensor, y: torch.Tensor) -> None:
@@ -241,22 +305,25 @@ class EncoderAttentionDesign(_Fused):
         r = len(rows)
         # Q, K, V rounded once (they only feed products) and laid out head-major in the same
         # copy, so each sequence's per-head [n, D] blocks are contiguous for the batched GEMMs
-        qkv = torch.empty(3, nh, r, d)
-        qkv.copy_(linear_rows(xr, w_qkv, b_qkv, operand_out=True)
-                  .view(r, 3, nh, d).permute(1, 2, 0, 3))
+        if host_fused.available():                 # bias, rounding and layout in one pass
+            acc = host_gemm.gemm_rows(_gemm_operand(xr), _operand_w(w_qkv), _packed_w(w_qkv))
+            qkv = host_fused.bias_operand_heads(acc, _operand_w(b_qkv), d).view(3, nh, r, d)
+        else:
+            qkv = torch.empty(3, nh, r, d)
+            qkv.copy_(linear_rows(xr, w_qkv, b_qkv, operand_out=True)
+                      .view(r, 3, nh, d).permute(1, 2, 0, 3))
         ctx = torch.empty(nh, r, d)
         off = 0
-        for n in lengths:
+        for n, g in equal_runs(lengths):
             if n:
-                q, k, v = qkv[:, :, off:off + n]
-                ctx[:, off:off + n] = attention_reference(q, k, v, scale=1.0 / math.sqrt(d),
-                                                          rounded=True)
-                off += n
+                # g consecutive sequences of n tokens: one batched call over [nh, g, n, D]
+                q, k, v = qkv[:, :, off:off + g * n].unflatten(2, (g, n))
+                ctx[:, off:off + g * n].view(nh, g, n, d).copy_(
+                    encoder_attention(q, k, v, 1.0 / math.sqrt(d)))
+                off += g * n
         ctx_op = torch.empty(r, nh, d)             # rounded and back to token-major in one copy
         ctx_op.copy_(numerics.gemm_operand_bf16(ctx).transpose(0, 1))
-        y = linear_rows(ctx_op.view(r, h), w_o, b_o, residual=xr, rounded=True)
-        ln = torch.empty_like(y)
-        self._ln.reference([y, ln_w, ln_b], [ln])
+        ln = linear_residual_layer_norm(ctx_op.view(r, h), w_o, b_o, xr, self._ln, ln_w, ln_b)
         scatter_rows(outputs[0], rows, ln)
 
 
@@ -314,9 +381,7 @@ class EncoderFFNDesign(_Fused):
         rows = real_rows(lengths, self.chunk)
         xr = x.index_select(0, rows)
         inter = linear_rows(xr, w1, b1, act=self.act, operand_out=True)
-        y = linear_rows(inter, w2, b2, residual=xr, rounded=True)
-        ln = torch.empty_like(y)
-        self._ln.reference([y, ln_w, ln_b], [ln])
+        ln = linear_residual_layer_norm(inter, w2, b2, xr, self._ln, ln_w, ln_b)
         scatter_rows(outputs[0], rows, ln)
 
 

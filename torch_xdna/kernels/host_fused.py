@@ -28,7 +28,7 @@ import threading
 
 import torch
 
-from torch_xdna.kernels import host_cc
+from torch_xdna.kernels import host_cc, numerics
 
 # VML_HA | VML_FTZDAZ_OFF | VML_ERRMODE_IGNORE (mkl_vml_defines.h), the mode ATen's vml.h passes
 VML_MODE = 0x2 | 0x00140000 | 0x100
@@ -76,6 +76,61 @@ void xdna_bias_act_operand(const float* acc, int64_t lda, const float* bias, flo
     }
   }
 }
+
+/* operand(acc[r, j] + bias[j]) as bias_act_operand (act none) computes it, written head-major:
+   column j = b * d + c of row r goes to out[b * block + r * d + c] (the [3, heads, R, d] layout
+   attention reads Q, K, V in); `out` points at this call's first row. */
+void xdna_bias_operand_heads(const float* acc, int64_t lda, const float* bias, float* out,
+                             int64_t rows, int64_t n, int64_t d, int64_t block) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* ar = acc + r * lda;
+    for (int64_t b = 0; b * d < n; ++b) {
+      float* o = out + b * block + r * d;
+      for (int64_t c = 0; c < d; ++c) o[c] = operand_of(ar[b * d + c] + bias[b * d + c]);
+    }
+  }
+}
+
+/* numerics.operand(acc[r, j] + bias[j] + res[r, j]) (the adds in that order, each one fp32
+   rounding): ATen's RNE to bf16 (NaN -> 0xFFFF), a zero exponent field -> a zero of the same
+   sign (operand_bf16's flush keeps the sign), back to fp32. The layer norm's input after a
+   GEMM with bias and residual. Row strides lda (acc), ldr (res); out [rows, n] may be acc. */
+void xdna_bias_res_operand(const float* acc, int64_t lda, const float* bias, const float* res,
+                           int64_t ldr, float* out, int64_t rows, int64_t n) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* ar = acc + r * lda;
+    const float* rr = res + r * ldr;
+    float* orow = out + r * n;
+    for (int64_t j = 0; j < n; ++j) {
+      float y = (ar[j] + bias[j]) + rr[j];
+      uint32_t u, q;
+      memcpy(&u, &y, 4);
+      if (y != y) q = 0xFFFFu;
+      else q = (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
+      if ((q & 0x7F80u) == 0) q &= 0x8000u;
+      q <<= 16;
+      memcpy(&orow[j], &q, 4);
+    }
+  }
+}
+
+/* numerics.operand_nonneg(torch.nan_to_num_(p, nan=0)) in place, for softmax probabilities:
+   NaN -> 0, +-inf -> +-FLT_MAX (nan_to_num), ATen's RNE to bf16, then threshold_ at the
+   largest bf16 subnormal (a value <= it becomes +0), back to fp32 */
+void xdna_probs_operand(float* p, int64_t n, float thr) {
+  for (int64_t i = 0; i < n; ++i) {
+    float x = p[i];
+    uint32_t u, r;
+    if (x != x) x = 0.0f;
+    else if (x > 3.40282347e38f) x = 3.40282347e38f;
+    else if (x < -3.40282347e38f) x = -3.40282347e38f;
+    memcpy(&u, &x, 4);
+    r = ((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16) << 16;
+    float y;
+    memcpy(&y, &r, 4);
+    p[i] = y > thr ? y : 0.0f;
+  }
+}
 """
 
 _lock = threading.Lock()
@@ -98,7 +153,22 @@ def _build() -> bool:
         return False
     try:
         _state["erf"] = _vml_erf()
-        fn = host_cc.compile_library(_SOURCE, "fused").xdna_bias_act_operand
+        lib = host_cc.compile_library(_SOURCE, "fused")
+        probs = lib.xdna_probs_operand
+        probs.restype = None
+        probs.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_float]
+        _state["probs"] = probs
+        res = lib.xdna_bias_res_operand
+        res.restype = None
+        res.argtypes = ([ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p,
+                         ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64])
+        _state["res"] = res
+        heads = lib.xdna_bias_operand_heads
+        heads.restype = None
+        heads.argtypes = ([ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p]
+                          + [ctypes.c_int64] * 4)
+        _state["heads"] = heads
+        fn = lib.xdna_bias_act_operand
         fn.restype = None
         fn.argtypes = ([ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p]
                        + [ctypes.c_int64] * 3 + [ctypes.c_float, ctypes.c_void_p, ctypes.c_int64])
@@ -154,3 +224,93 @@ def bias_act_operand(acc: torch.Tensor, bias: torch.Tensor, act: str = "none") -
 
 def _pool(nt: int):
     return host_cc.thread_pool(_state, nt, "xdna-fused")
+
+
+def probs_operand_(p: torch.Tensor) -> torch.Tensor:
+    """numerics.operand_nonneg(torch.nan_to_num_(p, nan=0.0)) in place on a contiguous fp32
+    tensor (softmax probabilities before the P V product), in one pass instead of four.
+    Call only when available()."""
+    if p.dtype != torch.float32 or not p.is_contiguous():
+        raise ValueError(f"probs_operand_: p must be contiguous fp32, got {p.dtype} "
+                         f"{tuple(p.shape)} strides {p.stride()}")
+    if not available():
+        raise RuntimeError(f"host_fused kernel unavailable ({unavailable_reason()}); use "
+                           "numerics.operand_nonneg(torch.nan_to_num_(p, nan=0.0))")
+    _state["probs"](p.data_ptr(), p.numel(), numerics.BF16_MAX_SUBNORMAL)
+    return p
+
+
+def bias_residual_operand(acc: torch.Tensor, bias: torch.Tensor,
+                          residual: torch.Tensor) -> torch.Tensor:
+    """numerics.operand(acc + bias + residual) (fp32 acc [R, N] and residual [R, N] with unit
+    column stride, bias [N]) in one pass, written into `acc` when it is contiguous: a layer
+    norm's rounded input after the GEMM's bias and the residual add. Call only when
+    available()."""
+    for name, t in (("acc", acc), ("residual", residual)):
+        if t.dtype != torch.float32 or t.dim() != 2 or t.stride(1) != 1:
+            raise ValueError(f"bias_residual_operand: {name} must be fp32 [R, N] with unit "
+                             f"column stride, got {t.dtype} {tuple(t.shape)} {t.stride()}")
+    rows, n = acc.shape
+    bias = bias.to(torch.float32).contiguous()
+    if residual.shape != acc.shape or bias.shape != (n,):
+        raise ValueError(f"bias_residual_operand: residual {tuple(residual.shape)} and bias "
+                         f"{tuple(bias.shape)} do not match acc {tuple(acc.shape)}")
+    if not available():
+        raise RuntimeError(f"host_fused kernel unavailable ({unavailable_reason()}); use "
+                           "numerics.operand(acc + bias + residual)")
+    out = acc if acc.is_contiguous() else torch.empty(rows, n)
+    _state["res"](acc.data_ptr(), acc.stride(0), bias.data_ptr(), residual.data_ptr(),
+                  residual.stride(0), out.data_ptr(), rows, n)
+    return out
+
+
+def gemm_operand(x: torch.Tensor) -> torch.Tensor:
+    """numerics.gemm_operand(x) for fp32 x [R, N] (unit column stride) in one pass into a new
+    tensor: the bias pass with a zero bias (x + 0 is x, but -0 + 0 = +0, and gemm_operand
+    flushes -0 to +0 anyway). Call only when available()."""
+    n = x.shape[-1]
+    zeros = _state.get("zeros")
+    if zeros is None or zeros.numel() < n:
+        with _lock:
+            zeros = _state["zeros"] = torch.zeros(max(n, 4096))
+    out = torch.empty(x.shape)
+    if x.dtype != torch.float32 or x.dim() != 2 or x.stride(1) != 1:
+        raise ValueError(f"gemm_operand: x must be fp32 [R, N] with unit column stride, got "
+                         f"{x.dtype} {tuple(x.shape)} strides {x.stride()}")
+    if not available():
+        raise RuntimeError(f"host_fused kernel unavailable ({unavailable_reason()}); use "
+                           "numerics.gemm_operand")
+    _state["fn"](x.data_ptr(), x.stride(0), zeros.data_ptr(), out.data_ptr(), x.shape[0], n, 0,
+                 0.0, _state["erf"], VML_MODE)
+    return out
+
+
+def bias_operand_heads(acc: torch.Tensor, bias: torch.Tensor, head_dim: int) -> torch.Tensor:
+    """bias_act_operand(acc, bias, "none") laid out head-major: acc [R, N] (unit column
+    stride), N = blocks x head_dim, gives [blocks, R, head_dim] (for QKV: [3 * heads, R, D]),
+    in one pass instead of the pass and a permuting copy. Call only when available()."""
+    rows, n = acc.shape
+    if acc.dtype != torch.float32 or acc.stride(1) != 1 or head_dim <= 0 or n % head_dim:
+        raise ValueError(f"bias_operand_heads: acc must be fp32 [R, N] with unit column stride "
+                         f"and N a multiple of head_dim {head_dim}, got {acc.dtype} "
+                         f"{tuple(acc.shape)} strides {acc.stride()}")
+    bias = bias.to(torch.float32).contiguous()
+    if bias.shape != (n,):
+        raise ValueError(f"bias_operand_heads: bias [{n}] expected, got {tuple(bias.shape)}")
+    if not available():
+        raise RuntimeError(f"host_fused kernel unavailable ({unavailable_reason()}); use "
+                           "bias_act_operand's torch ops and a permuting copy")
+    out = torch.empty(n // head_dim, rows, head_dim)
+    fn, block = _state["heads"], rows * head_dim
+    nt = min(torch.get_num_threads(), max(1, rows // 16))
+    step = -(-rows // nt)
+    if nt <= 1:
+        fn(acc.data_ptr(), acc.stride(0), bias.data_ptr(), out.data_ptr(), rows, n, head_dim,
+           block)
+        return out
+    futs = [_pool(nt).submit(fn, acc[r:].data_ptr(), acc.stride(0), bias.data_ptr(),
+                             out[:, r:].data_ptr(), min(step, rows - r), n, head_dim, block)
+            for r in range(0, rows, step)]
+    for f in futs:
+        f.result()
+    return out

@@ -76,6 +76,7 @@ def operand_bf16(x: torch.Tensor, ftz: bool = True) -> torch.Tensor:
 
 # the largest bf16 subnormal, as fp32: a value above it is a normal number (or inf)
 _BF16_MAX_SUBNORMAL = FP32_MIN_NORMAL * (1.0 - 2.0 ** -7)
+BF16_MAX_SUBNORMAL = _BF16_MAX_SUBNORMAL   # public name (host kernels flush at it)
 
 
 def operand_nonneg(x: torch.Tensor) -> torch.Tensor:
