@@ -78,20 +78,18 @@ class EmbedStats:
 
     def run(self, dev, program, shape: tuple[int, int]) -> None:
         """Run one (batch, seq) Program on `dev` and add its modeled time and dispatches."""
-        c = dev.counters
-        us0, d0 = c.modeled_us, c.dispatches
-        dev.run_program(program)
-        c = dev.counters
-        self.modeled_us += c.modeled_us - us0
-        self.dispatches += c.dispatches - d0
-        self.batches += 1
-        self.shapes.append(shape)
+        self.run_all(dev, [program], [shape], single=True)
 
-    def run_all(self, dev, programs: list, shapes: list[tuple[int, int]]) -> None:
-        """Run independent Programs with one dev.run_programs call (see Embedder._run_batches)."""
+    def run_all(self, dev, programs: list, shapes: list[tuple[int, int]],
+                single: bool = False) -> None:
+        """Run independent Programs with one dev.run_programs call (see Embedder._run_batches);
+        single: one program, through run_program."""
         c = dev.counters
         us0, d0 = c.modeled_us, c.dispatches
-        dev.run_programs(programs)
+        if single:
+            dev.run_program(programs[0])
+        else:
+            dev.run_programs(programs)
         c = dev.counters
         self.modeled_us += c.modeled_us - us0
         self.dispatches += c.dispatches - d0

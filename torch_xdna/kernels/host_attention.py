@@ -193,9 +193,9 @@ def _check_exp(fn_exp: int) -> None:
 
 
 def _build() -> bool:
-    cap = torch.backends.cpu.get_cpu_capability()
-    if cap not in ("AVX2", "AVX512"):
-        _state["why"] = f"host CPU capability {cap} (the kernel needs AVX2 + FMA)"
+    why = host_cc.cpu_reason()
+    if why:
+        _state["why"] = why
         return False
     try:
         fexp = _torch_vexp()

@@ -70,3 +70,12 @@ def compile_library(source: str, name: str) -> ctypes.CDLL:
         if r.returncode:
             raise RuntimeError(f"{cc} failed: {r.stderr.strip().splitlines()[-1:]}")
         return ctypes.CDLL(lib)                  # mapped: the file may go with the directory
+
+
+def cpu_reason() -> str | None:
+    """Why this host cannot run the AVX2 + FMA kernels (None when it can)."""
+    import torch
+    cap = torch.backends.cpu.get_cpu_capability()
+    if cap not in ("AVX2", "AVX512"):
+        return f"host CPU capability {cap} (the host kernels need AVX2 + FMA)"
+    return None

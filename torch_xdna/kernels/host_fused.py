@@ -147,9 +147,9 @@ def _vml_erf() -> int:
 
 
 def _build() -> bool:
-    cap = torch.backends.cpu.get_cpu_capability()
-    if cap not in ("AVX2", "AVX512"):
-        _state["why"] = f"host CPU capability {cap} (the kernel is built for AVX2 hosts)"
+    why = host_cc.cpu_reason()
+    if why:
+        _state["why"] = why
         return False
     try:
         _state["erf"] = _vml_erf()
