@@ -22,7 +22,6 @@ keeps the torch reference.
 from __future__ import annotations
 
 import ctypes
-import os
 import threading
 
 import torch
@@ -164,12 +163,7 @@ _state: dict[str, object] = {}
 def _torch_vexp() -> int:
     """Address of the exp torch.exp runs on fp32 CPU tensors here (MKL VML vmsExp, exported
     by libtorch_cpu as its Fortran entry VMSEXP_); RuntimeError when this build has none."""
-    path = os.path.join(os.path.dirname(torch.__file__), "lib", "libtorch_cpu.so")
-    try:
-        lib = ctypes.CDLL(path)
-        return ctypes.cast(lib.VMSEXP_, ctypes.c_void_p).value
-    except (OSError, AttributeError) as e:
-        raise RuntimeError(f"no MKL vmsExp in {path} ({e}): torch.exp is not MKL's here") from e
+    return host_cc.torch_symbol("VMSEXP_", "torch.exp is not MKL's here")
 
 
 def _check_exp(fn_exp: int) -> None:
@@ -193,23 +187,17 @@ def _check_exp(fn_exp: int) -> None:
 
 
 def _build() -> bool:
-    why = host_cc.cpu_reason()
-    if why:
-        _state["why"] = why
-        return False
-    try:
-        fexp = _torch_vexp()
-        _check_exp(fexp)
-        so = host_cc.compile_library(_SOURCE.replace("MODE", hex(_VML_MODE)), "attention")
-        fn = so.xdna_decode_attention
-        fn.restype = None
-        fn.argtypes = ([ctypes.c_void_p] * 4 + [ctypes.c_int64] * 8 + [ctypes.c_void_p]
-                       + [ctypes.c_int64] * 4 + [ctypes.c_float] + [ctypes.c_void_p] * 6)
-        _state["fn"], _state["exp"], _state["so"] = fn, fexp, so
-        return True
-    except Exception as e:                       # no compiler / no MKL exp: torch reference
-        _state["why"] = f"{type(e).__name__}: {e}"
-        return False
+    """Check torch's exp, compile and load (host_cc.build_once: CPU check; a failure keeps the
+    torch reference)."""
+    fexp = _torch_vexp()
+    _check_exp(fexp)
+    so = host_cc.compile_library(_SOURCE.replace("MODE", hex(_VML_MODE)), "attention")
+    fn = so.xdna_decode_attention
+    fn.restype = None
+    fn.argtypes = ([ctypes.c_void_p] * 4 + [ctypes.c_int64] * 8 + [ctypes.c_void_p]
+                   + [ctypes.c_int64] * 4 + [ctypes.c_float] + [ctypes.c_void_p] * 6)
+    _state["fn"], _state["exp"], _state["so"] = fn, fexp, so
+    return True
 
 
 def available() -> bool:

@@ -23,9 +23,11 @@ def enabled() -> bool:
     return v not in ("0", "off", "false", "no")
 
 
-def build_once(state: dict, lock, build) -> bool:
+def build_once(state: dict, lock, build, on_error=None) -> bool:
     """A kernel module's lazy build: state["ok"] from build() on the first call (thread-safe),
-    cached after; False while the kernels are disabled."""
+    cached after; False while the kernels are disabled. A host without AVX2 + FMA, or build()
+    raising (no compiler, a missing torch symbol), leaves the reason in state["why"] and calls
+    on_error(reason) once (a module that wants to warn)."""
     if not enabled():
         return False
     ok = state.get("ok")
@@ -33,8 +35,32 @@ def build_once(state: dict, lock, build) -> bool:
         with lock:
             ok = state.get("ok")
             if ok is None:
-                ok = state["ok"] = build()
+                why = cpu_reason()
+                if why is None:
+                    try:
+                        ok = bool(build())
+                    except Exception as e:          # noqa: BLE001 - any failure: torch path
+                        why = f"{type(e).__name__}: {e}"
+                if why is not None:
+                    state["why"], ok = why, False
+                    if on_error is not None:
+                        on_error(why)
+                state["ok"] = ok
     return bool(ok)
+
+
+def torch_symbol(name: str, what: str) -> int:
+    """The address of `name` exported by the loaded libtorch_cpu (an MKL function torch's own
+    ops call, so a kernel computes exactly what they do); RuntimeError naming `what` else."""
+    import torch
+    path = os.path.join(os.path.dirname(torch.__file__), "lib", "libtorch_cpu.so")
+    try:
+        addr = ctypes.cast(getattr(ctypes.CDLL(path), name), ctypes.c_void_p).value
+    except (OSError, AttributeError) as e:
+        raise RuntimeError(f"no {name} in {path} ({e}): {what}") from None
+    if not addr:
+        raise RuntimeError(f"{name} in {path} has no address: {what}")
+    return addr
 
 
 def unavailable_reason(state: dict, ok: bool) -> str:

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import ctypes
 import math
-import os
 import threading
 
 import torch
@@ -137,46 +136,30 @@ _lock = threading.Lock()
 _state: dict[str, object] = {}
 
 
-def _vml_erf() -> int:
-    """The address of MKL's vmsErf in the loaded libtorch_cpu (the function torch's erf uses)."""
-    lib = ctypes.CDLL(os.path.join(os.path.dirname(torch.__file__), "lib", "libtorch_cpu.so"))
-    try:
-        return ctypes.cast(lib.vmsErf, ctypes.c_void_p).value or 0
-    except AttributeError:
-        raise RuntimeError("libtorch_cpu.so exports no vmsErf (torch built without MKL)") from None
-
-
 def _build() -> bool:
-    why = host_cc.cpu_reason()
-    if why:
-        _state["why"] = why
-        return False
-    try:
-        _state["erf"] = _vml_erf()
-        lib = host_cc.compile_library(_SOURCE, "fused")
-        probs = lib.xdna_probs_operand
-        probs.restype = None
-        probs.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_float]
-        _state["probs"] = probs
-        res = lib.xdna_bias_res_operand
-        res.restype = None
-        res.argtypes = ([ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p,
-                         ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64])
-        _state["res"] = res
-        heads = lib.xdna_bias_operand_heads
-        heads.restype = None
-        heads.argtypes = ([ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p]
-                          + [ctypes.c_int64] * 4)
-        _state["heads"] = heads
-        fn = lib.xdna_bias_act_operand
-        fn.restype = None
-        fn.argtypes = ([ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p]
-                       + [ctypes.c_int64] * 3 + [ctypes.c_float, ctypes.c_void_p, ctypes.c_int64])
-        _state["fn"] = fn
-        return True
-    except Exception as e:                       # keep the torch ops (same values, slower)
-        _state["why"] = f"{type(e).__name__}: {e}"
-        return False
+    """Compile and load the passes (host_cc.build_once: CPU check, failures keep the torch ops)."""
+    _state["erf"] = host_cc.torch_symbol("vmsErf", "torch built without MKL")
+    lib = host_cc.compile_library(_SOURCE, "fused")
+    probs = lib.xdna_probs_operand
+    probs.restype = None
+    probs.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_float]
+    _state["probs"] = probs
+    res = lib.xdna_bias_res_operand
+    res.restype = None
+    res.argtypes = ([ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p,
+                     ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64])
+    _state["res"] = res
+    heads = lib.xdna_bias_operand_heads
+    heads.restype = None
+    heads.argtypes = ([ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p]
+                      + [ctypes.c_int64] * 4)
+    _state["heads"] = heads
+    fn = lib.xdna_bias_act_operand
+    fn.restype = None
+    fn.argtypes = ([ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p]
+                   + [ctypes.c_int64] * 3 + [ctypes.c_float, ctypes.c_void_p, ctypes.c_int64])
+    _state["fn"] = fn
+    return True
 
 
 def available() -> bool:

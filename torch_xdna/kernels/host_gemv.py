@@ -234,26 +234,21 @@ def _compile():
 
 
 def _build() -> bool:
-    why = host_cc.cpu_reason()
-    if why:
-        _state["why"] = why
-        return False
-    try:
-        _state["fn"] = _compile()
-        return True
-    except Exception as e:                       # no compiler: keep the fp32 path
-        _state["why"] = f"{type(e).__name__}: {e}"
-        warnings.warn(f"torch_xdna: host decode kernel not built ({_state['why']}); decode "
-                      "uses the fp32 GEMM path (slower, the same numerics up to fp32 summation "
-                      "order). Install a C compiler, or set TORCH_XDNA_HOST_KERNELS=0 to "
-                      "silence this", RuntimeWarning, stacklevel=3)
-        return False
+    _state["fn"] = _compile()
+    return True
+
+
+def _warn(why: str) -> None:
+    warnings.warn(f"torch_xdna: host decode kernel not built ({why}); decode "
+                  "uses the fp32 GEMM path (slower, the same numerics up to fp32 summation "
+                  "order). Install a C compiler, or set TORCH_XDNA_HOST_KERNELS=0 to "
+                  "silence this", RuntimeWarning, stacklevel=4)
 
 
 def available() -> bool:
     """True when the kernel is built and enabled (compiled on first call, ~1 s; build_once
     reads TORCH_XDNA_HOST_KERNELS)."""
-    return host_cc.build_once(_state, _lock, _build)
+    return host_cc.build_once(_state, _lock, _build, on_error=_warn)
 
 
 def unavailable_reason() -> str:
