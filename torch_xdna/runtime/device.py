@@ -177,10 +177,15 @@ class Device(ABC):
                     self._run(launch, chained=i > 0, program=program.name)
             finally:
                 self.submission_context = None
-            self.counters.launches += len(program.launches)
-            self.counters.dispatches += 1
-            self.counters.programs += 1
-            self._finish(program.launches)
+            self._count_program(program)
+
+    def _count_program(self, program: Program) -> None:
+        """A finished submission's counters and completion (run_program, a backend's
+        run_programs)."""
+        self.counters.launches += len(program.launches)
+        self.counters.dispatches += 1
+        self.counters.programs += 1
+        self._finish(program.launches)
 
     def run_programs(self, programs: Sequence[Program]) -> None:
         """Execute independent programs (none writes a buffer another one reads or writes) as

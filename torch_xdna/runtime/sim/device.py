@@ -171,10 +171,7 @@ class SimDevice(Device):
                         self._charge(launch, plan, chained=i > 0, program=p.name)
                 finally:
                     self.submission_context = None
-                self.counters.launches += len(p.launches)
-                self.counters.dispatches += 1
-                self.counters.programs += 1
-                self._finish(p.launches)
+                self._count_program(p)
 
     def _execute(self, program, views) -> None:
         """One program's functional execution (a host lane)."""
