@@ -44,8 +44,11 @@ def test_concurrent_clients_merge_and_a_lone_client_never_waits(gather_s):
         groups = _closed_loop(w, 4, 6, think_s=0.004)
         assert sum(groups) == 24 and w.jobs_run == 24 and w.steps == len(groups)
         if gather_s:
-            # after the first steps every client's next request joins the shared step
-            assert sum(groups[2:]) / len(groups[2:]) >= 3.5, groups
+            # clients fall into step with each other: most steps carry all four. A client that
+            # missed the first step stays one behind and its last request runs alone, so the
+            # bound is on the count of steps and the typical step, not on every step.
+            assert len(groups) <= 6 + 2, groups
+            assert sorted(groups)[len(groups) // 2] == 4, groups
         waited = w.gather_waits_s
         alone = _closed_loop(w, 1, 5, think_s=0.004)
         assert alone == [1] * 5
