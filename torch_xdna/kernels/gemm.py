@@ -31,7 +31,7 @@ from __future__ import annotations
 import math
 
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -154,12 +154,18 @@ class GemmDesign(Design):
 
     # -- planning ---------------------------------------------------------------------------
     def _bytes(self) -> tuple[float, float, float]:
-        """DRAM bytes per element of A, of B, and of weight scales per B element."""
-        if self.compute_dtype == "int8":
-            return 1, 1, 0.0
-        if self.weight_only:
-            return 2, ELEM_BYTES[self.dtype], 2 / self.w_group
-        return 2, ELEM_BYTES[self.dtype], 0.0
+        """DRAM bytes per element of A, of B, and of weight scales per B element (kept on the
+        frozen design, as its key: the planner asks per tiling candidate)."""
+        hit = self.__dict__.get("_elem_bytes")
+        if hit is None:
+            if self.compute_dtype == "int8":
+                hit = (1, 1, 0.0)
+            elif self.weight_only:
+                hit = (2, ELEM_BYTES[self.dtype], 2 / self.w_group)
+            else:
+                hit = (2, ELEM_BYTES[self.dtype], 0.0)
+            object.__setattr__(self, "_elem_bytes", hit)
+        return hit
 
     def plan(self, gen: Generation) -> Plan:
         # keyed by the Generation object: a modified generation (dataclasses.replace, e.g. a
@@ -186,20 +192,27 @@ class GemmDesign(Design):
             DmaTransfer("B rows: stride " + ("K" if self.weight_only else "N"),
                         (self.k, self.n), ((self.k if self.weight_only else self.n), 1)),
             DmaTransfer("C rows: stride N", (self.m, self.n), (self.n, 1))))
-        best = None
-        for tm in _cands(L1_MN_CANDIDATES, r, self.m):
-            for tn in _cands(L1_MN_CANDIDATES, t, self.n):
-                tk = self._l1_k(gen, tm, tn, s)
-                if tk is None:
-                    continue
-                for cand in self._grid_plans(gen, tm, tk, tn):
-                    if best is None or cand[0] < best[0]:
-                        best = cand
+        # The plan is the lowest score, the first in (tm, tn, grid, blocking) order on a tie.
+        # Larger tiles are tried first (they usually win, so the cutoff prunes the rest early)
+        # and the tie goes to the lower (tile index, candidate index), as in a forward search.
+        tiles = [(tm, tn) for tm in _cands(L1_MN_CANDIDATES, r, self.m)
+                 for tn in _cands(L1_MN_CANDIDATES, t, self.n)]
+        best = None                                   # (score, tile index, candidate index, make)
+        cutoff = lambda: best[0] if best is not None else math.inf  # noqa: E731
+        for i in reversed(range(len(tiles))):
+            tm, tn = tiles[i]
+            tk = self._l1_k(gen, tm, tn, s)
+            if tk is None:
+                continue
+            for j, cand in enumerate(self._grid_plans(gen, tm, tk, tn, cutoff)):
+                if best is None or (cand[0], i, j) < best[:3]:
+                    best = (cand[0], i, j, cand[2])
         if best is None:
             raise PlanError(label, "L1 data memory per core", self._l1(r, s, t), gen.l1_usable,
                             "no tile of the native mmul shape fits; use a smaller dtype or shape")
-        check_mmul_tile(gen, label, cdt, best[2].tile)
-        return check_plan(gen, label, best[2])
+        plan = best[3]()
+        check_mmul_tile(gen, label, cdt, plan.tile)
+        return check_plan(gen, label, plan)
 
     def _b_tile_bytes(self, tk: int, tn: int) -> float:
         """Bytes of one core's B tile per K step as streamed (packed: [W | scales] or bfp16)."""
@@ -234,35 +247,103 @@ class GemmDesign(Design):
                 return tk
         return None
 
-    def _grid_plans(self, gen: Generation, tm: int, tk: int, tn: int):
+    def _tile_cycles(self, gen: Generation, tm: int, tn: int, kp: int, extra_calls: int = 0) -> float:
+        """Core cycles of one output tile: its K loop at the calibrated sustained MAC rate, the
+        kernel call (plus `extra_calls`: partial-sum chunks), weight-only dequant."""
+        cdt = self.compute_dtype
+        rate = gen.macs_per_core_cycle.value[cdt] * compute_efficiency(gen, cdt)
+        cycles = tm * tn * kp / rate + gen.kernel_call_cycles.value
+        if extra_calls:
+            cycles += extra_calls * gen.kernel_call_cycles.value
+        if self.weight_only:
+            # dequant to the bf16 mmul operand on the vector unit (hw/vector_costs.py, cost-v4)
+            cycles += kp * tn * dequant_cycles(4 if self.dtype == "int4" else 8,
+                                               gen.vector_load_bits.value,
+                                               gen.vector_store_bits.value)
+        return cycles
+
+    def _fill_s(self, gen: Generation, cols: int, tm: int, tk: int, tn: int, kp: int,
+                tile_cycles: float) -> float:
+        """Pipeline fill: the first tiles of every column arrive before compute starts, and the
+        last K step of the last tile drains after the transfers end."""
+        ea, eb, _ = self._bytes()
+        return dram_time_s(gen, cols, (tm * tk * ea + tk * tn * eb) * cols, 0) \
+            + tile_cycles / gen.core_clock_hz.value / ceil_div(kp, tk)
+
+    def _grid_plans(self, gen: Generation, tm: int, tk: int, tn: int,
+                    cutoff: Callable[[], float] | None = None):
+        """(score, cores, make_plan) of every grid and L2 blocking of this L1 tile that fits.
+
+        cutoff: the best score so far. A grid, or a blocking under it, whose lower bound is
+        above it is skipped: compute time at one tile per K loop (held B panels and partial-sum
+        calls only add to it), max'ed with the blocking's DRAM and delivery times, plus the fill. What
+        is skipped scores above the best, so the choice is that of the full search
+        (tests/test_plan.py compares the two)."""
         rows_max, cols_max = gen.core_rows.value, gen.columns.value
         shared_w = self.weight_only                       # batches fold into M
         m_total = self.batch * self.m if shared_w else self.m
         nb_batch = 1 if shared_w else self.batch
         mt, nt = ceil_div(m_total, tm), ceil_div(self.n, tn)
+        kp = max(tk, round_up(self.k, tk))
+        lb_tile = self._tile_cycles(gen, tm, tn, kp)
         for gm in (1, 2, 4):
             if gm > rows_max or (gm > 1 and gm > mt):
                 continue
             per_col = rows_max // gm                       # core rows of a column that split N
             cols = min(cols_max, max(1, ceil_div(nt, per_col)))
             gn = min(nt, cols * per_col)
+            if cutoff is not None:
+                tiles = nb_batch * ceil_div(mt, gm) * ceil_div(nt, gn)
+                t_comp_lb = tiles * lb_tile / gen.core_clock_hz.value
+                fill_lb = self._fill_s(gen, cols, tm, tk, tn, kp, lb_tile)
+                if t_comp_lb + fill_lb > cutoff():
+                    continue
             for p in L2_FACTORS:
                 if p > 1 and gm * p > mt:
                     break
                 for q in L2_FACTORS:
                     if q > 1 and gn * q > nt:
                         break
-                    cand = self._evaluate(gen, tm, tk, tn, gm, gn, cols, p, q, m_total, nb_batch)
+                    prune = (t_comp_lb, fill_lb, cutoff()) if cutoff is not None else None
+                    cand = self._evaluate(gen, tm, tk, tn, gm, gn, cols, p, q, m_total, nb_batch,
+                                          prune)
                     if cand is not None:
                         yield cand
 
-    def _evaluate(self, gen, tm, tk, tn, gm, gn, cols, p, q, m_total, nb_batch):
+    def _evaluate(self, gen, tm, tk, tn, gm, gn, cols, p, q, m_total, nb_batch,
+                  prune: tuple[float, float, float] | None = None):
+        """(score, cores, make_plan) of one grid and L2 blocking, or None when it does not fit.
+        prune (t_comp_lb, fill_lb, cutoff): None as well when max(DRAM time, on-chip time of
+        the deliveries, t_comp_lb) + fill_lb, a lower bound of its score, is above cutoff."""
         ea, eb, es = self._bytes()
         out_b = self.out_dtype.itemsize
         m2, n2 = gm * tm * p, gn * tn * q
         kp = max(tk, round_up(self.k, tk))     # K = 0 (addmm of an empty product): one zero step
         kt = ceil_div(kp, tk)
         a_cols = a_columns(gm, cols)
+        mb, nb = ceil_div(m_total, m2), ceil_div(self.n, n2)
+        a_read = nb_batch * m_total * self.k * ea * nb
+        b_read = nb_batch * self.k * self.n * (eb + es) * mb
+        if self.weight_only or self.dtype == "bfp16":   # host-packed tiles: read padded to the grid
+            b_read = nb_batch * ceil_div(self.n, gn * tn) * gn * kt * self._b_tile_bytes(tk, tn) * mb
+        extra = (self.n * out_b * mb if self.bias else 0) + \
+            (nb_batch * m_total * self.n * out_b if self.residual else 0)
+        c_write = nb_batch * m_total * self.n * out_b
+        read = a_read + b_read + extra
+        # every M row in one L2 block (mb == 1): each B byte leaves DRAM once and is consumed
+        # by the block's M tiles (GEMV, decode, batched decode, short chunks), a single-pass
+        # stream at the weight-stream rate (cost-v3). Keyed on the block, not on one M tile per
+        # core: otherwise 8 decode rows split into 2 M tiles of 4 would escape the stream rate
+        # and model cheaper than 4 rows.
+        streamed = b_read if mb == 1 else 0
+        t_dram = dram_time_s(gen, cols, read, c_write, streamed)
+        # on-chip: tiles delivered to cores (broadcasts count once); partial sums add to it
+        delivered = nb_batch * mb * nb * (m2 * kp * ea * q + kp * n2 * eb * p)
+        if prune is not None:
+            t_comp_lb, fill_lb, cutoff = prune
+            t_chip_lb = onchip_time_s(gen, delivered, cols, delivered)
+            if max(t_dram, t_chip_lb, t_comp_lb) + fill_lb > cutoff:
+                return None               # no score of this blocking can beat the best so far
         memtile = self._lowered_memtile(gen, tm, tk, tn, gm, gn, a_cols, kt if p > 1 else 1)
         # the lowered layouts (kernels/lower/gemm.py), per mem tile, exact: A one K step per
         # m-slice on the a_columns mem tiles (one channel per core), the column's B (one K
@@ -288,15 +369,6 @@ class GemmDesign(Design):
                     break
         if kc is None:
             return None
-        mb, nb = ceil_div(m_total, m2), ceil_div(self.n, n2)
-        a_read = nb_batch * m_total * self.k * ea * nb
-        b_read = nb_batch * self.k * self.n * (eb + es) * mb
-        if self.weight_only or self.dtype == "bfp16":   # host-packed tiles: read padded to the grid
-            b_read = nb_batch * ceil_div(self.n, gn * tn) * gn * kt * self._b_tile_bytes(tk, tn) * mb
-        extra = (self.n * out_b * mb if self.bias else 0) + \
-            (nb_batch * m_total * self.n * out_b if self.residual else 0)
-        c_write = nb_batch * m_total * self.n * out_b
-        read = a_read + b_read + extra
         # what kernels/lower/gemm.py streams: A and B once per M2 x gn*tn block when B is held
         # (`resident`), else once per gm*tm x gn*tn array block (the partial-sum blocking is
         # not lowered; docs/array.md "Known gaps"); the tests pin the stream's MM2S bytes to it
@@ -307,15 +379,9 @@ class GemmDesign(Design):
         else:
             b_lowered = self.k * self.n * eb
         lowered_read = nb_batch * (m_total * self.k * ea * nb1 + b_lowered * mb1)
-        # every M row in one L2 block (mb == 1): each B byte leaves DRAM once and is consumed
-        # by the block's M tiles (GEMV, decode, batched decode, short chunks), a single-pass
-        # stream at the weight-stream rate (cost-v3). Keyed on the block, not on one M tile per
-        # core: otherwise 8 decode rows split into 2 M tiles of 4 would escape the stream rate
-        # and model cheaper than 4 rows.
-        streamed = b_read if mb == 1 else 0
         # on-chip: tiles delivered to cores (broadcasts count once) + partial-sum round trips
         k_chunks = ceil_div(kp, kc)
-        onchip = nb_batch * mb * nb * (m2 * kp * ea * q + kp * n2 * eb * p)
+        onchip = delivered
         partial_back = nb_batch * mb * nb * m2 * n2 * ACC_BYTES * (k_chunks - 1) if partial else 0
         # mem tile -> core direction (cost-v4 stream-port cap): the operand deliveries and the
         # partial sums going back into the cores
@@ -326,25 +392,12 @@ class GemmDesign(Design):
         m_steps = ceil_div(ceil_div(m_total, tm), gm * p) * p if resident else \
             ceil_div(ceil_div(m_total, tm), gm)          # held B: whole (zero-padded) sub-blocks
         tiles_per_core = nb_batch * m_steps * ceil_div(ceil_div(self.n, tn), gn)
-        cdt = self.compute_dtype
-        rate = gen.macs_per_core_cycle.value[cdt] * compute_efficiency(gen, cdt)
-        tile_cycles = tm * tn * kp / rate + gen.kernel_call_cycles.value
-        if partial:
-            tile_cycles += (k_chunks - 1) * gen.kernel_call_cycles.value
-        if self.weight_only:
-            # dequant to the bf16 mmul operand on the vector unit (hw/vector_costs.py, cost-v4)
-            tile_cycles += kp * tn * dequant_cycles(4 if self.dtype == "int4" else 8,
-                                                    gen.vector_load_bits.value,
-                                                    gen.vector_store_bits.value)
+        tile_cycles = self._tile_cycles(gen, tm, tn, kp, (k_chunks - 1) if partial else 0)
         cycles = tiles_per_core * tile_cycles
         clock = gen.core_clock_hz.value
-        t_dram = dram_time_s(gen, cols, read, c_write, streamed)
         t_chip = onchip_time_s(gen, onchip, cols, memtile_out)
         t_comp = cycles / clock
-        # pipeline fill: the first tiles of every column arrive before compute starts, and the
-        # last K step of the last tile drains after the transfers end
-        fill = dram_time_s(gen, cols, (tm * tk * ea + tk * tn * eb) * cols, 0) \
-            + tile_cycles / clock / ceil_div(kp, tk)
+        fill = self._fill_s(gen, cols, tm, tk, tn, kp, tile_cycles)
         # one shim task per M block and operand channel, its 4-D descriptor walking the N blocks;
         # when that outer stride would exceed the DMA limit, one task per L2 block instead
         fold = (n2 * self.k if self.weight_only else n2) <= gen.max_dma_stride.value
@@ -356,7 +409,8 @@ class GemmDesign(Design):
         macs = self.batch * self.m * self.k * self.n
         padded = nb_batch * round_up(m_total, tm) * kp * round_up(self.n, tn)
         quant_bufs = 2 if self.weight_only else 0
-        plan = Plan(
+        # the search compares scores only: the Plan is built for the winner (make_plan)
+        return (score, cores, lambda: Plan(
             design="gemm", dtype=self.dtype, columns=cols, cores=cores, tile=(tm, tk, tn),
             l1_bytes=self._l1(tm, tk, tn), memtile_bytes=memtile,
             core_bds=2 * (3 + (1 if partial else 0)) + quant_bufs,
@@ -379,8 +433,7 @@ class GemmDesign(Design):
                    "memtile_locks": 2 * (4 + gm + 1) + (4 if partial else 0),
                    "core_dma": (2, 1), "memtile_dma": (2 + gm, 3), "shim_dma": (2, 1),
                    "steady_state_s": max(t_dram, t_sync, t_chip, t_comp)},
-        )
-        return (score, cores, plan)
+        ))
 
 
 def a_columns(gm: int, cols: int) -> int:

@@ -98,16 +98,30 @@ def stream_bandwidth(gen: Generation, columns: int) -> float:
     return min(bw, gen.weight_stream_bps.value) if gen.weight_stream_bps.value > 0 else bw
 
 
+_RATES: dict[tuple[int, int], tuple[Generation, tuple[float, float, float]]] = {}
+
+
+def _dram_rates(gen: Generation, columns: int) -> tuple[float, float, float]:
+    """(read, single-pass stream, mixed) bytes/s of `columns` columns, computed once per
+    generation object (frozen) and column count: planners ask for them per tiling candidate."""
+    hit = _RATES.get((id(gen), columns))
+    if hit is None or hit[0] is not gen:
+        rates = (dram_bandwidth(gen, columns), stream_bandwidth(gen, columns),
+                 mixed_bandwidth(gen, columns))
+        hit = _RATES[(id(gen), columns)] = (gen, rates)
+    return hit[-1]
+
+
 def dram_time_s(gen: Generation, columns: int, read: float, write: float,
                 streamed: float = 0.0) -> float:
     """Seconds to move `read` + `write` DRAM bytes: reads at the read rate (the `streamed` part
     of them at the single-pass stream rate), all at the mixed rate."""
     if read + write <= 0:
         return 0.0
+    read_bps, stream_bps, mixed_bps = _dram_rates(gen, columns)
     streamed = min(max(0.0, streamed), read)
-    t_read = (read - streamed) / dram_bandwidth(gen, columns) \
-        + streamed / stream_bandwidth(gen, columns)
-    return max(t_read, (read + write) / mixed_bandwidth(gen, columns))
+    t_read = (read - streamed) / read_bps + streamed / stream_bps
+    return max(t_read, (read + write) / mixed_bps)
 
 
 def kv_tile_pass_cycles(gen: Generation, rows: int, head_dim: int, fp32_lanes: int) -> float:
