@@ -166,6 +166,30 @@ def _load() -> str:
     return "load average %.2f %.2f %.2f" % os.getloadavg()
 
 
+def host_memory() -> dict:
+    """The host's memory condition: the read rate of a freshly allocated 256 MB buffer (one
+    thread, the best of 3 sums) and the page cache size. Decode reads every weight per token,
+    so it follows this rate. On the 2-core VM these figures come from, the rate of fresh memory
+    fell from 13-15 GB/s to 7-9 GB/s when the page cache held ~7 GB (a clone of 10 copies of one
+    tensor: the later ones read at half the rate of the first) and recovered after
+    `sync; echo 3 > /proc/sys/vm/drop_caches` (docs/llm.md 'Host speed'): compare ratios within
+    one run, and state the page cache with a figure."""
+    x = torch.ones(64 << 20)                        # 256 MB fp32, touched once by the fill
+    best = 0.0
+    for _ in range(3):
+        t0 = time.perf_counter()
+        x.sum()
+        best = max(best, x.numel() * 4 / (time.perf_counter() - t0) / 1e9)
+    cached = None
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("Cached:"):
+                cached = int(line.split()[1]) // 1024
+    except OSError:
+        pass
+    return {"fresh_read_gb_s": round(best, 1), "page_cache_mb": cached}
+
+
 def run(reps: int = 5, n_prefill: int = 1024, n_decode: int = 32, threads: int = 1,
         only: set[str] | None = None, layers: int | None = None, check: bool = True,
         quick: bool = False) -> dict:
@@ -199,6 +223,7 @@ def run(reps: int = 5, n_prefill: int = 1024, n_decode: int = 32, threads: int =
                              "(pip install -e '.[bench]' builds llama-cpp-python from source)")
         for r in runners:                                   # warm-up round, not timed
             r.run(prompt[:64], 4)
+        memory = [host_memory()]
         res = {r.name: {"prefill_s": [], "decode_s": [], "tokens": None} for r in runners}
         loads = []
         for _ in range(reps):                               # alternate contenders per round
@@ -211,6 +236,7 @@ def run(reps: int = 5, n_prefill: int = 1024, n_decode: int = 32, threads: int =
                       f"tok/s, decode {(n_decode - 1) / d:.2f} tok/s ({_load()})",
                       file=sys.stderr, flush=True)
             loads.append(os.getloadavg()[0])
+        memory.append(host_memory())
         unchanged = None
         if check and "engine" in res:          # the host kernels off: the same greedy tokens?
             eng = next(r for r in runners if r.name == "engine")
@@ -223,7 +249,8 @@ def run(reps: int = 5, n_prefill: int = 1024, n_decode: int = 32, threads: int =
             r.close()
     out = {"model": f"qwen3-0.6b shapes (random weights, {model.config.num_hidden_layers} layers), bf16",
            "threads": threads, "prefill_tokens": n_prefill, "decode_tokens": n_decode,
-           "reps": reps, "load_avg_1m": loads, "notes": notes, "contenders": {}}
+           "reps": reps, "load_avg_1m": loads, "host_memory": memory, "notes": notes,
+           "contenders": {}}
     for name, r in res.items():
         pf = [n_prefill / s for s in r["prefill_s"]]
         dc = [(n_decode - 1) / s for s in r["decode_s"]]
@@ -245,6 +272,12 @@ def print_table(res: dict) -> None:
           f"{res['prefill_tokens']} tokens, decode {res['decode_tokens']} greedy tokens, "
           f"median of {res['reps']} alternating rounds (min..max); 1-min load avg per round "
           f"{', '.join(f'{x:.2f}' for x in res['load_avg_1m'])}")
+    mem = res.get("host_memory") or []
+    if mem:
+        print("  host memory before / after the rounds: fresh-buffer read "
+              + " / ".join(f"{m['fresh_read_gb_s']} GB/s" for m in mem) + ", page cache "
+              + " / ".join(f"{m['page_cache_mb']} MB" for m in mem)
+              + " (decode reads every weight per token; see host_memory())")
     c = res["contenders"]
     ref = c.get("engine")
     for name, r in c.items():
