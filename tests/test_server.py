@@ -292,7 +292,10 @@ def test_worker_merges_waiting_batch_jobs_and_isolates_failures():
     w.start()
     gate = threading.Event()
     blocker = w.call(gate.wait)                 # hold the device while jobs queue up
-    time.sleep(0.05)
+    deadline = time.monotonic() + 10
+    while not (w.busy and w.depth == 0) and time.monotonic() < deadline:
+        time.sleep(0.005)                       # until the worker runs it (not a fixed sleep)
+    assert w.busy and w.depth == 0
     calls = []
 
     def double(payloads):
