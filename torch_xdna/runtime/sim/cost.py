@@ -106,6 +106,8 @@ def _dram_rates(gen: Generation, columns: int) -> tuple[float, float, float]:
     generation object (frozen) and column count: planners ask for them per tiling candidate."""
     hit = _RATES.get((id(gen), columns))
     if hit is None or hit[0] is not gen:
+        if len(_RATES) >= 4096:               # generations made by dataclasses.replace come and go
+            _RATES.clear()
         rates = (dram_bandwidth(gen, columns), stream_bandwidth(gen, columns),
                  mixed_bandwidth(gen, columns))
         hit = _RATES[(id(gen), columns)] = (gen, rates)
