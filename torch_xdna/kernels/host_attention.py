@@ -192,10 +192,8 @@ def _build() -> bool:
     fexp = _torch_vexp()
     _check_exp(fexp)
     so = host_cc.compile_library(_SOURCE.replace("MODE", hex(_VML_MODE)), "attention")
-    fn = so.xdna_decode_attention
-    fn.restype = None
-    fn.argtypes = ([ctypes.c_void_p] * 4 + [ctypes.c_int64] * 8 + [ctypes.c_void_p]
-                   + [ctypes.c_int64] * 4 + [ctypes.c_float] + [ctypes.c_void_p] * 6)
+    fn = host_cc.void_fn(so, "xdna_decode_attention",
+                         "p" * 4 + "i" * 8 + "p" + "i" * 4 + "f" + "p" * 6)
     _state["fn"], _state["exp"], _state["so"] = fn, fexp, so
     return True
 

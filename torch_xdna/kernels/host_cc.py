@@ -98,6 +98,18 @@ def compile_library(source: str, name: str) -> ctypes.CDLL:
         return ctypes.CDLL(lib)                  # mapped: the file may go with the directory
 
 
+_CTYPES = {"p": ctypes.c_void_p, "i": ctypes.c_int64, "f": ctypes.c_float}
+
+
+def void_fn(lib: ctypes.CDLL, name: str, sig: str):
+    """lib.name as a void C function of the argument types in `sig`, one letter each:
+    p pointer, i int64, f float (e.g. "ppi" for (const float*, float*, int64_t))."""
+    fn = getattr(lib, name)
+    fn.restype = None
+    fn.argtypes = [_CTYPES[c] for c in sig]
+    return fn
+
+
 def cpu_reason() -> str | None:
     """Why this host cannot run the AVX2 + FMA kernels (None when it can)."""
     import torch

@@ -21,7 +21,6 @@ threads (torch.get_num_threads()) changes nothing.
 """
 from __future__ import annotations
 
-import ctypes
 import math
 import threading
 
@@ -140,25 +139,10 @@ def _build() -> bool:
     """Compile and load the passes (host_cc.build_once: CPU check, failures keep the torch ops)."""
     _state["erf"] = host_cc.torch_symbol("vmsErf", "torch built without MKL")
     lib = host_cc.compile_library(_SOURCE, "fused")
-    probs = lib.xdna_probs_operand
-    probs.restype = None
-    probs.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_float]
-    _state["probs"] = probs
-    res = lib.xdna_bias_res_operand
-    res.restype = None
-    res.argtypes = ([ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p,
-                     ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64])
-    _state["res"] = res
-    heads = lib.xdna_bias_operand_heads
-    heads.restype = None
-    heads.argtypes = ([ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p]
-                      + [ctypes.c_int64] * 4)
-    _state["heads"] = heads
-    fn = lib.xdna_bias_act_operand
-    fn.restype = None
-    fn.argtypes = ([ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p]
-                   + [ctypes.c_int64] * 3 + [ctypes.c_float, ctypes.c_void_p, ctypes.c_int64])
-    _state["fn"] = fn
+    _state["probs"] = host_cc.void_fn(lib, "xdna_probs_operand", "pif")
+    _state["res"] = host_cc.void_fn(lib, "xdna_bias_res_operand", "pippipii")
+    _state["heads"] = host_cc.void_fn(lib, "xdna_bias_operand_heads", "pipp" + "i" * 4)
+    _state["fn"] = host_cc.void_fn(lib, "xdna_bias_act_operand", "pipp" + "i" * 3 + "fpi")
     return True
 
 

@@ -24,7 +24,6 @@ TORCH_XDNA_HOST_KERNELS=0 disables it.
 """
 from __future__ import annotations
 
-import ctypes
 import threading
 import warnings
 
@@ -214,22 +213,10 @@ def _enabled() -> bool:
 def _compile():
     """Compile and load the source (host_cc: private temp dir, nothing cached on disk)."""
     so = host_cc.compile_library(_SOURCE, "gemv")
-    fn = so.xdna_bf16_linear
-    fn.restype = None
-    fn.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 5 + [ctypes.c_void_p]
-    op = so.xdna_operand
-    op.restype = None
-    op.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
-    _state["operand"] = op
-    rms = so.xdna_rms_tail
-    rms.restype = None
-    rms.argtypes = ([ctypes.c_void_p] * 4 + [ctypes.c_int64] * 3 + [ctypes.c_float] * 2
-                    + [ctypes.c_int64] * 2)
-    _state["rms"] = rms
-    rope = so.xdna_rope
-    rope.restype = None
-    rope.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 3
-    _state["rope"] = rope
+    fn = host_cc.void_fn(so, "xdna_bf16_linear", "p" * 3 + "i" * 5 + "p")
+    _state["operand"] = host_cc.void_fn(so, "xdna_operand", "ppi")
+    _state["rms"] = host_cc.void_fn(so, "xdna_rms_tail", "p" * 4 + "i" * 3 + "ff" + "ii")
+    _state["rope"] = host_cc.void_fn(so, "xdna_rope", "p" * 4 + "i" * 3)
     return fn
 
 
