@@ -20,10 +20,10 @@ import time
 
 import torch
 
-import torch_xdna.kernels.aie_refs  # noqa: F401  (core-kernel references + lowering hook)
+import torch_xdna.kernels.aie.refs  # noqa: F401  (core-kernel references + lowering hook)
 from torch_xdna.hw import NPU4
-from torch_xdna.kernels.gemm import GemmDesign
-from torch_xdna.kernels.vector import VectorDesign
+from torch_xdna.kernels.ops.gemm import GemmDesign
+from torch_xdna.kernels.ops.vector import VectorDesign
 from torch_xdna.runtime.sim.txn_level import TxnRunner
 
 H, Q, KV, I = 1024, 16 * 128, 8 * 128, 3072
@@ -102,7 +102,7 @@ def fused_layer_streams(precision: str = "bf16", capacity: int = 1024) -> dict:
     """Stream words and BDs of the fused Qwen3-0.6B decode-layer launch (one token), summed over
     its stage programs (executable for bf16 / int8 / int4 weights)."""
     from torch_xdna.array import txn
-    from torch_xdna.engine.decoder import PrecisionPolicy, step_designs
+    from torch_xdna.engine.llm.decoder import PrecisionPolicy, step_designs
     from torch_xdna.kernels.lower import lower
     from torch_xdna.models.families import BUILTIN_CONFIGS, spec_from_config
     spec = spec_from_config(BUILTIN_CONFIGS["qwen3-0.6b"])
@@ -121,7 +121,7 @@ def fused_layer_streams(precision: str = "bf16", capacity: int = 1024) -> dict:
 def _layer_inputs(layer, positions: int, g) -> list[torch.Tensor]:
     """Random inputs of a fused layer; int8 / int4 weights quantized as the engine stores them."""
     from torch_xdna.kernels import quant
-    from torch_xdna.kernels.llm_blocks import default_group
+    from torch_xdna.kernels.blocks.llm import default_group
     a, m = layer.attention, layer.mlp
     h, d, hq, hkv, f = a.hidden, a.head_dim, a.heads, a.kv_heads, m.intermediate
 
@@ -145,7 +145,7 @@ def _layer_inputs(layer, positions: int, g) -> list[torch.Tensor]:
 def fused_layer_txn(precision: str = "bf16", capacity: int = 1024, positions=(0, 1, 2)) -> dict:
     """The Qwen3-0.6B decode layer executed as its stage programs' streams, per position
     (the KV cache carried), vs the functional level in stage order and the BLAS reference."""
-    from torch_xdna.engine.decoder import PrecisionPolicy, step_designs
+    from torch_xdna.engine.llm.decoder import PrecisionPolicy, step_designs
     from torch_xdna.models.families import BUILTIN_CONFIGS, spec_from_config
     spec = spec_from_config(BUILTIN_CONFIGS["qwen3-0.6b"])
     layer = next(d for role, _, d in step_designs(spec, PrecisionPolicy.parse(precision), 1, capacity,

@@ -1,7 +1,7 @@
 """Whisper ASR: modeled NPU ms per 30-s window (tiny/base/small shapes) and measured host time
 next to transformers on the CPU, in the same run.
 
-  * modeled: engine/asr_estimate.py (the simulator's cost model on the engine's own plans; what
+  * modeled: engine/asr/estimate.py (the simulator's cost model on the engine's own plans; what
     the sim charges) for one window: the encoder Program, the prompt and TOKENS decode steps;
   * measured on this host: one 30-s window transcribed by the engine on the simulator (bf16
     NPU numerics executed on the CPU) and by transformers' WhisperForConditionalGeneration.generate
@@ -27,7 +27,7 @@ def make_dir(path: Path, shape: str) -> Path:
     """A random-weight Whisper of the real shape with the real special-token layout."""
     import torch
     from transformers import WhisperConfig, WhisperForConditionalGeneration
-    from torch_xdna.engine.asr_estimate import SHAPES
+    from torch_xdna.engine.asr.estimate import SHAPES
     d, layers, heads = SHAPES[f"whisper-{shape}"]
     cfg = WhisperConfig(vocab_size=51865, d_model=d, encoder_layers=layers,
                         decoder_layers=layers, encoder_attention_heads=heads,
@@ -62,8 +62,8 @@ def _stats(xs: list[float]) -> dict:
 def bench_shape(shape: str, reps: int, workdir: Path) -> dict:
     import torch
     from transformers import WhisperFeatureExtractor, WhisperForConditionalGeneration
-    from torch_xdna.engine.asr_estimate import builtin_spec, estimate_whisper
-    from torch_xdna.engine.transcribe import Transcriber, TranscribeOptions
+    from torch_xdna.engine.asr.estimate import builtin_spec, estimate_whisper
+    from torch_xdna.engine.asr.transcribe import Transcriber, TranscribeOptions
     out = {"shape": f"whisper-{shape}", "modeled": estimate_whisper(builtin_spec(f"whisper-{shape}"),
                                                                    tokens=TOKENS)}
     d = make_dir(workdir / shape, shape)
@@ -99,7 +99,7 @@ def bench_shape(shape: str, reps: int, workdir: Path) -> dict:
 
 def run(quick: bool = False, shapes: tuple[str, ...] = ("tiny", "base", "small"),
         reps: int = 5) -> dict:
-    from torch_xdna.engine.asr_estimate import builtin_spec, estimate_whisper
+    from torch_xdna.engine.asr.estimate import builtin_spec, estimate_whisper
     if quick:
         shapes, reps = ("tiny",), 3
     result = {"tokens_per_window": TOKENS, "note": "modeled = simulator cost model; measured = "

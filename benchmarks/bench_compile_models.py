@@ -3,7 +3,7 @@
 Per forward (tiny random-weight configs, nothing downloaded): launches, dispatches and modeled
 NPU time (simulator cost model: MODELED, not measured on hardware) from torch.xdna.counters(),
 plus the compiled graph's partitions and host nodes and the eager fallback count. Models whose
-conv front end needs torch_xdna.kernels.conv are skipped without it.
+conv front end needs torch_xdna.kernels.ops.conv are skipped without it.
 `python benchmarks/bench_compile_models.py [--json PATH] [--only gpt2,t5_encoder]`.
 """
 from __future__ import annotations
@@ -81,13 +81,13 @@ def run(only: list[str] | None = None) -> dict:
     import torch_xdna  # noqa: F401  registers the device
     from torch_xdna.compiler import backend as B
     from torch_xdna.device import fallback
-    has_conv = importlib.util.find_spec("torch_xdna.kernels.conv") is not None
+    has_conv = importlib.util.find_spec("torch_xdna.kernels.ops.conv") is not None
     out = {}
     for name, (build, conv) in models().items():
         if only and name not in only:
             continue
         if conv and not has_conv:
-            out[name] = {"skipped": "needs torch_xdna.kernels.conv"}
+            out[name] = {"skipped": "needs torch_xdna.kernels.ops.conv"}
             continue
         torch.manual_seed(0)
         torch._dynamo.reset()

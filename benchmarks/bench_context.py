@@ -1,6 +1,6 @@
 """Modeled decode and prefill speed by context length (1K-128K), next to FastFlowLM's figures.
 
-Modeled (the simulator's cost model applied to the engine's own plans, engine/estimate.py; never
+Modeled (the simulator's cost model applied to the engine's own plans, engine/llm/estimate.py; never
 a hardware measurement): Qwen3-0.6B, Llama-3.2-1B and Gemma-3-1B shapes, int4 and bf16 weights,
 bf16 and int8 KV cache, batch 1: decode tok/s at each context (the cache already holds that
 many tokens), prefill tok/s of a whole prompt of that length (chunked as the engine chunks it),
@@ -23,7 +23,7 @@ import argparse
 import json
 import time
 
-from torch_xdna.engine.estimate import estimate, resolve_spec
+from torch_xdna.engine.llm.estimate import estimate, resolve_spec
 
 MODELS = ("qwen3-0.6b", "llama-3.2-1b", "gemma-3-1b")
 PRECISIONS = ("int4", "bf16")

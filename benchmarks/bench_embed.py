@@ -71,14 +71,14 @@ class EngineRunner:
     """The engine on the default device, warmed (plans, workspaces) before timing."""
 
     def __init__(self, texts: list[str], batch: int):
-        from torch_xdna.engine.embedder import Embedder
+        from torch_xdna.engine.embed.embedder import Embedder
         self.texts = texts
         self.emb = Embedder.load(max_batch=batch)
         self.emb.embed(texts)                      # warm: every bucket's plan and workspace
         self.last: dict = {}
 
     def run(self) -> float:
-        from torch_xdna.engine.embedder import EmbedStats
+        from torch_xdna.engine.embed.embedder import EmbedStats
         stats = EmbedStats()
         t0 = time.perf_counter()
         self.vectors = self.emb.embed(self.texts, stats)
@@ -103,7 +103,7 @@ class STRunner:
 
     def __init__(self, texts: list[str], batch: int):
         from sentence_transformers import SentenceTransformer
-        from torch_xdna.engine.embedder import default_model_dir
+        from torch_xdna.engine.embed.embedder import default_model_dir
         self.texts, self.batch = texts, batch
         self.model = SentenceTransformer(str(default_model_dir()), device="cpu")
         self.model.encode(texts[:batch], batch_size=batch)

@@ -14,7 +14,7 @@ import os
 import torch
 
 from torch_xdna.hw import NPU4, Generation
-from torch_xdna.kernels.gemm import GemmDesign
+from torch_xdna.kernels.ops.gemm import GemmDesign
 from torch_xdna.runtime.sim.cost import CostModel, dram_bandwidth, mixed_bandwidth
 
 DTYPES = {"bf16": torch.bfloat16, "int8": torch.int8, "bfp16": torch.bfloat16}

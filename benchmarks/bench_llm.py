@@ -30,12 +30,12 @@ from pathlib import Path
 
 import torch
 
-from torch_xdna.engine.decoder import DEFAULT_LAYOUT, LAYOUTS, Decoder, PrecisionPolicy
-from torch_xdna.engine.estimate import estimate, resolve_spec
-from torch_xdna.engine.generate import GenerationConfig, load_decoder
-from torch_xdna.engine.quantize import quantize
+from torch_xdna.engine.llm.decoder import DEFAULT_LAYOUT, LAYOUTS, Decoder, PrecisionPolicy
+from torch_xdna.engine.llm.estimate import estimate, resolve_spec
+from torch_xdna.engine.llm.generate import GenerationConfig, load_decoder
+from torch_xdna.engine.llm.quantize import quantize
 from torch_xdna.hw import get_generation
-from torch_xdna.kernels.llm_blocks import OPERANDS
+from torch_xdna.kernels.blocks.llm import OPERANDS
 from torch_xdna.models.loader import site_names
 from torch_xdna.runtime.sim.cost import stream_bandwidth
 from torch_xdna.runtime.sim import SimDevice

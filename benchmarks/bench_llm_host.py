@@ -86,7 +86,7 @@ class EngineRunner:
     name = "engine"
 
     def __init__(self, path: Path, capacity: int):
-        from torch_xdna.engine.generate import load_decoder
+        from torch_xdna.engine.llm.generate import load_decoder
         from torch_xdna.hw import get_generation
         from torch_xdna.runtime.sim import SimDevice
         self.eng = load_decoder(path, "bf16", max_context=capacity, quiet=True, prefix_cache=0,

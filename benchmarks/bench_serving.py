@@ -11,7 +11,7 @@ the device counters, and from plans only at Qwen3-0.6B shapes (bf16, 2k context)
 follow-up prompt whole vs prefilling only the part after the cached prefix, plus the cache flush
 of the restored KV buffers that the device charges.
 
-Continuous batching (engine/batching.py), 1/2/4/8 concurrent sequences: modeled device tok/s
+Continuous batching (engine/llm/batching.py), 1/2/4/8 concurrent sequences: modeled device tok/s
 from plans at Qwen3-0.6B shapes (bf16 and int4, 1k context; the weights stream once per step),
 and on the tiny model the modeled tok/s from the device counters and the tok/s measured on this
 host (the simulator runs each row's reference on the CPU, so host tok/s does not gain from
@@ -38,13 +38,13 @@ from pathlib import Path
 
 import torch
 
-from torch_xdna.engine.batching import BatchSession, estimate_batch_step
-from torch_xdna.engine.decoder import DEFAULT_CHUNK, PrecisionPolicy, estimate_step
-from torch_xdna.engine.estimate import resolve_spec
-from torch_xdna.engine.generate import GenerationConfig, load_decoder
-from torch_xdna.engine.prefix_cache import BLOCK
+from torch_xdna.engine.llm.batching import BatchSession, estimate_batch_step
+from torch_xdna.engine.llm.decoder import DEFAULT_CHUNK, PrecisionPolicy, estimate_step
+from torch_xdna.engine.llm.estimate import resolve_spec
+from torch_xdna.engine.llm.generate import GenerationConfig, load_decoder
+from torch_xdna.engine.llm.prefix_cache import BLOCK
 from torch_xdna.hw import get_generation
-from torch_xdna.kernels.llm_blocks import OPERANDS, rows_bucket
+from torch_xdna.kernels.blocks.llm import OPERANDS, rows_bucket
 from torch_xdna.runtime.sim import SimDevice
 from torch_xdna.runtime.sim.cost import CostModel
 

@@ -89,7 +89,7 @@ def _clone(m: torch.nn.Module) -> torch.nn.Module:
 
 
 def bench_espcn(rounds: int, quick: bool) -> dict:
-    from torch_xdna.engine.upscale import UpscaleStats, Upscaler
+    from torch_xdna.engine.vision.upscale import UpscaleStats, Upscaler
     from torch_xdna.models.sr import ESPCN
     torch.manual_seed(0)
     model = ESPCN(3, channels=1, features=(64, 32)).eval()

@@ -342,7 +342,7 @@ def make_artifact(root: Path, fx: FakeXrt, design, gen, inputs, outputs, *, flow
                   insts: bytes | None = None):
     """Install an artifact whose fake xclbin/ELF makes `fx` run the design's reference.
     `scalars`: (name, dtype) pairs, each patched into its own stream word."""
-    from torch_xdna.kernels.artifacts import abi_for, install_artifact
+    from torch_xdna.kernels.toolchain.artifacts import abi_for, install_artifact
 
     stream, patches = fake_stream(gen, ops=max(1, (instr_words - 4) // 4), scalars=len(scalars))
     abi = abi_for(inputs, outputs, [(n, d, p) for (n, d), p in zip(scalars, patches)], kernel_dtypes)

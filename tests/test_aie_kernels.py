@@ -16,10 +16,10 @@ import torch
 
 from torch_xdna.kernels import numerics, quant
 from torch_xdna.kernels.aie import KERNELS, SOURCES, golden, host_build
-from torch_xdna.kernels.attention import attention_reference
-from torch_xdna.kernels.gemm import GemmDesign
-from torch_xdna.kernels.llm_blocks import _rope
-from torch_xdna.kernels.vector import VectorDesign
+from torch_xdna.kernels.ops.attention import attention_reference
+from torch_xdna.kernels.ops.gemm import GemmDesign
+from torch_xdna.kernels.blocks.llm import _rope
+from torch_xdna.kernels.ops.vector import VectorDesign
 
 pytestmark = pytest.mark.skipif(host_build.find_compiler() is None,
                                 reason="no host C++ compiler (g++) to build the AIE kernels")
@@ -569,7 +569,7 @@ def test_qk_norm_rope(lib, rows, d, offset):
     """The fused layer's q/k stage: per-head RMSNorm (own weight row per head) then RoPE, both
     rounded to bf16; bit-exact with its golden, and within the rms_norm bound of the layer's
     reference functions (llm_layer_stages.qk_norm_rope_rows)."""
-    from torch_xdna.kernels.llm_layer_stages import qk_norm_rope_rows
+    from torch_xdna.kernels.blocks.llm_stages import qk_norm_rope_rows
     x, w = bf16(rows, d, scale=2), bf16(rows, d)
     ang = torch.tensor(77.0) * (1.0 / (10000 ** (torch.arange(0, d, 2).float() / d))).repeat(2)
     cos, ssin = ang.cos().to(torch.bfloat16), ang.sin().to(torch.bfloat16)

@@ -5,13 +5,13 @@ import torch
 from torch_xdna.array import ir
 from torch_xdna.array.validate import ArrayIRError, usage, validate
 from torch_xdna.hw import NPU4
-from torch_xdna.kernels.gemm import GemmDesign
+from torch_xdna.kernels.ops.gemm import GemmDesign
 from torch_xdna.kernels.lower import lower
 from torch_xdna.kernels.lower.gemm import pack_bfp16_tiles, pack_weight_tiles
-from torch_xdna.kernels.vector import EmbeddingDesign, VectorDesign
-from torch_xdna.kernels.attention import AttentionDesign
-from torch_xdna.kernels.dma import ConcatDesign, GatherDesign
-from torch_xdna.kernels.fused import ChainDesign
+from torch_xdna.kernels.ops.vector import EmbeddingDesign, VectorDesign
+from torch_xdna.kernels.ops.attention import AttentionDesign
+from torch_xdna.kernels.ops.dma import ConcatDesign, GatherDesign
+from torch_xdna.kernels.ops.fused import ChainDesign
 from torch_xdna.kernels import quant
 
 F32, BF16 = torch.float32, torch.bfloat16
@@ -145,8 +145,8 @@ def test_validator_names_the_limit():
 
 
 def test_multi_stage_designs_lower_stage_by_stage():
-    from torch_xdna.kernels.fused import GatedGemmDesign
-    from torch_xdna.kernels.llm_blocks import AttentionBlockDesign, DecoderLayerDesign, MlpBlockDesign
+    from torch_xdna.kernels.ops.fused import GatedGemmDesign
+    from torch_xdna.kernels.blocks.llm import AttentionBlockDesign, DecoderLayerDesign, MlpBlockDesign
     gg = lower(GatedGemmDesign(4, 256, 128), NPU4)
     assert [dict(p.notes).get("stage") for p in gg] == ["gate_proj", "up_proj", "gate"]
     assert dict(gg[0].notes)["launch_args"] == ("A", "Wg", "Wu", "out")
@@ -227,7 +227,7 @@ def test_bfp16_tiles_pack_exactly():
 @pytest.mark.parametrize("prec", ["bf16", "int8", "int4"])
 def test_llm_embed_rows_lower(prec):
     from torch_xdna.array import txn
-    from torch_xdna.kernels.llm_blocks import EmbedDesign
+    from torch_xdna.kernels.blocks.llm import EmbedDesign
     w = torch.randn(100, 64)
     tables = {"bf16": [w.bfloat16()], "int8": list(quant.quantize_int8(w, 32)),
               "int4": list(quant.quantize_int4(w, 32))}[prec]
@@ -322,7 +322,7 @@ def test_gemm_plan_memtile_is_the_lowered_one(m, k, n, dt, g):
     m-slice from one of them: one channel per core), and where the blocking is lowered the
     plan's mem-tile figure is exactly the IR's fullest mem tile (validate.usage)."""
     from torch_xdna.array import validate
-    from torch_xdna.kernels.gemm import a_columns
+    from torch_xdna.kernels.ops.gemm import a_columns
     d = _gemm(m, k, n, dt, g)
     plan = d.plan(NPU4)
     gm, _ = plan.notes["grid"]

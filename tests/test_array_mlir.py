@@ -8,7 +8,7 @@ import torch
 from torch_xdna.array.mlir import check_structure, emit, parse_generic, to_mlir
 from torch_xdna.hw import NPU4
 from torch_xdna.kernels.lower import lower
-from torch_xdna.kernels.vector import VectorDesign
+from torch_xdna.kernels.ops.vector import VectorDesign
 from test_array_ir import DESIGNS, lowered
 
 GOLDEN = Path(__file__).parent / "golden"
@@ -20,7 +20,7 @@ def test_golden_elementwise_module():
 
 
 def test_gemm_module_shape():
-    from torch_xdna.kernels.gemm import GemmDesign
+    from torch_xdna.kernels.ops.gemm import GemmDesign
     d = GemmDesign(64, 64, 64)
     prog = lower(d, NPU4)[0]
     text = to_mlir(prog)

@@ -11,7 +11,7 @@ import torch
 from fake_pyxrt import FakeXrt, make_artifact
 from torch_xdna.hw import NPU1, NPU4
 from torch_xdna.kernels import GemmDesign
-from torch_xdna.kernels.artifacts import ArtifactError, ArtifactStore, default_artifact_dir
+from torch_xdna.kernels.toolchain.artifacts import ArtifactError, ArtifactStore, default_artifact_dir
 from torch_xdna.runtime import Launch
 from torch_xdna.runtime.xrt.device import XrtDevice
 from torch_xdna.runtime.xrt.session import release_devices

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 
 from torch_xdna.hw import NPU4
 from torch_xdna.kernels import numerics
-from torch_xdna.kernels.attention import AttentionDesign
+from torch_xdna.kernels.ops.attention import AttentionDesign
 from torch_xdna.runtime import Launch, TensorArg
 from torch_xdna.runtime.sim import SimDevice
 

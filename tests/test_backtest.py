@@ -18,7 +18,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.backtest.figures import FIGURES  # noqa: E402
 from benchmarks.backtest.report import evaluate  # noqa: E402
 from torch_xdna.hw import NPU4  # noqa: E402
-from torch_xdna.kernels.vector import VectorDesign  # noqa: E402
+from torch_xdna.kernels.ops.vector import VectorDesign  # noqa: E402
 from torch_xdna.runtime.sim.cost import MODEL_VERSION, CostModel  # noqa: E402
 
 FITTED = [f for f in FIGURES if not f.held_out]
@@ -84,8 +84,8 @@ from benchmarks.backtest.derive import FIT_TOLERANCE, FITS, time_ratio  # noqa: 
 from benchmarks.backtest.figures import FLM_PREFILL_TABLE, by_key  # noqa: E402
 from benchmarks.backtest.layouts import flm_prompt_overhead_s  # noqa: E402
 from torch_xdna.hw import Sourced  # noqa: E402
-from torch_xdna.kernels.attention import AttentionDesign  # noqa: E402
-from torch_xdna.kernels.gemm import GemmDesign  # noqa: E402
+from torch_xdna.kernels.ops.attention import AttentionDesign  # noqa: E402
+from torch_xdna.kernels.ops.gemm import GemmDesign  # noqa: E402
 from torch_xdna.runtime.sim.cost import dram_bandwidth, dram_time_s, transfer_terms  # noqa: E402
 
 

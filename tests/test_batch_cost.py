@@ -11,13 +11,13 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.bench_serving import modeled_batching  # noqa: E402
-from torch_xdna.engine.batching import batch_step_designs  # noqa: E402
-from torch_xdna.engine.decoder import PrecisionPolicy  # noqa: E402
-from torch_xdna.engine.estimate import resolve_spec  # noqa: E402
+from torch_xdna.engine.llm.batching import batch_step_designs  # noqa: E402
+from torch_xdna.engine.llm.decoder import PrecisionPolicy  # noqa: E402
+from torch_xdna.engine.llm.estimate import resolve_spec  # noqa: E402
 from torch_xdna.hw import get_generation  # noqa: E402
-from torch_xdna.kernels.attention import AttentionDesign  # noqa: E402
-from torch_xdna.kernels.gemm import GemmDesign  # noqa: E402
-from torch_xdna.kernels.llm_batch import BatchedLayerDesign  # noqa: E402
+from torch_xdna.kernels.ops.attention import AttentionDesign  # noqa: E402
+from torch_xdna.kernels.ops.gemm import GemmDesign  # noqa: E402
+from torch_xdna.kernels.blocks.llm_batch import BatchedLayerDesign  # noqa: E402
 
 SIZES = (1, 2, 4, 8)
 

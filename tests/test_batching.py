@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from llm_fixtures import build_model
-from torch_xdna.engine.batching import BatchRunner, BatchSession, SessionFull
-from torch_xdna.engine.generate import GenerationConfig, load_decoder
+from torch_xdna.engine.llm.batching import BatchRunner, BatchSession, SessionFull
+from torch_xdna.engine.llm.generate import GenerationConfig, load_decoder
 
 
 @pytest.fixture(scope="module")

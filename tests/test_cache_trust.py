@@ -100,12 +100,12 @@ def test_planted_gelu_to_relu_is_detected(tmp_path):
 
 def test_entry_names_only_allowlisted_design_classes(tmp_path):
     from torch_xdna.compiler.lowered import design_class
-    for bad in ("torch_xdna.compiler.cache:store", "os:system", "torch_xdna.kernels.gemm:torch",
-                "torch_xdna.kernels.gemm:GemmDesign.plan", "torch_xdna.kernels.nope:X",
-                "torch_xdna.kernels.gemm"):
+    for bad in ("torch_xdna.compiler.cache:store", "os:system", "torch_xdna.kernels.ops.gemm:torch",
+                "torch_xdna.kernels.ops.gemm:GemmDesign.plan", "torch_xdna.kernels.nope:X",
+                "torch_xdna.kernels.ops.gemm"):
         with pytest.raises(ValueError, match="not a torch_xdna design"):
             design_class(bad)
-    assert design_class("torch_xdna.kernels.gemm:GemmDesign").__name__ == "GemmDesign"
+    assert design_class("torch_xdna.kernels.ops.gemm:GemmDesign").__name__ == "GemmDesign"
     # a correctly signed entry (the key leaked, or a bug) naming a callable is still refused
     s, _, _ = _compile(tmp_path)
     e = _entry(tmp_path)
@@ -193,7 +193,7 @@ def qwen_dir(tmp_path_factory):
 
 
 def _tokens(model_dir, cache_dir, precision="int8"):
-    from torch_xdna.engine.generate import GenerationConfig, load_decoder
+    from torch_xdna.engine.llm.generate import GenerationConfig, load_decoder
     e = load_decoder(model_dir, precision, max_context=32, cache_dir=cache_dir, quiet=True)
     try:
         return e.complete([5, 6, 7], GenerationConfig(max_tokens=4, stop_token_ids=())).token_ids

@@ -15,8 +15,8 @@ import pytest
 import torch
 
 from torch_xdna.hw import NPU4, Sourced
-from torch_xdna.kernels.gemm import GemmDesign
-from torch_xdna.kernels.vector import VectorDesign
+from torch_xdna.kernels.ops.gemm import GemmDesign
+from torch_xdna.kernels.ops.vector import VectorDesign
 from torch_xdna.runtime import Launch, Program
 from torch_xdna.runtime.sim import SimDevice
 from torch_xdna.runtime.sim.cost import CostModel, compute_efficiency

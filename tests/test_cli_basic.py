@@ -39,8 +39,8 @@ def test_bench_unknown_name_is_clear(capsys):
 def test_bench_runs_quick_or_names_the_script(tmp_path):
     """`xdna bench NAME` calls run(quick=...) or an argument-free run(); a benchmark with its own
     options (no such run) is refused with the command that runs it."""
-    from torch_xdna.cli.bench import _run_one
-    from torch_xdna.cli.common import CliError
+    from torch_xdna.cli.tools.bench import _run_one
+    from torch_xdna.cli.args import CliError
     (tmp_path / "bench_a.py").write_text("def run(quick=True):\n    return {'quick': quick}\n")
     (tmp_path / "bench_b.py").write_text("def run(only=None):\n    return {'only': only}\n")
     (tmp_path / "bench_c.py").write_text("def main(argv=None):\n    return 0\n")

@@ -124,7 +124,7 @@ def _crash(args):
 
 
 def test_unexpected_error_has_no_traceback_unless_debug(monkeypatch, capsys):
-    import torch_xdna.cli.info as info
+    import torch_xdna.cli.npu.info as info
     monkeypatch.setattr(info, "run", _crash)
     code, err = run_cli(capsys, "info")
     assert code == 1

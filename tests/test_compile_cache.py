@@ -111,7 +111,7 @@ def test_attention_design_round_trips_through_the_cache(tmp_path):
     start rebuilds it from JSON unchanged. Causal is torch's top-left alignment (Sq=3 < Skv=7):
     bottom-right alignment would be off by ~3 here, so the 2e-2 tolerance catches it."""
     from torch_xdna.compiler.lowered import decode_design, encode_design
-    from torch_xdna.kernels.attention import AttentionDesign
+    from torch_xdna.kernels.ops.attention import AttentionDesign
     from torch_xdna.kernels.numerics import bf16_round
     F = torch.nn.functional
 

@@ -222,9 +222,9 @@ def test_hf_model_on_device_is_one_partition_strict_clean(name, tmp_path):
     run_on_device(name, m, kw, tmp_path)
 
 
-HAS_CONV = importlib.util.find_spec("torch_xdna.kernels.conv") is not None
+HAS_CONV = importlib.util.find_spec("torch_xdna.kernels.ops.conv") is not None
 needs_conv = pytest.mark.skipif(
-    not HAS_CONV, reason="needs the NPU conv designs (torch_xdna.kernels.conv, branch conf-conv) "
+    not HAS_CONV, reason="needs the NPU conv designs (torch_xdna.kernels.ops.conv, branch conf-conv) "
                          "for the conv front ends of Whisper/ViT/ResNet")
 
 

@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from llm_fixtures import build_model, hf_logits
-from torch_xdna.engine.constrained import Grammar, GrammarError
-from torch_xdna.engine.generate import GenerationConfig, load_decoder
-from torch_xdna.engine.logits import LogitBias, Penalties
+from torch_xdna.engine.llm.constrained import Grammar, GrammarError
+from torch_xdna.engine.llm.generate import GenerationConfig, load_decoder
+from torch_xdna.engine.llm.logits import LogitBias, Penalties
 
 PROMPT = "the quick brown fox"
 SCHEMA = {"type": "object",

@@ -1,4 +1,4 @@
-"""Conv family on the NPU (kernels/conv.py, kernels/pool.py, device/ops_conv.py).
+"""Conv family on the NPU (kernels/ops/conv.py, kernels/ops/pool.py, device/ops_conv.py).
 
 References: PyTorch CPU. Convolutions are compared twice: (1) against the CPU op computed on
 bf16-rounded operands in fp32 (the NPU's documented numerics, kernels/numerics.py): only the
@@ -21,8 +21,8 @@ import torch.nn.functional as F
 import torch_xdna  # noqa: F401
 from torch_xdna.device import fallback
 from torch_xdna.hw import AIE2P
-from torch_xdna.kernels.conv import ConvDesign
-from torch_xdna.kernels.pool import MoveDesign, WindowDesign
+from torch_xdna.kernels.ops.conv import ConvDesign
+from torch_xdna.kernels.ops.pool import MoveDesign, WindowDesign
 from torch_xdna.runtime import PlanError, get_device
 
 X = "xdna"

@@ -1,4 +1,4 @@
-"""Corpus jobs (`xdna embed --input/--output`, engine/corpus.py): 20k short texts on this
+"""Corpus jobs (`xdna embed --input/--output`, engine/embed/corpus.py): 20k short texts on this
 machine vs transformers on CPU, the three input formats and their ids, a job SIGKILLed mid-run
 then resumed == an uninterrupted run, refusal to resume onto a changed input, and the same job
 through Ray Data on a local 2-CPU Ray instance giving the identical parquet."""
@@ -17,9 +17,9 @@ import torch
 pa = pytest.importorskip("pyarrow")
 pq = pytest.importorskip("pyarrow.parquet")
 
-from torch_xdna.engine.corpus import (TEST_KILL_ENV, CorpusError, CorpusJob, _Parts,  # noqa: E402
+from torch_xdna.engine.embed.corpus import (TEST_KILL_ENV, CorpusError, CorpusJob, _Parts,  # noqa: E402
                                       partial_dir, run_job)
-from torch_xdna.engine.embedder import Embedder  # noqa: E402
+from torch_xdna.engine.embed.embedder import Embedder  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 N_TEXTS = 20_000

@@ -71,7 +71,7 @@ def test_no_hardware_literals_in_the_cost_model():
 # --- vector-unit costs (cost-v4): every op a sourced derivation in hw/vector_costs.py --------
 def test_every_vector_op_has_a_sourced_cost():
     from torch_xdna.hw.vector_costs import VECTOR_OP_CYCLES
-    from torch_xdna.kernels.vector import OPS
+    from torch_xdna.kernels.ops.vector import OPS
     missing = set(OPS) - set(VECTOR_OP_CYCLES)
     assert not missing, f"vector ops without a cost in hw/vector_costs.py: {sorted(missing)}"
     for op, cost in VECTOR_OP_CYCLES.items():
@@ -99,7 +99,7 @@ def test_vector_costs_follow_the_counting_rule():
 def test_vector_plans_charge_the_sourced_cost():
     import torch
     from torch_xdna.hw import NPU4
-    from torch_xdna.kernels.vector import VectorDesign
+    from torch_xdna.kernels.ops.vector import VectorDesign
     n = 32 * 2048 * 4
     f32 = torch.float32
     plan = lambda op: VectorDesign(op, ((n,),), (f32,), (n,), f32).plan(NPU4)

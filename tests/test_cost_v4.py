@@ -9,8 +9,8 @@ import torch
 
 from torch_xdna.hw import NPU4, Sourced
 from torch_xdna.hw.vector_costs import dequant_cycles
-from torch_xdna.kernels.gemm import GemmDesign
-from torch_xdna.kernels.llm_blocks import AttentionBlockDesign
+from torch_xdna.kernels.ops.gemm import GemmDesign
+from torch_xdna.kernels.blocks.llm import AttentionBlockDesign
 from torch_xdna.runtime.sim.cost import MODEL_VERSION, memtile_stream_bps, transfer_terms
 
 

@@ -1,5 +1,5 @@
 """Decode host-speed paths that must not change numerics: the attention block's fp32 KV mirror
-(kernels/llm_blocks.py KV_MIRROR), the one-pass C operand rounding (host_gemv.operand) and the C
+(kernels/blocks/llm.py KV_MIRROR), the one-pass C operand rounding (host_gemv.operand) and the C
 RMSNorm tail (host_gemv.rms_norm; both switched by host_gemv.FAST_OPERAND). Decode
 logits are torch.equal with and without them on the test models (tests/llm_fixtures.py; gemma3's
 sliding window exercises a window start past 0), across a reset and a cache written behind its
@@ -11,7 +11,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from torch_xdna.kernels import host_attention, host_gemv, llm_blocks, numerics
+from torch_xdna.kernels import numerics
+
+from torch_xdna.kernels.host import attention as host_attention
+
+from torch_xdna.kernels.host import gemv as host_gemv
+
+from torch_xdna.kernels.blocks import llm as llm_blocks
 
 PROMPT = [5, 17, 33, 101, 7, 250, 64, 12, 99, 3, 42, 77]
 
@@ -25,7 +31,7 @@ def tiny_model(request, tmp_path_factory):
 
 
 def _logits(path, mirror: bool, monkeypatch) -> tuple[list[int], list[torch.Tensor]]:
-    from torch_xdna.engine.generate import load_decoder
+    from torch_xdna.engine.llm.generate import load_decoder
     monkeypatch.setattr(llm_blocks.KV_MIRROR, "enabled", mirror)
     monkeypatch.setattr(host_gemv, "FAST_OPERAND", mirror)
     monkeypatch.setattr(host_attention, "ENABLED", False)      # bit-equality: torch attention

@@ -358,7 +358,7 @@ def test_convolution_reaches_the_fallback_policy():
 
 
 def test_new_designs_plan_within_capacity():
-    from torch_xdna.kernels.vector_ops import TableDesign
+    from torch_xdna.kernels.ops.table import TableDesign
     gen = get_device().gen
     d = TableDesign("sort", ((64, 1024),), (torch.float32,), (64, 1024), torch.float32,
                     (("descending", False), ("passes", 55.0), ("stable", False)),
@@ -372,7 +372,7 @@ def test_new_designs_plan_within_capacity():
 
 
 def test_long_rows_sort_in_runs_merged_in_the_mem_tile():
-    from torch_xdna.kernels.reduce import SortDesign
+    from torch_xdna.kernels.ops.reduce import SortDesign
     gen = get_device().gen
     d = SortDesign("sort", ((8000,),), (torch.float32,), (8000,), torch.float32,
                    (("descending", False), ("stable", False)), (((8000,), torch.int64),))

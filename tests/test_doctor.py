@@ -10,8 +10,8 @@ import sys
 import pytest
 
 from fake_host import VALIDATE_EINVAL, FakeHost, healthy_strix
-from torch_xdna.cli import doctor
-from torch_xdna.cli.doctor_checks import Doctor, format_report
+from torch_xdna.cli.npu import doctor
+from torch_xdna.cli.npu.doctor_checks import Doctor, format_report
 
 HAS_PYXRT = lambda: (True, "/opt/xilinx/xrt/python/pyxrt.so")   # noqa: E731
 NO_PYXRT = lambda: (False, "")                                   # noqa: E731
@@ -308,7 +308,7 @@ def test_pyxrt_really_imported_and_probed(tmp_path, monkeypatch):
     """The default importer runs `import pyxrt` in a child Python: a fake pyxrt module on the
     child's path is imported and its capabilities reported; a broken one is a FAIL naming the error."""
     import os
-    from torch_xdna.cli.doctor_checks import import_pyxrt_subprocess
+    from torch_xdna.cli.npu.doctor_checks import import_pyxrt_subprocess
     good, bad = tmp_path / "good", tmp_path / "bad"
     good.mkdir()
     bad.mkdir()

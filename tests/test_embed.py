@@ -9,9 +9,9 @@ import shutil
 import pytest
 import torch
 
-from torch_xdna.engine.embedder import EmbedStats, Embedder, default_model_dir
+from torch_xdna.engine.embed.embedder import EmbedStats, Embedder, default_model_dir
 from torch_xdna.hw import get_generation
-from torch_xdna.kernels.encoder_blocks import (EncoderAttentionDesign, EncoderEmbeddingDesign,
+from torch_xdna.kernels.blocks.encoder import (EncoderAttentionDesign, EncoderEmbeddingDesign,
                                                EncoderFFNDesign)
 from torch_xdna.models.encoder import load_spec
 from torch_xdna.models.hf import ModelDirError

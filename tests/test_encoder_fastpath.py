@@ -17,10 +17,12 @@ import random
 import pytest
 import torch
 
-from torch_xdna.kernels import host_gemm, numerics
+from torch_xdna.kernels import numerics
+
+from torch_xdna.kernels.host import gemm as host_gemm
 from torch_xdna.kernels.activations import apply_epilogue, apply_epilogue_
-from torch_xdna.kernels.attention import attention_reference
-from torch_xdna.kernels.encoder_blocks import (EncoderAttentionDesign, EncoderFFNDesign,
+from torch_xdna.kernels.ops.attention import attention_reference
+from torch_xdna.kernels.blocks.encoder import (EncoderAttentionDesign, EncoderFFNDesign,
                                                EncoderPoolDesign, prefix_lengths)
 
 
@@ -55,7 +57,7 @@ def test_gemm_operand_is_operand_up_to_the_sign_of_flushed_zeros():
 
 
 def test_layer_norm_in_place_equals_the_written_out_formula():
-    from torch_xdna.kernels.encoder_blocks import layer_norm_design
+    from torch_xdna.kernels.blocks.encoder import layer_norm_design
     g = torch.Generator().manual_seed(7)
     x = torch.randn(40, 384, generator=g) * 3 + 1
     w = (1 + torch.randn(384, generator=g) / 10).bfloat16()
@@ -99,7 +101,7 @@ def test_gemm_rows_within_accumulation_bound_and_row_independent(packed):
 def test_packed_gemm_is_used_on_encoder_shapes_and_can_be_turned_off(monkeypatch):
     """The encoder's resident weights get a packed form (once: the operand cache) where this
     host's oneDNN is row-invariant; TORCH_XDNA_HOST_KERNELS=0 gives None (torch.mm)."""
-    from torch_xdna.kernels.encoder_blocks import _packed_w
+    from torch_xdna.kernels.blocks.encoder import _packed_w
     w = (torch.randn(384, 1152, generator=torch.Generator().manual_seed(9)) / 20).bfloat16()
     if not (host_gemm.packing_enabled() and host_gemm.packed_invariant(384, 1152)):
         pytest.skip("no row-invariant oneDNN packed GEMM on this host")
@@ -197,7 +199,7 @@ def test_layer_result_of_a_sequence_ignores_batch_and_padding():
 def test_equal_length_runs_batched_equal_each_sequence_alone(h, nh):
     """Attention runs one batched call per run of equal lengths; each sequence's layer output
     is bit for bit what it gets alone (one call per sequence, the per-sequence path)."""
-    from torch_xdna.kernels.encoder_blocks import equal_runs
+    from torch_xdna.kernels.blocks.encoder import equal_runs
     assert equal_runs([5, 5, 5, 9, 9, 3, 5]) == [(5, 3), (9, 2), (3, 1), (5, 1)]
     g = torch.Generator().manual_seed(11)
     w = _weights(h, 4 * h, g)
@@ -215,7 +217,7 @@ def test_equal_length_runs_batched_equal_each_sequence_alone(h, nh):
 
 @pytest.fixture(scope="module")
 def embedder():
-    from torch_xdna.engine.embedder import Embedder
+    from torch_xdna.engine.embed.embedder import Embedder
     emb = Embedder.load()
     yield emb
     emb.close()
@@ -230,7 +232,7 @@ def test_sentence_embedding_is_bit_identical_in_any_batch(embedder):
              "fifteen sixteen seventeen eighteen nineteen twenty",
              "Machine learning models transform sentences into dense vectors."]
     alone = torch.cat([embedder.embed([t]) for t in texts])
-    from torch_xdna.engine.embedder import EmbedStats
+    from torch_xdna.engine.embed.embedder import EmbedStats
     st = EmbedStats()
     together = embedder.embed(texts, st)
     assert torch.equal(together, alone)

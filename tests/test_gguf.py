@@ -15,7 +15,7 @@ import torch
 from gguf_fixtures import (add_gpt2_tokenizer, add_spm_tokenizer, dequantized_like,
                            spm_tokenizer_dir, write_gguf)
 from llm_fixtures import CHAT_TEMPLATE, TEXT, VOCAB, _config, hf_logits, save_tokenizer
-from torch_xdna.engine.generate import GenerationConfig, load_decoder
+from torch_xdna.engine.llm.generate import GenerationConfig, load_decoder
 from torch_xdna.kernels.quant import unpack_int4
 from torch_xdna.models.gguf import open_gguf
 from torch_xdna.models.hf import ModelDirError
@@ -140,7 +140,7 @@ def test_native_blocks_map_exactly(models, qtype, prec, tmp_path, tok_dir, spm_d
         else:
             qs = blocks[..., 2:]
             want = (np.concatenate([qs & 15, qs >> 4], -1).astype(np.int8) - 8).reshape(w.shape)
-        from torch_xdna.engine.gguf_weights import native_transform  # noqa: F401 (the path used)
+        from torch_xdna.engine.llm.gguf_weights import native_transform  # noqa: F401 (the path used)
         stored = _stored_site(eng, "layers.0.down")
         q = stored[0] if prec == "int8" else unpack_int4(stored[0])
         assert torch.equal(q, torch.from_numpy(want))
@@ -157,7 +157,7 @@ def test_native_blocks_map_exactly(models, qtype, prec, tmp_path, tok_dir, spm_d
 
 def _stored_site(eng, site: str) -> tuple[torch.Tensor, ...]:
     """The host tensors the engine stored for `site` (reloaded through the loader)."""
-    from torch_xdna.engine.gguf_weights import native_transform
+    from torch_xdna.engine.llm.gguf_weights import native_transform
     from torch_xdna.models.loader import load_weights
     files, pol = eng.files, eng.decoder.policy
     tf = native_transform(files.gguf, files.config, pol, files.spec, pol.transform_for(files.spec))

@@ -1,4 +1,4 @@
-"""The decode attention host kernel (kernels/host_attention.py) against the torch reference it
+"""The decode attention host kernel (kernels/host/attention.py) against the torch reference it
 replaces, attention.flash_attention (and the literal tile loop flash_attention_loop).
 
 Bounds. The kernel computes the same closed form with the same exp (torch's, checked bit for bit
@@ -18,8 +18,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from torch_xdna.kernels import host_attention, numerics
-from torch_xdna.kernels.attention import flash_attention, flash_attention_loop
+from torch_xdna.kernels import numerics
+
+from torch_xdna.kernels.host import attention as host_attention
+from torch_xdna.kernels.ops.attention import flash_attention, flash_attention_loop
 
 pytestmark = pytest.mark.skipif(
     not host_attention.available(),
@@ -111,7 +113,7 @@ PROMPT = [5, 17, 33, 101, 7, 250, 64, 12, 99, 3, 42, 77]
 
 
 def _decode(path, kernel: bool, monkeypatch):
-    from torch_xdna.engine.generate import load_decoder
+    from torch_xdna.engine.llm.generate import load_decoder
     monkeypatch.setattr(host_attention, "ENABLED", kernel)
     calls = []
     real = host_attention.decode_attention

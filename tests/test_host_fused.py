@@ -8,9 +8,11 @@ import math
 import pytest
 import torch
 
-from torch_xdna.kernels import host_fused, numerics
+from torch_xdna.kernels import numerics
+
+from torch_xdna.kernels.host import fused as host_fused
 from torch_xdna.kernels.activations import apply_epilogue_
-from torch_xdna.kernels.encoder_blocks import linear_rows
+from torch_xdna.kernels.blocks.encoder import linear_rows
 
 pytestmark = pytest.mark.skipif(
     not host_fused.available(),
@@ -107,8 +109,8 @@ def test_embeddings_unchanged_by_the_fused_pass(monkeypatch):
     """The bundled all-MiniLM-L6-v2: vectors with the fused passes == with the torch ops
     (the GEMM held the same: TORCH_XDNA_HOST_KERNELS=0 also drops the packed oneDNN GEMM,
     which sums in another order)."""
-    from torch_xdna.engine.embedder import Embedder
-    from torch_xdna.kernels import host_gemm
+    from torch_xdna.engine.embed.embedder import Embedder
+    from torch_xdna.kernels.host import gemm as host_gemm
     monkeypatch.setattr(host_gemm, "packing_enabled", lambda: False)
     texts = ["Hello world.", "a", "The NPU streams weights from DRAM; batching amortizes the "
              "dispatch cost.", "Zürich café naïve résumé 東京 " * 6]
@@ -138,8 +140,8 @@ def test_probs_operand_is_nan_to_num_then_operand_nonneg():
 
 
 def test_encoder_attention_equals_attention_reference():
-    from torch_xdna.kernels.attention import attention_reference
-    from torch_xdna.kernels.encoder_blocks import encoder_attention
+    from torch_xdna.kernels.ops.attention import attention_reference
+    from torch_xdna.kernels.blocks.encoder import encoder_attention
     g = torch.Generator().manual_seed(8)
     q, k, v = (numerics.operand(torch.randn(12, 3, 37, 32, generator=g) * 2) for _ in range(3))
     assert torch.equal(encoder_attention(q, k, v, 0.17),
@@ -163,7 +165,7 @@ def test_bias_residual_operand_is_operand_of_the_sum(rows, n):
 
 
 def test_linear_residual_layer_norm_equals_linear_then_norm():
-    from torch_xdna.kernels.encoder_blocks import (layer_norm_design, linear_residual_layer_norm,
+    from torch_xdna.kernels.blocks.encoder import (layer_norm_design, linear_residual_layer_norm,
                                                    linear_rows)
     g = torch.Generator().manual_seed(12)
     x = numerics.operand(torch.randn(50, 384, generator=g))

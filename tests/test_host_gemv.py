@@ -1,4 +1,4 @@
-"""The decode host kernel (kernels/host_gemv.py): bf16 weights, fp32 accumulation, fp32 result.
+"""The decode host kernel (kernels/host/gemv.py): bf16 weights, fp32 accumulation, fp32 result.
 
 Checked against an fp64 reference of the same bf16 operands: every product of two bf16 values is
 exact in fp32, so the kernel's only error is the association of its fp32 sum, bounded (fp32
@@ -12,8 +12,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from torch_xdna.kernels import host_gemv, quant
-from torch_xdna.kernels.llm_blocks import OPERANDS
+from torch_xdna.kernels import quant
+
+from torch_xdna.kernels.host import gemv as host_gemv
+from torch_xdna.kernels.blocks.llm import OPERANDS
 
 pytestmark = pytest.mark.skipif(not host_gemv.available(),
                                 reason=f"host kernel unavailable: {host_gemv.unavailable_reason()}")
@@ -106,7 +108,7 @@ PROMPT = [5, 17, 33, 101, 7, 250, 64, 12, 99, 3, 42, 77]
 
 
 def _decode(path, precision: str, kernel: bool, monkeypatch) -> tuple[list[int], list]:
-    from torch_xdna.engine.generate import GenerationConfig, load_decoder
+    from torch_xdna.engine.llm.generate import GenerationConfig, load_decoder
     monkeypatch.setattr(host_gemv, "MIN_WEIGHT", 0 if kernel else 1 << 62)
     eng = load_decoder(path, precision, max_context=96, prefill_chunk=8, quiet=True,
                        cache_dir=False)

@@ -18,16 +18,17 @@ from pathlib import Path
 import pytest
 import torch
 
-import torch_xdna.kernels.aie_refs  # noqa: F401  (registers the core-kernel references)
+import torch_xdna.kernels.aie.refs  # noqa: F401  (registers the core-kernel references)
 from torch_xdna.array import ir
 from torch_xdna.hw import NPU4
-from torch_xdna.kernels import aie, catalog
+from torch_xdna.kernels import aie
+from torch_xdna.kernels.toolchain import catalog
 from torch_xdna.kernels.aie import KERNELS, golden, host_build
-from torch_xdna.kernels.build import BuildError, kernel_objects
-from torch_xdna.kernels.fused import ChainDesign, GatedGemmDesign
-from torch_xdna.kernels.gemm import GemmDesign
+from torch_xdna.kernels.toolchain.build import BuildError, kernel_objects
+from torch_xdna.kernels.ops.fused import ChainDesign, GatedGemmDesign
+from torch_xdna.kernels.ops.gemm import GemmDesign
 from torch_xdna.kernels.lower import lower
-from torch_xdna.kernels.vector import VectorDesign
+from torch_xdna.kernels.ops.vector import VectorDesign
 from test_array_ir import DESIGNS as IR_DESIGNS, lowered
 
 F32, BF16 = torch.float32, torch.bfloat16

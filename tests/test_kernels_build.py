@@ -13,7 +13,7 @@ from fake_host import healthy_strix
 from fake_pyxrt import FakeXrt, make_artifact, reference_compute
 from torch_xdna.cli.main import main
 from torch_xdna.hw import NPU4
-from torch_xdna.kernels import catalog
+from torch_xdna.kernels.toolchain import catalog
 from torch_xdna.runtime import Launch
 from torch_xdna.runtime.sim import SimDevice
 from torch_xdna.runtime.xrt.artifacts import ArtifactError, ArtifactStore
@@ -158,7 +158,7 @@ def _selftest_store(tmp_path, fx):
 
 def test_selftest_on_a_fake_npu_prints_a_receipt(tmp_path, capsys):
     import argparse
-    from torch_xdna.cli import selftest
+    from torch_xdna.cli.npu import selftest
     h = healthy_strix(tmp_path / "root")
     fx = FakeXrt()
     store = _selftest_store(tmp_path, fx)
@@ -174,7 +174,7 @@ def test_selftest_on_a_fake_npu_prints_a_receipt(tmp_path, capsys):
 
 def test_selftest_reports_a_mismatch(tmp_path, capsys):
     import argparse
-    from torch_xdna.cli import selftest
+    from torch_xdna.cli.npu import selftest
     h = healthy_strix(tmp_path / "root")
     fx = FakeXrt()
     store = _selftest_store(tmp_path, fx)
@@ -194,7 +194,7 @@ def test_selftest_reports_a_mismatch(tmp_path, capsys):
 
 def test_selftest_without_artifacts_is_unavailable(tmp_path, capsys):
     import argparse
-    from torch_xdna.cli import selftest
+    from torch_xdna.cli.npu import selftest
     h = healthy_strix(tmp_path / "root")
     rc = selftest.run(argparse.Namespace(json=False, receipt=None), system=h.system(),
                       pyxrt=FakeXrt(), artifacts=ArtifactStore(tmp_path / "none"))

@@ -3,10 +3,10 @@ from __future__ import annotations
 
 import pytest
 
-from torch_xdna.engine.decoder import DEFAULT_LAYOUT, PrecisionPolicy, step_designs
-from torch_xdna.engine.estimate import estimate, resolve_spec
+from torch_xdna.engine.llm.decoder import DEFAULT_LAYOUT, PrecisionPolicy, step_designs
+from torch_xdna.engine.llm.estimate import estimate, resolve_spec
 from torch_xdna.hw import NPU4
-from torch_xdna.kernels.llm_blocks import (
+from torch_xdna.kernels.blocks.llm import (
     AttentionBlockDesign, MlpBlockDesign, rows_bucket, weight_bytes,
 )
 from torch_xdna.models.families import BUILTIN_CONFIGS, spec_from_config
@@ -103,8 +103,8 @@ def test_weight_bytes_and_policy():
 def test_attend_matches_attention_reference(n, offset, window, softcap):
     import torch
     from torch_xdna.kernels import numerics
-    from torch_xdna.kernels.attention import attention_reference
-    from torch_xdna.kernels.llm_blocks import attend
+    from torch_xdna.kernels.ops.attention import attention_reference
+    from torch_xdna.kernels.blocks.llm import attend
     torch.manual_seed(0)
     hq, hkv, d, s = 8, 2, 16, offset + n
     q = torch.randn(hq, n, d) * 2
@@ -112,7 +112,7 @@ def test_attend_matches_attention_reference(n, offset, window, softcap):
     v = numerics.operand(torch.randn(hkv, s, d)).to(torch.bfloat16)
     got = attend(q, k, v, scale=0.25, q_offset=offset, window=window, softcap=softcap, exact=False)
     # the flash kernel's tile loop, literally: same values up to fp32 summation order
-    from torch_xdna.kernels.attention import flash_attention_loop
+    from torch_xdna.kernels.ops.attention import flash_attention_loop
     qpos = (torch.arange(n) + offset).repeat(hq // hkv)
     loop = flash_attention_loop(q.reshape(hkv, -1, d), k, v, scale=0.25, tkv=16, q_offset=qpos,
                                 window=window, softcap=softcap).view(hq, n, d)

@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from llm_fixtures import build_model
-from torch_xdna.engine.decoder import estimate_step
-from torch_xdna.engine.generate import EngineBusy, GenerationConfig, StopMatcher, load_decoder
-from torch_xdna.engine.sampler import Sampler, SamplingParams
+from torch_xdna.engine.llm.decoder import estimate_step
+from torch_xdna.engine.llm.generate import EngineBusy, GenerationConfig, StopMatcher, load_decoder
+from torch_xdna.engine.llm.sampler import Sampler, SamplingParams
 from torch_xdna.models.spec import UnsupportedModelError
 
 PROMPT = "the quick brown fox"
@@ -137,7 +137,7 @@ def test_one_generation_at_a_time_across_threads(engine):
 
 def test_modeled_stats_match_plans(engine):
     from torch_xdna.runtime.sim.cost import CostModel
-    from torch_xdna.kernels.llm_blocks import rows_bucket
+    from torch_xdna.kernels.blocks.llm import rows_bucket
     cfg = GenerationConfig(max_tokens=6, stop_token_ids=())
     engine.complete(PROMPT, cfg)
     r = engine.complete(PROMPT, cfg)            # steady state: both programs already loaded

@@ -17,8 +17,8 @@ import pytest
 import torch
 
 from llm_fixtures import build_model, hf_logits
-from torch_xdna.engine.decoder import ContextOverflow, ModelTooLarge
-from torch_xdna.engine.generate import load_decoder
+from torch_xdna.engine.llm.decoder import ContextOverflow, ModelTooLarge
+from torch_xdna.engine.llm.generate import load_decoder
 
 LONG = 9000
 STEPS = 4
@@ -80,8 +80,8 @@ def test_int8_kv_cache_within_tolerance(family, tmp_path, one_thread):
 
 
 def test_capacity_from_budget_and_errors_name_it(tmp_path):
-    from torch_xdna.engine.decoder import per_token_bytes, resident_bytes_estimate
-    from torch_xdna.engine.decoder import PrecisionPolicy
+    from torch_xdna.engine.llm.decoder import per_token_bytes, resident_bytes_estimate
+    from torch_xdna.engine.llm.decoder import PrecisionPolicy
     from torch_xdna.hw import NPU4
     from torch_xdna.models.loader import read_model
     from torch_xdna.runtime.sim import SimDevice
@@ -143,7 +143,7 @@ def test_generate_flags_and_server_context_limit(tmp_path, capsys):
 
 def test_prefill_chunk_sized_by_the_plan():
     """A chunk whose activations would not fit the mem tiles is halved until it plans."""
-    from torch_xdna.engine.decoder import PrecisionPolicy, plan_chunk
+    from torch_xdna.engine.llm.decoder import PrecisionPolicy, plan_chunk
     from torch_xdna.hw import NPU4
     from torch_xdna.models.families import BUILTIN_CONFIGS, spec_from_config
     spec = spec_from_config(BUILTIN_CONFIGS["llama-3.2-1b"])      # MLP rows 8192 wide

@@ -9,7 +9,7 @@ import time
 import pytest
 
 from llm_fixtures import build_model
-from torch_xdna.engine.generate import load_decoder
+from torch_xdna.engine.llm.generate import load_decoder
 from torch_xdna.models.hf import ModelDirError
 
 PROMPT = "the quick brown fox"
@@ -148,7 +148,7 @@ def test_absurd_layer_count_is_refused_up_front(model, monkeypatch, layers):
 
 
 def test_model_larger_than_the_memory_budget_is_refused_before_allocating(model, monkeypatch):
-    from torch_xdna.engine.decoder import ModelTooLarge
+    from torch_xdna.engine.llm.decoder import ModelTooLarge
     from torch_xdna.runtime import get_device
     from torch_xdna.runtime.sim import SimDevice
     dev = SimDevice(get_device().gen, 100_000)              # the tiny model needs ~259 kB in bf16
@@ -160,7 +160,7 @@ def test_model_larger_than_the_memory_budget_is_refused_before_allocating(model,
 @pytest.mark.parametrize("family", ["qwen3", "llama", "gemma3"])
 def test_resident_estimate_is_exact(tmp_path, family):
     """The up-front budget check uses the bytes the decoder really allocates."""
-    from torch_xdna.engine.decoder import resident_bytes_estimate
+    from torch_xdna.engine.llm.decoder import resident_bytes_estimate
     build_model(family, tmp_path, seed=1)
     for precision in ("bf16", "int4"):
         e = load_decoder(tmp_path, precision, max_context=48, cache_dir=False, quiet=True)

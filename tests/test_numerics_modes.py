@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from torch_xdna.kernels import numerics, quant
-from torch_xdna.kernels.gemm import GemmDesign
+from torch_xdna.kernels.ops.gemm import GemmDesign
 from torch_xdna.kernels.precision import Numerics, PrecisionPlan
 
 

@@ -8,11 +8,11 @@ import pytest
 import torch
 
 from torch_xdna.hw import NPU1, NPU4
-from torch_xdna.kernels.attention import AttentionDesign
+from torch_xdna.kernels.ops.attention import AttentionDesign
 from torch_xdna.kernels.base import ceil_div
 from torch_xdna.kernels.capacity import DmaTransfer, check_dma
-from torch_xdna.kernels.gemm import ELEM_BYTES, GemmDesign
-from torch_xdna.kernels.vector import EmbeddingDesign, VectorDesign
+from torch_xdna.kernels.ops.gemm import ELEM_BYTES, GemmDesign
+from torch_xdna.kernels.ops.vector import EmbeddingDesign, VectorDesign
 from torch_xdna.runtime.plan import PlanError
 from torch_xdna.runtime.sim.cost import transfer_terms
 
@@ -193,7 +193,7 @@ def _exhaustive_plan(d: GemmDesign, gen):
     """The GEMM search without pruning: every candidate in forward (tm, tn, grid, blocking)
     order, the first strictly lowest score wins (what GemmDesign._plan must choose)."""
     from torch_xdna.kernels.aie import matmul_tile_multiples
-    from torch_xdna.kernels.gemm import L1_MN_CANDIDATES, _cands
+    from torch_xdna.kernels.ops.gemm import L1_MN_CANDIDATES, _cands
     import math
     r, s, t = gen.mmul_shape.value[d.compute_dtype]
     if not d.weight_only:

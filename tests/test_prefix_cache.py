@@ -5,8 +5,8 @@ import pytest
 import torch
 
 from llm_fixtures import build_model
-from torch_xdna.engine.generate import GenerationConfig, load_decoder
-from torch_xdna.engine.prefix_cache import PrefixCache
+from torch_xdna.engine.llm.generate import GenerationConfig, load_decoder
+from torch_xdna.engine.llm.prefix_cache import PrefixCache
 
 GREEDY = GenerationConfig(max_tokens=6, stop_token_ids=())
 

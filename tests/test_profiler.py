@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from torch_xdna.hw import NPU4
-from torch_xdna.kernels.gemm import GemmDesign
-from torch_xdna.kernels.vector import VectorDesign
+from torch_xdna.kernels.ops.gemm import GemmDesign
+from torch_xdna.kernels.ops.vector import VectorDesign
 from torch_xdna.runtime import Launch, Program
 from torch_xdna.runtime import profiler
 from torch_xdna.runtime.sim import SimDevice
@@ -112,7 +112,7 @@ def test_nested_profiles_keep_the_outer_trace(dev):
 
 
 def test_cli_profile(tmp_path, capsys):
-    from torch_xdna.cli import profile as cli_profile
+    from torch_xdna.cli.npu import profile as cli_profile
     from torch_xdna.runtime import set_device_for_testing
     prev = set_device_for_testing(SimDevice(NPU4, 1 << 28))
     try:

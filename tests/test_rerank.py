@@ -10,8 +10,8 @@ import pytest
 import torch
 from fastapi.testclient import TestClient
 
-from torch_xdna.engine.embedder import default_model_dir
-from torch_xdna.engine.reranker import Reranker
+from torch_xdna.engine.embed.embedder import default_model_dir
+from torch_xdna.engine.embed.reranker import Reranker
 from torch_xdna.models.hf import ModelDirError
 from torch_xdna.server.app import ServerConfig, create_app
 from torch_xdna.server.registry import ModelRegistry, model_kind

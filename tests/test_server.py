@@ -11,7 +11,7 @@ import pytest
 import torch
 from fastapi.testclient import TestClient
 
-from torch_xdna.engine.embedder import Embedder
+from torch_xdna.engine.embed.embedder import Embedder
 from torch_xdna.server.app import ServerConfig, create_app
 from torch_xdna.server.chat import GenerationParams, StopMatcher, run_generation
 from torch_xdna.server.registry import ModelRegistry

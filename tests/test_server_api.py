@@ -379,7 +379,7 @@ def test_forced_call_grammar_always_parses(conv, tmp_path):
     from llm_fixtures import save_tokenizer
     from tokenizers import Tokenizer
 
-    from torch_xdna.engine.constrained import Grammar, processor_factory
+    from torch_xdna.engine.llm.constrained import Grammar, processor_factory
     from torch_xdna.server.tools import call_grammar
     save_tokenizer(tmp_path)
     tok = Tokenizer.from_file(str(tmp_path / "tokenizer.json"))
@@ -415,7 +415,7 @@ def test_forced_parallel_calls_grammar_parses_into_several_calls(conv, tmp_path)
     from llm_fixtures import save_tokenizer
     from tokenizers import Tokenizer
 
-    from torch_xdna.engine.constrained import Grammar, processor_factory
+    from torch_xdna.engine.llm.constrained import Grammar, processor_factory
     from torch_xdna.server.tools import call_grammar
     save_tokenizer(tmp_path)
     tok = Tokenizer.from_file(str(tmp_path / "tokenizer.json"))
@@ -455,7 +455,7 @@ def test_parallel_tool_calls_false_forces_exactly_one_call(client):
 
 
 def test_follow_up_turn_reports_prefix_cache_hits(client):
-    """A second request sharing a long system prompt reuses its KV blocks (engine/prefix_cache.py)
+    """A second request sharing a long system prompt reuses its KV blocks (engine/llm/prefix_cache.py)
     and says so in OpenAI's usage.prompt_tokens_details.cached_tokens."""
     system = {"role": "system", "content": "You are a careful assistant. " * 8}
     first = client.chat.completions.create(model="tiny-qwen3", max_tokens=2, temperature=0,

@@ -154,7 +154,7 @@ def test_client_disconnect_frees_its_slot(live):
 
 
 def test_a_failing_sequence_does_not_end_the_others(live, monkeypatch):
-    import torch_xdna.engine.batching as batching
+    import torch_xdna.engine.llm.batching as batching
     base = batching.Sampler
 
     class Flaky(base):                                  # seed 666's sampler fails at token 3
@@ -187,7 +187,7 @@ def test_a_failing_sequence_does_not_end_the_others(live, monkeypatch):
 
 
 def test_slots_follow_the_memory_budget_and_none_fitting_serves_alone(live):
-    from torch_xdna.engine.batching import BATCH_MEMORY_SHARE, slot_bytes, slots_for_budget
+    from torch_xdna.engine.llm.batching import BATCH_MEMORY_SHARE, slot_bytes, slots_for_budget
     srv = live.srv
     engine = srv.registry.loaded[MODEL].engine
     dev, per = engine.decoder.dev, slot_bytes(engine)
@@ -219,9 +219,9 @@ def test_serve_max_batch_option():
 
 
 def test_a_finished_sequence_leaves_prompt_and_answer_in_the_prefix_cache(live):
-    from torch_xdna.engine.batching import BatchSession
-    from torch_xdna.engine.generate import GenerationConfig
-    from torch_xdna.engine.prefix_cache import BLOCK
+    from torch_xdna.engine.llm.batching import BatchSession
+    from torch_xdna.engine.llm.generate import GenerationConfig
+    from torch_xdna.engine.llm.prefix_cache import BLOCK
     engine = live.srv.registry.loaded[MODEL].engine
     pc = engine.prefix_cache
     prompt = list(range(100, 100 + BLOCK - 10))       # less than one block: nothing kept yet
@@ -241,7 +241,7 @@ def test_a_finished_sequence_leaves_prompt_and_answer_in_the_prefix_cache(live):
 def test_full_batch_queue_answers_429(live):
     import threading as th
 
-    from torch_xdna.engine.generate import GenerationConfig
+    from torch_xdna.engine.llm.generate import GenerationConfig
     from torch_xdna.server.schemas import APIError
     srv = live.srv
     model = srv.registry.loaded[MODEL]

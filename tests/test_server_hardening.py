@@ -312,7 +312,7 @@ def tiny_qwen(tmp_path_factory):
 
 
 def test_engine_generate_stops_at_the_next_token_when_cancelled(tiny_qwen):
-    from torch_xdna.engine.generate import GenerationConfig, load_decoder
+    from torch_xdna.engine.llm.generate import GenerationConfig, load_decoder
     engine = load_decoder(tiny_qwen, quiet=True, max_context=64)
     try:
         calls = []
@@ -400,7 +400,7 @@ def test_seed_at_the_64_bit_edges_is_accepted(client):
 
 
 def test_sampler_is_finite_for_tiny_temperature_and_top_p():
-    from torch_xdna.engine.sampler import Sampler, SamplingParams
+    from torch_xdna.engine.llm.sampler import Sampler, SamplingParams
     torch.manual_seed(0)
     logits = torch.randn(5000) * 4
     want = int(logits.argmax())
@@ -459,7 +459,7 @@ def test_memory_budget_env_is_validated(monkeypatch, value):
 
 def test_numeric_env_values_accept_their_forms(monkeypatch):
     from torch_xdna.hw import get_generation
-    from torch_xdna.kernels.llm_blocks import _OperandCache
+    from torch_xdna.kernels.blocks.llm import _OperandCache
     from torch_xdna.runtime import default_memory_budget
     from torch_xdna.runtime.env import EnvError, env_number
     monkeypatch.setenv("TORCH_XDNA_MEMORY_BUDGET", "4e9")

@@ -14,7 +14,7 @@ import httpx
 import pytest
 import torch
 
-from torch_xdna.engine.embedder import Embedder
+from torch_xdna.engine.embed.embedder import Embedder
 from torch_xdna.server.app import ServerConfig, create_app
 from torch_xdna.server.background import BackgroundServer
 from torch_xdna.server.http import HttpLimits, raise_nofile_limit

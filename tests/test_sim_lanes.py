@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from torch_xdna.engine.embedder import EmbedStats, Embedder
+from torch_xdna.engine.embed.embedder import EmbedStats, Embedder
 from torch_xdna.runtime import get_device
 from torch_xdna.runtime.sim.device import SimDevice
 from torch_xdna.runtime.sim.lanes import HostLanes, check_independent, default_host_lanes

@@ -14,12 +14,12 @@ import dataclasses
 import pytest
 import torch
 
-import torch_xdna.kernels.aie_refs  # noqa: F401  (core-kernel references + the lowering hook)
+import torch_xdna.kernels.aie.refs  # noqa: F401  (core-kernel references + the lowering hook)
 from torch_xdna.array import ir
 from torch_xdna.array import txn as T
 from torch_xdna.array.validate import validate
 from torch_xdna.hw import NPU4
-from torch_xdna.kernels.llm_blocks import AttentionBlockDesign, DecoderLayerDesign, MlpBlockDesign
+from torch_xdna.kernels.blocks.llm import AttentionBlockDesign, DecoderLayerDesign, MlpBlockDesign
 from torch_xdna.kernels.lower import lower
 from torch_xdna.runtime.sim import txn_level
 
@@ -36,7 +36,7 @@ def weights(seed: int = 0, precision: str = "bf16") -> list[torch.Tensor]:
     """The layer's inputs (x left None): weights as the engine stores them (int8 / int4:
     quant.quantize_* values and bf16 scales per group)."""
     from torch_xdna.kernels import quant
-    from torch_xdna.kernels.llm_blocks import default_group
+    from torch_xdna.kernels.blocks.llm import default_group
     g = torch.Generator().manual_seed(seed)
 
     def r(*s, sc=1.0):
@@ -177,7 +177,7 @@ def test_generation_at_txn_level_matches_functional(tmp_path, monkeypatch):
     launches (prefill bucket and decode) executed as instruction streams as at the functional
     level in the stages' order; the embedding and head launches run functionally (counted)."""
     from llm_fixtures import build_model
-    from torch_xdna.engine.generate import GenerationConfig, load_decoder
+    from torch_xdna.engine.llm.generate import GenerationConfig, load_decoder
     from torch_xdna.runtime.sim import SimDevice
     build_model("qwen3", tmp_path / "m", seed=1)
     monkeypatch.setenv("TORCH_XDNA_LAYER_ORDER", "plan")

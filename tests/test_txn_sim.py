@@ -15,15 +15,15 @@ from __future__ import annotations
 import pytest
 import torch
 
-import torch_xdna.kernels.aie_refs  # noqa: F401  (registers the core-kernel references)
+import torch_xdna.kernels.aie.refs  # noqa: F401  (registers the core-kernel references)
 from torch_xdna.array import ir
 from torch_xdna.array import txn as T
 from torch_xdna.hw import NPU4
 from torch_xdna.hw import aie2p_regs as R
 from torch_xdna.kernels.base import ceil_div
-from torch_xdna.kernels.gemm import GemmDesign
+from torch_xdna.kernels.ops.gemm import GemmDesign
 from torch_xdna.kernels.lower import lower
-from torch_xdna.kernels.vector import VectorDesign
+from torch_xdna.kernels.ops.vector import VectorDesign
 from torch_xdna.runtime.launch import Launch
 from torch_xdna.runtime.sim import SimDevice, core_kernels, txn_level
 from torch_xdna.runtime.sim import txn as S
@@ -136,8 +136,8 @@ def test_row_ops_bit_identical(op, params, ins):
 
 
 def test_dma_designs_bit_identical():
-    from torch_xdna.kernels.dma import ConcatDesign, GatherDesign
-    from torch_xdna.kernels.vector import EmbeddingDesign
+    from torch_xdna.kernels.ops.dma import ConcatDesign, GatherDesign
+    from torch_xdna.kernels.ops.vector import EmbeddingDesign
     cases = [
         (ConcatDesign(((3, 8), (5, 8)), torch.float32, 0, (8, 8)), [torch.randn(3, 8), torch.randn(5, 8)]),
         (ConcatDesign(((4, 6), (4, 10)), torch.bfloat16, 1, (4, 16)),
@@ -168,7 +168,7 @@ def test_attention_bit_identical(kw, scalars):
     """Flash-style attention: both levels fold the same key tiles (the plan's tkv) in the same
     order with the same update (kernels/attention.flash_tile: P = bf16(exp(s - m)) against the
     running max, exact tile products and sums rounded once to fp32): bit-identical."""
-    from torch_xdna.kernels.attention import AttentionDesign
+    from torch_xdna.kernels.ops.attention import AttentionDesign
     g = torch.Generator().manual_seed(kw["kv_len"])
     d = AttentionDesign(**kw)
     q = torch.randn(kw["batch"], kw["heads"], kw["q_len"], kw["head_dim"], generator=g).bfloat16()
@@ -180,7 +180,7 @@ def test_attention_bit_identical(kw, scalars):
     txn_level.TxnRunner(NPU4).run(d, [q, k, v], [txn], scalars)
     assert torch.equal(func, txn)
     ref = torch.zeros(q.shape)                 # and the design is attention: vs the one-shot softmax
-    from torch_xdna.kernels.attention import attention_reference
+    from torch_xdna.kernels.ops.attention import attention_reference
     n = scalars.get("kv_len", kw["kv_len"])
     ref = attention_reference(q, k[..., :n, :], v[..., :n, :], scale=d.softmax_scale,
                               causal=d.causal, q_offset=n - d.q_len, window=d.window or None,
@@ -192,7 +192,7 @@ def test_attention_bit_identical(kw, scalars):
 def test_staged_gated_gemm_bit_identical(m, k, n, dt):
     """A three-stage launch (gate GEMM -> T0, up GEMM -> T1, gate_mul -> out) through scratch
     host buffers, each stage its own stream."""
-    from torch_xdna.kernels.fused import GatedGemmDesign
+    from torch_xdna.kernels.ops.fused import GatedGemmDesign
     g = torch.Generator().manual_seed(k)
     if dt == "int8":
         ins = [torch.randint(-128, 128, s, dtype=torch.int8, generator=g) for s in ((m, k), (k, n), (k, n))]
@@ -262,7 +262,7 @@ def test_weight_only_gemm_bit_identical(m, k, n, dt, grp):
 @pytest.mark.parametrize("shape,w", [((300, 70), (70,)), ((1000,), (1000,))], ids=["bcast-row", "flat"])
 def test_fused_chain_bit_identical(shape, w):
     """silu(x * 2 + y) * w as one generated kernel per unit (w broadcast over rows: resident)."""
-    from torch_xdna.kernels.fused import ChainDesign
+    from torch_xdna.kernels.ops.fused import ChainDesign
     steps = (("mul", (("in", 0), 2.0), ()), ("add", (("s", 0), ("in", 1)), ()), ("silu", (("s", 1),), ()),
              ("mul", (("s", 2), ("in", 2)), ()))
     d = ChainDesign((shape, shape, w), ("float32",) * 3, steps, (3,), ("float32",))
@@ -275,7 +275,7 @@ def test_fused_chain_bit_identical(shape, w):
 @pytest.mark.parametrize("mask_bool", [False, True], ids=["additive", "bool"])
 def test_masked_attention_bit_identical(mask_bool):
     """The mask tile rides after K and V in the core's byte element; bit-identical as above."""
-    from torch_xdna.kernels.attention import AttentionDesign
+    from torch_xdna.kernels.ops.attention import AttentionDesign
     g = torch.Generator().manual_seed(11)
     d = AttentionDesign(batch=1, heads=2, kv_heads=2, q_len=7, kv_len=40, head_dim=32, mask=True,
                         mask_shape=(1, 1, 7, 40), mask_bool=mask_bool)

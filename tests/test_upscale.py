@@ -1,4 +1,4 @@
-"""Super-resolution (models/sr.py, engine/upscale.py, `xdna upscale`): ESPCN and EDSR compiled to
+"""Super-resolution (models/sr.py, engine/vision/upscale.py, `xdna upscale`): ESPCN and EDSR compiled to
 the NPU under strict() with zero host nodes, within bf16 tolerance of the same module on CPU;
 tiled == untiled (no seams); the weight-free bilinear sub-pixel net == F.interpolate; the CLI."""
 from __future__ import annotations
@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 from torch_xdna.compiler import backend as B
 from torch_xdna.device import fallback
-from torch_xdna.engine.upscale import Upscaler, UpscaleStats, tile_windows
+from torch_xdna.engine.vision.upscale import Upscaler, UpscaleStats, tile_windows
 from torch_xdna.models.hf import ModelDirError
 from torch_xdna.models.sr import EDSR, ESPCN, load_sr, save_sr
 

@@ -1,4 +1,4 @@
-"""Image embeddings (models/vision.py, engine/image_embedder.py, `xdna embed --image`,
+"""Image embeddings (models/vision.py, engine/vision/image_embedder.py, `xdna embed --image`,
 /v1/embeddings with data URLs): our Pillow preprocessing == transformers' image processors
 (ViTImageProcessor, BitImageProcessor as DINOv2 uses) to 1e-4; random-weight ViT and DINOv2
 directories compiled on the device under strict() (one partition, zero host nodes) within bf16
@@ -19,7 +19,7 @@ from PIL import Image  # noqa: E402
 
 from torch_xdna.compiler import backend as B  # noqa: E402
 from torch_xdna.device import fallback  # noqa: E402
-from torch_xdna.engine.image_embedder import ImageEmbedder  # noqa: E402
+from torch_xdna.engine.vision.image_embedder import ImageEmbedder  # noqa: E402
 from torch_xdna.models.vision import ImagePreprocessor, to_rgb  # noqa: E402
 
 

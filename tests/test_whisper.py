@@ -45,7 +45,7 @@ def _hf_tokens(model, feats, n, **kw) -> list[int]:
 
 def test_log_mel_matches_feature_extractor():
     from transformers import WhisperFeatureExtractor
-    from torch_xdna.engine.mel import LogMel, mel_filters
+    from torch_xdna.engine.asr.mel import LogMel, mel_filters
     fe = WhisperFeatureExtractor()
     assert np.abs(mel_filters(80, 400, 16000) - fe.mel_filters).max() < 1e-12
     mel = LogMel()
@@ -65,7 +65,7 @@ def test_log_mel_matches_feature_extractor():
 
 def test_resampling_own_polyphase_matches_scipy():
     from scipy.signal import resample_poly
-    from torch_xdna.engine.audio import _resample_poly, resample
+    from torch_xdna.engine.asr.audio import _resample_poly, resample
     x = tone(0.5, 44100)
     ours = _resample_poly(x, 160, 441)
     ref = resample_poly(x, 160, 441)
@@ -76,7 +76,7 @@ def test_resampling_own_polyphase_matches_scipy():
 
 def test_greedy_tokens_identical_to_transformers_micro(micro):
     """Every decoding mode, fp32 verification mode: the same tokens as transformers' generate."""
-    from torch_xdna.engine.transcribe import Transcriber, TranscribeOptions
+    from torch_xdna.engine.asr.transcribe import Transcriber, TranscribeOptions
     hf, fe = _hf(micro)
     audio = tone(7.0)
     feats = fe(audio, sampling_rate=16000, return_tensors="pt").input_features
@@ -97,7 +97,7 @@ def test_greedy_tokens_identical_to_transformers_micro(micro):
 def test_greedy_tokens_identical_to_transformers_tiny_shaped(tiny):
     """Whisper-tiny shapes (d_model 384, 4+4 layers, 6 heads, 1500 frames): identical tokens in
     the fp32 verification mode."""
-    from torch_xdna.engine.transcribe import Transcriber, TranscribeOptions
+    from torch_xdna.engine.asr.transcribe import Transcriber, TranscribeOptions
     hf, fe = _hf(tiny)
     audio = tone(5.0, seed=3)
     feats = fe(audio, sampling_rate=16000, return_tensors="pt").input_features
@@ -116,7 +116,7 @@ def test_bf16_within_tolerance(micro):
     largest fp32 logit, the same argmax. The bound is 2x what transformers itself run in bf16 on
     CPU errs on this model (0.0146, measured when the test was written; at Whisper-tiny shapes:
     ours 0.069, transformers-bf16 0.073)."""
-    from torch_xdna.engine.transcribe import Transcriber
+    from torch_xdna.engine.asr.transcribe import Transcriber
     hf, fe = _hf(micro)
     audio = tone(5.0, seed=3)
     feats = fe(audio, sampling_rate=16000, return_tensors="pt").input_features
@@ -138,7 +138,7 @@ def test_bf16_within_tolerance(micro):
 def test_segments_from_timestamp_tokens(micro):
     """transformers' segmentation rule: pairs close segments, a single final timestamp ends the
     window, otherwise decoding resumes at the last timestamp."""
-    from torch_xdna.engine.transcribe import Transcriber, TranscribeOptions
+    from torch_xdna.engine.asr.transcribe import Transcriber, TranscribeOptions
     asr = Transcriber.load(micro, "fp32")
     try:
         tb = asr.t.timestamp_begin
@@ -158,8 +158,8 @@ def test_long_audio_windows_and_decoding_formats(micro, tmp_path):
     """A 65-s file decodes in 30-s windows; WAV (soundfile), FLAC (soundfile) and MP3 (PyAV)
     made here decode to the same signal (MP3: lossy, correlated)."""
     import soundfile as sf
-    from torch_xdna.engine.audio import AudioError, load_audio
-    from torch_xdna.engine.transcribe import Transcriber, TranscribeOptions
+    from torch_xdna.engine.asr.audio import AudioError, load_audio
+    from torch_xdna.engine.asr.transcribe import Transcriber, TranscribeOptions
     x = tone(4.0, 22050)
     sf.write(tmp_path / "a.wav", x, 22050)
     sf.write(tmp_path / "a.flac", x, 22050)
@@ -204,9 +204,9 @@ def write_mp3(path: Path, x: np.ndarray, rate: int) -> None:
 
 
 def test_estimate_equals_what_the_sim_charges(micro):
-    """engine/asr_estimate.py charges the same plans in the same Programs as the running model."""
-    from torch_xdna.engine.asr_estimate import estimate_whisper
-    from torch_xdna.engine.transcribe import Transcriber
+    """engine/asr/estimate.py charges the same plans in the same Programs as the running model."""
+    from torch_xdna.engine.asr.estimate import estimate_whisper
+    from torch_xdna.engine.asr.transcribe import Transcriber
     asr = Transcriber.load(micro, "bf16")
     try:
         m, c = asr.model, asr.model.dev.counters
@@ -236,7 +236,7 @@ def test_model_dir_errors(micro, tmp_path):
     """A non-Whisper config, a missing tensor and a too-small memory budget name the problem."""
     import json
     import shutil
-    from torch_xdna.engine.whisper import WhisperTooLarge, load_whisper_model
+    from torch_xdna.engine.asr.whisper import WhisperTooLarge, load_whisper_model
     from torch_xdna.models.hf import ModelDirError
     from torch_xdna.runtime import get_device
     bad = tmp_path / "bad"
@@ -262,7 +262,7 @@ def test_greedy_tokens_identical_to_transformers_small_shaped(tmp_path):
     """Whisper-small widths (d_model 768, 12 heads, ffn 3072, 1500 frames) with 2+2 layers instead
     of 12+12 so the test stays fast: identical tokens in the fp32 verification mode. The layer
     count changes no design shape, only how many launches a Program holds."""
-    from torch_xdna.engine.transcribe import Transcriber, TranscribeOptions
+    from torch_xdna.engine.asr.transcribe import Transcriber, TranscribeOptions
     small = make_whisper_dir(tmp_path / "whisper-small-shaped", "small", layers=2)
     hf, fe = _hf(small)
     audio = tone(3.0, seed=5)

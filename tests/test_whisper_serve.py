@@ -36,16 +36,16 @@ def files(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def asr(files):
-    from torch_xdna.engine.transcribe import Transcriber
-    from torch_xdna.engine.whisper import load_whisper_model
+    from torch_xdna.engine.asr.transcribe import Transcriber
+    from torch_xdna.engine.asr.whisper import load_whisper_model
     t = Transcriber(load_whisper_model(files[1], "bf16"), max_new_tokens=TOKENS)
     yield t
     t.close()
 
 
 def _direct(asr, path: Path, **kw):
-    from torch_xdna.engine.audio import load_audio
-    from torch_xdna.engine.transcribe import TranscribeOptions
+    from torch_xdna.engine.asr.audio import load_audio
+    from torch_xdna.engine.asr.transcribe import TranscribeOptions
     return asr.transcribe(load_audio(path), TranscribeOptions(max_new_tokens=TOKENS, **kw))
 
 

@@ -456,7 +456,7 @@ def test_capabilities_probe_reads_pybind_overloads():
 
 
 def test_scalars_travel_in_the_stream_never_as_kernel_args(tmp_path):
-    from torch_xdna.kernels.dma import GatherDesign
+    from torch_xdna.kernels.ops.dma import GatherDesign
     dev, fx = xrt_device(tmp_path)
     design, _, ins, out = gemm_case(dev)
     install(tmp_path, fx, design, ins, [out], scalars=[("alpha", "float32"), ("rows", "int32")])

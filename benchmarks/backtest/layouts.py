@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import torch
 
-from torch_xdna.engine.estimate import estimate, resolve_spec
+from torch_xdna.engine.llm.estimate import estimate, resolve_spec
 from torch_xdna.hw import Generation
-from torch_xdna.kernels.attention import AttentionDesign
-from torch_xdna.kernels.gemm import GemmDesign
-from torch_xdna.kernels.llm_blocks import EmbedDesign, HeadDesign, MlpBlockDesign
-from torch_xdna.kernels.vector import VectorDesign
+from torch_xdna.kernels.ops.attention import AttentionDesign
+from torch_xdna.kernels.ops.gemm import GemmDesign
+from torch_xdna.kernels.blocks.llm import EmbedDesign, HeadDesign, MlpBlockDesign
+from torch_xdna.kernels.ops.vector import VectorDesign
 from torch_xdna.runtime.sim.cost import CostModel, CostTerms
 
 try:
@@ -286,7 +286,7 @@ LAYOUTS.update({
 
 def _decode_us(gen: Generation, model: str, precision: str, context: int) -> tuple[float, dict]:
     """Steady-state modeled decode step at `context` tokens in the project's fused layout."""
-    from torch_xdna.engine.decoder import PrecisionPolicy, estimate_step
+    from torch_xdna.engine.llm.decoder import PrecisionPolicy, estimate_step
     _, spec = resolve_spec(model)
     policy, cm = PrecisionPolicy.parse(precision), CostModel(gen)
     cap = max(4096, context + 1)

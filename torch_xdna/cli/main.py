@@ -8,9 +8,12 @@ import os
 import sys
 import traceback
 
-# subcommand modules, in the order `xdna --help` lists them
-COMMANDS = ("info", "demo", "doctor", "serve", "embed", "generate", "estimate", "profile", "design",
-            "kernels", "selftest", "conformance", "transcribe", "upscale", "rerank", "bench")
+# subcommand -> its module under cli/ (jobs/: run a model; npu/: the NPU itself; tools/: estimates
+# and measurements), in the order `xdna --help` lists them
+COMMANDS = {"info": "npu", "demo": "tools", "doctor": "npu", "serve": "jobs", "embed": "jobs",
+            "generate": "jobs", "estimate": "tools", "profile": "npu", "design": "npu",
+            "kernels": "npu", "selftest": "npu", "conformance": "tools", "transcribe": "jobs",
+            "upscale": "jobs", "rerank": "jobs", "bench": "tools"}
 
 EPILOG = """\
 examples:
@@ -40,14 +43,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"torch-xdna {__version__}")
     parser.add_argument("--debug", action="store_true", help=DEBUG_HELP)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name in COMMANDS:
-        try:
-            mod = importlib.import_module(f"torch_xdna.cli.{name}")
-        except ModuleNotFoundError as e:
-            if e.name == f"torch_xdna.cli.{name}":
-                continue            # subcommand not built yet
-            raise
-        mod.register(sub)
+    for name, group in COMMANDS.items():
+        importlib.import_module(f"torch_xdna.cli.{group}.{name}").register(sub)
     for sp in sub.choices.values():
         # `xdna CMD ... --debug` works too; SUPPRESS keeps a top-level --debug from being reset
         sp.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=DEBUG_HELP)
@@ -58,7 +55,7 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     """Errors whose message is meant for the user: bad input, missing files, capacity limits.
     XdnaError covers PlanError, DeviceOutOfMemory, BackendUnavailable, LaunchError,
     ArtifactError; ValueError covers ModelDirError, UnsupportedModelError, ContextOverflow."""
-    from torch_xdna.cli.common import CliError
+    from torch_xdna.cli.args import CliError
     from torch_xdna.runtime.errors import XdnaError
     return (CliError, XdnaError, ValueError, OSError, ImportError)
 

@@ -22,7 +22,7 @@ import torch
 from torch.fx import GraphModule, Node
 
 from torch_xdna.compiler.lowered import is_non_overlapping_and_dense
-from torch_xdna.kernels.fused import strided_index
+from torch_xdna.kernels.ops.fused import strided_index
 
 aten = torch.ops.aten
 MAX_FOLD_ELEMS = 1 << 22          # larger constants would cost more memory than they save

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 from torch.fx import Node
 
-from torch_xdna.kernels.fused import strided_index
+from torch_xdna.kernels.ops.fused import strided_index
 
 aten = torch.ops.aten
 
@@ -33,7 +33,7 @@ VIEW_OPS = {aten.view.default, aten._unsafe_view.default, aten.reshape.default,
             aten.unsqueeze.default, aten.squeeze.dim, aten.squeeze.dims, aten.squeeze.default,
             aten.slice.Tensor, aten.select.int, aten.alias.default, aten.clone.default,
             aten.detach.default, aten.lift_fresh_copy.default, strided_index}
-# index gathers the DMA does (kernels/dma.py GatherDesign); a constant affine index is a view
+# index gathers the DMA does (kernels/ops/dma.py GatherDesign); a constant affine index is a view
 GATHER_OPS = {aten.gather.default: "gather", aten.index.Tensor: "index",
               aten.index_select.default: "index_select"}
 ACTIVATIONS = {aten.relu.default: "relu", aten.silu.default: "silu", aten.tanh.default: "tanh",

@@ -21,8 +21,8 @@ from torch.fx import Node
 
 from torch_xdna.compiler.fusion import FLOAT, INT, val
 from torch_xdna.compiler.lowered import Ref, contiguous
-from torch_xdna.kernels.conv import ConvDesign
-from torch_xdna.kernels.pool import MoveDesign, WindowDesign
+from torch_xdna.kernels.ops.conv import ConvDesign
+from torch_xdna.kernels.ops.pool import MoveDesign, WindowDesign
 from torch_xdna.runtime import PlanError
 
 aten = torch.ops.aten

@@ -145,8 +145,8 @@ def design_class(name: str) -> type:
     package, a function, a nested attribute path) is refused without importing it."""
     mod, sep, qual = str(name).partition(":")
     sub = mod.removeprefix(DESIGN_PACKAGE + ".")
-    if (not sep or sub == mod or not sub.isidentifier() or not qual.isidentifier()
-            or sub not in _kernel_modules()):
+    if (not sep or sub == mod or not all(s.isidentifier() for s in sub.split("."))
+            or not qual.isidentifier() or sub not in _kernel_modules()):
         raise ValueError(f"cached design class {name!r} is not a torch_xdna design")
     cls = getattr(importlib.import_module(mod), qual, None)
     if not (isinstance(cls, type) and issubclass(cls, Design) and cls.__module__ == mod
@@ -158,7 +158,9 @@ def design_class(name: str) -> type:
 def _kernel_modules() -> frozenset[str]:
     import pkgutil
     import torch_xdna.kernels as pkg
-    return frozenset(m.name for m in pkgutil.iter_modules(pkg.__path__) if not m.ispkg)
+    prefix = DESIGN_PACKAGE + "."
+    return frozenset(m.name.removeprefix(prefix)
+                     for m in pkgutil.walk_packages(pkg.__path__, prefix) if not m.ispkg)
 
 
 def encode_design(d: Design) -> dict:

@@ -24,10 +24,10 @@ from torch_xdna.compiler.lowered import (LaunchSpec, Lowered, Ref, Slot, contigu
 from torch_xdna.compiler.options import CompileOptions
 from torch_xdna.hw import Generation
 from torch_xdna.kernels import EmbeddingDesign, GemmDesign
-from torch_xdna.kernels.attention import AttentionDesign
+from torch_xdna.kernels.ops.attention import AttentionDesign
 from torch_xdna.kernels.base import Design
-from torch_xdna.kernels.dma import GatherDesign
-from torch_xdna.kernels.fused import ChainDesign, GatedGemmDesign, PrologueGemmDesign, strided_index
+from torch_xdna.kernels.ops.dma import GatherDesign
+from torch_xdna.kernels.ops.fused import ChainDesign, GatedGemmDesign, PrologueGemmDesign, strided_index
 from torch_xdna.runtime import PlanError
 
 aten = torch.ops.aten

@@ -15,7 +15,7 @@ import torch
 
 from torch_xdna.device import fallback, storage
 from torch_xdna.kernels import EmbeddingDesign, GemmDesign, VectorDesign
-from torch_xdna.kernels.dma import ConcatDesign, GatherDesign
+from torch_xdna.kernels.ops.dma import ConcatDesign, GatherDesign
 from torch_xdna.kernels.numerics import dtype_name
 from torch_xdna.runtime import Launch, PlanError, get_device
 

@@ -1,6 +1,6 @@
 """Eager kernels of the conv family on xdna tensors: convolution (and its backward), batch-norm,
-pooling, interpolation and pixel_shuffle, each one launch of a design from kernels/conv.py or
-kernels/pool.py (see their docstrings for the mapping). Output shapes come from PyTorch's own
+pooling, interpolation and pixel_shuffle, each one launch of a design from kernels/ops/conv.py or
+kernels/ops/pool.py (see their docstrings for the mapping). Output shapes come from PyTorch's own
 meta kernels, so every shape rule (ceil_mode, output_padding, adaptive bins) is PyTorch's.
 
 On PrivateUse1, F.conv2d reaches aten.convolution_overrideable through aten.convolution; both
@@ -16,8 +16,8 @@ import torch
 from torch_xdna.device import storage
 from torch_xdna.device.ops import FLOAT_COMPUTE, _is_xdna, design_for, launch
 from torch_xdna.kernels import VectorDesign
-from torch_xdna.kernels.conv import ConvDesign, transposed_size
-from torch_xdna.kernels.pool import GENERIC, MoveDesign, WindowDesign
+from torch_xdna.kernels.ops.conv import ConvDesign, transposed_size
+from torch_xdna.kernels.ops.pool import GENERIC, MoveDesign, WindowDesign
 
 aten = torch.ops.aten
 
@@ -321,7 +321,7 @@ def _frozen(v):
 
 
 def _generic_window(name: str) -> Callable:
-    """Interpolation modes and 3-D pooling by name (kernels/pool.py GENERIC)."""
+    """Interpolation modes and 3-D pooling by name (kernels/ops/pool.py GENERIC)."""
     op = getattr(aten, name).default
 
     def kernel(self, *args, out=None, indices=None):

@@ -7,7 +7,7 @@ from typing import Callable
 
 import torch
 
-import torch_xdna.kernels.misc  # noqa: F401  (defines the table ops)
+import torch_xdna.kernels.ops.select  # noqa: F401  (defines the table ops)
 from torch_xdna.device import storage, table
 from torch_xdna.device.ops import _check_mm, _gemm_dtype, _out_for_gemm, as_device_operand, \
     clamp_bounds, design_for, launch

@@ -1,14 +1,14 @@
 """Reductions with indices, selections and moments: argmax/argmin, max/min (full and along a
-dim), amin, topk, sort, var/std (+ _mean). One vector-unit launch each (kernels/reduce.py)."""
+dim), amin, topk, sort, var/std (+ _mean). One vector-unit launch each (kernels/ops/reduce.py)."""
 from __future__ import annotations
 
 from typing import Callable
 
 import torch
 
-import torch_xdna.kernels.reduce  # noqa: F401  (defines the table ops)
+import torch_xdna.kernels.ops.reduce  # noqa: F401  (defines the table ops)
 from torch_xdna.device import table
-from torch_xdna.kernels.reduce import SortDesign, sort_passes
+from torch_xdna.kernels.ops.reduce import SortDesign, sort_passes
 
 aten = torch.ops.aten
 I64 = torch.int64

@@ -1,7 +1,7 @@
 """Training ops: activation/softmax/layer-norm backward, losses (nll, mse) and their backward,
 embedding backward, and the optimizer arithmetic (addcmul, addcdiv, lerp) that PyTorch's
 `_foreach_*` kernels decompose into on this device. One vector-unit launch each
-(kernels/train.py); with these an MLP trains under `torch.xdna.strict()`
+(kernels/ops/train.py); with these an MLP trains under `torch.xdna.strict()`
 (tests/test_train_strict.py).
 """
 from __future__ import annotations
@@ -10,10 +10,10 @@ from typing import Callable
 
 import torch
 
-import torch_xdna.kernels.train  # noqa: F401  (defines the table ops)
+import torch_xdna.kernels.ops.train  # noqa: F401  (defines the table ops)
 from torch_xdna.device import storage, table
 from torch_xdna.device.ops import as_device_operand, design_for, launch
-from torch_xdna.kernels.foreach import ForeachDesign
+from torch_xdna.kernels.ops.foreach import ForeachDesign
 
 aten = torch.ops.aten
 
@@ -317,7 +317,7 @@ def register_ops(reg: Callable) -> None:
     reg(aten.binary_cross_entropy_backward.grad_input, binary_cross_entropy_backward)
 
 
-# -- optimizer _foreach_* ops: one multi-tensor launch per op (kernels/foreach.py) ----------------
+# -- optimizer _foreach_* ops: one multi-tensor launch per op (kernels/ops/foreach.py) ----------------
 _CEA = torch._C.DispatchKeySet(torch._C.DispatchKey.CompositeExplicitAutograd)
 
 

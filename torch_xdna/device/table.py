@@ -1,4 +1,4 @@
-"""One launch of a table-defined vector design (kernels/vector_ops.py) from an aten kernel.
+"""One launch of a table-defined vector design (kernels/ops/table.py) from an aten kernel.
 
 Shared by the op-family modules (ops_reduce, ops_train, ops_misc): allocate or resize the outputs,
 intern the design, launch. Kernels return None for dtypes the design does not take; the op table's
@@ -12,7 +12,7 @@ import torch
 
 from torch_xdna.device import storage
 from torch_xdna.device.ops import _COMPUTE, design_for, launch
-from torch_xdna.kernels.vector_ops import TableDesign
+from torch_xdna.kernels.ops.table import TableDesign
 
 FLOATS = (torch.float32, torch.bfloat16, torch.float16)
 

@@ -122,14 +122,14 @@ VECTOR_OP_CYCLES: dict[str, Sourced[VectorOpCost]] = {
                  "and one carry add (by analogy to the lane reduction)"),
 }
 
-# flash attention's online softmax per score (kernels/attention.py): softmax.cc loop 2 with the
+# flash attention's online softmax per score (kernels/ops/attention.py): softmax.cc loop 2 with the
 # row max kept running (one aie::max per vector, no in-loop lane reduction) and P converted to
 # bf16 for the P @ V mmul: mul by scale*log2e, max, sub, to_vector<float>, exp2, add, srs
 ATTENTION_SOFTMAX = _c(7 + ELEMENTARY_STALL, 0, 0, MLIR_AIE + "softmax.cc (commit 0429335f) "
                        "loop 2 + a running aie::max + the bf16 P conversion, scores in L1 "
                        "(no loads/stores beyond the mmul operands)")
 
-# dequantization of one 32-lane vector of weights on the core (kernels/gemm.py weight-only
+# dequantization of one 32-lane vector of weights on the core (kernels/ops/gemm.py weight-only
 # GEMM; int8 KV cache in attention): unpack/convert to bf16 (int4: two nibble unpacks), one
 # scale mul, one srs to bf16
 DEQUANT_INT8 = _c(3, 0.5, 1, "int8 -> bf16: aie::to_float conversion (UG1529 'Floating-point "

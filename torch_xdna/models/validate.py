@@ -5,7 +5,7 @@ is compiled), tokenizer.json and the safetensors *headers* (shapes only, no tens
 checked against what the spec will need. Every error is a ModelDirError naming the file, the
 field, the value and what was expected; its `public_message` carries no server path.
 Resource bounds (layers, vocabulary, context) are sanity limits here; the memory budget check
-against the device is the engine's (engine/decoder.py resident_bytes_estimate).
+against the device is the engine's (engine/llm/decoder.py resident_bytes_estimate).
 """
 from __future__ import annotations
 

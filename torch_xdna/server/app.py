@@ -544,7 +544,7 @@ def create_app(config: ServerConfig | None = None, registry: ModelRegistry | Non
         n_tokens = sum(len(s) for s in seqs)
 
         def run_batch(payloads: list[list[list[int]]]) -> list[tuple[torch.Tensor, dict]]:
-            from torch_xdna.engine.embedder import EmbedStats
+            from torch_xdna.engine.embed.embedder import EmbedStats
             model = srv.load(entry)
             stats = EmbedStats()
             flat = [s for p in payloads for s in p]
@@ -587,21 +587,15 @@ def create_app(config: ServerConfig | None = None, registry: ModelRegistry | Non
     return app
 
 
-# Optional API surfaces, one module each (torch_xdna/server/routes_<name>.py exposing
+# API surfaces, one module each (torch_xdna/server/routes/<name>.py exposing
 # `register(app, srv)`), so each surface (Ollama, reranking, audio...) lives in its own file.
-ROUTE_MODULES = ("ollama", "rerank", "audio", "images")
+ROUTE_MODULES = ("ollama", "rerank", "audio")
 
 
 def register_route_modules(app: FastAPI, srv: "Server") -> None:
     import importlib
     for name in ROUTE_MODULES:
-        try:
-            mod = importlib.import_module(f"torch_xdna.server.routes_{name}")
-        except ModuleNotFoundError as e:
-            if e.name == f"torch_xdna.server.routes_{name}":
-                continue            # surface not built yet
-            raise
-        mod.register(app, srv)
+        importlib.import_module(f"torch_xdna.server.routes.{name}").register(app, srv)
 
 
 # --- embeddings helpers ---------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""Server chats through continuous batching (engine/batching.py's BatchRunner).
+"""Server chats through continuous batching (engine/llm/batching.py's BatchRunner).
 
 A chat or completion for a resident decoder model that the batch can serve does not take a
 device job of its own: its request thread submits it to the model's BatchRunner and consumes
@@ -31,7 +31,7 @@ def batch_refusal(model: Any, params: GenerationParams, max_batch: int) -> str |
     engine = getattr(model, "engine", None)
     if engine is None or not hasattr(model, "generation_config") or not hasattr(engine, "decoder"):
         return "model"                          # not the decoder engine (a fake, a script)
-    from torch_xdna.engine.batching import unsupported
+    from torch_xdna.engine.llm.batching import unsupported
     return unsupported(engine, model.generation_config(params))
 
 
@@ -44,7 +44,7 @@ class HandleSource:
         self.features = getattr(model, "features", ())
 
     def stream(self, prompt_ids, params, cancelled) -> Iterator[Piece]:
-        from torch_xdna.engine.batching import text_chunks
+        from torch_xdna.engine.llm.batching import text_chunks
         return self.model.pieces(text_chunks(self.model.engine, self.handle, cancelled))
 
 
@@ -72,7 +72,7 @@ class Batcher:
         return why is None
 
     def runner(self, entry_id: str, model: Any):
-        from torch_xdna.engine.batching import BatchRunner, slots_for_budget
+        from torch_xdna.engine.llm.batching import BatchRunner, slots_for_budget
         with self._lock:
             loaded = self.srv.registry.loaded
             for k in [k for k, (m, r) in self._runners.items()      # evicted: let them go

@@ -184,14 +184,14 @@ def _drive(model: ChatModel, prompt_ids: list[int], params: GenerationParams,
 
 def load_chat_model(model_dir: str | Path, max_context: int | None = None,
                     kv_dtype: str = "bf16") -> ChatModel:
-    """A decoder directory served through the decoder engine (torch_xdna.engine.generate);
+    """A decoder directory served through the decoder engine (torch_xdna.engine.llm.generate);
     its context limit is the KV capacity (max_context, else the model's maximum within the
     memory budget)."""
     try:
-        from torch_xdna.engine.generate import load_decoder
+        from torch_xdna.engine.llm.generate import load_decoder
     except ImportError as e:
         raise RuntimeError(f"{model_dir}: serving decoder models needs the decoder engine "
-                           f"(torch_xdna.engine.generate), which is not available ({e})") from None
+                           f"(torch_xdna.engine.llm.generate), which is not available ({e})") from None
     return DecoderChatModel(load_decoder(model_dir, quiet=True, max_context=max_context,
                                          kv_dtype=kv_dtype))
 
@@ -223,7 +223,7 @@ class DecoderChatModel:
 
     def generation_config(self, params: GenerationParams):
         """The engine's GenerationConfig for these request parameters."""
-        from torch_xdna.engine.generate import GenerationConfig
+        from torch_xdna.engine.llm.generate import GenerationConfig
         return GenerationConfig(max_tokens=params.max_tokens, temperature=params.temperature,
                                 top_p=params.top_p, seed=params.seed, stop=tuple(params.stop),
                                 top_k=params.top_k,

@@ -30,7 +30,7 @@ def base_params(req) -> GenerationParams:
 
 def response_grammar(fmt: ResponseFormat | None):
     """response_format -> engine Grammar (None for text); the schema is checked first (400)."""
-    from torch_xdna.engine.constrained import Grammar
+    from torch_xdna.engine.llm.constrained import Grammar
     if fmt is None or fmt.type == "text":
         return None
     if fmt.type == "json_object":
@@ -64,7 +64,7 @@ async def chat_completion(srv: Server, request: Request):
         info["convention"] = conv
         msgs, extra = render_messages(messages, tools or None, conv or "prompt")
         if forced:
-            from torch_xdna.engine.constrained import Grammar
+            from torch_xdna.engine.llm.constrained import Grammar
             parallel = choice == "required" and req.parallel_tool_calls is not False
             params.grammar = Grammar("lark", call_grammar(
                 forced, conv, MAX_PARALLEL_CALLS if parallel else 1))

@@ -142,7 +142,7 @@ class GenerationRun:
             put("end", results)
 
     def _check_grammar(self, model: Any, params: GenerationParams) -> None:
-        from torch_xdna.engine.constrained import GrammarError
+        from torch_xdna.engine.llm.constrained import GrammarError
         try:
             model.check_grammar(params.grammar)
         except GrammarError as e:

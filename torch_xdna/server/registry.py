@@ -54,7 +54,7 @@ def model_kind(model_dir: Path) -> str:
 
 class ModelRegistry:
     """max_context / kv_dtype: the chat models' KV cache (context limit, storage) unless add_dir
-    names its own; None = the model's maximum within the memory budget (engine/kv_cache.py)."""
+    names its own; None = the model's maximum within the memory budget (engine/llm/kv_cache.py)."""
 
     def __init__(self, max_models: int = 2, max_context: int | None = None,
                  kv_dtype: str = "bf16"):
@@ -92,23 +92,23 @@ class ModelRegistry:
         kind = "chat" if gguf_file else model_kind(path)
         name = self._unique(name or (path.stem if gguf_file else path.resolve().name))
         if kind == "embedding":
-            from torch_xdna.engine.embedder import Embedder
+            from torch_xdna.engine.embed.embedder import Embedder
             spec = load_spec(path, name=name)
             entry = ModelEntry(name, kind, lambda: Embedder.load(path, name=name), path, aliases,
                                spec=spec, tokenizer=EncoderTokenizer(path, spec))
         elif kind == "rerank":
-            from torch_xdna.engine.reranker import Reranker
+            from torch_xdna.engine.embed.reranker import Reranker
             from torch_xdna.models.cross_encoder import PairTokenizer, load_head_spec
             spec = load_spec(path, name=name)
             load_head_spec(path)                       # a bad head fails before the server binds
             entry = ModelEntry(name, kind, lambda: Reranker.load(path, name=name), path, aliases,
                                spec=spec, tokenizer=PairTokenizer(path, spec))
         elif kind == "image":
-            from torch_xdna.engine.image_embedder import ImageEmbedder
+            from torch_xdna.engine.vision.image_embedder import ImageEmbedder
             entry = ModelEntry(name, kind, lambda: ImageEmbedder.load(path, name=name), path,
                                aliases)
         elif kind == "asr":
-            from torch_xdna.engine.transcribe import Transcriber
+            from torch_xdna.engine.asr.transcribe import Transcriber
             from torch_xdna.models.whisper import read_whisper
             read_whisper(path)                       # a bad directory fails before binding
             entry = ModelEntry(name, kind, lambda: Transcriber.load(path), path, aliases)
@@ -120,7 +120,7 @@ class ModelRegistry:
         return entry
 
     def add_default_embedding(self) -> ModelEntry:
-        from torch_xdna.engine.embedder import default_model_dir
+        from torch_xdna.engine.embed.embedder import default_model_dir
         return self.add_dir(default_model_dir(), DEFAULT_EMBEDDING_ID,
                             aliases=("sentence-transformers/all-MiniLM-L6-v2",))
 

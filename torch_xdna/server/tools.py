@@ -14,7 +14,7 @@ Conventions (picked from the chat template's text):
              guide: describe the functions in the prompt, ask for a fixed output format.)
 Parsing fails soft: output that does not hold a well-formed call is returned as plain content.
 tool_choice "required" / a named function constrains the output to calls of that convention with
-a grammar (engine/constrained.py), so it always parses: "required" with parallel_tool_calls (the
+a grammar (engine/llm/constrained.py), so it always parses: "required" with parallel_tool_calls (the
 default) allows up to MAX_PARALLEL_CALLS calls, a named function or parallel_tool_calls false
 exactly one.
 """
@@ -273,7 +273,7 @@ MAX_PARALLEL_CALLS = 4      # a forced answer holds at most this many calls (a w
 def call_grammar(tools: list[dict], convention: str, max_calls: int = 1) -> str:
     """A Lark grammar (llguidance) whose language is 1..max_calls calls in this convention
     (parallel tool calls: blocks on their own lines; llama3: objects separated by ';')."""
-    from torch_xdna.engine.constrained import json_lark
+    from torch_xdna.engine.llm.constrained import json_lark
     if max_calls < 1:
         raise ValueError(f"max_calls must be >= 1, got {max_calls}")
     body = json_lark(call_schema(tools, convention))

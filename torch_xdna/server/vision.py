@@ -38,7 +38,7 @@ async def image_embeddings(srv, request: Request, req, entry: ModelEntry) -> JSO
     images = await run_in_threadpool(decode_inputs, req.input, limit)
 
     def run_batch(payloads: list[list]) -> list[tuple[torch.Tensor, dict]]:
-        from torch_xdna.engine.embedder import EmbedStats
+        from torch_xdna.engine.embed.embedder import EmbedStats
         model = srv.load(entry)
         stats = EmbedStats()
         pixels = [model.preprocess(pay) for pay in payloads]

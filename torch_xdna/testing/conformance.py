@@ -8,7 +8,7 @@ result back and compare it with a CPU result. The CPU reference follows the docu
 - EXACT ops (data movement, views, comparisons, selects, additions, max/min/sort/top-k): the
   reference is the op on the untouched inputs, and the result must be bitwise equal (NaN == NaN).
 - FP32 ops (sums, means, cumsum: adds on the fp32 accumulator path; sin/cos: the fp32 angle,
-  kernels/vector.py EXACT_FP32 / FP32_OPERAND): the reference is the op on the untouched inputs,
+  kernels/ops/vector.py EXACT_FP32 / FP32_OPERAND): the reference is the op on the untouched inputs,
   within the rounded bound below (the order of fp32 additions differs from the CPU's).
 - ROUNDED ops (products, transcendental functions, normalisations, matmul/conv, reductions
   that scale): float operands enter the array as bf16 (RNE, subnormals flushed) and accumulate in
@@ -231,7 +231,7 @@ _FP32_ACCUMULATOR = {"addcmul", "addcdiv", "lerp"}
 
 @functools.lru_cache(maxsize=1)
 def _rounding_ops() -> frozenset[str]:
-    from torch_xdna.kernels.vector import EXACT_FP32, FP32_OPERAND, OPS
+    from torch_xdna.kernels.ops.vector import EXACT_FP32, FP32_OPERAND, OPS
     return frozenset((set(OPS) - EXACT_FP32 - FP32_OPERAND) | _MATMUL_FAMILY)
 
 

@@ -131,7 +131,7 @@ def llm_embed_program(d, gen: Generation, inputs=None, n: int | None = None, **_
     follow on the same channel) -> one core dequantizes and scales each row to fp32 -> out.
     The plan counts no core (its rows are DMA traffic); the dequantizing core is this
     lowering's, at one kernel call per row."""
-    from torch_xdna.kernels import llm_blocks as L
+    from torch_xdna.kernels.blocks import llm as L
     if inputs is None:
         raise LoweringError(f"{d.name}: pass inputs=[*table, ids] to lower(); the row BDs are "
                             "generated from the ids")

@@ -86,10 +86,10 @@ def prologue_gemm_programs(d, gen: Generation, **_) -> tuple[ir.ArrayProgram, ..
 # --- fused LLM blocks ---------------------------------------------------------------------------
 def _stage_designs(d, gen):
     """(label, design, inputs, output) of a block's stages, as its plan builds them."""
-    from torch_xdna.kernels import llm_blocks as L
-    from torch_xdna.kernels.attention import AttentionDesign
-    from torch_xdna.kernels.gemm import GemmDesign
-    from torch_xdna.kernels.vector import VectorDesign
+    from torch_xdna.kernels.blocks import llm as L
+    from torch_xdna.kernels.ops.attention import AttentionDesign
+    from torch_xdna.kernels.ops.gemm import GemmDesign
+    from torch_xdna.kernels.ops.vector import VectorDesign
     f32 = torch.float32
 
     def gemm(m, k, n, precision, batch=1, group=0):
@@ -135,7 +135,7 @@ def _stage_designs(d, gen):
 def llm_block_programs(d, gen: Generation, **launch) -> tuple[ir.ArrayProgram, ...]:
     if d.kind == "llm_layer":
         from torch_xdna.kernels.lower.llm_layer import layer_programs
-        try:                             # executable stages (kernels/llm_layer_stages.py)
+        try:                             # executable stages (kernels/blocks/llm_stages.py)
             return layer_programs(d, gen, **launch)
         except LoweringError as e:
             why = str(e)

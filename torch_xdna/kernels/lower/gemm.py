@@ -26,7 +26,7 @@ import torch
 from torch_xdna.array import ir
 from torch_xdna.hw import Generation
 from torch_xdna.kernels.base import ceil_div
-from torch_xdna.kernels.gemm import a_columns
+from torch_xdna.kernels.ops.gemm import a_columns
 from torch_xdna.kernels.lower.builder import Builder, LoweringError, acq, call, elem, flat, \
     forever, loop, rel, spread, tt
 

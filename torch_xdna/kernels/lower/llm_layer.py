@@ -1,4 +1,4 @@
-"""DecoderLayerDesign -> one executable ArrayProgram per stage (kernels/llm_layer_stages.py).
+"""DecoderLayerDesign -> one executable ArrayProgram per stage (kernels/blocks/llm_stages.py).
 
 GEMM, norm, residual and attention stages are their designs' own lowerings (same tiling as
 their plans), with host arguments renamed onto the layer's buffers. The per-token stages are
@@ -37,7 +37,7 @@ def layer_programs(d, gen: Generation, pos: int = 0, n: int | None = None, input
                    **_) -> tuple[ir.ArrayProgram, ...]:
     """The executable stage programs of one launch at position `pos`. `inputs` (the launch's)
     give the RoPE tables' length P; without them P is the KV capacity."""
-    from torch_xdna.kernels import llm_layer_stages as LS
+    from torch_xdna.kernels.blocks import llm_stages as LS
     why = LS.unsupported(d, n)
     if why:
         raise LoweringError(f"{d.name}: not lowered as executable stages: {why}")
@@ -114,7 +114,7 @@ def _qk_rope(d, gen, dm, pos, positions, n) -> ir.ArrayProgram:
             rel("qkw"))
     b.core_body(core, (forever(*body),))
     b.notes.update({"tokens": R, "valid": n, "heads": (Hq, Hkv), "head_dim": D, "position": pos})
-    from torch_xdna.kernels.llm_layer_stages import cs_rows
+    from torch_xdna.kernels.blocks.llm_stages import cs_rows
     for i, c in enumerate(cs_rows(pos, R, positions)):
         p = pos + i
         b.task("qk", "T_q", i * D, (Hq, D), (R * D, 1))           # q heads, head-major

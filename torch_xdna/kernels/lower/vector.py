@@ -183,7 +183,7 @@ def _kernel_name(base: str, dtypes, packed: bool = False) -> str:
 
 
 def vector_program(d, gen: Generation) -> ir.ArrayProgram:
-    from torch_xdna.kernels.vector import ROW_OPS
+    from torch_xdna.kernels.ops.vector import ROW_OPS
     plan = d.plan(gen)
     work = plan.tile[0]
     n_units, cores, cols = plan.notes["units"], plan.cores, plan.columns

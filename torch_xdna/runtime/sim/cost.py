@@ -131,7 +131,7 @@ def kv_tile_pass_cycles(gen: Generation, rows: int, head_dim: int, fp32_lanes: i
     online-softmax rescale of the fp32 output accumulator (rows x head_dim) and of the running
     max/sum (rows), and the fitted fixed cost per pass (lock hand-offs, BD reloads; hw
     kv_tile_cycles). The kernel calls of the pass are the caller's (kernel_call_cycles each).
-    Attention plans (kernels/attention.py, kernels/llm_blocks.py) call this."""
+    Attention plans (kernels/ops/attention.py, kernels/blocks/llm.py) call this."""
     rescale = (rows * head_dim + rows) / max(1, fp32_lanes)
     return rescale + gen.kv_tile_cycles.value
 

@@ -95,7 +95,7 @@ class TxnRunner:
         """The design's program for this launch. Lowerings that read input values (gather BDs
         from the indices) are not cached: each index set is a new stream of the same design."""
         if _lowerer is None:
-            raise Unlowered("no array lowering registered (import torch_xdna.kernels.aie_refs)")
+            raise Unlowered("no array lowering registered (import torch_xdna.kernels.aie.refs)")
         key = (design.key, tuple(sorted(scalars.items())))
         hit = self.programs.get(key)
         if hit is None:

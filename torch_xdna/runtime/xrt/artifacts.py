@@ -220,7 +220,7 @@ class ArtifactStore:
             v = m.get(name)
             if not isinstance(v, typ):
                 raise _fail(key, mpath, f"field {name!r} is missing or not a {typ.__name__}",
-                            "regenerate the manifest with torch_xdna.kernels.artifacts.write_manifest")
+                            "regenerate the manifest with torch_xdna.kernels.toolchain.artifacts.write_manifest")
             return v
 
         if m.get("schema") != SCHEMA:

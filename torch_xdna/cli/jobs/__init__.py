@@ -1,0 +1,1 @@
+"""Subcommands that run a model: serve, generate, embed, rerank, transcribe, upscale."""

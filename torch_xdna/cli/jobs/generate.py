@@ -1,0 +1,130 @@
+"""`xdna generate MODEL_DIR "prompt"`: stream text from a Hugging Face decoder directory
+(Qwen3, Llama 3.x, Gemma 3 text) on the (simulated by default) NPU."""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+
+from torch_xdna.cli.args import positive_int
+
+PRECISION_CHOICES = ("bf16", "int8", "int4", "bfp16", "fp32")
+
+
+def finite_float(text: str) -> float:
+    """argparse type: a finite number (nan and inf would reach the sampler as NaN probabilities)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"{text!r} is not allowed; give a finite number")
+    return value
+
+
+def register(subparsers) -> None:
+    from torch_xdna.engine.llm.decoder import DEFAULT_LAYOUT, LAYOUTS
+    p = subparsers.add_parser(
+        "generate", help="stream text from a HF decoder directory",
+        description="Generate text with the fused decode engine. NPU figures are modeled by the "
+                    "simulator unless the xrt backend is in use; host figures are measured.",
+        epilog='examples:\n  xdna generate ./Qwen3-0.6B "The capital of France is"\n'
+               '  xdna generate ./Qwen3-0.6B "Tell me a joke" --chat --max-tokens 64 '
+               '--temperature 0.7 --seed 1\n'
+               '  xdna generate ./Llama-3.2-1B "Hi" --precision int4 --stop "\\n" --json',
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("model", metavar="MODEL", help="Hugging Face model directory or llama.cpp "
+                                                  ".gguf file")
+    p.add_argument("prompt", help="prompt text ('-' reads stdin)")
+    p.add_argument("--chat", action="store_true", help="wrap the prompt as a user message in the "
+                                                       "model's chat template")
+    p.add_argument("--system", help="system message (with --chat)")
+    p.add_argument("--max-tokens", type=positive_int, default=256)
+    p.add_argument("--temperature", type=finite_float, default=0.0,
+                   help="0 = greedy (default); >= 0")
+    p.add_argument("--top-k", type=int, default=0, help=">= 0; 0 = off (default)")
+    p.add_argument("--top-p", type=finite_float, default=1.0, help="in (0, 1]; 1 = off (default)")
+    p.add_argument("--repetition-penalty", type=finite_float, default=1.0,
+                   help="> 0; 1 = off (default)")
+    p.add_argument("--seed", type=int, help="an integer in [-2**63, 2**64 - 1]")
+    p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    p.add_argument("--precision", default="auto", choices=("auto", *PRECISION_CHOICES),
+                   help="weight precision (fp32 is a verification mode, not NPU numerics); auto "
+                        "= bf16, or for a .gguf file its own blocks (Q8_0 -> int8, Q4_0 -> int4)")
+    p.add_argument("--tokenizer", metavar="DIR", help="take tokenizer.json and the chat template "
+                                                      "from DIR (e.g. for a .gguf whose tokenizer "
+                                                      "cannot be rebuilt)")
+    p.add_argument("--max-context", type=positive_int,
+                   help="KV cache capacity in tokens (default: the model's maximum context, "
+                        "capped so the cache takes at most half the memory left after the "
+                        "weights)")
+    p.add_argument("--kv-dtype", choices=("bf16", "int8"), default="bf16",
+                   help="KV cache storage: bf16, or int8 with a scale per head and token "
+                        "(half the bytes per token; default bf16)")
+    p.add_argument("--layout", choices=LAYOUTS, default=DEFAULT_LAYOUT,
+                   help=f"launches per layer: layer = 1, block = attention + MLP (2) "
+                        f"(default {DEFAULT_LAYOUT})")
+    p.add_argument("--json", action="store_true", help="print one JSON object (text + stats)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar, no stats line")
+    p.set_defaults(func=run)
+
+
+def _stats_line(stats, backend: str) -> str:
+    kind = "modeled" if backend == "sim" else "measured"
+    return (f"[{stats.prompt_tokens} prompt + {stats.generated_tokens} generated tokens | host "
+            f"(measured): TTFT {stats.measured_ttft_s * 1e3:.0f} ms, "
+            f"{stats.measured_decode_tok_s:.1f} tok/s | NPU ({kind}): prefill "
+            f"{stats.modeled_prefill_tok_s:.0f} tok/s, decode {stats.modeled_decode_ms_per_token:.2f}"
+            f" ms/token, {stats.dispatches_per_token:.0f} dispatch/token, "
+            f"{stats.mb_per_token:.1f} MB/token]")
+
+
+def run(args: argparse.Namespace) -> int:
+    from torch_xdna.engine.llm.generate import GenerationConfig, load_decoder
+    prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
+    cfg = GenerationConfig(max_tokens=args.max_tokens, temperature=args.temperature,
+                           top_k=args.top_k, top_p=args.top_p,
+                           repetition_penalty=args.repetition_penalty, seed=args.seed,
+                           stop=tuple(args.stop))
+    cfg.sampling().validate()            # refuse bad sampling options before loading weights
+    engine = load_decoder(args.model, args.precision, max_context=args.max_context,
+                          quiet=args.quiet or args.json, layout=args.layout,
+                          tokenizer_dir=args.tokenizer, kv_dtype=args.kv_dtype)
+    if args.json and not args.quiet and engine.files.gguf is not None:
+        for note in engine.files.gguf.notes:          # the GGUF load log, kept off stdout
+            print(f"xdna: {engine.files.path.name}: {note}", file=sys.stderr)
+    if args.chat:
+        msgs = ([{"role": "system", "content": args.system}] if args.system else [])
+        msgs.append({"role": "user", "content": prompt})
+        prompt = msgs
+    backend = engine.decoder.dev.backend
+    try:
+        if args.json:
+            r = engine.complete(prompt, cfg)
+            s = r.stats
+            kind = "modeled" if backend == "sim" else "measured_npu"
+            print(json.dumps({
+                "model": engine.model_name, "precision": engine.decoder.policy.ident(),
+                "backend": backend, "text": r.text, "finish_reason": r.finish_reason,
+                "usage": r.usage,
+                "measured": {"ttft_s": s.measured_ttft_s, "decode_tok_s": s.measured_decode_tok_s,
+                             "total_s": s.measured_total_s, "where": "this host, wall clock"},
+                kind: {"prefill_tok_s": s.modeled_prefill_tok_s,
+                       "decode_ms_per_token": s.modeled_decode_ms_per_token,
+                       "decode_tok_s": s.modeled_decode_tok_s,
+                       "dispatches_per_token": s.dispatches_per_token,
+                       "launches_per_token": s.launches_per_token,
+                       "mb_per_token": s.mb_per_token, "where": f"NPU ({backend} backend)"}}))
+            return 0
+        last = None
+        for chunk in engine.generate(prompt, cfg):
+            sys.stdout.write(chunk.text)
+            sys.stdout.flush()
+            last = chunk
+        sys.stdout.write("\n")
+        if not args.quiet and last is not None and last.stats is not None:
+            print(_stats_line(last.stats, backend), file=sys.stderr)
+        return 0
+    finally:
+        engine.close()

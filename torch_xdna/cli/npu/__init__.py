@@ -1,0 +1,1 @@
+"""Subcommands about the NPU itself: doctor, info, design, kernels, selftest, profile."""

@@ -1,0 +1,1 @@
+"""Subcommands for estimates and measurements: estimate, bench, conformance, demo."""

@@ -1,0 +1,1 @@
+"""Speech recognition: Whisper on the device, audio decode, log-mel, transcription, subtitles."""

@@ -1,0 +1,279 @@
+"""Whisper on the device: the encoder as one Program per 30-s window, the decoder on the fused-decode
+rail (one Program per token: embed, one launch per layer, head).
+
+Per window the encoder Program runs the conv stem, every encoder layer and, for every decoder
+layer, the cross-attention K/V over the encoder output, into resident buffers: they are computed
+once per utterance window and read by every decoding step. The decoder's self-attention KV cache
+is resident and written in place; position and valid-row count are launch scalars, so the token
+loop neither re-plans nor allocates. Weights are uploaded once (bf16, or fp32 in the verification
+mode). Decoding itself (prompt tokens, suppression, timestamps, sampling) is engine/asr/transcribe.py.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from torch_xdna.engine.llm.kv_cache import KVCache
+from torch_xdna.engine.asr.mel import LogMel
+from torch_xdna.kernels.blocks.llm import OPERANDS, rows_bucket
+from torch_xdna.kernels.blocks.whisper import PRECISIONS, encoder_designs, step_designs
+from torch_xdna.models.whisper import WhisperFiles, WhisperSpec, load_whisper_weights, read_whisper
+from torch_xdna.runtime import Device, Launch, Program, TensorArg, get_device
+
+DEFAULT_CHUNK = 64
+
+
+class WhisperTooLarge(ValueError):
+    """The model would not fit the device's memory budget (checked before any allocation)."""
+
+
+def resident_bytes_estimate(spec: WhisperSpec, precision: str, chunk: int = DEFAULT_CHUNK) -> int:
+    """Device bytes a WhisperModel holds: weights, cross K/V, the KV cache, activations."""
+    wb = 4 if precision == "fp32" else 2
+    h, s = spec.d_model, spec.source_positions
+    weights = spec.params() * wb
+    cross = 2 * spec.decoder_layers * s * h * wb
+    kv = 2 * spec.decoder_layers * spec.target_positions * h * wb
+    acts = spec.n_mels * spec.mel_frames * 4 + 2 * s * h * 4 + chunk * (h + 1) * 4 + spec.vocab * 4
+    return weights + cross + kv + acts
+
+
+def check_fits(files: WhisperFiles, precision: str, dev: Device, chunk: int = DEFAULT_CHUNK) -> int:
+    """Raise WhisperTooLarge before anything is read or allocated when the model cannot fit."""
+    need = resident_bytes_estimate(files.spec, precision, chunk)
+    free = dev.memory_budget - dev.counters.allocated_bytes
+    if need > free:
+        raise WhisperTooLarge(
+            f"{files.path.name}: Whisper with d_model {files.spec.d_model} at {precision} needs "
+            f"~{need / 2**30:.2f} GiB of NPU-reachable memory; {free / 2**30:.2f} GiB is free. "
+            "Use --precision bf16, a smaller model, or raise TORCH_XDNA_MEMORY_BUDGET")
+    return need
+
+
+def _cat_bias(*parts: torch.Tensor | None, like: torch.Tensor, sizes: tuple[int, ...]) -> torch.Tensor:
+    return torch.cat([p if p is not None else torch.zeros(n, dtype=like.dtype)
+                      for p, n in zip(parts, sizes)])
+
+
+def host_weights(spec: WhisperSpec, sd: dict[str, torch.Tensor], precision: str
+                 ) -> dict[str, torch.Tensor]:
+    """The resident tensors by site, in the stored precision (q/k/v concatenated; Whisper's k
+    projections have no bias, so zeros stand in: adding 0 is exact)."""
+    dt = torch.float32 if precision == "fp32" else torch.bfloat16
+    h = spec.d_model
+    out: dict[str, torch.Tensor] = {}
+
+    def put(name: str, t: torch.Tensor) -> None:
+        out[name] = t.detach().to(dt).contiguous()
+
+    def g(key: str) -> torch.Tensor | None:
+        return sd.get(key)
+
+    for name in ("conv1.weight", "conv1.bias", "conv2.weight", "conv2.bias",
+                 "embed_positions.weight", "layer_norm.weight", "layer_norm.bias"):
+        put(f"enc.{name}", sd[f"encoder.{name}"])
+    for i in range(spec.encoder_layers):
+        p = f"encoder.layers.{i}."
+        _attn_sites(put, g, p + "self_attn.", f"enc.{i}.", h)
+        _ln_ffn_sites(put, g, p, f"enc.{i}.", ("self_attn_layer_norm", "final_layer_norm"))
+    for name in ("embed_tokens.weight", "embed_positions.weight", "layer_norm.weight",
+                 "layer_norm.bias"):
+        put(f"dec.{name}", sd[f"decoder.{name}"])
+    put("proj", sd["proj_out.weight"])
+    for i in range(spec.decoder_layers):
+        p = f"decoder.layers.{i}."
+        _attn_sites(put, g, p + "self_attn.", f"dec.{i}.", h)
+        _ln_ffn_sites(put, g, p, f"dec.{i}.", ("self_attn_layer_norm", "encoder_attn_layer_norm",
+                                               "final_layer_norm"))
+        c = p + "encoder_attn."
+        put(f"dec.{i}.cq.w", sd[c + "q_proj.weight"])
+        put(f"dec.{i}.cq.b", sd[c + "q_proj.bias"])
+        put(f"dec.{i}.co.w", sd[c + "out_proj.weight"])
+        put(f"dec.{i}.co.b", sd[c + "out_proj.bias"])
+        put(f"dec.{i}.ckv.w", torch.cat([sd[c + "k_proj.weight"], sd[c + "v_proj.weight"]]))
+        put(f"dec.{i}.ckv.b", _cat_bias(g(c + "k_proj.bias"), sd[c + "v_proj.bias"],
+                                        like=sd[c + "v_proj.bias"], sizes=(h, h)))
+    return out
+
+
+def _attn_sites(put, g, src: str, dst: str, h: int) -> None:
+    put(dst + "qkv.w", torch.cat([g(src + f"{x}_proj.weight") for x in "qkv"]))
+    put(dst + "qkv.b", _cat_bias(*(g(src + f"{x}_proj.bias") for x in "qkv"),
+                                 like=g(src + "q_proj.weight"), sizes=(h, h, h)))
+    put(dst + "o.w", g(src + "out_proj.weight"))
+    put(dst + "o.b", g(src + "out_proj.bias"))
+
+
+def _ln_ffn_sites(put, g, src: str, dst: str, norms: tuple[str, ...]) -> None:
+    for j, n in enumerate(norms):
+        put(dst + f"ln{j + 1}.w", g(src + n + ".weight"))
+        put(dst + f"ln{j + 1}.b", g(src + n + ".bias"))
+    for fc in ("fc1", "fc2"):
+        put(dst + f"{fc}.w", g(src + fc + ".weight"))
+        put(dst + f"{fc}.b", g(src + fc + ".bias"))
+
+
+class WhisperModel:
+    """A Whisper model resident on one device.
+
+    encode(mel [n_mels, 2*S]) runs the encoder Program (and the cross K/V); reset() starts a new
+    decoding; forward(ids) appends decoder tokens and returns the last token's fp32 logits."""
+
+    def __init__(self, files: WhisperFiles, weights: dict[str, torch.Tensor], precision: str = "bf16",
+                 device: Device | None = None, chunk: int = DEFAULT_CHUNK):
+        if precision not in PRECISIONS:
+            raise ValueError(f"unknown Whisper precision {precision!r}; use one of "
+                             f"{', '.join(PRECISIONS)} (fp32 is the verification mode)")
+        self.files, self.spec, self.tokens = files, files.spec, files.tokens
+        self.precision, self.chunk = precision, int(chunk)
+        self.dev = dev = device or get_device()
+        self.mel = LogMel.from_dir(files.path, self.spec.n_mels)
+        if self.mel.n_frames != self.spec.mel_frames:
+            raise ValueError(f"{files.path}: a {self.mel.chunk_s}-s window has "
+                             f"{self.mel.n_frames} mel frames but the encoder takes "
+                             f"{self.spec.mel_frames} (2 x max_source_positions)")
+        check_fits(files, precision, dev, self.chunk)
+        self.capacity = self.spec.target_positions
+        s, h, nh = self.spec.source_positions, self.spec.d_model, self.spec.decoder_heads
+        cache_dt = torch.float32 if precision == "fp32" else torch.bfloat16
+        self._owned: list[TensorArg] = []
+        try:
+            self.w = {k: self._keep(dev.upload(t)) for k, t in weights.items()}
+            self.mel_buf = self._keep(dev.empty((self.spec.n_mels, self.spec.mel_frames), torch.float32))
+            self.enc_x = self._keep(dev.empty((s, h), torch.float32))
+            self.enc_out = self._keep(dev.empty((s, h), torch.float32))
+            L = self.spec.decoder_layers
+            self.cross_k = [self._keep(dev.empty((nh, s, h // nh), cache_dt)) for _ in range(L)]
+            self.cross_v = [self._keep(dev.empty((nh, s, h // nh), cache_dt)) for _ in range(L)]
+            self.cache = KVCache.allocate(dev, L, nh, h // nh, self.capacity, cache_dt)
+            self._owned += self.cache.k + self.cache.v
+            self.x = self._keep(dev.empty((self.chunk, h), torch.float32))
+            self.ids = self._keep(dev.empty((self.chunk,), torch.int32))
+            self.logits = self._keep(dev.empty((1, self.spec.vocab), torch.float32))
+        except BaseException:
+            self.close()
+            raise
+        self._scalars: dict = {"pos": 0, "n": 1}
+        self._programs: dict[int, Program] = {}
+        self._encoder: Program | None = None
+
+    def _keep(self, a: TensorArg) -> TensorArg:
+        self._owned.append(a)
+        return a
+
+    def close(self) -> None:
+        """Free every device buffer this model owns."""
+        for a in getattr(self, "_owned", []):
+            self.dev.free(a.buffer)
+        self._owned = []
+        self._programs = {}
+        self._encoder = None
+        OPERANDS.clear()
+
+    @property
+    def resident_bytes(self) -> int:
+        return sum(a.nbytes for a in self._owned)
+
+    # -- programs --------------------------------------------------------------------------
+    def encoder_program(self) -> Program:
+        if self._encoder is not None:
+            return self._encoder
+        w, launches = self.w, []
+        designs = encoder_designs(self.spec, self.precision)
+        stem, layers = designs[0], designs[1:1 + self.spec.encoder_layers]
+        cross = designs[1 + self.spec.encoder_layers:]
+        launches.append(Launch(stem, [self.mel_buf, *(w[f"enc.{n}"] for n in (
+            "conv1.weight", "conv1.bias", "conv2.weight", "conv2.bias", "embed_positions.weight"))],
+            [self.enc_x], op="encoder.stem"))
+        for i, d in enumerate(layers):
+            p = f"enc.{i}."
+            ins = [self.enc_x] + [w[p + n] for n in ("ln1.w", "ln1.b", "qkv.w", "qkv.b", "o.w",
+                                                     "o.b", "ln2.w", "ln2.b", "fc1.w", "fc1.b",
+                                                     "fc2.w", "fc2.b")]
+            launches.append(Launch(d, ins, [self.enc_x], op=f"encoder.layer{i}"))
+        for i, d in enumerate(cross):
+            norm = [self.enc_x, w["enc.layer_norm.weight"], w["enc.layer_norm.bias"]] if i == 0 \
+                else [self.enc_out]
+            launches.append(Launch(d, norm + [w[f"dec.{i}.ckv.w"], w[f"dec.{i}.ckv.b"]],
+                                   [self.enc_out, self.cross_k[i], self.cross_v[i]],
+                                   op=f"decoder.layer{i}.cross_kv"))
+        self._encoder = Program(launches, name="whisper.encoder")
+        return self._encoder
+
+    def program(self, rows: int) -> Program:
+        prog = self._programs.get(rows)
+        if prog is not None:
+            return prog
+        w, s = self.w, self._scalars
+        x = TensorArg(self.x.buffer, self.x.dtype, (rows, self.spec.d_model), self.x.strides,
+                      self.x.offset)
+        ids = TensorArg(self.ids.buffer, self.ids.dtype, (rows,), self.ids.strides, self.ids.offset)
+        designs = step_designs(self.spec, self.precision, rows, self.capacity)
+        launches = [Launch(designs[0], [w["dec.embed_tokens.weight"],
+                                        w["dec.embed_positions.weight"], ids], [x], s, op="embed")]
+        for i, d in enumerate(designs[1:-1]):
+            p = f"dec.{i}."
+            ins = [x] + [w[p + n] for n in ("ln1.w", "ln1.b", "qkv.w", "qkv.b", "o.w", "o.b",
+                                            "ln2.w", "ln2.b", "cq.w", "cq.b", "co.w", "co.b")]
+            ins += [self.cross_k[i], self.cross_v[i]]
+            ins += [w[p + n] for n in ("ln3.w", "ln3.b", "fc1.w", "fc1.b", "fc2.w", "fc2.b")]
+            launches.append(Launch(d, ins, [x, self.cache.k[i], self.cache.v[i]], s,
+                                   op=f"decoder.layer{i}"))
+        launches.append(Launch(designs[-1], [x, w["dec.layer_norm.weight"],
+                                             w["dec.layer_norm.bias"], w["proj"]], [self.logits],
+                               s, op="proj_out"))
+        prog = Program(launches, name=f"whisper.{'decode' if rows == 1 else 'prefill'}")
+        self._programs[rows] = prog
+        return prog
+
+    # -- execution -------------------------------------------------------------------------
+    def encode(self, mel: torch.Tensor) -> None:
+        """Run the encoder Program on one [n_mels, 2*S] window (fills the cross K/V)."""
+        want = (self.spec.n_mels, self.spec.mel_frames)
+        if tuple(mel.shape) != want:
+            raise ValueError(f"mel window of shape {tuple(mel.shape)}; the encoder takes {want}")
+        self.dev.write(self.mel_buf.buffer, mel.to(torch.float32).contiguous())
+        self.dev.run_program(self.encoder_program())
+        self.reset()
+
+    def reset(self) -> None:
+        self.cache.reset()
+
+    @property
+    def position(self) -> int:
+        return self.cache.length
+
+    def forward(self, ids: list[int]) -> torch.Tensor:
+        """Append decoder tokens at the current position; the last token's fp32 logits [V]."""
+        if not ids:
+            raise ValueError("forward() needs at least one token")
+        pos = self.cache.length
+        if pos + len(ids) > self.capacity:
+            raise ValueError(f"{pos + len(ids)} decoder tokens exceed Whisper's "
+                             f"{self.capacity} positions; shorten the prompt")
+        bad = [t for t in ids if not 0 <= t < self.spec.vocab]
+        if bad:
+            raise ValueError(f"token id {bad[0]} is outside the vocabulary ({self.spec.vocab})")
+        s = self._scalars
+        for start in range(0, len(ids), self.chunk):
+            part = ids[start:start + self.chunk]
+            n = len(part)
+            self.dev.write(self.ids.buffer, torch.tensor(part, dtype=torch.int32))
+            s["pos"], s["n"] = pos, n
+            self.dev.run_program(self.program(rows_bucket(n, self.chunk)))
+            pos += n
+            self.cache.length = pos
+        return self.dev.download(self.logits)[0]
+
+
+def load_whisper_model(model_dir: str | Path, precision: str = "bf16",
+                       device: Device | None = None) -> WhisperModel:
+    """Read, validate and upload a Whisper directory (see WhisperModel)."""
+    files = read_whisper(model_dir)
+    if precision not in PRECISIONS:
+        raise ValueError(f"unknown Whisper precision {precision!r}; use one of {', '.join(PRECISIONS)}")
+    device = device or get_device()
+    check_fits(files, precision, device)
+    sd = load_whisper_weights(files)
+    return WhisperModel(files, host_weights(files.spec, sd, precision), precision, device)

@@ -1,0 +1,1 @@
+"""Text embeddings and reranking: embedder, cross-encoder reranker, corpus jobs."""

@@ -1,0 +1,1 @@
+"""Decoder LLMs: fused decoder, generation loop, KV and prefix caches, batching, sampling."""

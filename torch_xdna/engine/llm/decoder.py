@@ -1,0 +1,414 @@
+"""The fused decoder: resident weights, a device KV cache, and one Program per forward chunk.
+
+Per token the engine runs ONE Program (one dispatch): embed, then one launch per layer (attention
+block + MLP block in one design; layout "block" splits them into 2 launches), then the head.
+Weights are uploaded once; activations, ids, logits and the KV cache are preallocated. A Program
+is built once per (rows bucket, head) and reused. The position and valid-row count travel as
+launch scalars in one shared dict, so the token loop neither re-plans nor allocates device
+memory, and the decode Program stays one hardware context.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Mapping
+
+import torch
+
+from torch_xdna.kernels.host import attention as host_attention
+
+from torch_xdna.kernels.host import gemv as host_gemv
+from torch_xdna.kernels.base import Design
+from torch_xdna.kernels.blocks.llm import (
+    OPERANDS, PRECISIONS, AttentionBlockDesign, DecoderLayerDesign, EmbedDesign, HeadDesign,
+    MlpBlockDesign, default_group, rows_bucket, weight_bytes,
+)
+from torch_xdna.models.hf import ModelDirError
+from torch_xdna.models.spec import DecoderSpec
+from torch_xdna.runtime import Device, Launch, PlanError, Program, TensorArg, get_device
+from torch_xdna.engine.llm.kv_cache import KVCache, budget_capacity, kv_bytes_per_token
+
+SITE_KINDS = ("attention", "mlp", "head")
+DEFAULT_CHUNK = 128
+
+
+class ContextOverflow(ValueError):
+    """More tokens than the KV cache holds."""
+
+
+@dataclass(frozen=True)
+class PrecisionPolicy:
+    """Weight precision per site kind (attention q/k/v/o, MLP, embedding + lm_head)."""
+
+    attention: str = "bf16"
+    mlp: str = "bf16"
+    head: str = "bf16"
+    group: int = 0                      # 0: the precision's default group size
+
+    @classmethod
+    def parse(cls, precision: "str | Mapping[str, str] | PrecisionPolicy", group: int = 0
+              ) -> "PrecisionPolicy":
+        """'int4' for every site, or {'default': 'int4', 'head': 'int8', ...}."""
+        if isinstance(precision, PrecisionPolicy):
+            return precision
+        if isinstance(precision, str):
+            kinds = dict.fromkeys(SITE_KINDS, precision)
+        else:
+            unknown = set(precision) - set(SITE_KINDS) - {"default"}
+            if unknown:
+                raise ValueError(f"unknown precision site(s) {sorted(unknown)}; use "
+                                 f"{', '.join(SITE_KINDS)} or default")
+            base = precision.get("default", "bf16")
+            kinds = {k: precision.get(k, base) for k in SITE_KINDS}
+        for k, p in kinds.items():
+            if p not in PRECISIONS:
+                raise ValueError(f"unknown precision {p!r} for {k}; use one of {', '.join(PRECISIONS)}")
+        exact = {p == "fp32" for p in kinds.values()}
+        if len(exact) > 1:
+            raise ValueError("precision fp32 (verification mode) cannot be mixed with NPU precisions")
+        return cls(group=group, **kinds)
+
+    @property
+    def exact(self) -> bool:
+        return self.attention == "fp32"
+
+    def group_for(self, precision: str, *ks: int) -> int:
+        """Group size of `precision` for a block whose weights have reduction sizes `ks`: the
+        configured (or default) size, reduced to a common divisor of every K."""
+        g = self.group or default_group(precision)
+        for k in ks:
+            g = math.gcd(g, k) if g else 0
+        return g
+
+    def block_group(self, spec: DecoderSpec, kind: str) -> int:
+        """The one group size all weights of a fused block (attention, mlp, head) share."""
+        ks = {"attention": (spec.hidden, spec.q_dim), "mlp": (spec.hidden, spec.intermediate),
+              "head": (spec.hidden,)}[kind]
+        return self.group_for(getattr(self, kind), *ks)
+
+    def ident(self) -> str:
+        kinds = {self.attention, self.mlp, self.head}
+        base = self.attention if len(kinds) == 1 else f"a{self.attention}-m{self.mlp}-h{self.head}"
+        return base + (f"-g{self.group}" if self.group else "")
+
+    def transform_for(self, spec: DecoderSpec):
+        """Loader transform: matmul weights to their stored format, norms to bf16 (fp32)."""
+        from torch_xdna.engine.llm.quantize import quantize
+        kinds = {"qkv": "attention", "o": "attention", "gate_up": "mlp", "down": "mlp",
+                 "embed": "head", "lm_head": "head"}
+
+        def transform(site: str, w: torch.Tensor) -> tuple[torch.Tensor, ...]:
+            kind = kinds.get(site.rsplit(".", 1)[-1])
+            if kind is None:
+                return (w.to(torch.float32 if self.exact else torch.bfloat16).contiguous(),)
+            return quantize(w, getattr(self, kind), self.block_group(spec, kind))
+        return transform
+
+
+class ModelTooLarge(ModelDirError):
+    """The model would not fit the device's memory budget (checked before any allocation)."""
+
+
+def resident_bytes_estimate(spec: DecoderSpec, policy: PrecisionPolicy, capacity: int,
+                            chunk: int = DEFAULT_CHUNK, kv_dtype: str = "bf16") -> int:
+    """Device bytes a Decoder of `spec` holds: weights in their stored formats, norms, RoPE
+    tables, the KV cache at `capacity` and the activation/logit buffers. From shapes only, so
+    an impossible config is refused before anything is read or allocated."""
+    h, f = spec.hidden, spec.intermediate
+    wb = weight_bytes
+    ga, gm, gh = (policy.block_group(spec, k) for k in SITE_KINDS)
+    per_layer = (wb(spec.q_dim + 2 * spec.kv_dim, h, policy.attention, ga)
+                 + wb(h, spec.q_dim, policy.attention, ga)
+                 + wb(2 * f, h, policy.mlp, gm) + wb(h, f, policy.mlp, gm))
+    norm = 4 if policy.exact else 2
+    norms = (2 + 2 * spec.sandwich_norms) * h + 2 * spec.qk_norm * spec.head_dim
+    head = wb(spec.vocab, h, policy.head, gh) * (1 if spec.tie_embeddings else 2)
+    kv = capacity * kv_bytes_per_token(spec.layers, spec.kv_heads, spec.head_dim, kv_dtype,
+                                       policy.exact)
+    rope = len(spec.ropes) * 2 * capacity * spec.head_dim * 4
+    acts = chunk * h * 4 + chunk * 4 + spec.vocab * 4
+    return spec.layers * (per_layer + norms * norm) + h * norm + head + kv + rope + acts
+
+
+def per_token_bytes(spec: DecoderSpec, policy: PrecisionPolicy, kv_dtype: str = "bf16") -> int:
+    """Device bytes one more context position costs: its KV entries and RoPE table rows."""
+    return (kv_bytes_per_token(spec.layers, spec.kv_heads, spec.head_dim, kv_dtype, policy.exact)
+            + len(spec.ropes) * 2 * spec.head_dim * 4)
+
+
+def resolve_capacity(spec: DecoderSpec, policy: PrecisionPolicy, dev: Device,
+                     max_context: int | None, chunk: int = DEFAULT_CHUNK,
+                     kv_dtype: str = "bf16") -> int:
+    """KV capacity: max_context (capped at the model's maximum), else the memory-budget default
+    (engine/llm/kv_cache.py's policy) from what the device has free after the weights."""
+    if max_context:
+        return int(min(max_context, spec.max_positions))
+    free = dev.memory_budget - dev.counters.allocated_bytes
+    fixed = resident_bytes_estimate(spec, policy, 0, chunk, kv_dtype)
+    return budget_capacity(per_token_bytes(spec, policy, kv_dtype), free - fixed,
+                           spec.max_positions)
+
+
+def check_fits(spec: DecoderSpec, policy: PrecisionPolicy, capacity: int, dev: Device,
+               chunk: int = DEFAULT_CHUNK, kv_dtype: str = "bf16") -> int:
+    """Raise ModelTooLarge when the model cannot fit what the device has free; returns bytes."""
+    need = resident_bytes_estimate(spec, policy, capacity, chunk, kv_dtype)
+    free = dev.memory_budget - dev.counters.allocated_bytes
+    if need > free:
+        per = per_token_bytes(spec, policy, kv_dtype)
+        fixed = resident_bytes_estimate(spec, policy, 0, chunk, kv_dtype)
+        most = max(0, (free - fixed) // per)
+        tail = (f"{spec.family} with {spec.layers} layers, hidden {spec.hidden}, vocab "
+                f"{spec.vocab} at precision {policy.ident()} and a {capacity}-token context "
+                f"(KV cache {kv_dtype}, {per / 1024:.1f} KiB per token) needs "
+                f"~{need / 2**30:.2f} GiB of NPU-reachable memory; {free / 2**30:.2f} GiB of the "
+                f"{dev.memory_budget / 2**30:.2f} GiB budget (TORCH_XDNA_MEMORY_BUDGET) is free, "
+                f"which holds at most {most} tokens of context. Use a smaller --max-context, "
+                f"--kv-dtype int8, a smaller --precision (int8/int4), or raise "
+                f"TORCH_XDNA_MEMORY_BUDGET")
+        raise ModelTooLarge(f"config.json: {tail}", public=tail)
+    return need
+
+
+LAYOUTS = ("block", "layer")
+# Default "layer": consecutive layers share one design, so no configure point between them
+# (Qwen3: 2 per token, into the layers and into the head). "block" alternates two designs,
+# 2 configure points per layer (modeled int4 decode at Qwen3-0.6B shapes, cost-v3: 1.37x the
+# DRAM floor vs 1.10x, flash attention plan).
+DEFAULT_LAYOUT = "layer"
+
+
+def step_designs(spec: DecoderSpec, policy: PrecisionPolicy, rows: int, capacity: int,
+                 with_head: bool, layout: str = DEFAULT_LAYOUT,
+                 kv_dtype: str = "bf16") -> list[tuple[str, int, Design]]:
+    """The launches of one forward chunk, in order: (role, layer, design). layout "layer": one
+    launch per layer (default); "block": an attention-block and an MLP-block launch per layer."""
+    if layout not in LAYOUTS:
+        raise ValueError(f"unknown layout {layout!r}; use one of {', '.join(LAYOUTS)}")
+    pa, pm, ph = policy.attention, policy.mlp, policy.head
+    ga, gm, gh = (policy.block_group(spec, k) for k in SITE_KINDS)
+    common = dict(hidden=spec.hidden, rows=rows, eps=spec.rms_eps, norm_offset=spec.norm_offset)
+    out: list[tuple[str, int, Design]] = [
+        ("embed", -1, EmbedDesign(spec.vocab, spec.hidden, rows, ph, gh,
+                                  spec.embed_scale))]
+    mlp = MlpBlockDesign(precision=pm, group=gm, intermediate=spec.intermediate,
+                         act=spec.act, post_norm=spec.sandwich_norms, **common)
+    for i in range(spec.layers):
+        attn = AttentionBlockDesign(
+            precision=pa, group=ga, heads=spec.heads, kv_heads=spec.kv_heads,
+            head_dim=spec.head_dim, capacity=capacity, qk_norm=spec.qk_norm,
+            post_norm=spec.sandwich_norms, window=spec.layer_window[i], scale=spec.attn_scale,
+            softcap=spec.attn_softcap, cache_bytes=4 if policy.exact else 2, kv_dtype=kv_dtype,
+            **common)
+        if layout == "layer":
+            out.append(("layer", i, DecoderLayerDesign(attn, mlp)))
+        else:
+            out += [("attention", i, attn), ("mlp", i, mlp)]
+    if with_head:
+        out.append(("head", -1, HeadDesign(precision=ph, group=gh,
+                                           vocab=spec.vocab, softcap=spec.final_softcap, **common)))
+    return out
+
+
+def plan_chunk(spec: DecoderSpec, policy: PrecisionPolicy, capacity: int, requested: int,
+               gen, layout: str = DEFAULT_LAYOUT, kv_dtype: str = "bf16") -> int:
+    """The prefill chunk: `requested` rows, halved until every launch of a chunk plans on `gen`
+    at a full cache (mem-tile staging of the chunk's activations, attention tiles), so a long
+    prompt never fails mid-prefill. Prefill memory is bounded by the chunk: activations are
+    chunk x hidden, attention streams the cache in K/V tiles (no chunk x context score matrix)."""
+    rows = max(1, int(requested))
+    while True:
+        try:
+            designs = step_designs(spec, policy, rows, capacity, True, layout, kv_dtype)
+            for d in dict.fromkeys(d for _, _, d in designs):     # equal layers plan once
+                d.plan(gen)
+            return rows
+        except PlanError:
+            if rows == 1:
+                raise
+            rows //= 2
+
+
+class Decoder:
+    """Resident model + KV cache on one device; `forward(ids)` appends tokens, returns logits."""
+
+    def __init__(self, spec: DecoderSpec, weights: dict[str, tuple[torch.Tensor, ...]],
+                 policy: PrecisionPolicy, *, max_context: int | None = None,
+                 prefill_chunk: int = DEFAULT_CHUNK, device: Device | None = None,
+                 layout: str = DEFAULT_LAYOUT, kv_dtype: str = "bf16"):
+        if layout not in LAYOUTS:
+            raise ValueError(f"unknown layout {layout!r}; use one of {', '.join(LAYOUTS)}")
+        self.spec, self.policy, self.layout, self.kv_dtype = spec, policy, layout, kv_dtype
+        self.dev = device or get_device()
+        self.capacity = resolve_capacity(spec, policy, self.dev, max_context, int(prefill_chunk),
+                                         kv_dtype)
+        self.chunk = plan_chunk(spec, policy, self.capacity, prefill_chunk, self.dev.gen, layout,
+                                kv_dtype)
+        dev = self.dev
+        self._owned: list[TensorArg] = []
+        try:
+            self.w = {site: tuple(self._upload(t) for t in ts) for site, ts in weights.items()}
+            if spec.tie_embeddings:
+                self.w["lm_head"] = self.w["embed"]
+            self.rope = {}
+            for name, rope in spec.ropes.items():
+                cos, sin = rope.tables(spec.head_dim, self.capacity)
+                self.rope[name] = (self._upload(cos), self._upload(sin))
+            self.cache = KVCache.allocate(dev, spec.layers, spec.kv_heads, spec.head_dim,
+                                          self.capacity,
+                                          torch.float32 if policy.exact else torch.bfloat16,
+                                          kv_dtype)
+            self._owned += self.cache.buffers
+            self.x = self._empty((self.chunk, spec.hidden), torch.float32)
+            self.ids = self._empty((self.chunk,), torch.int32)
+            self.logits = self._empty((1, spec.vocab), torch.float32)
+        except BaseException:
+            self.close()
+            raise
+        self._scalars: dict = {"pos": 0, "n": 1}
+        self._programs: dict[tuple, Program] = {}
+        if spec.vocab * spec.hidden >= host_gemv.MIN_WEIGHT:
+            if host_gemv.available():  # build the decode host kernels now, not in the first token
+                host_attention.available()
+
+    # -- memory ----------------------------------------------------------------------------
+    def _upload(self, t: torch.Tensor) -> TensorArg:
+        a = self.dev.upload(t)
+        self._owned.append(a)
+        return a
+
+    def _empty(self, shape, dtype) -> TensorArg:
+        a = self.dev.empty(shape, dtype)
+        self._owned.append(a)
+        return a
+
+    def close(self) -> None:
+        """Free every device buffer this decoder owns."""
+        for a in getattr(self, "_owned", []):
+            self.dev.free(a.buffer)
+        self._owned = []
+        self._programs = {}
+        OPERANDS.clear()             # sim-side operand copies keep freed storages alive
+
+    @property
+    def resident_bytes(self) -> int:
+        return sum(a.nbytes for a in self._owned)
+
+    # -- programs --------------------------------------------------------------------------
+    def _rows_view(self, arg: TensorArg, rows: int) -> TensorArg:
+        shape = (rows,) + arg.shape[1:]
+        return TensorArg(arg.buffer, arg.dtype, shape, arg.strides, arg.offset)
+
+    def program(self, rows: int, with_head: bool) -> Program:
+        """The Program of a chunk of `rows` (bucketed) tokens; built once, reused every token."""
+        key = (rows, with_head)
+        prog = self._programs.get(key)
+        if prog is not None:
+            return prog
+        spec, w, s = self.spec, self.w, self._scalars
+        x = self._rows_view(self.x, rows)
+        ids = self._rows_view(self.ids, rows)
+        launches = []
+        for role, i, design in step_designs(spec, self.policy, rows, self.capacity, with_head,
+                                            self.layout, self.kv_dtype):
+            if role == "embed":
+                launches.append(Launch(design, [*w["embed"], ids], [x], s, op="embed"))
+            elif role == "head":
+                launches.append(Launch(design, [x, *w["final_norm"], *w["lm_head"]], [self.logits],
+                                       s, op="lm_head"))
+            else:
+                kv = [x, *self.cache.layer_outputs(i)]
+                ins = {"attention": self._attention_inputs(x, i), "mlp": self._mlp_inputs(x, i),
+                       "layer": self._attention_inputs(x, i) + self._mlp_inputs(x, i)[1:]}[role]
+                launches.append(Launch(design, ins, [x] if role == "mlp" else kv, s,
+                                       op=f"layer{i}.{role}"))
+        prog = Program(launches, name=f"{spec.family}.{'decode' if rows == 1 else 'prefill'}")
+        self._programs[key] = prog
+        return prog
+
+    def _attention_inputs(self, x: TensorArg, i: int) -> list[TensorArg]:
+        spec, w, p = self.spec, self.w, f"layers.{i}."
+        ins = [x, *w[p + "attn_norm"]]
+        if spec.qk_norm:
+            ins += [*w[p + "q_norm"], *w[p + "k_norm"]]
+        ins += [*w[p + "qkv"], *w[p + "o"]]
+        if spec.sandwich_norms:
+            ins += [*w[p + "attn_post_norm"]]
+        return ins + list(self.rope[spec.layer_rope[i]])
+
+    def _mlp_inputs(self, x: TensorArg, i: int) -> list[TensorArg]:
+        spec, w, p = self.spec, self.w, f"layers.{i}."
+        ins = [x, *w[p + "mlp_norm"], *w[p + "gate_up"], *w[p + "down"]]
+        if spec.sandwich_norms:
+            ins += [*w[p + "mlp_post_norm"]]
+        return ins
+
+    # -- execution -------------------------------------------------------------------------
+    def reset(self) -> None:
+        self.cache.reset()
+
+    @property
+    def position(self) -> int:
+        return self.cache.length
+
+    def forward(self, ids: list[int]) -> torch.Tensor:
+        """Append `ids` at the current position (chunked), return the last token's fp32 logits."""
+        if not ids:
+            raise ValueError("forward() needs at least one token")
+        pos = self.cache.length
+        if pos + len(ids) > self.capacity:
+            raise ContextOverflow(
+                f"{pos + len(ids)} tokens exceed the KV cache capacity of {self.capacity}; "
+                "pass a larger max_context or a shorter prompt")
+        bad = [t for t in ids if not 0 <= t < self.spec.vocab]
+        if bad:
+            raise ValueError(f"token id {bad[0]} is outside the vocabulary (size {self.spec.vocab})")
+        dev, s = self.dev, self._scalars
+        for start in range(0, len(ids), self.chunk):
+            part = ids[start:start + self.chunk]
+            n = len(part)
+            last = start + n == len(ids)
+            dev.write(self.ids.buffer, torch.tensor(part, dtype=torch.int32))
+            s["pos"], s["n"] = pos, n
+            dev.run_program(self.program(rows_bucket(n, self.chunk), last))
+            pos += n
+            self.cache.length = pos
+        return dev.download(self.logits)[0]
+
+
+def default_cache_dir() -> Path:
+    """Quantized-weight cache: <cache root>/decoder-weights (runtime/cachedir.py's rules)."""
+    from torch_xdna.runtime.cachedir import cache_root
+    return cache_root() / "decoder-weights"
+
+
+def estimate_step(spec: DecoderSpec, policy: PrecisionPolicy, cost, rows: int, pos: int, n: int,
+                  capacity: int, with_head: bool, layout: str = DEFAULT_LAYOUT,
+                  kv_dtype: str = "bf16", memo: dict | None = None) -> dict:
+    """Modeled cost of one forward chunk from plans only (no weights): the Program's launches
+    charged through `cost` (a runtime.sim.cost.CostModel, whose state carries over between
+    calls as the device's does) at the launch scalars pos/n, exactly as the sim charges them.
+    memo: a dict kept across calls (same spec/policy/capacity) so equal designs are one object
+    and their per-KV-extent launch plans are computed once (a 128K-token prefill: 1024 chunks)."""
+    key = (rows, with_head)
+    designs = None if memo is None else memo.get(key)
+    if designs is None:
+        canon: dict = {}
+        designs = [canon.setdefault(d, d) for _, _, d in
+                   step_designs(spec, policy, rows, capacity, with_head, layout, kv_dtype)]
+        if memo is not None:
+            memo[key] = designs
+    plans = [d.launch_plan(cost.gen, pos=pos, n=n) if hasattr(d, "launch_plan") else d.plan(cost.gen)
+             for d in designs]
+    terms = cost.charge_program([(d.key, p) for d, p in zip(designs, plans)])
+    out: dict = {"modeled_us": sum(t.total for t in terms), "launches": len(designs),
+                 "dispatches": 1, "terms_us": {}}
+    for t in terms:
+        for name, v in t.as_dict().items():
+            out["terms_us"][name] = out["terms_us"].get(name, 0.0) + v
+    out["dram_bytes"] = sum(p.dram_read_bytes + p.dram_write_bytes for p in plans)
+    out["weight_bytes"] = sum(p.notes.get("weight_bytes", 0) for p in plans)
+    out["kv_bytes"] = sum(p.notes.get("kv_read_bytes", 0) + p.notes.get("kv_write_bytes", 0)
+                          for p in plans)
+    return out

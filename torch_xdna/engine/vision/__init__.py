@@ -1,0 +1,1 @@
+"""Image models: image embeddings, super-resolution, their cost estimates."""

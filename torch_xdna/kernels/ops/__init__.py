@@ -1,0 +1,1 @@
+"""Per-op designs: one module per aten op family (tiling plan, capacity check, NPU-numerics reference)."""

@@ -1,0 +1,1 @@
+"""Designs -> hardware artifacts: the AIE toolchain driver, manifests and the design catalog."""

@@ -1,0 +1,1 @@
+"""Endpoint families: one module each, exposing `register(app, srv)`."""
