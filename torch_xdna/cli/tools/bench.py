@@ -15,7 +15,7 @@ from torch_xdna.cli.args import CliError, output_file
 
 
 def bench_dir() -> Path:
-    return Path(__file__).resolve().parents[2] / "benchmarks"
+    return Path(__file__).resolve().parents[3] / "benchmarks"
 
 
 def available() -> dict[str, Path]:

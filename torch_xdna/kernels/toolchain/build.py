@@ -226,7 +226,7 @@ def build_artifact(ex: Example, gen: Generation, toolchain: Toolchain, store_roo
 
     try:
         (work / "design.mlir").write_text(aie_mlir.to_mlir(program, gen.arch))
-        kdir = Path(__file__).resolve().parent / "aie" / gen.arch
+        kdir = Path(__file__).resolve().parent.parent / "aie" / gen.arch
         for obj, (src, defines) in kernel_objects(program, gen.arch, gen_dir=work).items():
             argv = [toolchain.peano_cxx, *PEANO_FLAGS, f"--target={PEANO_TARGET[gen.arch]}",
                     *defines, f"-I{kdir}"]
