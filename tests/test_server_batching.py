@@ -267,13 +267,13 @@ def test_shutdown_ends_batched_requests_with_json_and_sse_errors(live):
     from torch_xdna.server.http import HttpLimits
     reg = ModelRegistry(max_models=1)
     reg.add_dir(live.path)
-    app = create_app(ServerConfig(default_model=False, limits=HttpLimits(graceful_timeout_s=0.5)),
+    app = create_app(ServerConfig(default_model=False, limits=HttpLimits(graceful_timeout_s=0.1)),
                      registry=reg)
     bg = BackgroundServer(app)
     bg.__enter__()
     srv = app.state.server
     body = {"model": MODEL, "messages": [{"role": "user", "content": "hello"}],
-            "max_tokens": 400, "temperature": 0}           # greedy: no EOS within 400 tokens
+            "max_tokens": 480, "temperature": 0}           # greedy: no EOS within 480 tokens
     out: dict = {}
 
     def plain():
