@@ -5,8 +5,8 @@
 """
 from __future__ import annotations
 
-from torch_xdna.runtime.backends import (BACKENDS, backend_name, get_device, open_backend,
-                                         set_device_for_testing)
+from torch_xdna.runtime.backends import (BACKENDS, backend_name, device_opened, get_device,
+                                         open_backend, set_device_for_testing)
 from torch_xdna.runtime.buffer import Buffer, Coherence, TensorArg
 from torch_xdna.runtime.device import Counters, Device, TraceRecord, default_memory_budget
 from torch_xdna.runtime.errors import BackendUnavailable, DeviceOutOfMemory, LaunchError, XdnaError
@@ -17,5 +17,5 @@ __all__ = [
     "Buffer", "Coherence", "TensorArg", "Counters", "Device", "TraceRecord", "BackendUnavailable",
     "DeviceOutOfMemory", "LaunchError", "XdnaError", "Launch", "Program", "Plan", "PlanError",
     "get_device", "set_device_for_testing", "backend_name", "default_memory_budget",
-    "open_backend", "BACKENDS",
+    "open_backend", "device_opened", "BACKENDS",
 ]

@@ -62,6 +62,12 @@ def get_device() -> Device:
     return _device
 
 
+def device_opened() -> bool:
+    """Whether the process-wide device is open (PyTorch's primary-context query; opening it on
+    behalf of CPU-only code would be wrong)."""
+    return _device is not None
+
+
 def set_device_for_testing(dev: Device | None) -> Device | None:
     """Swap the process-wide device (tests only); returns the previous one."""
     global _device
