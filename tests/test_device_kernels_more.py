@@ -1,4 +1,4 @@
-"""NPU kernels of ops_reduce / ops_misc / ops_train against PyTorch on the CPU, under strict().
+"""NPU kernels of ops_reduce / ops_select / ops_train against PyTorch on the CPU, under strict().
 
 Tolerances: integer, select, index and sort results must be exact (torch.equal). Float math
 takes bf16 operands with fp32 accumulation (docs/device.md#numerics), so its reference is PyTorch

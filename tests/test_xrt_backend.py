@@ -289,7 +289,7 @@ def test_xrt_required_without_npu_or_pyxrt(monkeypatch):
     from torch_xdna import runtime
     monkeypatch.setenv("TORCH_XDNA_BACKEND", "xrt")
     with pytest.raises(BackendUnavailable) as e:
-        runtime._open(runtime.backend_name())
+        runtime.open_backend(runtime.backend_name())
     msg = str(e.value)
     assert "pyxrt" in msg and "/dev/accel/accel0" in msg
     assert "xdna doctor" in msg and "TORCH_XDNA_BACKEND=sim" in msg
@@ -302,7 +302,7 @@ def test_auto_falls_back_quickly(monkeypatch):
     t0 = time.perf_counter()
     assert open_xrt_device(required=False) is None
     assert time.perf_counter() - t0 < 0.5
-    assert runtime._open("auto").backend == "sim"
+    assert runtime.open_backend("auto").backend == "sim"
 
 
 def test_open_on_fake_healthy_host(tmp_path):

@@ -19,8 +19,8 @@ from torch._functorch.aot_autograd import make_boxed_func
 from torch_xdna.compiler import cache, costing, fold, partition, specialize, views
 from torch_xdna.compiler.capture import capture
 from torch_xdna.compiler.options import CompileOptions, FallbackRefused
-from torch_xdna.compiler.lowered import Lowered
-from torch_xdna.compiler.program import Unlowerable, lower
+from torch_xdna.compiler.lowered import Lowered, Unlowerable
+from torch_xdna.compiler.program import lower
 from torch_xdna.compiler.runner import CompiledPartition
 
 log = logging.getLogger("torch_xdna.compiler")

@@ -50,7 +50,7 @@ def _meta(n: Node) -> str:
 
 def graph_key(gm: GraphModule, extra: str) -> str:
     """sha256 of the graph's structure, shapes and `extra` (options, versions, generation)."""
-    from torch_xdna.compiler.program import site_of
+    from torch_xdna.compiler.fusion import site_of
     import torch_xdna
     index = {n: i for i, n in enumerate(gm.graph.nodes)}
     h = hashlib.sha256()

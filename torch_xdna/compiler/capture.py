@@ -1,8 +1,10 @@
 """Capture: Dynamo graph -> core-ATen forward graph via aot_autograd.
 
-Core-ATen decompositions, except ops we lower whole (attention, SiLU): decomposing SDPA would
-leave a dozen small nodes where one attention design fits. Inductor is not used: xdna tensors
-have no host data pointers to generate C++ against.
+Core-ATen decompositions, except ops we lower whole (KEEP_WHOLE: attention, SiLU, the conv
+family's pixel shuffle and upsampling): decomposing SDPA would leave a dozen small nodes where one
+attention design fits. SDPA and F.interpolate become custom ops (xdna_compiler::sdpa, ::upsample2d)
+that stay one node through aot_autograd. Inductor is not used: xdna tensors have no host data
+pointers to generate C++ against.
 """
 from __future__ import annotations
 
@@ -15,17 +17,25 @@ from torch._decomp import core_aten_decompositions
 from torch._dynamo.backends.common import aot_autograd
 from torch._functorch.aot_autograd import make_boxed_func
 
+from torch_xdna.compiler.views import replace_node
+
 log = logging.getLogger("torch_xdna.compiler")
 aten = torch.ops.aten
 KEEP_WHOLE = (aten._scaled_dot_product_flash_attention_for_cpu.default, aten.silu.default,
-              aten.gelu.default, aten.native_layer_norm.default, aten._softmax.default)
+              aten.gelu.default, aten.native_layer_norm.default, aten._softmax.default,
+              # conv family (compiler/lower_conv.py): one design each, not index arithmetic;
+              # native_batch_norm_backward: backward graphs run op by op on the eager device,
+              # where it is one WindowDesign launch (decomposed, ~20 elementwise launches)
+              aten.pixel_shuffle.default, aten.pixel_unshuffle.default,
+              aten.native_batch_norm_backward.default,
+              aten.upsample_nearest2d.default, aten.upsample_nearest2d.vec,
+              aten.upsample_bilinear2d.default, aten.upsample_bilinear2d.vec)
 
 
 @functools.lru_cache(maxsize=1)
 def decompositions() -> dict:
     table = dict(core_aten_decompositions())
-    from torch_xdna.compiler.lower_conv import KEEP_WHOLE as CONV_WHOLE
-    for op in KEEP_WHOLE + CONV_WHOLE:
+    for op in KEEP_WHOLE:
         table.pop(op, None)
     return table
 
@@ -71,17 +81,63 @@ def replace_sdpa(gm: torch.fx.GraphModule) -> int:
         kw.update(n.kwargs)
         if kw.get("dropout_p", 0.0) not in (0, 0.0):
             continue
-        with gm.graph.inserting_before(n):
-            new = gm.graph.call_function(torch.ops.xdna_compiler.sdpa.default, (
-                kw["query"], kw["key"], kw["value"], kw.get("attn_mask"),
-                bool(kw.get("is_causal", False)), kw.get("scale"), bool(kw.get("enable_gqa", False))))
-        new.meta.update(n.meta)
-        n.replace_all_uses_with(new)
-        gm.graph.erase_node(n)
+        replace_node(gm, n, torch.ops.xdna_compiler.sdpa.default, (
+            kw["query"], kw["key"], kw["value"], kw.get("attn_mask"),
+            bool(kw.get("is_causal", False)), kw.get("scale"), bool(kw.get("enable_gqa", False))))
         n_done += 1
     if n_done:
         gm.recompile()
     return n_done
+
+
+@torch.library.custom_op("xdna_compiler::upsample2d", mutates_args=())
+def upsample2d(x: torch.Tensor, size: list[int], mode: str, align_corners: bool,
+               scale_h: float | None, scale_w: float | None) -> torch.Tensor:
+    """F.interpolate (nearest / bilinear, 4-D) as ONE graph node on every device: the aten
+    upsample ops carry Python decompositions at the Autograd key, which aot_autograd would
+    expand into index arithmetic."""
+    if mode == "nearest":
+        return aten.upsample_nearest2d.default(x, size, scale_h, scale_w)
+    return aten.upsample_bilinear2d.default(x, size, align_corners, scale_h, scale_w)
+
+
+@upsample2d.register_fake
+def _(x, size, mode, align_corners, scale_h, scale_w):
+    return x.new_empty(tuple(x.shape[:-2]) + tuple(size))
+
+
+UPSAMPLE = upsample2d._opoverload
+
+
+def replace_interpolate(gm: torch.fx.GraphModule) -> int:
+    """Dynamo graphs: F.interpolate (nearest / bilinear, 4-D, static output size) ->
+    xdna_compiler::upsample2d, so the op reaches the partitioner whole."""
+    done = 0
+    for n in list(gm.graph.nodes):
+        if n.op != "call_function" or n.target is not torch.nn.functional.interpolate:
+            continue
+        names = ("input", "size", "scale_factor", "mode", "align_corners",
+                 "recompute_scale_factor", "antialias")
+        kw = dict(zip(names, n.args))
+        kw.update(n.kwargs)
+        mode = kw.get("mode", "nearest")
+        out = n.meta.get("example_value")
+        if mode not in ("nearest", "bilinear") or kw.get("antialias") or out is None \
+                or out.dim() != 4 or not all(isinstance(s, int) for s in out.shape):
+            continue
+        sf = kw.get("scale_factor")
+        if sf is not None and not kw.get("recompute_scale_factor"):
+            sf = list(sf) if isinstance(sf, (list, tuple)) else [sf, sf]
+            scales = (float(sf[0]), float(sf[1]))
+        else:
+            scales = (None, None)
+        osz = [int(s) for s in out.shape[-2:]]
+        replace_node(gm, n, UPSAMPLE, (kw["input"], osz, mode,
+                                        bool(kw.get("align_corners") or False), *scales))
+        done += 1
+    if done:
+        gm.recompile()
+    return done
 
 
 def host_backward_compiler(gm: torch.fx.GraphModule, example_inputs):
@@ -103,7 +159,6 @@ def capture(gm, example_inputs, forward_compiler, backward_compiler=None,
     per partition)."""
     if not torch.is_grad_enabled():
         replace_sdpa(gm)
-        from torch_xdna.compiler.lower_conv import replace_interpolate
         replace_interpolate(gm)
     return aot_autograd(fw_compiler=forward_compiler,
                         bw_compiler=backward_compiler or host_backward_compiler,

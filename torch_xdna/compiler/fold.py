@@ -22,6 +22,7 @@ import torch
 from torch.fx import GraphModule, Node
 
 from torch_xdna.compiler.lowered import is_non_overlapping_and_dense
+from torch_xdna.compiler.views import replace_node
 from torch_xdna.kernels.ops.fused import strided_index
 
 aten = torch.ops.aten
@@ -226,11 +227,7 @@ def rewrite_affine_index(gm: GraphModule, host: dict | None = None) -> int:
         p = affine_params(xv, [_host_attr(gm, i.target, host) for i in idx])
         if p is None:
             continue
-        with gm.graph.inserting_before(n):
-            new = gm.graph.call_function(strided_index, (x, *p))
-        new.meta.update(n.meta)
+        new = replace_node(gm, n, strided_index, (x, *p))
         new.meta["val"] = strided_index(xv, *p)
-        n.replace_all_uses_with(new)
-        gm.graph.erase_node(n)
         done += 1
     return done

@@ -10,22 +10,19 @@ This module only classifies and translates nodes; program.py decides materializa
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 import torch
 from torch.fx import Node
 
+from torch_xdna.compiler.capture import sdpa
 from torch_xdna.kernels.ops.fused import strided_index
 
 aten = torch.ops.aten
 
 GEMM_OPS = {aten.mm.default, aten.addmm.default, aten.bmm.default}
-SDPA_OPS = {aten._scaled_dot_product_flash_attention_for_cpu.default}   # + xdna_compiler::sdpa
-
-
-def _add_custom_sdpa() -> None:
-    from torch_xdna.compiler import capture    # defines the op
-    SDPA_OPS.add(capture.sdpa._opoverload)
+SDPA_OPS = {aten._scaled_dot_product_flash_attention_for_cpu.default, sdpa._opoverload}
 EMBEDDING_OPS = {aten.embedding.default}
 # reshape-like ops that only change geometry (views when the strides allow)
 VIEW_OPS = {aten.view.default, aten._unsafe_view.default, aten.reshape.default,
@@ -83,6 +80,15 @@ INT = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
 def val(node) -> torch.Tensor | None:
     v = node.meta.get("val") if isinstance(node, Node) else None
     return v if isinstance(v, torch.Tensor) else None
+
+
+def site_of(node: Node) -> str:
+    """Dotted module path of a node (for precision rules), e.g. 'encoder.layer.0.output.dense'."""
+    stack = node.meta.get("nn_module_stack") or {}
+    if not stack:
+        return ""
+    path = re.sub(r"^L(\[[^\]]*\])+\.?", "", str(list(stack.values())[-1][0]))  # L['self']...
+    return path.replace("[", ".").replace("]", "").replace("'", "").replace('"', "")
 
 
 def static_shape(t: torch.Tensor) -> bool:
@@ -274,6 +280,3 @@ def sdpa_args(node: Node) -> dict:
                 "gqa": False}
     return {"q": a[0], "k": a[1], "v": a[2], "mask": a[3], "causal": bool(a[4]), "scale": a[5],
             "gqa": bool(a[6]), "dropout": 0.0}
-
-
-_add_custom_sdpa()

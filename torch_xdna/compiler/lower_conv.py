@@ -9,8 +9,8 @@
   one WindowDesign launch; pixel_shuffle/pixel_unshuffle and integer nearest upsampling -> one
   MoveDesign (DMA) launch. Only output 0 of max pooling is produced (inference graphs do not read
   the indices; a graph that does runs that node on the host).
-capture.py keeps the ops in KEEP_WHOLE out of the core-ATen decompositions, which would expand
-pixel_shuffle and interpolation into index arithmetic.
+capture.py keeps pixel_shuffle and interpolation whole (out of the core-ATen decompositions, which
+would expand them into index arithmetic; F.interpolate as its xdna_compiler::upsample2d op).
 """
 from __future__ import annotations
 
@@ -19,8 +19,9 @@ import operator
 import torch
 from torch.fx import Node
 
+from torch_xdna.compiler.capture import UPSAMPLE
 from torch_xdna.compiler.fusion import FLOAT, INT, val
-from torch_xdna.compiler.lowered import Ref, contiguous
+from torch_xdna.compiler.lowered import Ref, Unlowerable, contiguous
 from torch_xdna.kernels.ops.conv import ConvDesign
 from torch_xdna.kernels.ops.pool import MoveDesign, WindowDesign
 from torch_xdna.runtime import PlanError
@@ -36,7 +37,7 @@ POOL = {aten.max_pool2d_with_indices.default: "max_pool", aten.avg_pool2d.defaul
         aten.upsample_bilinear2d.default: "upsample_bilinear",
         aten.upsample_bilinear2d.vec: "upsample_bilinear",
         aten.upsample_nearest2d.default: "upsample_nearest",
-        aten.upsample_nearest2d.vec: "upsample_nearest"}
+        aten.upsample_nearest2d.vec: "upsample_nearest", UPSAMPLE: "upsample"}
 MOVE = {aten.pixel_shuffle.default: "pixel_shuffle", aten.pixel_unshuffle.default: "pixel_unshuffle"}
 PAD = {aten.constant_pad_nd.default}
 OPS = CONV | BN_EVAL | BN_TRAIN | set(POOL) | set(MOVE) | PAD
@@ -50,12 +51,6 @@ ALL_OUTPUTS = BN_TRAIN | {aten.max_pool2d_with_indices.default, aten.adaptive_ma
 def all_outputs(node) -> bool:
     """Whether every getitem of this node lowers (partition.py asks for getitems other than 0)."""
     return isinstance(node, Node) and node.target in ALL_OUTPUTS
-# native_batch_norm_backward: backward graphs run op by op on the eager device, where it is one
-# WindowDesign launch (decomposed it would be ~20 elementwise launches)
-KEEP_WHOLE = (aten.pixel_shuffle.default, aten.pixel_unshuffle.default,
-              aten.native_batch_norm_backward.default,
-              aten.upsample_nearest2d.default, aten.upsample_nearest2d.vec,
-              aten.upsample_bilinear2d.default, aten.upsample_bilinear2d.vec)
 EPILOGUES = {aten.relu.default: "relu", aten.silu.default: "silu", aten.sigmoid.default: "sigmoid",
              aten.tanh.default: "tanh", aten.gelu.default: "gelu"}
 
@@ -119,7 +114,6 @@ def lower(low, n: Node) -> None:
         else:
             _pool(low, n)
     except (PlanError, ValueError, ConvUnlowerable) as e:
-        from torch_xdna.compiler.program import Unlowerable
         raise Unlowerable(f"{n.name}: {e}") from None
 
 
@@ -323,59 +317,3 @@ def _move(low, n: Node) -> None:
     out = low.new_value(n)
     design = MoveDesign(MOVE[n.target], tuple(xv.shape), xv.dtype, tuple(ov.shape), (int(r), int(r)))
     low.launch(design, [low.ref(x)], [out], f"{design.name}:{n.name}")
-
-
-@torch.library.custom_op("xdna_compiler::upsample2d", mutates_args=())
-def upsample2d(x: torch.Tensor, size: list[int], mode: str, align_corners: bool,
-               scale_h: float | None, scale_w: float | None) -> torch.Tensor:
-    """F.interpolate (nearest / bilinear, 4-D) as ONE graph node on every device: the aten
-    upsample ops carry Python decompositions at the Autograd key, which aot_autograd would
-    expand into index arithmetic."""
-    if mode == "nearest":
-        return aten.upsample_nearest2d.default(x, size, scale_h, scale_w)
-    return aten.upsample_bilinear2d.default(x, size, align_corners, scale_h, scale_w)
-
-
-@upsample2d.register_fake
-def _(x, size, mode, align_corners, scale_h, scale_w):
-    return x.new_empty(tuple(x.shape[:-2]) + tuple(size))
-
-
-UPSAMPLE = upsample2d._opoverload
-POOL[UPSAMPLE] = "upsample"
-OPS.add(UPSAMPLE)
-
-
-def replace_interpolate(gm: torch.fx.GraphModule) -> int:
-    """Dynamo graphs: F.interpolate (nearest / bilinear, 4-D, static output size) ->
-    xdna_compiler::upsample2d, so the op reaches the partitioner whole."""
-    done = 0
-    for n in list(gm.graph.nodes):
-        if n.op != "call_function" or n.target is not torch.nn.functional.interpolate:
-            continue
-        names = ("input", "size", "scale_factor", "mode", "align_corners",
-                 "recompute_scale_factor", "antialias")
-        kw = dict(zip(names, n.args))
-        kw.update(n.kwargs)
-        mode = kw.get("mode", "nearest")
-        out = n.meta.get("example_value")
-        if mode not in ("nearest", "bilinear") or kw.get("antialias") or out is None \
-                or out.dim() != 4 or not all(isinstance(s, int) for s in out.shape):
-            continue
-        sf = kw.get("scale_factor")
-        if sf is not None and not kw.get("recompute_scale_factor"):
-            sf = list(sf) if isinstance(sf, (list, tuple)) else [sf, sf]
-            scales = (float(sf[0]), float(sf[1]))
-        else:
-            scales = (None, None)
-        osz = [int(s) for s in out.shape[-2:]]
-        with gm.graph.inserting_before(n):
-            new = gm.graph.call_function(UPSAMPLE, (kw["input"], osz, mode,
-                                                    bool(kw.get("align_corners") or False), *scales))
-        new.meta.update(n.meta)
-        n.replace_all_uses_with(new)
-        gm.graph.erase_node(n)
-        done += 1
-    if done:
-        gm.recompile()
-    return done

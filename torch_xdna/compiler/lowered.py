@@ -13,6 +13,10 @@ import torch
 from torch_xdna.kernels.base import Design
 
 
+class Unlowerable(Exception):
+    """A node no design can hold (after splitting): the partition runs on the host instead."""
+
+
 def dname(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 

@@ -47,12 +47,15 @@ def _bounds(node: Node) -> list[tuple[int, int]] | None:
     return out
 
 
-def _replace(gm: GraphModule, old: Node, target, args: tuple) -> None:
+def replace_node(gm: GraphModule, old: Node, target, args: tuple) -> Node:
+    """`old` -> a call of `target(*args)` in its place, with its meta and its users (the graph
+    rewrites before partitioning all end this way)."""
     with gm.graph.inserting_before(old):
         new = gm.graph.call_function(target, args)
     new.meta.update(old.meta)
     old.replace_all_uses_with(new)
     gm.graph.erase_node(old)
+    return new
 
 
 def rewrite_views(gm: GraphModule) -> int:
@@ -64,7 +67,7 @@ def rewrite_views(gm: GraphModule) -> int:
         if n.target == aten.narrow.default:
             x, dim, start, length = n.args[:4]
             if isinstance(start, int) and isinstance(length, int):
-                _replace(gm, n, aten.slice.Tensor, (x, dim, start, start + length, 1))
+                replace_node(gm, n, aten.slice.Tensor, (x, dim, start, start + length, 1))
                 done += 1
             continue
         if n.target not in SPLITS and n.target not in UNBINDS:
@@ -77,7 +80,7 @@ def rewrite_views(gm: GraphModule) -> int:
         if n.target in UNBINDS:
             dim = n.args[1] if len(n.args) > 1 else n.kwargs.get("dim", 0)
             for u in users:
-                _replace(gm, u, aten.select.int, (x, dim, u.args[1]))
+                replace_node(gm, u, aten.select.int, (x, dim, u.args[1]))
         else:
             bounds = _bounds(n)
             if bounds is None:
@@ -85,7 +88,7 @@ def rewrite_views(gm: GraphModule) -> int:
             dim = n.args[2] if len(n.args) > 2 else n.kwargs.get("dim", 0)
             for u in users:
                 lo, hi = bounds[u.args[1]]
-                _replace(gm, u, aten.slice.Tensor, (x, dim, lo, hi, 1))
+                replace_node(gm, u, aten.slice.Tensor, (x, dim, lo, hi, 1))
         gm.graph.erase_node(n)
         done += 1
     if done:
@@ -105,7 +108,7 @@ def rewrite_reductions(gm: GraphModule) -> int:
                 and isinstance(n.args[0], Node) and isinstance(n.args[0].meta.get("val"), torch.Tensor):
             nd = n.args[0].meta["val"].dim()     # a full reduction (a loss) over every dim
             if nd:
-                _replace(gm, n, FULL[n.target], (n.args[0], list(range(nd)), False))
+                replace_node(gm, n, FULL[n.target], (n.args[0], list(range(nd)), False))
                 done += 1
             continue
         if n.op != "call_function" or n.target not in REDUCTIONS or n.kwargs.get("dtype"):
@@ -120,7 +123,7 @@ def rewrite_reductions(gm: GraphModule) -> int:
         nd = xv.dim()
         if not dims:                              # [] (or None): every dim, as torch reads it
             keep = n.args[2] if len(n.args) > 2 else n.kwargs.get("keepdim", False)
-            _replace(gm, n, n.target, (x, list(range(nd)), keep))
+            replace_node(gm, n, n.target, (x, list(range(nd)), keep))
             done += 1
             continue
         red = sorted({d % nd for d in dims})

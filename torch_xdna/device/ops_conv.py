@@ -14,7 +14,7 @@ from typing import Callable, Sequence
 import torch
 
 from torch_xdna.device import storage
-from torch_xdna.device.ops import FLOAT_COMPUTE, _is_xdna, design_for, launch
+from torch_xdna.device.kernel import FLOAT_COMPUTE, design_for, is_xdna, launch
 from torch_xdna.kernels import VectorDesign
 from torch_xdna.kernels.ops.conv import ConvDesign, transposed_size
 from torch_xdna.kernels.ops.pool import GENERIC, MoveDesign, WindowDesign
@@ -23,7 +23,7 @@ aten = torch.ops.aten
 
 
 def _float_ok(*ts) -> bool:
-    return all(t is None or (_is_xdna(t) and t.dtype in FLOAT_COMPUTE) for t in ts)
+    return all(t is None or (is_xdna(t) and t.dtype in FLOAT_COMPUTE) for t in ts)
 
 
 def _meta(t):
@@ -182,7 +182,7 @@ def max_pool2d_with_indices(self, kernel_size, stride=(), padding=0, dilation=1,
 
 def max_pool2d_with_indices_backward(grad_output, self, kernel_size, stride, padding, dilation,
                                      ceil_mode, indices, *, grad_input=None):
-    if not _float_ok(grad_output, self) or not _is_xdna(indices):
+    if not _float_ok(grad_output, self) or not is_xdna(indices):
         return None
     k = _pair(kernel_size)
     prm = dict(kernel=k, stride=_pair(stride, k), padding=_pair(padding), dilation=_pair(dilation),
@@ -247,7 +247,7 @@ def adaptive_max_pool2d(self, output_size, *, out=None, indices=None):
 
 
 def adaptive_max_pool2d_backward(grad_output, self, indices, *, grad_input=None):
-    if not _float_ok(grad_output, self) or not _is_xdna(indices):
+    if not _float_ok(grad_output, self) or not is_xdna(indices):
         return None
     prm = dict(output_size=tuple(grad_output.shape[-2:]))
     return _window("adaptive_max_pool_backward", aten.adaptive_max_pool2d_backward.default,
@@ -260,7 +260,7 @@ def _scales(scales_h, scales_w) -> tuple:
 
 
 def upsample_nearest2d(self, output_size, scales_h=None, scales_w=None, *, out=None):
-    if not _is_xdna(self) or self.dtype not in FLOAT_COMPUTE + (torch.uint8,):
+    if not is_xdna(self) or self.dtype not in FLOAT_COMPUTE + (torch.uint8,):
         return None
     osz = _pair(output_size)
     h, w = self.shape[-2:]
@@ -337,7 +337,7 @@ def _generic_window(name: str) -> Callable:
 # --- batch norm -------------------------------------------------------------------------------
 def native_batch_norm(input, weight, bias, running_mean, running_var, training, momentum, eps,
                       *, aten_name="aten.native_batch_norm"):
-    if not _float_ok(input) or not all(t is None or _is_xdna(t) for t in
+    if not _float_ok(input) or not all(t is None or is_xdna(t) for t in
                                        (weight, bias, running_mean, running_var)):
         return None
     has_running = running_mean is not None and running_var is not None
@@ -358,7 +358,7 @@ def native_batch_norm(input, weight, bias, running_mean, running_var, training, 
 def native_batch_norm_backward(grad_out, input, weight, running_mean, running_var, save_mean,
                                save_invstd, train, eps, output_mask):
     ts = (weight, running_mean, running_var, save_mean, save_invstd)
-    if not _float_ok(grad_out, input) or not all(t is None or _is_xdna(t) for t in ts):
+    if not _float_ok(grad_out, input) or not all(t is None or is_xdna(t) for t in ts):
         return None
     has_running = running_mean is not None and running_var is not None
     if save_mean is None or save_invstd is None:
@@ -403,7 +403,7 @@ def bn_no_training(input, weight, bias, running_mean, running_var, momentum, eps
 # --- pixel shuffle (DMA) ----------------------------------------------------------------------
 def _shuffle(op: str, meta_op) -> Callable:
     def kernel(self, factor):
-        if not _is_xdna(self) or self.dim() < 3:
+        if not is_xdna(self) or self.dim() < 3:
             return None
         m = meta_op(_meta(self), factor)
         res = storage.empty(m.shape, self.dtype)

@@ -11,8 +11,9 @@ from typing import Callable
 import torch
 
 import torch_xdna.kernels.ops.train  # noqa: F401  (defines the table ops)
-from torch_xdna.device import storage, table
-from torch_xdna.device.ops import as_device_operand, design_for, launch
+from torch_xdna.device import storage
+from torch_xdna.device.kernel import (FLOAT_COMPUTE, as_device_operand, design_for, launch,
+                                      operands_ok, output_tensor, register_modes, run_table)
 from torch_xdna.kernels.ops.foreach import ForeachDesign
 
 aten = torch.ops.aten
@@ -21,7 +22,7 @@ aten = torch.ops.aten
 def _elementwise_backward(op: str, aten_name: str):
     """(grad_output, saved) -> grad_input, broadcasting as PyTorch's TensorIterator does."""
     def kernel(grad_output, saved, *args, grad_input=None, **params):
-        if not table.ok(grad_output, saved, floats_only=True):
+        if not operands_ok(grad_output, saved, floats_only=True):
             return None
         if op == "threshold_backward":
             params["threshold"] = args[0] if args else params.pop("threshold")
@@ -32,18 +33,18 @@ def _elementwise_backward(op: str, aten_name: str):
         g = grad_output if tuple(grad_output.shape) == shape else grad_output.expand(shape)
         s = saved if tuple(saved.shape) == shape else saved.expand(shape)
         dtype = torch.promote_types(grad_output.dtype, saved.dtype)
-        res = table.output(grad_input, shape, grad_input.dtype if grad_input is not None else dtype)
-        table.run(op, [g, s], [res], aten_name, **params)
+        res = output_tensor(grad_input, shape, grad_input.dtype if grad_input is not None else dtype)
+        run_table(op, [g, s], [res], aten_name, **params)
         return res
     return kernel
 
 
 def _softmax_backward(op: str, aten_name: str):
     def kernel(grad_output, output, dim, input_dtype, *, out=None, grad_input=None):
-        if not table.ok(grad_output, output, floats_only=True):
+        if not operands_ok(grad_output, output, floats_only=True):
             return None
         out = out if out is not None else grad_input
-        res = table.output(out, output.shape, input_dtype if out is None else out.dtype)
+        res = output_tensor(out, output.shape, input_dtype if out is None else out.dtype)
         if not output.numel():
             return res
         d = dim % max(output.dim(), 1)
@@ -51,15 +52,15 @@ def _softmax_backward(op: str, aten_name: str):
         mv = (lambda t: t) if last else (lambda t: t.movedim(d, -1))
         g, o = mv(grad_output), mv(output)
         shape = tuple(o.shape) or (1,)
-        tmp = table.output(None, shape, res.dtype)
-        table.run(op, [g.reshape(shape), o.reshape(shape)], [tmp], aten_name)
+        tmp = output_tensor(None, shape, res.dtype)
+        run_table(op, [g.reshape(shape), o.reshape(shape)], [tmp], aten_name)
         res.copy_(tmp.reshape(output.shape) if last else tmp.movedim(-1, d))
         return res
     return kernel
 
 
 def layer_norm_backward(grad_out, input, normalized_shape, mean, rstd, weight, bias, output_mask):
-    if not table.ok(grad_out, input, mean, rstd, weight, bias, floats_only=True):
+    if not operands_ok(grad_out, input, mean, rstd, weight, bias, floats_only=True):
         return None
     nd = len(normalized_shape)
     ins = [grad_out, input, mean, rstd] + [t for t in (weight, bias) if t is not None]
@@ -67,7 +68,7 @@ def layer_norm_backward(grad_out, input, normalized_shape, mean, rstd, weight, b
     wshape = tuple(input.shape[input.dim() - nd:])
     outs.append((wshape, weight.dtype if weight is not None else input.dtype))
     outs.append((wshape, bias.dtype if bias is not None else input.dtype))
-    gi, gw, gb = table.run("layer_norm_backward", ins, outs, "aten.native_layer_norm_backward",
+    gi, gw, gb = run_table("layer_norm_backward", ins, outs, "aten.native_layer_norm_backward",
                            row_dims=nd, has_weight=weight is not None, has_bias=bias is not None)
     return (gi if output_mask[0] else None, gw if output_mask[1] and weight is not None else None,
             gb if output_mask[2] and bias is not None else None)
@@ -77,7 +78,7 @@ def _nll_forward(two_d: bool):
     name = "aten.nll_loss2d_forward" if two_d else "aten.nll_loss_forward"
 
     def kernel(self, target, weight, reduction, ignore_index, *, output=None, total_weight=None):
-        if not table.ok(self, weight, floats_only=True) or not table.ok(target) \
+        if not operands_ok(self, weight, floats_only=True) or not operands_ok(target) \
                 or target.dtype not in (torch.int64, torch.int32, torch.uint8):
             return None
         meta = (aten.nll_loss2d_forward if two_d else aten.nll_loss_forward)(
@@ -86,10 +87,10 @@ def _nll_forward(two_d: bool):
             None if weight is None else
             torch.empty(weight.shape, device="meta", dtype=weight.dtype),
             reduction, ignore_index)            # shape checks and result shapes, as PyTorch
-        out = table.output(output, meta[0].shape, self.dtype)
-        tw = table.output(total_weight, meta[1].shape, self.dtype)
+        out = output_tensor(output, meta[0].shape, self.dtype)
+        tw = output_tensor(total_weight, meta[1].shape, self.dtype)
         ins = [self, target] + ([weight] if weight is not None else [])
-        table.run("nll_loss_forward", ins, [out, tw], name, reduction=int(reduction),
+        run_table("nll_loss_forward", ins, [out, tw], name, reduction=int(reduction),
                   ignore_index=int(ignore_index), has_weight=weight is not None, two_d=two_d)
         return out, tw
     return kernel
@@ -100,44 +101,44 @@ def _nll_backward(two_d: bool):
 
     def kernel(grad_output, self, target, weight, reduction, ignore_index, total_weight, *,
                grad_input=None):
-        if not table.ok(grad_output, self, weight, total_weight, floats_only=True) \
-                or not table.ok(target):
+        if not operands_ok(grad_output, self, weight, total_weight, floats_only=True) \
+                or not operands_ok(target):
             return None
-        res = table.output(grad_input, self.shape, self.dtype)
+        res = output_tensor(grad_input, self.shape, self.dtype)
         ins = [grad_output, self, target] + ([weight] if weight is not None else []) + \
             [total_weight]
-        table.run("nll_loss_backward", ins, [res], name, reduction=int(reduction),
+        run_table("nll_loss_backward", ins, [res], name, reduction=int(reduction),
                   ignore_index=int(ignore_index), has_weight=weight is not None, two_d=two_d)
         return res
     return kernel
 
 
 def mse_loss(self, target, reduction=1, *, out=None):
-    if not table.ok(self, target, floats_only=True):
+    if not operands_ok(self, target, floats_only=True):
         return None
     shape = tuple(torch.broadcast_shapes(self.shape, target.shape))
     a, b = self.expand(shape), target.expand(shape)
-    res = table.output(out, shape if reduction == 0 else (), self.dtype)
-    table.run("mse_loss", [a, b], [res], "aten.mse_loss", reduction=int(reduction))
+    res = output_tensor(out, shape if reduction == 0 else (), self.dtype)
+    run_table("mse_loss", [a, b], [res], "aten.mse_loss", reduction=int(reduction))
     return res
 
 
 def mse_loss_backward(grad_output, self, target, reduction, *, grad_input=None):
-    if not table.ok(grad_output, self, target, floats_only=True):
+    if not operands_ok(grad_output, self, target, floats_only=True):
         return None
     shape = tuple(self.shape)
-    res = table.output(grad_input, shape, self.dtype)
-    table.run("mse_loss_backward", [grad_output.expand(shape), self, target.expand(shape)],
+    res = output_tensor(grad_input, shape, self.dtype)
+    run_table("mse_loss_backward", [grad_output.expand(shape), self, target.expand(shape)],
               [res], "aten.mse_loss_backward", reduction=int(reduction))
     return res
 
 
 def embedding_dense_backward(grad_output, indices, num_weights, padding_idx, scale_grad_by_freq,
                              *, out=None):
-    if not table.ok(grad_output, floats_only=True) or not table.ok(indices):
+    if not operands_ok(grad_output, floats_only=True) or not operands_ok(indices):
         return None
-    res = table.output(out, (int(num_weights), grad_output.shape[-1]), grad_output.dtype)
-    table.run("embedding_backward", [grad_output, indices], [res],
+    res = output_tensor(out, (int(num_weights), grad_output.shape[-1]), grad_output.dtype)
+    run_table("embedding_backward", [grad_output, indices], [res],
               "aten.embedding_dense_backward", num_weights=int(num_weights),
               padding_idx=int(padding_idx), scale_grad_by_freq=bool(scale_grad_by_freq))
     return res
@@ -158,7 +159,7 @@ def _update(op: str, mode: str):
             tensors, params = [self, t1, t2], {"value": value}
         tensors = [as_device_operand(t, self.dtype) if isinstance(t, torch.Tensor) and t.dim() == 0
                    and t.device.type != "xdna" else t for t in tensors]
-        if not table.ok(*tensors, floats_only=op != "addcmul"):
+        if not operands_ok(*tensors, floats_only=op != "addcmul"):
             return None                   # integer addcmul is exact; addcdiv/lerp take floats
         shape = tuple(torch.broadcast_shapes(*[t.shape for t in tensors]))
         if mode == "inplace" and tuple(self.shape) != shape:
@@ -168,9 +169,9 @@ def _update(op: str, mode: str):
         dtype = self.dtype
         for t in tensors[1:]:
             dtype = torch.promote_types(dtype, t.dtype)
-        res = self if mode == "inplace" else table.output(out, shape, out.dtype if out is not None
-                                                          else dtype)
-        table.run(op, views, [res], name, **params)
+        res = self if mode == "inplace" else output_tensor(out, shape, out.dtype if out is not None
+                                                           else dtype)
+        run_table(op, views, [res], name, **params)
         return res
     return kernel
 
@@ -179,11 +180,11 @@ def _update(op: str, mode: str):
 def native_dropout(input, p, train, *, out0=None, out1=None):
     """The keep-mask is drawn by the xdna generator on the host and written to a BO (host-side
     initialisation, as torch.rand on the device); the masking and scaling run on the NPU."""
-    if not table.ok(input, floats_only=True):
+    if not operands_ok(input, floats_only=True):
         return None
     from torch_xdna.device.core import RNG
-    out = table.output(out0, input.shape, input.dtype)
-    mask = table.output(out1, input.shape, torch.bool)
+    out = output_tensor(out0, input.shape, input.dtype)
+    mask = output_tensor(out1, input.shape, torch.bool)
     if train is False or p == 0:
         keep, scale = torch.ones(input.shape, dtype=torch.bool), 1.0
     elif p >= 1:
@@ -193,73 +194,73 @@ def native_dropout(input, p, train, *, out0=None, out1=None):
         scale = 1.0 / (1.0 - p)
     if mask.numel():
         storage.host_view(mask, for_write=True).copy_(keep)
-    table.run("dropout_apply", [input, mask], [out], "aten.native_dropout", scale=float(scale))
+    run_table("dropout_apply", [input, mask], [out], "aten.native_dropout", scale=float(scale))
     return out, mask
 
 
 def native_dropout_backward(grad_output, mask, scale, *, out=None):
-    if not table.ok(grad_output, floats_only=True) or not table.ok(mask):
+    if not operands_ok(grad_output, floats_only=True) or not operands_ok(mask):
         return None
-    res = table.output(out, grad_output.shape, grad_output.dtype)
-    table.run("dropout_backward", [grad_output, mask], [res], "aten.native_dropout_backward",
+    res = output_tensor(out, grad_output.shape, grad_output.dtype)
+    run_table("dropout_backward", [grad_output, mask], [res], "aten.native_dropout_backward",
               scale=float(scale))
     return res
 
 
 def log_sigmoid_forward(self, *, output=None, buffer=None):
-    if not table.ok(self, floats_only=True):
+    if not operands_ok(self, floats_only=True):
         return None
-    out = table.output(output, self.shape, self.dtype)
-    buf = table.output(buffer, self.shape, self.dtype)
-    table.run("log_sigmoid_forward", [self], [out, buf], "aten.log_sigmoid_forward")
+    out = output_tensor(output, self.shape, self.dtype)
+    buf = output_tensor(buffer, self.shape, self.dtype)
+    run_table("log_sigmoid_forward", [self], [out, buf], "aten.log_sigmoid_forward")
     return out, buf
 
 
 def log_sigmoid_backward(grad_output, self, buffer, *, grad_input=None):
-    if not table.ok(grad_output, self, buffer, floats_only=True):
+    if not operands_ok(grad_output, self, buffer, floats_only=True):
         return None
-    res = table.output(grad_input, self.shape, self.dtype)
-    table.run("log_sigmoid_backward", [grad_output.expand(self.shape), self, buffer], [res],
+    res = output_tensor(grad_input, self.shape, self.dtype)
+    run_table("log_sigmoid_backward", [grad_output.expand(self.shape), self, buffer], [res],
               "aten.log_sigmoid_backward")
     return res
 
 
 def smooth_l1_loss(self, target, reduction=1, beta=1.0, *, out=None):
-    if not table.ok(self, target, floats_only=True):
+    if not operands_ok(self, target, floats_only=True):
         return None
     shape = tuple(torch.broadcast_shapes(self.shape, target.shape))
-    res = table.output(out, shape if reduction == 0 else (), self.dtype)
-    table.run("smooth_l1_loss", [self.expand(shape), target.expand(shape)], [res],
+    res = output_tensor(out, shape if reduction == 0 else (), self.dtype)
+    run_table("smooth_l1_loss", [self.expand(shape), target.expand(shape)], [res],
               "aten.smooth_l1_loss", reduction=int(reduction), beta=float(beta))
     return res
 
 
 def smooth_l1_loss_backward(grad_output, self, target, reduction, beta, *, grad_input=None):
-    if not table.ok(grad_output, self, target, floats_only=True):
+    if not operands_ok(grad_output, self, target, floats_only=True):
         return None
-    res = table.output(grad_input, self.shape, self.dtype)
-    table.run("smooth_l1_loss_backward", [grad_output, self, target.expand(self.shape)], [res],
+    res = output_tensor(grad_input, self.shape, self.dtype)
+    run_table("smooth_l1_loss_backward", [grad_output, self, target.expand(self.shape)], [res],
               "aten.smooth_l1_loss_backward", reduction=int(reduction), beta=float(beta))
     return res
 
 
 def binary_cross_entropy(self, target, weight=None, reduction=1, *, out=None):
-    if not table.ok(self, target, weight, floats_only=True):
+    if not operands_ok(self, target, weight, floats_only=True):
         return None
-    res = table.output(out, self.shape if reduction == 0 else (), self.dtype)
+    res = output_tensor(out, self.shape if reduction == 0 else (), self.dtype)
     ins = [self, target] + ([weight.expand(self.shape)] if weight is not None else [])
-    table.run("binary_cross_entropy", ins, [res], "aten.binary_cross_entropy",
+    run_table("binary_cross_entropy", ins, [res], "aten.binary_cross_entropy",
               reduction=int(reduction), has_weight=weight is not None)
     return res
 
 
 def binary_cross_entropy_backward(grad_output, self, target, weight=None, reduction=1, *,
                                   grad_input=None):
-    if not table.ok(grad_output, self, target, weight, floats_only=True):
+    if not operands_ok(grad_output, self, target, weight, floats_only=True):
         return None
-    res = table.output(grad_input, self.shape, self.dtype)
+    res = output_tensor(grad_input, self.shape, self.dtype)
     ins = [grad_output, self, target] + ([weight.expand(self.shape)] if weight is not None else [])
-    table.run("binary_cross_entropy_backward", ins, [res], "aten.binary_cross_entropy_backward",
+    run_table("binary_cross_entropy_backward", ins, [res], "aten.binary_cross_entropy_backward",
               reduction=int(reduction), has_weight=weight is not None)
     return res
 
@@ -291,13 +292,9 @@ def register_ops(reg: Callable) -> None:
     reg(aten.embedding_dense_backward.default, embedding_dense_backward)
     reg(aten.embedding_dense_backward.out, embedding_dense_backward)
     for op in ("addcmul", "addcdiv"):
-        reg(getattr(aten, op).default, _update(op, "functional"))
-        reg(getattr(aten, op).out, _update(op, "out"))
-        reg(getattr(aten, op + "_").default, _update(op, "inplace"))
+        register_modes(reg, op, lambda mode, op=op: _update(op, mode))
     for ov in ("Scalar", "Tensor"):
-        reg(getattr(aten.lerp, ov), _update("lerp", "functional"))
-        reg(getattr(aten.lerp, ov + "_out"), _update("lerp", "out"))
-        reg(getattr(aten.lerp_, ov), _update("lerp", "inplace"))
+        register_modes(reg, "lerp", lambda mode: _update("lerp", mode), ov)
     register_foreach(reg)
     reg(aten.native_dropout.default, native_dropout)
     reg(aten.native_dropout.out, native_dropout)
@@ -334,9 +331,9 @@ def _foreach(overload, base: str, arity: int, inplace: bool, scalars: str, param
         first = lists[0]
         n = len(first)
         dtype = first[0].dtype if n else None
-        good = n > 0 and dtype in table.FLOATS and all(
-            len(lst) == n and all(isinstance(t, torch.Tensor) and t.device.type == "xdna"
-                                  and t.dtype == dtype and t.shape == first[i].shape
+        good = n > 0 and dtype in FLOAT_COMPUTE and all(
+             len(lst) == n and all(isinstance(t, torch.Tensor) and t.device.type == "xdna"
+                                   and t.dtype == dtype and t.shape == first[i].shape
                                   for i, t in enumerate(lst)) for lst in lists)
         if scalars:
             v = rest[0] if rest else kwargs.get("scalar", kwargs.get("scalars",

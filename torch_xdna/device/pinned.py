@@ -42,7 +42,7 @@ class XdnaHooks(torch._C._acc.PrivateUse1Hooks):
 
     def has_primary_context(self, dev_id) -> bool:
         import torch_xdna.runtime as rt
-        return rt._device is not None
+        return rt.device_opened()
 
 
 HOOKS = XdnaHooks()        # kept alive here: the C++ side holds it for the life of the process

@@ -6,6 +6,7 @@ expose a host view (a flat uint8 torch tensor); `Device.sync` is where coherence
 from __future__ import annotations
 
 import itertools
+import math
 from dataclasses import dataclass, field
 from enum import Enum
 
@@ -76,10 +77,7 @@ class TensorArg:
 
     @property
     def numel(self) -> int:
-        n = 1
-        for s in self.shape:
-            n *= s
-        return n
+        return math.prod(self.shape)
 
     @property
     def nbytes(self) -> int:

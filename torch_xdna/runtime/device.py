@@ -5,6 +5,7 @@ talk to a `Device` obtained from :func:`torch_xdna.runtime.get_device`.
 """
 from __future__ import annotations
 
+import os
 import threading
 from abc import ABC, abstractmethod
 from dataclasses import asdict, dataclass, field
@@ -16,6 +17,19 @@ from torch_xdna.hw import Generation
 from torch_xdna.runtime.buffer import Buffer, Coherence, TensorArg
 from torch_xdna.runtime.errors import DeviceOutOfMemory
 from torch_xdna.runtime.launch import Launch, Program
+
+
+def default_memory_budget(gen: Generation) -> int:
+    """NPU-reachable memory: TORCH_XDNA_MEMORY_BUDGET bytes, else the reachable share of RAM."""
+    from torch_xdna.runtime.env import env_number
+    env = env_number("TORCH_XDNA_MEMORY_BUDGET", unit="bytes, e.g. 4e9")
+    if env is not None:
+        return env
+    try:
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError):
+        total = 16 << 30
+    return int(total * gen.reachable_memory_fraction.value)
 
 
 @dataclass

@@ -7,7 +7,9 @@ word reads/writes exactly as the BD fields say). Data moves through the design's
 (depth-bounded, broadcast to every consumer, dims-to/from-stream transforms), mem-tile
 forward/split/join links, and each core's program (loops, acquire/release, kernel calls) runs the
 registered core-kernel references (core_kernels.py) on its tile buffers. Syncs wait for tokens.
-What the chip or driver would reject becomes a named fault (txn_faults.py).
+What the chip or driver would reject becomes a named fault (txn_faults.py). The stream data
+(patterns, pads, BD addressing) is in txn_streams.py, the FIFOs, links and cores in txn_fabric.py;
+this module decodes the stream and schedules them.
 
 Scheduling is cooperative and deterministic: processes (shim channels, links, cores) run until
 none can progress; a sync returns when its token arrives, else the stall is diagnosed.
@@ -17,7 +19,6 @@ from __future__ import annotations
 import itertools
 import struct
 from collections import deque
-from dataclasses import dataclass, field
 from typing import Sequence
 
 import torch
@@ -25,185 +26,14 @@ import torch
 from torch_xdna.array import ir
 from torch_xdna.array import txn as T
 from torch_xdna.hw import aie2p_regs as R
-from torch_xdna.runtime.sim import core_kernels
+from torch_xdna.runtime.sim.txn_fabric import CoreProcess, FifoState, MemTileLink
 from torch_xdna.runtime.sim.txn_faults import (AddressFault, BdBusy, BdExhausted, LockDeadlock,
                                                MissingSync, PatternFault, SyncTimeout,
                                                TaskQueueOverflow, TxnFault)
-
-TORCH_DTYPE = {"bf16": torch.bfloat16, "f32": torch.float32, "i8": torch.int8, "i16": torch.int16,
-               "i32": torch.int32, "u8": torch.uint8, "u32": torch.int32, "i4": torch.uint8,
-               "f16": torch.float16, "i64": torch.int64}
-QUEUE_DEPTH = 4          # hw Generation.shim_task_queue_depth (passed in by the device)
-
-
-def elem_bytes(dtype: str) -> float:
-    return ir.DTYPE_BITS[dtype] / 8
-
-
-# --- index patterns (cached) -----------------------------------------------------------------------
-_IDX: dict[tuple, torch.Tensor] = {}
-
-
-def _pattern_index(dims: ir.Dims, count: int, base: int = 0) -> torch.Tensor:
-    """Element indices of a (size, stride) pattern, outermost first; () = contiguous."""
-    key = (dims, count, base)
-    hit = _IDX.get(key)
-    if hit is not None:
-        return hit
-    if not dims:
-        idx = torch.arange(base, base + count)
-    else:
-        idx = torch.zeros((), dtype=torch.long)
-        for size, stride in dims:
-            idx = idx.unsqueeze(-1) + torch.arange(size) * stride
-        idx = idx.reshape(-1) + base
-        if idx.numel() != count:
-            # a pattern covering fewer/more elements than the buffer: repeat/truncate as the
-            # DMA would wrap; mlir-aie requires equality, so we insist
-            raise PatternFault(f"access pattern {dims} yields {idx.numel()} elements, the object "
-                               f"FIFO element holds {count}")
-    if len(_IDX) > 2048:
-        _IDX.clear()
-    _IDX[key] = idx
-    return idx
-
-
-def _byte_index(elem_idx: torch.Tensor, nbytes: int) -> torch.Tensor:
-    return (elem_idx.unsqueeze(-1) * nbytes + torch.arange(nbytes)).reshape(-1)
-
-
-_BYTES: dict[tuple, tuple[torch.Tensor, int]] = {}
-
-
-def _pattern_bytes(dims: ir.Dims, count: int, base: int, nbytes: int) -> tuple[torch.Tensor, int]:
-    """Byte indices of a pattern of `nbytes`-byte elements and their maximum (cached, like
-    _pattern_index)."""
-    key = (dims, count, base, nbytes)
-    hit = _BYTES.get(key)
-    if hit is None:
-        if len(_BYTES) > 2048:
-            _BYTES.clear()
-        idx = _byte_index(_pattern_index(dims, count, base), nbytes)
-        hit = _BYTES[key] = (idx, int(idx.max()) if idx.numel() else -1)
-    return hit
-
-
-def gather(buf: torch.Tensor, dims: ir.Dims, count: int, dtype: str, base: int = 0) -> torch.Tensor:
-    """Stream bytes read from element buffer `buf` (uint8) with a dims-to-stream pattern."""
-    b = elem_bytes(dtype)
-    if not dims:
-        lo = int(base * b)
-        return buf[lo:lo + int(count * b)]
-    if b < 1:
-        raise PatternFault(f"{dtype} object FIFO with a data-layout transform: sub-byte elements "
-                           f"cannot be re-laid out by the DMA")
-    idx, top = _pattern_bytes(dims, count, base, int(b))
-    if top >= buf.numel():
-        raise PatternFault(f"dims {dims} at offset {base} reach element {top // int(b)} of a "
-                           f"{buf.numel() // int(b)}-element buffer")
-    return buf[idx]
-
-
-def scatter(buf: torch.Tensor, stream: torch.Tensor, dims: ir.Dims, count: int, dtype: str,
-            base: int = 0) -> None:
-    b = elem_bytes(dtype)
-    if not dims:
-        lo = int(base * b)
-        buf[lo:lo + stream.numel()] = stream
-        return
-    buf[_pattern_bytes(dims, count, base, int(b))[0]] = stream
-
-
-_PADS: dict = {}
-
-
-def pad_map(task: ir.DmaTask) -> torch.Tensor | None:
-    """For a task with pad_after: per stream element (one repeat), its data index or -1
-    (cached per task: a design's streams repeat their tasks launch after launch)."""
-    if not task.pad_after or not any(task.pad_after):
-        return None
-    hit = _PADS.get(task)
-    if hit is None:
-        if len(_PADS) > 8192:
-            _PADS.clear()
-        hit = _PADS[task] = _pad_map(task)
-    return hit
-
-
-def _pad_map(task: ir.DmaTask) -> torch.Tensor:
-    block = torch.zeros(1, dtype=torch.long)          # one element, data index 0
-    n_data = 1
-    for s, p in zip(reversed(task.sizes), reversed(task.pad_after)):
-        live = (block >= 0).unsqueeze(0)
-        reps = torch.where(live, block.unsqueeze(0) + (torch.arange(s) * n_data).unsqueeze(1),
-                           block.unsqueeze(0)).reshape(-1)       # s copies, data indices shifted
-        pad = torch.full((p * block.numel(),), -1, dtype=torch.long)
-        block = torch.cat([reps, pad])
-        n_data *= s
-    return block
-
-
-# --- state ---------------------------------------------------------------------------------------
-@dataclass
-class _Task:
-    """One pushed BD execution on a shim channel."""
-
-    op_index: int
-    column: int
-    direction: str
-    channel: int
-    bd_id: int
-    bd: T.ShimBD
-    arg_idx: int
-    offset: int                 # bytes into the host buffer
-    repeat_count: int
-    token: bool
-    ir_task: ir.DmaTask | None
-    done: bool = False
-    freed: bool = False
-    synced: bool = False
-    stream: torch.Tensor | None = None     # MM2S: bytes still to emit
-    pos: int = 0
-    taken: list = field(default_factory=list)   # S2MM: stream pieces received
-    taken_bytes: int = 0
-
-
-class _FifoState:
-    def __init__(self, f: ir.ObjectFifo):
-        self.f = f
-        self.nbytes = f.elem.nbytes
-        self.queues = [deque() for _ in f.consumers]        # stream-form elements per consumer
-        self.pending = [deque() for _ in f.consumers]       # released by producer, not yet moved
-        self.held_produce = 0
-        self.index_of: dict[ir.Tile, int] = {}
-
-    def can_produce(self, n: int = 1) -> bool:
-        inflight = max((len(q) for q in self.pending), default=0)
-        return self.held_produce + inflight + n <= self.f.depth
-
-    def push(self, stream: torch.Tensor) -> None:
-        for p in self.pending:
-            p.append(stream)
-
-    def move(self) -> bool:
-        """The DMA between producer and consumer buffers: pending -> consumer queues."""
-        moved = False
-        for q, p in zip(self.queues, self.pending):
-            while p and len(q) < self.f.depth:
-                q.append(p.popleft())
-                moved = True
-        return moved
-
-    def consumer_index(self, tile: ir.Tile) -> int:
-        hit = self.index_of.get(tile)
-        if hit is not None:
-            return hit
-        try:
-            self.index_of[tile] = self.f.consumers.index(tile)
-            return self.index_of[tile]
-        except ValueError:
-            raise PatternFault(f"object FIFO {self.f.name!r}: {tile.name} is not one of its consumers "
-                               f"({', '.join(t.name for t in self.f.consumers)})") from None
+from torch_xdna.runtime.sim.txn_streams import (QUEUE_DEPTH, ShimTask, StreamCarry, apply_pads,
+                                                bd_box, drop_pads, elem_bytes, pad_map, read_bd,
+                                                task_data_bytes, task_data_elems, word_offsets,
+                                                write_bd)
 
 
 class TxnExecutor:
@@ -220,15 +50,15 @@ class TxnExecutor:
         self.queue_depth = queue_depth
         self.timeout_ms = timeout_ms
         self.fold = fold_ddr_offset
-        self.fifos = {f.name: _FifoState(f) for f in program.fifos}
+        self.fifos = {f.name: FifoState(f) for f in program.fifos}
         self.bds: dict[tuple[int, int], list[int]] = {}
         self.patched: dict[tuple[int, int], tuple[int, int]] = {}
-        self.busy: dict[tuple[int, int], _Task] = {}
-        self.queues: dict[tuple[int, str, int], deque[_Task]] = {}
+        self.busy: dict[tuple[int, int], ShimTask] = {}
+        self.queues: dict[tuple[int, str, int], deque[ShimTask]] = {}
         self.tokens: dict[tuple[int, str, int], int] = {}
-        self.tasks: list[_Task] = []
-        self.open: list[_Task] = []       # tasks not yet freed (or, S2MM, not yet synced)
-        self.carry: dict[tuple[int, str, int], _Carry] = {}
+        self.tasks: list[ShimTask] = []
+        self.open: list[ShimTask] = []       # tasks not yet freed (or, S2MM, not yet synced)
+        self.carry: dict[tuple[int, str, int], StreamCarry] = {}
         self.counts = {"bd_writes": 0, "patches": 0, "pushes": 0, "syncs": 0, "kernel_calls": 0,
                        "mm2s_bytes": 0, "s2mm_bytes": 0}
         # static configuration: which fifo each shim channel feeds/drains, IR tasks per channel
@@ -253,8 +83,8 @@ class TxnExecutor:
         self.op_index = -1                  # pads queued before any op name op -1
         for chan in self.ir_tasks:
             self._flush_pads(chan)
-        self.cores = [_Core(self, c) for c in program.cores]
-        self.links = [_Link(self, ln) for ln in program.links]
+        self.cores = [CoreProcess(self, c) for c in program.cores]
+        self.links = [MemTileLink(self, ln) for ln in program.links]
 
     # --- stream ops ---------------------------------------------------------------------------
     def run(self) -> dict:
@@ -365,12 +195,12 @@ class TxnExecutor:
                     f"{p.channel} already holds {outstanding} unfinished tasks (queue depth "
                     f"{self.queue_depth}); wait on a task before pushing more")
         offset = plus + bd.base_address_low + (bd.base_address_high << 32)
-        task = _Task(k, p.column, p.direction, p.channel, p.bd_id, bd, arg_idx, offset, p.repeat_count,
+        task = ShimTask(k, p.column, p.direction, p.channel, p.bd_id, bd, arg_idx, offset, p.repeat_count,
                      p.issue_token, ir_task)
         self._check_bounds(task)
         if ir_task is not None:
             data_bytes = bd.buffer_length * 4 * (p.repeat_count + 1)
-            want = _data_bytes(ir_task, self._arg_dtype(ir_task))
+            want = task_data_bytes(ir_task, self._arg_dtype(ir_task))
             if data_bytes != want:
                 raise PatternFault(
                     f"xdna txn: op {k} (task-queue push): BD {p.bd_id} on column {p.column} moves {data_bytes} "
@@ -393,9 +223,9 @@ class TxnExecutor:
         """All-padding tasks next in a channel's order: the mem-tile DMA emits (or drops) their
         zeros with no shim BD, so they queue without a push."""
         q = self.ir_tasks.get(chan)
-        while q and _data_elems(q[0]) == 0:
+        while q and task_data_elems(q[0]) == 0:
             pad = q.popleft()
-            self.queues.setdefault(chan, deque()).append(_Task(
+            self.queues.setdefault(chan, deque()).append(ShimTask(
                 self.op_index, chan[0], chan[1], chan[2], -1, T.ShimBD(0), 0, 0, 0, False, pad))
 
     def _arg_dtype(self, t: ir.DmaTask) -> str:
@@ -404,14 +234,14 @@ class TxnExecutor:
                 return a.type.dtype
         raise PatternFault(f"dma task {t.id}: unknown argument {t.arg!r}")
 
-    def _check_bounds(self, task: _Task) -> None:
-        box = _bd_box(task.bd, task.repeat_count)
+    def _check_bounds(self, task: ShimTask) -> None:
+        box = bd_box(task.bd, task.repeat_count)
         if box is not None:
             base, dims = box
             lo = task.offset + base * 4
             hi = lo + (sum((n - 1) * st for n, st in dims) + 1) * 4
         else:
-            offs = _word_offsets(task.bd, task.repeat_count)
+            offs = word_offsets(task.bd, task.repeat_count)
             if offs.numel() == 0:
                 return
             lo = task.offset + int(offs.min()) * 4
@@ -487,7 +317,7 @@ class TxnExecutor:
         progress = False
         fifo = self.fifos[self.chan_fifo[chan]]
         dtype = fifo.f.elem.dtype
-        carry = self.carry.setdefault(chan, _Carry())
+        carry = self.carry.setdefault(chan, StreamCarry())
         if chan[1] == "MM2S":
             for t in q:
                 if t.stream is None:
@@ -524,37 +354,37 @@ class TxnExecutor:
             progress = True
         return progress
 
-    def _complete(self, t: _Task) -> None:
+    def _complete(self, t: ShimTask) -> None:
         t.done = True
         if t.token:
             key = (t.column, t.direction, t.channel)
             self.tokens[key] = self.tokens.get(key, 0) + 1
 
-    def _mm2s_stream(self, t: _Task, dtype: str) -> torch.Tensor:
+    def _mm2s_stream(self, t: ShimTask, dtype: str) -> torch.Tensor:
         if t.bd_id < 0:                       # all-padding task: zeros in its argument's units
             return torch.zeros(int(t.ir_task.stream_elements * elem_bytes(self._arg_dtype(t.ir_task))),
                                dtype=torch.uint8)
-        data = _read_bd(self.host[t.arg_idx], t)
+        data = read_bd(self.host[t.arg_idx], t)
         self.counts["mm2s_bytes"] += data.numel()
         if t.ir_task is not None:
             pm = pad_map(t.ir_task)
             if pm is not None:
-                data = _apply_pads(data, pm, self._arg_dtype(t.ir_task), t.ir_task.repeat)
+                data = apply_pads(data, pm, self._arg_dtype(t.ir_task), t.ir_task.repeat)
         return data
 
-    def _s2mm_need(self, t: _Task, dtype: str) -> int:
+    def _s2mm_need(self, t: ShimTask, dtype: str) -> int:
         if t.ir_task is not None:
             return int(t.ir_task.stream_elements * elem_bytes(self._arg_dtype(t.ir_task)))
         return t.bd.buffer_length * 4 * (t.repeat_count + 1)
 
-    def _s2mm_write(self, t: _Task, stream: torch.Tensor, dtype: str) -> None:
+    def _s2mm_write(self, t: ShimTask, stream: torch.Tensor, dtype: str) -> None:
         if t.bd_id < 0:
             return
         if t.ir_task is not None:
             pm = pad_map(t.ir_task)
             if pm is not None:
-                stream = _drop_pads(stream, pm, self._arg_dtype(t.ir_task), t.ir_task.repeat)
-        _write_bd(self.host[t.arg_idx], t, stream)
+                stream = drop_pads(stream, pm, self._arg_dtype(t.ir_task), t.ir_task.repeat)
+        write_bd(self.host[t.arg_idx], t, stream)
         self.counts["s2mm_bytes"] += stream.numel()
 
     # --- diagnosis ------------------------------------------------------------------------------
@@ -608,383 +438,6 @@ class TxnExecutor:
                 return path
         return []
 
-
-class _Carry:
-    """Bytes in flight on one shim channel's stream, not yet a whole element / task."""
-
-    def __init__(self):
-        self.parts: deque = deque()
-        self.n = 0
-        self.total_in = 0
-        self.total_out = 0
-
-    def put(self, x: torch.Tensor) -> None:
-        if x.numel():
-            self.parts.append(x)
-            self.n += x.numel()
-            self.total_in += x.numel()
-
-    def take(self, n: int) -> torch.Tensor:
-        out, got = [], 0
-        while got < n:
-            x = self.parts.popleft()
-            if got + x.numel() > n:
-                k = n - got
-                out.append(x[:k])
-                self.parts.appendleft(x[k:])
-                got = n
-            else:
-                out.append(x)
-                got += x.numel()
-        self.n -= n
-        self.total_out += n
-        return out[0] if len(out) == 1 else torch.cat(out)
-
-
-def _data_elems(t: ir.DmaTask) -> int:
-    return t.elements
-
-
-def _data_bytes(t: ir.DmaTask, dtype: str) -> int:
-    return int(t.elements * elem_bytes(dtype))
-
-
-def _word_offsets(bd: T.ShimBD, repeat_count: int) -> torch.Tensor:
-    """Word offsets one task touches, in stream order (torch version of txn.bd_word_offsets)."""
-    L = bd.buffer_length
-    if L == 0:
-        return torch.zeros(0, dtype=torch.long)
-    i = torch.arange(L)
-    if bd.d0_size == 0 and bd.d1_size == 0:
-        base = i
-    else:
-        d0, d1 = max(bd.d0_size, 1), max(bd.d1_size, 1)
-        base = (i % d0) * (bd.d0_stride + 1) + ((i // d0) % d1) * (bd.d1_stride + 1) \
-            + (i // (d0 * d1)) * (bd.d2_stride + 1)
-    if repeat_count == 0 and bd.iteration_current == 0:
-        return base
-    wrap = bd.iteration_size + 1
-    step = bd.iteration_stride + 1 if bd.iteration_size else 0
-    it = (torch.arange(repeat_count + 1) + bd.iteration_current) % wrap
-    return (it.unsqueeze(-1) * step + base).reshape(-1)
-
-
-_BOX: dict = {}
-
-
-def _bd_box(bd: T.ShimBD, repeat_count: int):
-    """The words _word_offsets enumerates as a strided box: (base word, ((size, stride), ...)
-    outermost first), or None when the pattern is not one (a partial d2 run, iterations that
-    wrap). Cached per BD and repeat count."""
-    key = (bd, repeat_count)
-    hit = _BOX.get(key, False)
-    if hit is not False:
-        return hit
-    box = None
-    L = bd.buffer_length
-    if L:
-        if bd.d0_size == 0 and bd.d1_size == 0:
-            inner = ((L, 1),)
-        else:
-            d0, d1 = max(bd.d0_size, 1), max(bd.d1_size, 1)
-            inner = ((L // (d0 * d1), bd.d2_stride + 1), (d1, bd.d1_stride + 1),
-                     (d0, bd.d0_stride + 1)) if L % (d0 * d1) == 0 else None
-        if inner is not None:
-            wrap = bd.iteration_size + 1
-            step = bd.iteration_stride + 1 if bd.iteration_size else 0
-            if repeat_count == 0:
-                box = ((bd.iteration_current % wrap) * step, inner)
-            elif step == 0:
-                box = (0, ((repeat_count + 1, 0),) + inner)
-            elif bd.iteration_current + repeat_count < wrap:
-                box = (bd.iteration_current * step, ((repeat_count + 1, step),) + inner)
-    if len(_BOX) > 8192:
-        _BOX.clear()
-    _BOX[key] = box
-    return box
-
-
-def _bd_view(buf: torch.Tensor, t: _Task):
-    """The task's bytes of host buffer `buf` as a strided view (sizes..., 4), or None."""
-    box = _bd_box(t.bd, t.repeat_count)
-    if box is None or buf.dim() != 1 or not buf.is_contiguous():
-        return None
-    base, dims = box
-    sizes = tuple(n for n, _ in dims) + (4,)
-    strides = tuple(4 * st for _, st in dims) + (1,)
-    return buf.as_strided(sizes, strides, buf.storage_offset() + t.offset + 4 * base)
-
-
-def _read_bd(buf: torch.Tensor, t: _Task) -> torch.Tensor:
-    """MM2S: the bytes one pushed BD reads, in stream order (a copy)."""
-    v = _bd_view(buf, t)
-    if v is None:
-        return buf[_byte_offsets(t)]
-    out = torch.empty(v.shape, dtype=buf.dtype)
-    out.copy_(v)
-    return out.reshape(-1)
-
-
-def _write_bd(buf: torch.Tensor, t: _Task, stream: torch.Tensor) -> None:
-    """S2MM: write the stream bytes where the BD's pattern says (index writes when a stride-0
-    dimension would write one word several times)."""
-    v = _bd_view(buf, t)
-    if v is None or any(st == 0 and n > 1 for n, st in zip(v.shape, v.stride())):
-        buf[_byte_offsets(t)] = stream
-        return
-    v.copy_(stream.view(v.shape))
-
-
-def _byte_offsets(t: _Task) -> torch.Tensor:
-    w = _word_offsets(t.bd, t.repeat_count)
-    return (w.unsqueeze(-1) * 4 + t.offset + torch.arange(4)).reshape(-1)
-
-
-_PAD_IDX: dict = {}
-
-
-def _pad_index(pm: torch.Tensor, b: int, repeat: int, n_data: int, drop: bool) -> torch.Tensor:
-    """Byte gather index of a padded stream (from the data bytes and one zero element at the
-    end) or, drop=True, of the data bytes within a padded stream; cached per pad map."""
-    key = (pm.data_ptr(), pm.numel(), b, repeat, n_data, drop)
-    hit = _PAD_IDX.get(key)
-    if hit is not None and hit[0] is pm:
-        return hit[1]
-    if drop:
-        full = pm.repeat(repeat) if repeat > 1 else pm
-        idx = _byte_index(torch.nonzero(full >= 0).reshape(-1), b)
-    else:
-        per = int((pm >= 0).sum())
-        full = torch.cat([torch.where(pm >= 0, pm + r * per, pm) for r in range(repeat)]) \
-            if repeat > 1 else pm
-        idx = _byte_index(torch.where(full >= 0, full, torch.full_like(full, n_data)), b)
-    if len(_PAD_IDX) > 8192:
-        _PAD_IDX.clear()
-    _PAD_IDX[key] = (pm, idx)            # pm kept alive: its address cannot be reused
-    return idx
-
-
-def _apply_pads(data: torch.Tensor, pm: torch.Tensor, dtype: str, repeat: int) -> torch.Tensor:
-    b = elem_bytes(dtype)
-    if b < 1:
-        raise PatternFault(f"zero padding of sub-byte ({dtype}) elements is not supported by the DMA")
-    b = int(b)
-    src = torch.cat([data, torch.zeros(b, dtype=torch.uint8)])
-    return src[_pad_index(pm, b, repeat, data.numel() // b, False)]
-
-
-def _drop_pads(stream: torch.Tensor, pm: torch.Tensor, dtype: str, repeat: int) -> torch.Tensor:
-    b = int(elem_bytes(dtype))
-    return stream[_pad_index(pm, b, repeat, 0, True)]
-
-
-# --- mem-tile links --------------------------------------------------------------------------------
-class _Link:
-    """A mem-tile forward / split / join: consumes one element of each source, produces one of
-    each destination, with the destinations' dims-to-stream applied to the mem-tile buffer."""
-
-    def __init__(self, ex: TxnExecutor, ln: ir.FifoLink):
-        self.ex, self.ln = ex, ln
-        self.srcs = [ex.fifos[s] for s in ln.srcs]
-        self.dsts = [ex.fifos[d] for d in ln.dsts]
-        mem = self.srcs[0].f.consumers
-        self.tile = next((t for t in mem if t.kind == "mem"), mem[0])
-        self.src_ci = [s.consumer_index(self.tile) for s in self.srcs]
-        self.waiting = ""
-        self.held: list | None = None      # emits > 1: the destinations' streams of the held element
-        self.sent = 0
-
-    def step(self) -> bool:
-        progress = False
-        while True:
-            if not all(s.queues[ci] for s, ci in zip(self.srcs, self.src_ci)):
-                self.waiting = f"mem-tile link {self.ln.srcs}->{self.ln.dsts} waits for input"
-                return progress
-            if not all(d.can_produce() for d in self.dsts):
-                self.waiting = f"mem-tile link {self.ln.srcs}->{self.ln.dsts} waits for space"
-                return progress
-            self.waiting = ""
-            if self.ln.emits > 1:
-                self._emit_next()
-                progress = True
-                continue
-            ins = [s.queues[ci].popleft() for s, ci in zip(self.srcs, self.src_ci)]
-            if len(self.srcs) == 1:
-                buf = self._layout(self.srcs[0], self.src_ci[0], ins[0])
-                offs = self.ln.dst_offsets or self.ln.src_offsets or (0,) * len(self.dsts)
-                for d, off in zip(self.dsts, offs):
-                    d.push(gather(buf, d.f.dims_to_stream, d.f.elem.numel, d.f.elem.dtype, off).clone())
-            else:
-                d = self.dsts[0]
-                buf = torch.zeros(d.nbytes, dtype=torch.uint8)
-                offs = self.ln.src_offsets or self.ln.dst_offsets
-                for s, ci, x, off in zip(self.srcs, self.src_ci, ins, offs):
-                    dims = s.f.dims_from_stream[ci] if s.f.dims_from_stream else ()
-                    scatter(buf, x, dims, s.f.elem.numel, s.f.elem.dtype, off)
-                d.push(gather(buf, d.f.dims_to_stream, d.f.elem.numel, d.f.elem.dtype).clone())
-            progress = True
-
-    def _emit_next(self) -> None:
-        """A re-streaming split/forward: the source element stays held (it keeps its buffer
-        slot) while each destination's pattern walks it as `emits` elements, one per step."""
-        s, ci = self.srcs[0], self.src_ci[0]
-        if self.held is None:
-            buf = self._layout(s, ci, s.queues[ci][0])
-            offs = self.ln.dst_offsets or self.ln.src_offsets or (0,) * len(self.dsts)
-            self.held = [gather(buf, d.f.dims_to_stream, d.f.elem.numel * self.ln.emits,
-                                d.f.elem.dtype, off) for d, off in zip(self.dsts, offs)]
-            self.sent = 0
-        for d, whole in zip(self.dsts, self.held):
-            n = d.nbytes
-            d.push(whole[self.sent * n:(self.sent + 1) * n].clone())
-        self.sent += 1
-        if self.sent == self.ln.emits:
-            s.queues[ci].popleft()
-            self.held = None
-
-    @staticmethod
-    def _layout(s: _FifoState, ci: int, stream: torch.Tensor) -> torch.Tensor:
-        dims = s.f.dims_from_stream[ci] if s.f.dims_from_stream else ()
-        if not dims:
-            return stream
-        buf = torch.zeros(s.nbytes, dtype=torch.uint8)
-        scatter(buf, stream, dims, s.f.elem.numel, s.f.elem.dtype)
-        return buf
-
-
-# --- cores -----------------------------------------------------------------------------------------
-class _Core:
-    """A compute core running its program: a generator that yields whenever it blocks."""
-
-    def __init__(self, ex: TxnExecutor, body: ir.CoreBody):
-        self.ex, self.body, self.tile = ex, body, body.tile
-        self.held: dict[tuple[str, str], deque] = {}
-        self.ring: dict[str, deque] = {}
-        self.blocked: tuple[str, str] | None = None
-        self.waiting = ""
-        self.ops_done = 0
-        self.gen = self._run(body.body)
-        self.finished = False
-        self.ports: dict[str, str] = {}         # fifo -> this core's side of it
-
-    def step(self) -> bool:
-        if self.finished:
-            return False
-        before = self.ops_done
-        try:
-            next(self.gen)
-        except StopIteration:
-            self.finished = True
-            self.blocked = None
-            return self.ops_done != before or True
-        return self.ops_done != before
-
-    def _run(self, ops):
-        for op in ops:
-            if isinstance(op, ir.Loop):
-                counter = itertools.count() if op.count is None else range(op.count)
-                for _ in counter:
-                    yield from self._run(op.body)
-            elif isinstance(op, ir.Acquire):
-                yield from self._acquire(op)
-            elif isinstance(op, ir.Release):
-                self._release(op)
-            elif isinstance(op, ir.Call):
-                self._call(op)
-            self.ops_done += 1
-
-    def _acquire(self, op: ir.Acquire):
-        fs = self.ex.fifos[op.fifo]
-        held = self.held.setdefault((op.fifo, op.port), deque())
-        while len(held) < op.n:
-            if op.port == "consume":
-                ci = fs.consumer_index(self.tile)
-                q = fs.queues[ci]
-                if q:
-                    stream = q.popleft()
-                    dims = fs.f.dims_from_stream[ci] if fs.f.dims_from_stream else ()
-                    if dims:
-                        buf = torch.zeros(fs.nbytes, dtype=torch.uint8)
-                        scatter(buf, stream, dims, fs.f.elem.numel, fs.f.elem.dtype)
-                    else:
-                        buf = stream.clone()
-                    held.append(buf)
-                    continue
-            else:
-                if fs.f.producer != self.tile:
-                    raise PatternFault(f"{self.tile.name} acquires {op.fifo!r} to produce, but its producer is "
-                                       f"{fs.f.producer.name}")
-                if fs.can_produce():
-                    ring = self.ring.setdefault(op.fifo, deque(
-                        torch.zeros(fs.nbytes, dtype=torch.uint8) for _ in range(fs.f.depth)))
-                    buf = ring[0]
-                    ring.rotate(-1)
-                    held.append(buf)
-                    fs.held_produce += 1
-                    continue
-            self.blocked = (op.fifo, op.port)
-            self.waiting = f"{self.tile.name} blocked acquiring {op.fifo!r} ({op.port})"
-            yield
-        self.blocked = None
-        self.waiting = ""
-
-    def _release(self, op: ir.Release) -> None:
-        fs = self.ex.fifos[op.fifo]
-        held = self.held.get((op.fifo, op.port), deque())
-        if len(held) < op.n:
-            raise LockDeadlock(f"xdna txn: {self.tile.name} releases {op.n} element(s) of {op.fifo!r} "
-                               f"({op.port}) but holds {len(held)}: the lock would go negative")
-        for _ in range(op.n):
-            buf = held.popleft()
-            if op.port == "produce":
-                fs.held_produce -= 1
-                fs.push(gather(buf, fs.f.dims_to_stream, fs.f.elem.numel, fs.f.elem.dtype).clone())
-
-    def _call(self, op: ir.Call) -> None:
-        fn = core_kernels.lookup(op.kernel)
-        args = []
-        for a in op.args:
-            if isinstance(a, ir.FifoElem):
-                fs = self.ex.fifos[a.fifo]
-                port = self.ports.get(a.fifo)
-                if port is None:
-                    port = self.ports[a.fifo] = "produce" if fs.f.producer == self.tile else "consume"
-                held = self.held.get((a.fifo, port), deque())
-                if a.index >= len(held):
-                    raise LockDeadlock(f"xdna txn: {self.tile.name} calls {op.kernel} on element {a.index} "
-                                       f"of {a.fifo!r} without holding it (acquired {len(held)})")
-                args.append(_typed(held[a.index], fs.f.elem))
-            elif isinstance(a, ir.BufferRef):
-                ty = self.ex.buffer_types.get(a.name)
-                if ty is None:
-                    ty = self.ex.p.buffer(a.name).type          # raises, naming the buffer
-                args.append(_typed(self.ex.buffers[a.name], ty))
-            elif isinstance(a, ir.Const):
-                args.append(a.value)
-            elif isinstance(a, ir.ScalarRef):
-                args.append(self._scalar(a.name))
-        if getattr(fn, "wants_call", False):     # references that need the call's argument kinds
-            fn(*args, call=op, program=self.ex.p)
-        else:
-            fn(*args)
-        self.ex.counts["kernel_calls"] += 1
-
-    def _scalar(self, name: str):
-        if name in self.ex.scalars:
-            return self.ex.scalars[name]
-        try:
-            b = self.ex.p.buffer(name)
-        except KeyError:
-            raise PatternFault(f"xdna txn: {self.tile.name}: scalar {name!r} is neither a launch scalar nor "
-                               f"an RTP buffer") from None
-        return _typed(self.ex.buffers[name], b.type).reshape(-1)[0].item()
-
-
-def _typed(buf: torch.Tensor, t: ir.TensorType) -> torch.Tensor:
-    dt = TORCH_DTYPE[t.dtype]
-    if t.dtype == "i4":
-        return buf                       # packed nibbles: the kernel unpacks
-    return buf.view(dt).reshape(t.shape)
 
 
 # --- entry point ---------------------------------------------------------------------------------

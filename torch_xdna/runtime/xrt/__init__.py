@@ -73,7 +73,7 @@ def open_xrt_device(required: bool, *, system=None, pyxrt=None, artifacts=None):
             return None
         raise BackendUnavailable("TORCH_XDNA_BACKEND=xrt but the NPU cannot be used: "
                                  + "; ".join(missing) + ". " + HINT)
-    from torch_xdna.runtime import default_memory_budget
+    from torch_xdna.runtime.device import default_memory_budget
     from torch_xdna.runtime.xrt.device import XrtDevice
     try:
         return XrtDevice(npu.generation, default_memory_budget(npu.generation), xrt, store)
