@@ -28,7 +28,7 @@ from torch_xdna.hw import Generation
 from torch_xdna.kernels import numerics
 from torch_xdna.kernels.base import Design, ceil_div, numel
 from torch_xdna.kernels.capacity import DmaTransfer, check_dma, check_plan, lanes, need
-from torch_xdna.kernels.ops.dma import _dma_plan
+from torch_xdna.kernels.ops.dma import dma_runs_plan
 from torch_xdna.runtime.plan import Plan
 
 aten = torch.ops.aten
@@ -320,14 +320,14 @@ class MoveDesign(Design):
             # one BD per source row lands at its offset; the mem tile's MM2S padding (or a
             # constant fill of the output BDs) supplies the border
             w = self.in_shape[-1] if self.in_shape else 1
-            return _dma_plan(gen, label, "move", numel(self.in_shape[:-1]), w, item,
+            return dma_runs_plan(gen, label, "move", numel(self.in_shape[:-1]), w, item,
                              numel(self.in_shape) * item, total)
         h, w = self.in_shape[-2], self.in_shape[-1]
         if self.op == "upsample_nearest":
             fh, fw = self.factor
             rows = numel(self.in_shape[:-1]) * fh           # one BD per output row: (w, fw) repeat
             check_dma(gen, label, (DmaTransfer("nearest row (w, repeat)", (w, fw), (1, 0)),))
-            return _dma_plan(gen, label, "move", rows, w * fw, item, numel(self.in_shape) * item,
+            return dma_runs_plan(gen, label, "move", rows, w * fw, item, numel(self.in_shape) * item,
                              total)
         r = self.factor[0]
         if self.op == "pixel_shuffle":
@@ -338,5 +338,5 @@ class MoveDesign(Design):
             runs = numel(self.out_shape[:-2])
             t = DmaTransfer("sub-pixel plane (h, w)", (oh, ow), (r * r * ow, r))
         check_dma(gen, label, (t,))
-        return _dma_plan(gen, label, "move", runs, numel(self.in_shape[-2:]) if self.op ==
+        return dma_runs_plan(gen, label, "move", runs, numel(self.in_shape[-2:]) if self.op ==
                          "pixel_shuffle" else numel(self.out_shape[-2:]), item, total, total)
