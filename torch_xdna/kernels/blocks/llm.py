@@ -81,11 +81,12 @@ class EmbedDesign(Design):
     group: int
     scale: float = 1.0
     kind = "llm_embed"
+    family = "llm"                     # the name's prefix
     tables_per_row = 1
 
     @property
     def name(self) -> str:
-        return f"llm.embed[{self.precision}]"
+        return f"{self.family}.embed[{self.precision}]"
 
     @inference_mode
     def reference(self, inputs, outputs, pos: int = 0, n: int | None = None, **_: Any) -> None:
@@ -108,7 +109,26 @@ class EmbedDesign(Design):
 
 
 @dataclass(frozen=True)
-class AttentionBlockDesign(Design):
+class DecoderBlockDesign(Design):
+    """What the decoder blocks share: rows of width `hidden` in, an RMSNorm (eps, weight
+    offset) first, weights stored in `precision` (scale groups of `group`). Named
+    llm.<label>[precision]."""
+
+    hidden: int
+    rows: int
+    precision: str
+    group: int
+    eps: float
+    norm_offset: float
+    label = "block"
+
+    @property
+    def name(self) -> str:
+        return f"llm.{self.label}[{self.precision}]"
+
+
+@dataclass(frozen=True)
+class AttentionBlockDesign(DecoderBlockDesign):
     """out[:n] = x + [post_norm](o_proj(attn(rope(qk_norm(qkv(norm(x))))))), writing K/V rows
     pos..pos+n-1 into the cache first.
 
@@ -122,12 +142,6 @@ class AttentionBlockDesign(Design):
     context up to the cache capacity plans.
     """
 
-    hidden: int
-    rows: int
-    precision: str
-    group: int
-    eps: float
-    norm_offset: float
     heads: int
     kv_heads: int
     head_dim: int
@@ -141,14 +155,11 @@ class AttentionBlockDesign(Design):
     kv_dtype: str = "bf16"      # KV storage: bf16 (fp32 in verification mode) or int8 + scales
     kv_tile: int = 0            # keys per K/V tile (0: kv_tile_for(head_dim))
     kind = "llm_attention"
+    label = "attention"
 
     def __post_init__(self):
         if self.kv_dtype not in KV_DTYPES:
             raise ValueError(f"unknown kv_dtype {self.kv_dtype!r}; use one of {', '.join(KV_DTYPES)}")
-
-    @property
-    def name(self) -> str:
-        return f"llm.attention[{self.precision}]"
 
     @property
     def tkv(self) -> int:
@@ -283,27 +294,18 @@ class AttentionBlockDesign(Design):
 
 
 @dataclass(frozen=True)
-class MlpBlockDesign(Design):
+class MlpBlockDesign(DecoderBlockDesign):
     """out[:n] = x + [post_norm](down(act(gate(norm(x))) * up(norm(x)))).
 
     inputs: x [rows,H] fp32, mlp_norm [H], *w_gate_up [2I, H], *w_down [H, I], (post_norm [H])?
     outputs: out [rows,H] fp32 (may alias x)
     """
 
-    hidden: int
-    rows: int
-    precision: str
-    group: int
-    eps: float
-    norm_offset: float
     intermediate: int
     act: str = "silu"
     post_norm: bool = False
     kind = "llm_mlp"
-
-    @property
-    def name(self) -> str:
-        return f"llm.mlp[{self.precision}]"
+    label = "mlp"
 
     @inference_mode
     def reference(self, inputs, outputs, pos: int = 0, n: int | None = None, **_: Any) -> None:
@@ -337,25 +339,16 @@ class MlpBlockDesign(Design):
 
 
 @dataclass(frozen=True)
-class HeadDesign(Design):
+class HeadDesign(DecoderBlockDesign):
     """logits[0] = softcap(lm_head(norm(x[n-1]))) for the last valid row.
 
     inputs: x [rows,H] fp32, final_norm [H], *w_lm [V, H]; outputs: logits [1, V] fp32
     """
 
-    hidden: int
-    rows: int
-    precision: str
-    group: int
-    eps: float
-    norm_offset: float
     vocab: int
     softcap: float | None = None
     kind = "llm_head"
-
-    @property
-    def name(self) -> str:
-        return f"llm.head[{self.precision}]"
+    label = "head"
 
     @inference_mode
     def reference(self, inputs, outputs, pos: int = 0, n: int | None = None, **_: Any) -> None:

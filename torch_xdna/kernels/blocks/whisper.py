@@ -48,6 +48,21 @@ def _check(precision: str) -> None:
                          f"{', '.join(WHISPER_PRECISIONS)}")
 
 
+class WhisperBlockDesign(Design):
+    """What the Whisper blocks share: a precision of WHISPER_PRECISIONS (checked when built),
+    named whisper.<label>[precision]. Subclasses are frozen dataclasses."""
+
+    label = "block"
+    precision: str
+
+    def __post_init__(self):
+        _check(self.precision)
+
+    @property
+    def name(self) -> str:
+        return f"whisper.{self.label}[{self.precision}]"
+
+
 class _Num:
     """The arithmetic of one precision: rounding of operands, resident weights as operands."""
 
@@ -83,7 +98,7 @@ def _heads(t: torch.Tensor, heads: int) -> torch.Tensor:
 
 # -- encoder -------------------------------------------------------------------------------------
 @dataclass(frozen=True)
-class WhisperStemDesign(Design):
+class WhisperStemDesign(WhisperBlockDesign):
     """x = gelu(conv2(gelu(conv1(mel)))) ^T + pos.  inputs: mel [M, 2S], w1 [H,M,3], b1 [H],
     w2 [H,H,3], b2 [H], pos [S,H]; outputs: x [S,H] fp32."""
 
@@ -92,13 +107,7 @@ class WhisperStemDesign(Design):
     hidden: int
     precision: str
     kind = "whisper_stem"
-
-    def __post_init__(self):
-        _check(self.precision)
-
-    @property
-    def name(self) -> str:
-        return f"whisper.stem[{self.precision}]"
+    label = "stem"
 
     def conv_plans(self, gen: Generation) -> list[Plan]:
         """Both convolutions, each tiled along time so a tile's input band fits the mem tile:
@@ -142,7 +151,7 @@ def _time_tiled(gen: Generation, c_in: int, frames: int, c_out: int, stride: int
 
 
 @dataclass(frozen=True)
-class WhisperEncoderLayerDesign(Design):
+class WhisperEncoderLayerDesign(WhisperBlockDesign):
     """out = y + fc2(act(fc1(LN2(y)))), y = x + o(attn(qkv(LN1(x)))) (full, non-causal).
 
     inputs: x [S,H], ln1_w, ln1_b, w_qkv [3H,H], b_qkv [3H], w_o [H,H], b_o [H], ln2_w, ln2_b,
@@ -156,13 +165,7 @@ class WhisperEncoderLayerDesign(Design):
     eps: float = 1e-5
     act: str = "gelu"
     kind = "whisper_encoder_layer"
-
-    def __post_init__(self):
-        _check(self.precision)
-
-    @property
-    def name(self) -> str:
-        return f"whisper.encoder_layer[{self.precision}]"
+    label = "encoder_layer"
 
     @inference_mode
     def reference(self, inputs, outputs, **_: Any) -> None:
@@ -190,7 +193,7 @@ class WhisperEncoderLayerDesign(Design):
 
 
 @dataclass(frozen=True)
-class WhisperCrossKVDesign(Design):
+class WhisperCrossKVDesign(WhisperBlockDesign):
     """One decoder layer's cross-attention K = enc Wk, V = enc Wv + bv, as [heads, S, D] caches.
     With final_norm, first enc = LN(x) is computed into the enc buffer (the first launch).
 
@@ -203,13 +206,7 @@ class WhisperCrossKVDesign(Design):
     final_norm: bool
     eps: float = 1e-5
     kind = "whisper_cross_kv"
-
-    def __post_init__(self):
-        _check(self.precision)
-
-    @property
-    def name(self) -> str:
-        return f"whisper.cross_kv[{self.precision}]"
+    label = "cross_kv"
 
     @inference_mode
     def reference(self, inputs, outputs, **_: Any) -> None:
@@ -242,11 +239,8 @@ class WhisperEmbedDesign(EmbedDesign):
     Numerics: transformers' (the table rows as stored, not rounded to operands)."""
 
     kind = "whisper_embed"
+    family = "whisper"
     tables_per_row = 2
-
-    @property
-    def name(self) -> str:
-        return f"whisper.embed[{self.precision}]"
 
     @inference_mode
     def reference(self, inputs, outputs, pos: int = 0, n: int | None = None, **_: Any) -> None:
@@ -259,7 +253,7 @@ class WhisperEmbedDesign(EmbedDesign):
 
 
 @dataclass(frozen=True)
-class WhisperDecoderLayerDesign(Design):
+class WhisperDecoderLayerDesign(WhisperBlockDesign):
     """One decoder layer for rows pos..pos+n-1:
         y = x + o(self_attn(qkv(LN1(x)), KV cache))      (K/V rows written at pos first)
         z = y + co(cross_attn(cq(LN2(y)), cross K/V))
@@ -280,13 +274,7 @@ class WhisperDecoderLayerDesign(Design):
     eps: float = 1e-5
     act: str = "gelu"
     kind = "whisper_decoder_layer"
-
-    def __post_init__(self):
-        _check(self.precision)
-
-    @property
-    def name(self) -> str:
-        return f"whisper.decoder_layer[{self.precision}]"
+    label = "decoder_layer"
 
     @inference_mode
     def reference(self, inputs, outputs, pos: int = 0, n: int | None = None, **_: Any) -> None:
@@ -346,7 +334,7 @@ class WhisperDecoderLayerDesign(Design):
 
 
 @dataclass(frozen=True)
-class WhisperHeadDesign(Design):
+class WhisperHeadDesign(WhisperBlockDesign):
     """logits[0] = LN(x[n-1]) @ E^T (the output projection tied to the token embedding).
     inputs: x [rows,H], ln_w, ln_b, proj [V,H]; outputs: logits [1,V] fp32."""
 
@@ -356,10 +344,7 @@ class WhisperHeadDesign(Design):
     precision: str
     eps: float = 1e-5
     kind = "whisper_head"
-
-    @property
-    def name(self) -> str:
-        return f"whisper.head[{self.precision}]"
+    label = "head"
 
     @inference_mode
     def reference(self, inputs, outputs, pos: int = 0, n: int | None = None, **_: Any) -> None:
