@@ -123,8 +123,24 @@ WINDOW_OPS: dict[str, tuple[Callable, str, float]] = {
 }
 
 
+class OpDesign(Design):
+    """A design keyed by its `op` (one of the class's `ops`, checked when built) and named by it.
+    Subclasses are frozen dataclasses with an `op` field."""
+
+    ops: tuple = ()
+
+    def __post_init__(self):
+        if self.op not in self.ops:
+            raise ValueError(f"{type(self).__name__} op {self.op!r} unknown; known: "
+                             f"{', '.join(self.ops)}")
+
+    @property
+    def name(self) -> str:
+        return self.op
+
+
 @dataclass(frozen=True)
-class WindowDesign(Design):
+class WindowDesign(OpDesign):
     """One CNN window op (see WINDOW_OPS) over fixed NCHW shapes; several outputs allowed."""
 
     op: str
@@ -134,14 +150,7 @@ class WindowDesign(Design):
     out_dtypes: tuple
     params: tuple = ()               # sorted (name, value)
     kind = "window"
-
-    def __post_init__(self):
-        if self.op not in WINDOW_OPS:
-            raise ValueError(f"WindowDesign op {self.op!r} unknown; known: {', '.join(WINDOW_OPS)}")
-
-    @property
-    def name(self) -> str:
-        return self.op
+    ops = WINDOW_OPS
 
     def reference(self, inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor],
                   **scalars: Any) -> None:
@@ -274,7 +283,7 @@ MOVE_OPS = ("pixel_shuffle", "pixel_unshuffle", "upsample_nearest", "constant_pa
 
 
 @dataclass(frozen=True)
-class MoveDesign(Design):
+class MoveDesign(OpDesign):
     """Pure data movement, bit exact in every dtype: pixel_shuffle / pixel_unshuffle by `factor`,
     nearest upsampling by integer factors, constant padding. The shim DMA reads the source contiguously; the
     mem tile's write descriptors scatter each source row to its strided place in the output
@@ -289,14 +298,7 @@ class MoveDesign(Design):
     pads: tuple = ()                 # constant_pad: F.pad order; negative crops
     value: float = 0.0
     kind = "move"
-
-    def __post_init__(self):
-        if self.op not in MOVE_OPS:
-            raise ValueError(f"MoveDesign op {self.op!r} unknown; known: {', '.join(MOVE_OPS)}")
-
-    @property
-    def name(self) -> str:
-        return self.op
+    ops = MOVE_OPS
 
     def reference(self, inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor],
                   **scalars: Any) -> None:
