@@ -263,7 +263,8 @@ class AttentionBlockDesign(DecoderBlockDesign):
         fixed = self.__dict__.setdefault("_fixed_stages", {})   # the KV-independent stages
         if gen.name not in fixed:
             fixed[gen.name] = (
-                vector_plan(gen, "rms_norm", m, h), gemm_plan(gen, m, h, qkv_n, self.precision, group=self.group),
+                vector_plan(gen, "rms_norm", m, h),
+                gemm_plan(gen, m, h, qkv_n, self.precision, group=self.group),
                 vector_plan(gen, "mul", m, qkv_n, 2),
                 gemm_plan(gen, m, self.heads * d, h, self.precision, group=self.group))
         norm, qkv, rope, o_proj = fixed[gen.name]
@@ -328,7 +329,8 @@ class MlpBlockDesign(DecoderBlockDesign):
     def plan(self, gen: Generation) -> Plan:
         name = f"{self.name} rows={self.rows}"
         m, h, f = self.rows, self.hidden, self.intermediate
-        stages = [vector_plan(gen, "rms_norm", m, h), gemm_plan(gen, m, h, 2 * f, self.precision, group=self.group),
+        stages = [vector_plan(gen, "rms_norm", m, h),
+                  gemm_plan(gen, m, h, 2 * f, self.precision, group=self.group),
                   vector_plan(gen, self.act, m, f), vector_plan(gen, "mul", m, f, 2),
                   gemm_plan(gen, m, f, h, self.precision, group=self.group)]
         w = (weight_bytes(2 * f, h, self.precision, self.group)

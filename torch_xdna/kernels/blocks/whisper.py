@@ -318,7 +318,8 @@ class WhisperDecoderLayerDesign(WhisperBlockDesign):
                   gemm_plan(gen, m, d, cross_keys, "bf16", batch=nh),
                   vector_plan(gen, "softmax", m * nh, cross_keys),
                   gemm_plan(gen, m, cross_keys, d, "bf16", batch=nh), gemm_plan(gen, m, h, h, dt),
-                  layer_norm_design(m, h, self.eps).plan(gen), gemm_plan(gen, m, h, f, dt), vector_plan(gen, "gelu", m, f),
+                  layer_norm_design(m, h, self.eps).plan(gen), gemm_plan(gen, m, h, f, dt),
+                  vector_plan(gen, "gelu", m, f),
                   gemm_plan(gen, m, f, h, dt)]
         w = weight_bytes(3 * h, h, p) + 3 * weight_bytes(h, h, p) + 2 * weight_bytes(f, h, p)
         small = (6 * h + 6 * h + f + h) * (4 if p == "fp32" else 2)     # norms + biases
