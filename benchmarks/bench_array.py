@@ -121,7 +121,7 @@ def fused_layer_streams(precision: str = "bf16", capacity: int = 1024) -> dict:
 def _layer_inputs(layer, positions: int, g) -> list[torch.Tensor]:
     """Random inputs of a fused layer; int8 / int4 weights quantized as the engine stores them."""
     from torch_xdna.kernels import quant
-    from torch_xdna.kernels.blocks.llm import default_group
+    from torch_xdna.kernels.blocks.weights import default_group
     a, m = layer.attention, layer.mlp
     h, d, hq, hkv, f = a.hidden, a.head_dim, a.heads, a.kv_heads, m.intermediate
 

@@ -35,7 +35,7 @@ from torch_xdna.engine.llm.estimate import estimate, resolve_spec
 from torch_xdna.engine.llm.generate import GenerationConfig, load_decoder
 from torch_xdna.engine.llm.quantize import quantize
 from torch_xdna.hw import get_generation
-from torch_xdna.kernels.blocks.llm import OPERANDS
+from torch_xdna.kernels.blocks.operands import OPERANDS
 from torch_xdna.models.loader import site_names
 from torch_xdna.runtime.sim.cost import stream_bandwidth
 from torch_xdna.runtime.sim import SimDevice

@@ -44,7 +44,8 @@ from torch_xdna.engine.llm.estimate import resolve_spec
 from torch_xdna.engine.llm.generate import GenerationConfig, load_decoder
 from torch_xdna.engine.llm.prefix_cache import BLOCK
 from torch_xdna.hw import get_generation
-from torch_xdna.kernels.blocks.llm import OPERANDS, rows_bucket
+from torch_xdna.kernels.blocks.llm import rows_bucket
+from torch_xdna.kernels.blocks.operands import OPERANDS
 from torch_xdna.runtime.sim import SimDevice
 from torch_xdna.runtime.sim.cost import CostModel
 

@@ -18,7 +18,7 @@ from torch_xdna.kernels import numerics, quant
 from torch_xdna.kernels.aie import KERNELS, SOURCES, golden, host_build
 from torch_xdna.kernels.ops.attention import attention_reference
 from torch_xdna.kernels.ops.gemm import GemmDesign
-from torch_xdna.kernels.blocks.llm import _rope
+from torch_xdna.kernels.blocks.toolkit import rope as _rope
 from torch_xdna.kernels.ops.vector import VectorDesign
 
 pytestmark = pytest.mark.skipif(host_build.find_compiler() is None,

@@ -7,7 +7,7 @@ from torch_xdna.array.validate import ArrayIRError, usage, validate
 from torch_xdna.hw import NPU4
 from torch_xdna.kernels.ops.gemm import GemmDesign
 from torch_xdna.kernels.lower import lower
-from torch_xdna.kernels.lower.gemm import pack_bfp16_tiles, pack_weight_tiles
+from torch_xdna.kernels.ops.gemm_pack import pack_bfp16_tiles, pack_weight_tiles
 from torch_xdna.kernels.ops.vector import EmbeddingDesign, VectorDesign
 from torch_xdna.kernels.ops.attention import AttentionDesign
 from torch_xdna.kernels.ops.dma import ConcatDesign, GatherDesign

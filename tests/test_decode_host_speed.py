@@ -17,7 +17,7 @@ from torch_xdna.kernels.host import attention as host_attention
 
 from torch_xdna.kernels.host import gemv as host_gemv
 
-from torch_xdna.kernels.blocks import llm as llm_blocks
+from torch_xdna.kernels.blocks import operands, toolkit
 
 PROMPT = [5, 17, 33, 101, 7, 250, 64, 12, 99, 3, 42, 77]
 
@@ -32,7 +32,7 @@ def tiny_model(request, tmp_path_factory):
 
 def _logits(path, mirror: bool, monkeypatch) -> tuple[list[int], list[torch.Tensor]]:
     from torch_xdna.engine.llm.generate import load_decoder
-    monkeypatch.setattr(llm_blocks.KV_MIRROR, "enabled", mirror)
+    monkeypatch.setattr(operands.KV_MIRROR, "enabled", mirror)
     monkeypatch.setattr(host_gemv, "FAST_OPERAND", mirror)
     monkeypatch.setattr(host_attention, "ENABLED", False)      # bit-equality: torch attention
     eng = load_decoder(path, "bf16", max_context=96, prefill_chunk=8, quiet=True, cache_dir=False)
@@ -52,7 +52,7 @@ def _logits(path, mirror: bool, monkeypatch) -> tuple[list[int], list[torch.Tens
         k0 = dec.cache.k[0]
         dec.dev.write(k0.buffer, dec.dev.download(k0))
         out.append(dec.forward([toks[-1]]))
-        assert bool(llm_blocks.KV_MIRROR.entries) == mirror     # the mirror path was taken
+        assert bool(operands.KV_MIRROR.entries) == mirror     # the mirror path was taken
     finally:
         eng.close()
     return toks, out
@@ -72,7 +72,7 @@ def test_decode_logits_equal_with_and_without_mirror(tiny_model, monkeypatch):
 
 
 def test_mirror_follows_the_cache():
-    m = llm_blocks._KvMirror()
+    m = operands.KvMirror()
     cache = torch.zeros(2, 40, 4, dtype=torch.bfloat16)
     ver = cache._version
     cache[:, :5] = torch.randn(2, 5, 4).bfloat16()
@@ -114,8 +114,8 @@ def test_c_operand_bit_equal_to_numerics_operand():
 
 
 def _rms_torch(x, w, eps, offset, round_out):
-    y = x * (x * x).mean(-1, keepdim=True).add_(llm_blocks._scalar(eps)).rsqrt_()
-    y = y * (w + llm_blocks._scalar(offset)) if offset else y * w
+    y = x * (x * x).mean(-1, keepdim=True).add_(toolkit.scalar(eps)).rsqrt_()
+    y = y * (w + toolkit.scalar(offset)) if offset else y * w
     return numerics.operand(y) if round_out else y
 
 
@@ -124,7 +124,7 @@ def _rms_torch(x, w, eps, offset, round_out):
                                           ((1, 24, 128), (24, 128)), ((2, 6, 256), (6, 256)),
                                           ((1, 3, 16), (16,)), ((5, 64), (64,))])
 def test_c_rms_norm_bit_equal_to_the_torch_ops(shape, wshape):
-    """host_gemv.rms_norm (torch's sum of squares, the rest in C) = llm_blocks._rms's torch ops
+    """host_gemv.rms_norm (torch's sum of squares, the rest in C) = toolkit.rms_norm's torch ops
     bit for bit: random scales over 2^-60..2^60, a zero row, bf16 ties, offsets 0 and 1,
     rounded and unrounded output."""
     g = torch.Generator().manual_seed(sum(shape))
@@ -147,7 +147,7 @@ def test_c_rms_norm_bit_equal_to_the_torch_ops(shape, wshape):
 @pytest.mark.skipif(not host_gemv.available(), reason="host kernel not built")
 @pytest.mark.parametrize("n,h,d", [(1, 24, 128), (3, 5, 16), (1, 2, 256), (2, 3, 7)])
 def test_c_rope_bit_equal_to_the_torch_ops(n, h, d):
-    """host_gemv.rope = operand(llm_blocks._rope(...)) bit for bit (random operands over wide
+    """host_gemv.rope = operand(toolkit.rope(...)) bit for bit (random operands over wide
     scales, bf16 ties in the sum, an odd head_dim's roll)."""
     g = torch.Generator().manual_seed(n * h * d)
     for trial in range(30):
@@ -159,7 +159,7 @@ def test_c_rope_bit_equal_to_the_torch_ops(n, h, d):
             x.view(-1)[:3] = torch.tensor([1.00390625, 1.005859375, -3.3e38])
             cos.view(-1)[:3], ssin.view(-1)[:3] = 1.0, 0.0
         got = host_gemv.rope(x, cos, ssin)
-        want = numerics.operand(llm_blocks._rope(x, cos, ssin))
+        want = numerics.operand(toolkit.rope(x, cos, ssin))
         assert got is not None
         nan = torch.isnan(want)
         assert torch.equal(torch.isnan(got), nan)

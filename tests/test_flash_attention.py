@@ -18,7 +18,8 @@ from torch_xdna.kernels import numerics
 from torch_xdna.kernels.ops.attention import (
     decode_splits, flash_attention, flash_attention_loop, kv_tile_for, split_ranges,
 )
-from torch_xdna.kernels.blocks.llm import AttentionBlockDesign, attend
+from torch_xdna.kernels.blocks.llm import AttentionBlockDesign
+from torch_xdna.kernels.blocks.toolkit import attend
 from torch_xdna.models.families import BUILTIN_CONFIGS, spec_from_config
 
 HQ, HKV, D = 4, 2, 8

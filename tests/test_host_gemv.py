@@ -15,7 +15,7 @@ import torch
 from torch_xdna.kernels import quant
 
 from torch_xdna.kernels.host import gemv as host_gemv
-from torch_xdna.kernels.blocks.llm import OPERANDS
+from torch_xdna.kernels.blocks.operands import OPERANDS
 
 pytestmark = pytest.mark.skipif(not host_gemv.available(),
                                 reason=f"host kernel unavailable: {host_gemv.unavailable_reason()}")

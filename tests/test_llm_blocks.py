@@ -6,9 +6,8 @@ import pytest
 from torch_xdna.engine.llm.decoder import DEFAULT_LAYOUT, PrecisionPolicy, step_designs
 from torch_xdna.engine.llm.estimate import estimate, resolve_spec
 from torch_xdna.hw import NPU4
-from torch_xdna.kernels.blocks.llm import (
-    AttentionBlockDesign, MlpBlockDesign, rows_bucket, weight_bytes,
-)
+from torch_xdna.kernels.blocks.llm import AttentionBlockDesign, MlpBlockDesign, rows_bucket
+from torch_xdna.kernels.blocks.weights import weight_bytes
 from torch_xdna.models.families import BUILTIN_CONFIGS, spec_from_config
 from torch_xdna.runtime import PlanError
 
@@ -104,7 +103,7 @@ def test_attend_matches_attention_reference(n, offset, window, softcap):
     import torch
     from torch_xdna.kernels import numerics
     from torch_xdna.kernels.ops.attention import attention_reference
-    from torch_xdna.kernels.blocks.llm import attend
+    from torch_xdna.kernels.blocks.toolkit import attend
     torch.manual_seed(0)
     hq, hkv, d, s = 8, 2, 16, offset + n
     q = torch.randn(hq, n, d) * 2

@@ -16,7 +16,7 @@ from llm_fixtures import build_model, hf_logits
 from torch_xdna.engine.llm.decoder import DEFAULT_LAYOUT, LAYOUTS
 from torch_xdna.engine.llm.generate import GenerationConfig, load_decoder
 from torch_xdna.engine.llm.quantize import quantize
-from torch_xdna.kernels.blocks.llm import dequantize
+from torch_xdna.kernels.blocks.weights import dequantize
 
 FAMILIES = ("qwen3", "llama", "gemma3")
 PROMPT = [5, 17, 33, 101, 7, 250, 64, 12, 99, 3, 42, 77]      # 12 tokens (> gemma window 8)

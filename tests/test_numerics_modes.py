@@ -9,7 +9,7 @@ import torch
 
 from torch_xdna.kernels import numerics, quant
 from torch_xdna.kernels.ops.gemm import GemmDesign
-from torch_xdna.kernels.precision import Numerics, PrecisionPlan
+from torch_xdna.kernels.numerics_plan import Numerics, NumericsPlan
 
 
 # --- a bit-level bfp16 reference in plain Python integers (the hardware's recipe, step by step) --
@@ -146,7 +146,7 @@ def test_int4_pack_roundtrip():
 
 
 def test_precision_plan_resolution():
-    plan = PrecisionPlan.parse("layers.*.mlp*=int4:g32, lm_head=int8, attention=bf16:floor, "
+    plan = NumericsPlan.parse("layers.*.mlp*=int4:g32, lm_head=int8, attention=bf16:floor, "
                                "default=bfp16")
     assert plan.resolve("layers.3.mlp.up") == Numerics("int4", group_size=32)
     assert plan.resolve("lm_head").dtype == "int8"
@@ -155,7 +155,7 @@ def test_precision_plan_resolution():
     assert plan.resolve("layers.3.mlp.up").gemm_fields(1024) == {
         "dtype": "int4", "rounding": "rne", "w_group": 32}
     assert plan.resolve("lm_head").gemm_fields(512)["w_group"] == 512
-    assert PrecisionPlan.parse(str(plan)) == plan
+    assert NumericsPlan.parse(str(plan)) == plan
     with pytest.raises(ValueError, match="unknown numerics"):
         Numerics("fp8")
 

@@ -459,7 +459,7 @@ def test_memory_budget_env_is_validated(monkeypatch, value):
 
 def test_numeric_env_values_accept_their_forms(monkeypatch):
     from torch_xdna.hw import get_generation
-    from torch_xdna.kernels.blocks.llm import _OperandCache
+    from torch_xdna.kernels.blocks.operands import OperandCache as _OperandCache
     from torch_xdna.runtime import default_memory_budget
     from torch_xdna.runtime.env import EnvError, env_number
     monkeypatch.setenv("TORCH_XDNA_MEMORY_BUDGET", "4e9")

@@ -36,7 +36,7 @@ def weights(seed: int = 0, precision: str = "bf16") -> list[torch.Tensor]:
     """The layer's inputs (x left None): weights as the engine stores them (int8 / int4:
     quant.quantize_* values and bf16 scales per group)."""
     from torch_xdna.kernels import quant
-    from torch_xdna.kernels.blocks.llm import default_group
+    from torch_xdna.kernels.blocks.weights import default_group
     g = torch.Generator().manual_seed(seed)
 
     def r(*s, sc=1.0):

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
-from torch_xdna.kernels.precision import PrecisionPlan
+from torch_xdna.kernels.numerics_plan import NumericsPlan
 from torch_xdna.runtime.cachedir import cache_root
 
 FALLBACK_MODES = ("warn", "error", "silent")
@@ -27,13 +27,13 @@ class FallbackRefused(NotImplementedError):
 @dataclass(frozen=True)
 class CompileOptions:
     """fallback: policy for graph nodes with no NPU kernel (None: TORCH_XDNA_FALLBACK).
-    precision: PrecisionPlan (or its text form) for GEMM sites. cache: use the on-disk compile
+    precision: NumericsPlan (or its text form) for GEMM sites. cache: use the on-disk compile
     cache in cache_dir. min_partition_size: a partition with fewer compute nodes and no
     GEMM/attention/embedding runs on the host (a tiny elementwise partition costs a dispatch and
     two transfers for little work). fuse: fusion on (off: one launch per op, for comparison)."""
 
     fallback: str | None = None
-    precision: PrecisionPlan = field(default_factory=PrecisionPlan)
+    precision: NumericsPlan = field(default_factory=NumericsPlan)
     cache: bool = True
     cache_dir: Path = field(default_factory=default_cache_dir)
     min_partition_size: int = 2
@@ -44,7 +44,7 @@ class CompileOptions:
             raise ValueError(f"xdna compile option fallback={self.fallback!r}: use one of "
                              f"{FALLBACK_MODES} (or leave it unset for TORCH_XDNA_FALLBACK)")
         if isinstance(self.precision, str):
-            object.__setattr__(self, "precision", PrecisionPlan.parse(self.precision))
+            object.__setattr__(self, "precision", NumericsPlan.parse(self.precision))
         for _, num in list(self.precision.rules) + [("default", self.precision.default)]:
             if num.dtype not in COMPILER_DTYPES:
                 raise ValueError(f"xdna compile option precision: {num.dtype} is not lowered by "

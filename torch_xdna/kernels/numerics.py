@@ -10,7 +10,7 @@ accumulator path and are exact in fp32, as are ops that only compare, select or 
 ruin rotary embeddings at large positions. int8 x int8 accumulates in int32.
 
 Block floating point (bfp16) and int8/int4 weight quantization live in kernels/quant.py; which
-numerics a model site uses is chosen by a PrecisionPlan (kernels/precision.py).
+numerics a model site uses is chosen by a NumericsPlan (kernels/numerics_plan.py).
 """
 from __future__ import annotations
 

@@ -65,7 +65,8 @@ def build_design(name: str, shape: tuple[int, ...], dtype: str = "bf16", group: 
         return AttentionDesign(*shape, causal=causal)
     if name == "decode_layer":
         from torch_xdna.kernels.blocks.llm import AttentionBlockDesign, DecoderLayerDesign, \
-            MlpBlockDesign, default_group
+            MlpBlockDesign
+        from torch_xdna.kernels.blocks.weights import default_group
         if len(shape) != 6:
             raise CliError(f"decode_layer needs --shape HIDDENxINTERxHEADSxKVxHEAD_DIMxCAPACITY, got {shape}")
         h, f, hq, hkv, hd, cap = shape

@@ -16,8 +16,10 @@ import torch
 
 from torch_xdna.engine.llm.kv_cache import KVCache
 from torch_xdna.engine.asr.mel import LogMel
-from torch_xdna.kernels.blocks.llm import OPERANDS, rows_bucket
-from torch_xdna.kernels.blocks.whisper import PRECISIONS, encoder_designs, step_designs
+from torch_xdna.kernels.blocks.llm import rows_bucket
+from torch_xdna.kernels.blocks.operands import OPERANDS
+from torch_xdna.kernels.blocks.weights import WHISPER_PRECISIONS as PRECISIONS
+from torch_xdna.kernels.blocks.whisper import encoder_designs, step_designs
 from torch_xdna.models.whisper import WhisperFiles, WhisperSpec, load_whisper_weights, read_whisper
 from torch_xdna.runtime import Device, Launch, Program, TensorArg, get_device
 

@@ -21,9 +21,10 @@ from torch_xdna.kernels.host import attention as host_attention
 from torch_xdna.kernels.host import gemv as host_gemv
 from torch_xdna.kernels.base import Design
 from torch_xdna.kernels.blocks.llm import (
-    OPERANDS, PRECISIONS, AttentionBlockDesign, DecoderLayerDesign, EmbedDesign, HeadDesign,
-    MlpBlockDesign, default_group, rows_bucket, weight_bytes,
+    AttentionBlockDesign, DecoderLayerDesign, EmbedDesign, HeadDesign, MlpBlockDesign, rows_bucket,
 )
+from torch_xdna.kernels.blocks.operands import OPERANDS
+from torch_xdna.kernels.blocks.weights import PRECISIONS, default_group, weight_bytes
 from torch_xdna.models.hf import ModelDirError
 from torch_xdna.models.spec import DecoderSpec
 from torch_xdna.runtime import Device, Launch, PlanError, Program, TensorArg, get_device

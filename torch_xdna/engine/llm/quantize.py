@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from torch_xdna.kernels import quant
-from torch_xdna.kernels.blocks.llm import PRECISIONS, default_group
+from torch_xdna.kernels.blocks.weights import PRECISIONS, default_group
 
 __all__ = ["quantize", "PRECISIONS", "default_group"]
 

@@ -12,53 +12,9 @@ array IR's buffer shapes to a kernel's -D tile sizes.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from torch_xdna.kernels.aie.spec import KernelContractError, KernelSpec, ir_signature
 
 ARCH = "aie2p"
-
-
-@dataclass(frozen=True)
-class KernelSpec:
-    """One extern "C" entry point of a core kernel source."""
-
-    symbol: str
-    source: str                          # file in aie2p/
-    args: tuple[tuple[str, str], ...]    # (name, type) in call order
-    defines: tuple[str, ...] = ()        # compile-time tile sizes it reads (with defaults in the .cc)
-    golden: str = ""                     # golden.py function it matches bit-exactly
-    reference: str = ""                  # the project's numerics reference it implements
-    mmul: tuple = ()                     # (dtype, (r, s, t)): the native mmul shape it tiles by,
-                                         # hw/generations.py mmul_shape of the generation
-
-    def tile_defines(self, shapes) -> dict[str, int]:
-        """The -D tile defines for a call whose pointer arguments have `shapes` (in argument
-        order, scalars skipped or None), e.g. from the array IR's kernel declaration."""
-        ptrs = [n for n, t in self.args if t.endswith("*")]
-        dims = [tuple(sh) for sh in shapes if sh is not None and not isinstance(sh, str)]
-        if len(dims) != len(ptrs):
-            raise ValueError(f"{self.symbol}: {len(dims)} buffer shapes for {len(ptrs)} pointer "
-                             f"arguments ({', '.join(ptrs)})")
-        by = dict(zip(ptrs, dims))
-        out = {}
-        for define, sources in _SHAPE_DEFINES.items():
-            if define in self.defines:
-                src = next(((a, ax) for a, ax in sources if a in by and len(by[a]) > ax), None)
-                if src is None:
-                    raise ValueError(f"{self.symbol}: cannot read {define} from arguments {by}; "
-                                     f"expected one of {sources} (argument, axis)")
-                out[define] = int(by[src[0]][src[1]])
-        return out
-
-
-# define -> (argument, axis) candidates, the first present wins: rows and reduction size from
-# A, output columns from the accumulator (B's layout differs between dtypes), attention tiles
-# from Q and K
-_SHAPE_DEFINES = {
-    "DIM_M": (("a", 0), ("acc", 0), ("c", 0)), "DIM_K": (("a", 1),),
-    "DIM_N": (("acc", 1), ("c", 1)),
-    "ATT_TQ": (("q", 0), ("o", 0), ("s", 0)), "ATT_D": (("q", 1), ("o", 1)),
-    "ATT_TKV": (("k", 0), ("v", 0), ("kv", 1), ("s", 1)),
-}
 
 
 def _k(symbol, source, args, defines=(), golden="", reference="", mmul=()):
@@ -223,20 +179,6 @@ SOURCES: tuple[str, ...] = tuple(sorted({s.source for s in _SPECS}))
 
 
 # --- the array IR's view of the table: signatures and object files ------------------------------
-_IR_PTR = {"bf16": "bf16*", "f32": "f32*", "i8": "i8*", "u8": "u8*", "i32": "i32*", "i16": "i16*",
-           "u32": "u32*", "f16": "f16*", "i4": "u8*", "i64": "i64*"}
-
-
-class KernelContractError(ValueError):
-    """An array-IR kernel declaration disagrees with the C++ kernel table."""
-
-
-def ir_signature(arg_types) -> tuple[str, ...]:
-    """The C argument types of an ir.KernelDecl's arg_types (a TensorType is a pointer to its
-    element type; a str is a scalar)."""
-    return tuple(t if isinstance(t, str) else _IR_PTR[t.dtype] for t in arg_types)
-
-
 def generated(symbol: str, arg_types, chain) -> tuple[str, KernelSpec] | None:
     """(C++ source, spec) of a kernel generated at build time (fused chains: chain_gen.py, from
     the program's notes["chain"]), or None for table kernels."""

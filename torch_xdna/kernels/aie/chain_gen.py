@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from torch_xdna.kernels.aie import KernelContractError, KernelSpec, ir_signature
+from torch_xdna.kernels.aie.spec import KernelContractError, KernelSpec, ir_signature
 
 # op -> (arity, exact fp32 path, C++ expression over {0}, {1}); golden.ELTWISE has the same ops
 CHAIN_CXX = {

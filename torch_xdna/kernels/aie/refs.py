@@ -254,7 +254,7 @@ ck.register_resolver(_resolve)
 
 def _gemm_host_layout(d, gen, inputs):
     """Weight-only GEMM: W and its scales become the per-tile runs the array streams."""
-    from torch_xdna.kernels.lower.gemm import pack_bfp16_tiles, pack_weight_tiles
+    from torch_xdna.kernels.ops.gemm_pack import pack_bfp16_tiles, pack_weight_tiles
     if d.weight_only:
         a, w, s, *rest = inputs
         return [a, pack_weight_tiles(d, gen, w, s), *rest]

@@ -25,28 +25,10 @@ from torch_xdna.kernels.activations import apply_epilogue_
 from torch_xdna.kernels.ops.attention import attention_reference
 from torch_xdna.kernels.base import Design
 from torch_xdna.kernels.ops.gemm import GemmDesign
-from torch_xdna.kernels.blocks.llm import OPERANDS
+from torch_xdna.kernels.blocks.operands import OPERANDS
+from torch_xdna.kernels.blocks.toolkit import combine_plans
 from torch_xdna.kernels.ops.vector import OPS as VECTOR_OPS, EmbeddingDesign, VectorDesign
 from torch_xdna.runtime.plan import Plan, PlanError
-
-
-def combine_plans(design: str, plans: Sequence[Plan]) -> Plan:
-    """One plan for components run in sequence: resources are the max, traffic and time the sum."""
-    return Plan(
-        design=design, dtype=plans[0].dtype,
-        columns=max(p.columns for p in plans), cores=max(p.cores for p in plans),
-        tile=plans[0].tile, l1_bytes=max(p.l1_bytes for p in plans),
-        memtile_bytes=max(p.memtile_bytes for p in plans),
-        core_bds=max(p.core_bds for p in plans), memtile_bds=max(p.memtile_bds for p in plans),
-        core_locks=max(p.core_locks for p in plans), shim_tasks=max(p.shim_tasks for p in plans),
-        double_buffered=all(p.double_buffered for p in plans),
-        dram_read_bytes=sum(p.dram_read_bytes for p in plans),
-        dram_write_bytes=sum(p.dram_write_bytes for p in plans),
-        macs=sum(p.macs for p in plans), padded_macs=sum(p.padded_macs for p in plans),
-        vector_elems=sum(p.vector_elems for p in plans),
-        compute_cycles=sum(p.compute_cycles for p in plans),
-        dma_shapes=tuple(s for p in plans for s in p.dma_shapes),
-        notes={"components": tuple(p.summary() for p in plans)})
 
 
 def layer_norm_design(rows: int, dim: int, eps: float) -> VectorDesign:

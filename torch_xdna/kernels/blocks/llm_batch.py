@@ -16,10 +16,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from torch_xdna.hw import Generation
-from torch_xdna.kernels.blocks.llm import (
-    DecoderLayerDesign, HeadDesign, KV_TILE, _fused_plan, _gemm, _vec, kv_bucket, weight_bytes,
-)
 from torch_xdna.kernels.base import Design
+from torch_xdna.kernels.blocks.llm import DecoderLayerDesign, HeadDesign
+from torch_xdna.kernels.blocks.toolkit import KV_TILE, kv_bucket
 from torch_xdna.runtime.plan import Plan
 
 
@@ -63,13 +62,14 @@ class BatchedLayerDesign(Design):
         key = (gen.name, extents)
         plan = cache.get(key)
         if plan is None:
-            plan = cache[key] = self._plan_at(gen, extents)
+            plan = cache[key] = self.plan_at(gen, extents)
         return plan
 
-    def _plan_at(self, gen: Generation, extents: tuple) -> Plan:
+    def plan_at(self, gen: Generation, extents: tuple) -> Plan:
         a = self.layer.attention
         scaled = self._scaled(self.rows)
-        base = scaled._combine(scaled.attention._plan_at(gen, max(extents), sequences=self.rows), scaled.mlp.plan(gen))
+        base = scaled.combine(scaled.attention.plan_at(gen, max(extents), sequences=self.rows),
+                              scaled.mlp.plan(gen))
         per_key = 2 * a.kv_heads * a.head_dim * a.cache_bytes
         keys = [e if a.window is None else min(e, a.window + KV_TILE) for e in extents]
         extra = per_key * (sum(keys) - max(keys))
@@ -97,12 +97,4 @@ class BatchedHeadDesign(Design):
             self.head.reference([inputs[0][r:r + 1], *inputs[1:]], [outputs[0][r:r + 1]], n=1)
 
     def plan(self, gen: Generation) -> Plan:
-        h, m = self.head, self.rows
-        stages = [_vec(gen, "rms_norm", m, h.hidden),
-                  _gemm(gen, m, h.hidden, h.vocab, h.precision, group=h.group)]
-        if h.softcap:
-            stages.append(_vec(gen, "tanh", m, h.vocab))
-        w = weight_bytes(h.vocab, h.hidden, h.precision, h.group)
-        read = w + h.hidden * 2 + m * h.hidden * 4
-        return _fused_plan(f"{self.name} vocab={h.vocab}", self.kind, h.precision, gen, stages,
-                           read, m * h.vocab * 4, m, h.hidden, {"weight_bytes": w})
+        return self.head.plan_rows(gen, self.rows, f"{self.name} vocab={self.head.vocab}", self.kind)

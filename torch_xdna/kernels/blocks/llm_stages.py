@@ -1,6 +1,6 @@
 """The fused decoder layer as the stages its array program runs, and their functional order.
 
-DecoderLayerDesign (llm_blocks.py) is one launch. On the array it runs as stages, each one
+DecoderLayerDesign (blocks/llm.py) is one launch. On the array it runs as stages, each one
 ArrayProgram (kernels/lower/llm_layer.py), wired through scratch DDR buffers named here:
 
   attn_norm     rms_norm rows (VectorDesign)          x, attn_norm        -> T_h   bf16 [R, H]
@@ -29,7 +29,7 @@ tables as cs [P, 2, D] bf16 (cos | sin with its first half negated).
 functional reference (GemmDesign's K-tile order, AttentionDesign's flash order, the row ops) on
 whole tensors, and the per-token stages' functions below, which the core-kernel references
 (kernels/aie/refs.py) call per token. So the transaction level is bit-identical to it. The
-layer's default reference (llm_blocks, BLAS GEMMs) is faster on the host and agrees with it
+layer's default reference (blocks/llm.py, BLAS GEMMs) is faster on the host and agrees with it
 within fp32 reordering; numerics.layer_order() picks which one the functional level runs.
 """
 from __future__ import annotations
@@ -39,11 +39,18 @@ from typing import Any, Sequence
 
 import torch
 
+from torch_xdna.hw import NPU4
 from torch_xdna.kernels import numerics
 from torch_xdna.kernels.activations import apply_epilogue
+from torch_xdna.kernels.blocks.operands import OPERANDS
+from torch_xdna.kernels.blocks.toolkit import rms_norm, rope
+from torch_xdna.kernels.blocks.weights import STAGED_PRECISIONS, default_group, weight_tensors
+from torch_xdna.kernels.ops.attention import AttentionDesign
+from torch_xdna.kernels.ops.gemm import GemmDesign
+from torch_xdna.kernels.ops.gemm_pack import pack_weight_tiles
+from torch_xdna.kernels.ops.vector import VectorDesign
 
 BF16, F32 = torch.bfloat16, torch.float32
-PRECISIONS = ("bf16", "int8", "int4")     # weights: bf16, or int8 / int4 groups (weight-only GEMMs)
 WEIGHTS = ("w_qkv_t", "w_o_t", "w_gate_up_t", "w_down_t")
 
 
@@ -63,8 +70,9 @@ def unsupported(layer, n: int | None = None) -> str | None:
     a, m = layer.attention, layer.mlp
     rows = a.rows if n is None else n
     checks = (
-        (a.precision not in PRECISIONS or m.precision != a.precision or m.group != a.group,
-         f"precision {a.precision}/{m.precision} (stages lowered for one of {', '.join(PRECISIONS)}"
+        (a.precision not in STAGED_PRECISIONS or m.precision != a.precision or m.group != a.group,
+         f"precision {a.precision}/{m.precision} (stages lowered for one of "
+         f"{', '.join(STAGED_PRECISIONS)}"
          " in both blocks)"),
         (a.kv_dtype != "bf16" or a.cache_bytes != 2, f"KV cache {a.kv_dtype} (bf16 only)"),
         (not a.qk_norm, "no q/k norm (the qk stage kernel normalizes; rope-only not lowered)"),
@@ -105,10 +113,6 @@ def scratch(layer) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
 
 
 def stages(layer) -> tuple[Stage, ...]:
-    from torch_xdna.kernels.ops.attention import AttentionDesign
-    from torch_xdna.kernels.ops.gemm import GemmDesign
-    from torch_xdna.kernels.blocks.llm import default_group
-    from torch_xdna.kernels.ops.vector import VectorDesign
     a, m = layer.attention, layer.mlp
     d = dims(layer)
     R, H = d["R"], d["H"]
@@ -164,7 +168,6 @@ def cs_rows(pos: int, rows: int, positions: int) -> list[int]:
 def split_inputs(layer, inputs: Sequence[torch.Tensor]) -> tuple[dict, dict]:
     """The layer's inputs (DecoderLayerDesign order) as (named tensors, weights: stage weight
     name -> its stored tensors: (W,) for bf16, (W, scales) for int8 / int4)."""
-    from torch_xdna.kernels.blocks.llm import weight_tensors
     nt = weight_tensors(layer.attention.precision)
     it = iter(inputs)
     take = lambda n: tuple(next(it) for _ in range(n))          # noqa: E731
@@ -178,10 +181,9 @@ def split_inputs(layer, inputs: Sequence[torch.Tensor]) -> tuple[dict, dict]:
 def host_inputs(layer, inputs: Sequence[torch.Tensor], gen=None) -> list[torch.Tensor]:
     """The layer's inputs as the stages' host arguments (input_names order): bf16 weights as
     B = W^T [K, N]; int8 / int4 weights as their GEMM stage's packed tiles
-    (lower/gemm.pack_weight_tiles, for generation `gen`); the RoPE tables as cs [P, 2, D].
-    Derived tensors are built once per weight (llm_blocks.OPERANDS: keyed by storage and
+    (ops/gemm_pack.pack_weight_tiles, for generation `gen`); the RoPE tables as cs [P, 2, D].
+    Derived tensors are built once per weight (operands.OPERANDS: keyed by storage and
     version)."""
-    from torch_xdna.kernels.blocks.llm import OPERANDS
     named, weights = split_inputs(layer, inputs)
     cos, sin = named["cos"], named["sin"]
     gemms = {st.ins[1]: st.design for st in stages(layer) if st.ins[-1] in WEIGHTS}
@@ -191,8 +193,6 @@ def host_inputs(layer, inputs: Sequence[torch.Tensor], gen=None) -> list[torch.T
         if layer.attention.precision == "bf16":
             return OPERANDS.derived(("layer_wt",), ws,
                                     lambda: numerics.operand(ws[0]).t().contiguous().to(BF16))
-        from torch_xdna.hw import NPU4
-        from torch_xdna.kernels.lower.gemm import pack_weight_tiles
         g = gen or NPU4
         return OPERANDS.derived(("layer_pack", gemms[name].key, g.name), ws,
                                 lambda: pack_weight_tiles(gemms[name], g, *ws))
@@ -212,10 +212,9 @@ def qk_norm_rope_rows(x: torch.Tensor, w: torch.Tensor, cos: torch.Tensor, ssin:
                       eps: float, offset: float) -> torch.Tensor:
     """Heads x [..., rows, D] (bf16 values) normalized by their weight rows w [rows, D], rounded,
     rotated by cos / ssin [..., 1 or rows, D] (bf16 values), rounded: fp32 holding bf16."""
-    from torch_xdna.kernels.blocks.llm import _rms, _rope
     rnd = numerics.operand
-    y = rnd(_rms(rnd(x), rnd(w), eps, offset, rnd, rounded=True))
-    return rnd(_rope(y, rnd(cos), rnd(ssin)))
+    y = rnd(rms_norm(rnd(x), rnd(w), eps, offset, rnd, rounded=True))
+    return rnd(rope(y, rnd(cos), rnd(ssin)))
 
 
 def silu_mul_rows(g: torch.Tensor, u: torch.Tensor) -> torch.Tensor:

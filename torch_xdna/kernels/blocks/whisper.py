@@ -30,20 +30,37 @@ from torch_xdna.hw import Generation
 from torch_xdna.kernels import numerics
 from torch_xdna.kernels.activations import apply_epilogue
 from torch_xdna.kernels.base import Design
-from torch_xdna.kernels.ops.conv import ConvDesign
-from torch_xdna.kernels.blocks.encoder import combine_plans, layer_norm_design
-from torch_xdna.kernels.blocks.llm import (
-    OPERANDS, KV_TILE, _fused_plan, _gemm, _inference, _vec, attend, kv_bucket,
+from torch_xdna.kernels.blocks.encoder import layer_norm_design
+from torch_xdna.kernels.blocks.llm import EmbedDesign
+from torch_xdna.kernels.blocks.operands import OPERANDS
+from torch_xdna.kernels.blocks.toolkit import (
+    KV_TILE, attend, combine_plans, fused_plan, gemm_plan, inference_mode, kv_bucket,
+    kv_launch_plan, vector_plan,
 )
-from torch_xdna.runtime.plan import Plan
-
-PRECISIONS = ("fp32", "bf16")
-_F32 = torch.float32
+from torch_xdna.kernels.blocks.weights import WHISPER_PRECISIONS, mm_dtype, weight_bytes
+from torch_xdna.kernels.ops.conv import ConvDesign
+from torch_xdna.runtime.plan import Plan, PlanError
 
 
 def _check(precision: str) -> None:
-    if precision not in PRECISIONS:
-        raise ValueError(f"Whisper precision {precision!r}; use one of {', '.join(PRECISIONS)}")
+    if precision not in WHISPER_PRECISIONS:
+        raise ValueError(f"Whisper precision {precision!r}; use one of "
+                         f"{', '.join(WHISPER_PRECISIONS)}")
+
+
+class WhisperBlockDesign(Design):
+    """What the Whisper blocks share: a precision of WHISPER_PRECISIONS (checked when built),
+    named whisper.<label>[precision]. Subclasses are frozen dataclasses."""
+
+    label = "block"
+    precision: str
+
+    def __post_init__(self):
+        _check(self.precision)
+
+    @property
+    def name(self) -> str:
+        return f"whisper.{self.label}[{self.precision}]"
 
 
 class _Num:
@@ -81,7 +98,7 @@ def _heads(t: torch.Tensor, heads: int) -> torch.Tensor:
 
 # -- encoder -------------------------------------------------------------------------------------
 @dataclass(frozen=True)
-class WhisperStemDesign(Design):
+class WhisperStemDesign(WhisperBlockDesign):
     """x = gelu(conv2(gelu(conv1(mel)))) ^T + pos.  inputs: mel [M, 2S], w1 [H,M,3], b1 [H],
     w2 [H,H,3], b2 [H], pos [S,H]; outputs: x [S,H] fp32."""
 
@@ -90,13 +107,7 @@ class WhisperStemDesign(Design):
     hidden: int
     precision: str
     kind = "whisper_stem"
-
-    def __post_init__(self):
-        _check(self.precision)
-
-    @property
-    def name(self) -> str:
-        return f"whisper.stem[{self.precision}]"
+    label = "stem"
 
     def conv_plans(self, gen: Generation) -> list[Plan]:
         """Both convolutions, each tiled along time so a tile's input band fits the mem tile:
@@ -104,7 +115,7 @@ class WhisperStemDesign(Design):
         s, h, m = self.frames // 2, self.hidden, self.n_mels
         return (_time_tiled(gen, m, self.frames, h, 1) + _time_tiled(gen, h, self.frames, h, 2))
 
-    @_inference
+    @inference_mode
     def reference(self, inputs, outputs, **_: Any) -> None:
         mel, w1, b1, w2, b2, pos = inputs
         num = _Num(self.precision)
@@ -114,14 +125,13 @@ class WhisperStemDesign(Design):
 
     def plan(self, gen: Generation) -> Plan:
         s, h = self.frames // 2, self.hidden
-        add = _vec(gen, "add", s, h, 2)
+        add = vector_plan(gen, "add", s, h, 2)
         return combine_plans(self.kind, self.conv_plans(gen) + [add])
 
 
 def _time_tiled(gen: Generation, c_in: int, frames: int, c_out: int, stride: int) -> list[Plan]:
     """Plans of a k=3, pad=1 conv1d over `frames`, split into equal time tiles (each tile's
     input carries its 1-frame halo on both sides, so no padding inside the tiles)."""
-    from torch_xdna.runtime.plan import PlanError
     out = frames // stride
     last: PlanError | None = None
     for n in range(1, out + 1):
@@ -141,7 +151,7 @@ def _time_tiled(gen: Generation, c_in: int, frames: int, c_out: int, stride: int
 
 
 @dataclass(frozen=True)
-class WhisperEncoderLayerDesign(Design):
+class WhisperEncoderLayerDesign(WhisperBlockDesign):
     """out = y + fc2(act(fc1(LN2(y)))), y = x + o(attn(qkv(LN1(x)))) (full, non-causal).
 
     inputs: x [S,H], ln1_w, ln1_b, w_qkv [3H,H], b_qkv [3H], w_o [H,H], b_o [H], ln2_w, ln2_b,
@@ -155,15 +165,9 @@ class WhisperEncoderLayerDesign(Design):
     eps: float = 1e-5
     act: str = "gelu"
     kind = "whisper_encoder_layer"
+    label = "encoder_layer"
 
-    def __post_init__(self):
-        _check(self.precision)
-
-    @property
-    def name(self) -> str:
-        return f"whisper.encoder_layer[{self.precision}]"
-
-    @_inference
+    @inference_mode
     def reference(self, inputs, outputs, **_: Any) -> None:
         x, l1w, l1b, wqkv, bqkv, wo, bo, l2w, l2b, w1, b1, w2, b2 = inputs
         num, h, nh = _Num(self.precision), self.hidden, self.heads
@@ -179,17 +183,17 @@ class WhisperEncoderLayerDesign(Design):
     def plan(self, gen: Generation) -> Plan:
         s, h, f, nh = self.rows, self.hidden, self.ffn, self.heads
         d = h // nh
-        dt = _mm(self.precision)
-        stages = [layer_norm_design(s, h, self.eps).plan(gen), _gemm(gen, s, h, 3 * h, dt),
-                  _gemm(gen, s, d, s, "bf16", batch=nh), _vec(gen, "softmax", s * nh, s),
-                  _gemm(gen, s, s, d, "bf16", batch=nh), _gemm(gen, s, h, h, dt),
-                  layer_norm_design(s, h, self.eps).plan(gen), _gemm(gen, s, h, f, dt),
-                  _vec(gen, "gelu", s, f), _gemm(gen, s, f, h, dt)]
+        dt = mm_dtype(self.precision)
+        stages = [layer_norm_design(s, h, self.eps).plan(gen), gemm_plan(gen, s, h, 3 * h, dt),
+                  gemm_plan(gen, s, d, s, "bf16", batch=nh), vector_plan(gen, "softmax", s * nh, s),
+                  gemm_plan(gen, s, s, d, "bf16", batch=nh), gemm_plan(gen, s, h, h, dt),
+                  layer_norm_design(s, h, self.eps).plan(gen), gemm_plan(gen, s, h, f, dt),
+                  vector_plan(gen, "gelu", s, f), gemm_plan(gen, s, f, h, dt)]
         return combine_plans(self.kind, stages)
 
 
 @dataclass(frozen=True)
-class WhisperCrossKVDesign(Design):
+class WhisperCrossKVDesign(WhisperBlockDesign):
     """One decoder layer's cross-attention K = enc Wk, V = enc Wv + bv, as [heads, S, D] caches.
     With final_norm, first enc = LN(x) is computed into the enc buffer (the first launch).
 
@@ -202,15 +206,9 @@ class WhisperCrossKVDesign(Design):
     final_norm: bool
     eps: float = 1e-5
     kind = "whisper_cross_kv"
+    label = "cross_kv"
 
-    def __post_init__(self):
-        _check(self.precision)
-
-    @property
-    def name(self) -> str:
-        return f"whisper.cross_kv[{self.precision}]"
-
-    @_inference
+    @inference_mode
     def reference(self, inputs, outputs, **_: Any) -> None:
         num, h = _Num(self.precision), self.hidden
         enc, kc, vc = outputs
@@ -226,38 +224,25 @@ class WhisperCrossKVDesign(Design):
 
     def plan(self, gen: Generation) -> Plan:
         s, h = self.rows, self.hidden
-        stages = [_gemm(gen, s, h, 2 * h, _mm(self.precision))]
+        stages = [gemm_plan(gen, s, h, 2 * h, mm_dtype(self.precision))]
         if self.final_norm:
             stages.insert(0, layer_norm_design(s, h, self.eps).plan(gen))
         return combine_plans(self.kind, stages)
 
 
-def _mm(precision: str) -> str:
-    return "bf16" if precision == "fp32" else precision
-
-
-def _wb(n: int, k: int, precision: str) -> int:
-    return n * k * (4 if precision == "fp32" else 2)
-
-
 # -- decoder -------------------------------------------------------------------------------------
 @dataclass(frozen=True)
-class WhisperEmbedDesign(Design):
-    """x[:n] = tok[ids[:n]] * scale + pos[pos:pos+n].  inputs: tok [V,H], pos [P,H], ids int32
-    [rows]; outputs: x [rows,H] fp32; scalars pos, n."""
+class WhisperEmbedDesign(EmbedDesign):
+    """x[:n] = tok[ids[:n]] * scale + pos[pos:pos+n]: the LLM embedding (float table, group 0)
+    plus learned position rows, gathered with the token rows (the plan's second table row).
+    inputs: tok [V,H], pos [P,H], ids int32 [rows]; outputs: x [rows,H] fp32; scalars pos, n.
+    Numerics: transformers' (the table rows as stored, not rounded to operands)."""
 
-    vocab: int
-    hidden: int
-    rows: int
-    precision: str
-    scale: float = 1.0
     kind = "whisper_embed"
+    family = "whisper"
+    tables_per_row = 2
 
-    @property
-    def name(self) -> str:
-        return f"whisper.embed[{self.precision}]"
-
-    @_inference
+    @inference_mode
     def reference(self, inputs, outputs, pos: int = 0, n: int | None = None, **_: Any) -> None:
         n = self.rows if n is None else n
         tok, table, ids = inputs
@@ -266,17 +251,9 @@ class WhisperEmbedDesign(Design):
             e = e * self.scale
         outputs[0][:n].copy_(e + table[pos:pos + n].float())
 
-    def plan(self, gen: Generation) -> Plan:
-        row = self.hidden * (4 if self.precision == "fp32" else 2)
-        read = self.rows * (2 * row + 4)
-        return Plan(design=self.kind, dtype="dma", columns=1, cores=0, tile=(self.hidden,),
-                    memtile_bytes=min(gen.memtile_bytes.value, 4 * row), memtile_bds=2,
-                    double_buffered=True, dram_read_bytes=read,
-                    dram_write_bytes=self.rows * self.hidden * 4)
-
 
 @dataclass(frozen=True)
-class WhisperDecoderLayerDesign(Design):
+class WhisperDecoderLayerDesign(WhisperBlockDesign):
     """One decoder layer for rows pos..pos+n-1:
         y = x + o(self_attn(qkv(LN1(x)), KV cache))      (K/V rows written at pos first)
         z = y + co(cross_attn(cq(LN2(y)), cross K/V))
@@ -297,15 +274,9 @@ class WhisperDecoderLayerDesign(Design):
     eps: float = 1e-5
     act: str = "gelu"
     kind = "whisper_decoder_layer"
+    label = "decoder_layer"
 
-    def __post_init__(self):
-        _check(self.precision)
-
-    @property
-    def name(self) -> str:
-        return f"whisper.decoder_layer[{self.precision}]"
-
-    @_inference
+    @inference_mode
     def reference(self, inputs, outputs, pos: int = 0, n: int | None = None, **_: Any) -> None:
         (x, l1w, l1b, wqkv, bqkv, wo, bo, l2w, l2b, wcq, bcq, wco, bco, ck, cv,
          l3w, l3b, w1, b1, w2, b2) = inputs
@@ -329,46 +300,42 @@ class WhisperDecoderLayerDesign(Design):
         out[:n].copy_(num.linear(f, w2, b2).add_(z))
 
     def plan(self, gen: Generation) -> Plan:
-        return self._plan_at(gen, kv_bucket(self.capacity, self.capacity))
+        return self.plan_at(gen, kv_bucket(self.capacity, self.capacity))
 
     def launch_plan(self, gen: Generation, pos: int = 0, n: int | None = None, **_: Any) -> Plan:
-        """The plan at this launch's self-attention extent (pos + n keys, in KV_TILE units)."""
-        kv = kv_bucket(pos + (self.rows if n is None else n), self.capacity)
-        cache = self.__dict__.setdefault("_launch_plans", {})
-        plan = cache.get((gen.name, kv))
-        if plan is None:
-            plan = cache[(gen.name, kv)] = self._plan_at(gen, kv)
-        return plan
+        """The plan at this launch's self-attention extent (toolkit.kv_launch_plan)."""
+        return kv_launch_plan(self, gen, pos, n)
 
-    def _plan_at(self, gen: Generation, keys: int) -> Plan:
+    def plan_at(self, gen: Generation, keys: int) -> Plan:
         m, h, f, nh, s = self.rows, self.hidden, self.ffn, self.heads, self.source
         d, p = h // nh, self.precision
-        dt = _mm(p)
+        dt = mm_dtype(p)
         cross_keys = -(-s // KV_TILE) * KV_TILE
-        stages = [layer_norm_design(m, h, self.eps).plan(gen), _gemm(gen, m, h, 3 * h, dt),
-                  _gemm(gen, m, d, keys, "bf16", batch=nh), _vec(gen, "softmax", m * nh, keys),
-                  _gemm(gen, m, keys, d, "bf16", batch=nh), _gemm(gen, m, h, h, dt),
-                  layer_norm_design(m, h, self.eps).plan(gen), _gemm(gen, m, h, h, dt),
-                  _gemm(gen, m, d, cross_keys, "bf16", batch=nh),
-                  _vec(gen, "softmax", m * nh, cross_keys),
-                  _gemm(gen, m, cross_keys, d, "bf16", batch=nh), _gemm(gen, m, h, h, dt),
-                  layer_norm_design(m, h, self.eps).plan(gen), _gemm(gen, m, h, f, dt), _vec(gen, "gelu", m, f),
-                  _gemm(gen, m, f, h, dt)]
-        w = _wb(3 * h, h, p) + 3 * _wb(h, h, p) + 2 * _wb(f, h, p)
+        stages = [layer_norm_design(m, h, self.eps).plan(gen), gemm_plan(gen, m, h, 3 * h, dt),
+                  gemm_plan(gen, m, d, keys, "bf16", batch=nh), vector_plan(gen, "softmax", m * nh, keys),
+                  gemm_plan(gen, m, keys, d, "bf16", batch=nh), gemm_plan(gen, m, h, h, dt),
+                  layer_norm_design(m, h, self.eps).plan(gen), gemm_plan(gen, m, h, h, dt),
+                  gemm_plan(gen, m, d, cross_keys, "bf16", batch=nh),
+                  vector_plan(gen, "softmax", m * nh, cross_keys),
+                  gemm_plan(gen, m, cross_keys, d, "bf16", batch=nh), gemm_plan(gen, m, h, h, dt),
+                  layer_norm_design(m, h, self.eps).plan(gen), gemm_plan(gen, m, h, f, dt),
+                  vector_plan(gen, "gelu", m, f),
+                  gemm_plan(gen, m, f, h, dt)]
+        w = weight_bytes(3 * h, h, p) + 3 * weight_bytes(h, h, p) + 2 * weight_bytes(f, h, p)
         small = (6 * h + 6 * h + f + h) * (4 if p == "fp32" else 2)     # norms + biases
         cb = 4 if p == "fp32" else 2
         kv_read = 2 * nh * keys * d * cb
         cross_read = 2 * nh * s * d * cb
         kv_write = 2 * nh * m * d * cb
         read = w + small + kv_read + cross_read + m * h * 4
-        return _fused_plan(f"{self.name} rows={m} kv={keys}", self.kind, p, gen, stages, read,
+        return fused_plan(f"{self.name} rows={m} kv={keys}", self.kind, p, gen, stages, read,
                            kv_write + m * h * 4, m, max(h, f),
                            {"weight_bytes": w, "kv_read_bytes": kv_read + cross_read,
                             "kv_write_bytes": kv_write})
 
 
 @dataclass(frozen=True)
-class WhisperHeadDesign(Design):
+class WhisperHeadDesign(WhisperBlockDesign):
     """logits[0] = LN(x[n-1]) @ E^T (the output projection tied to the token embedding).
     inputs: x [rows,H], ln_w, ln_b, proj [V,H]; outputs: logits [1,V] fp32."""
 
@@ -378,12 +345,9 @@ class WhisperHeadDesign(Design):
     precision: str
     eps: float = 1e-5
     kind = "whisper_head"
+    label = "head"
 
-    @property
-    def name(self) -> str:
-        return f"whisper.head[{self.precision}]"
-
-    @_inference
+    @inference_mode
     def reference(self, inputs, outputs, pos: int = 0, n: int | None = None, **_: Any) -> None:
         x, lw, lb, proj = inputs
         n = self.rows if n is None else n
@@ -392,9 +356,9 @@ class WhisperHeadDesign(Design):
 
     def plan(self, gen: Generation) -> Plan:
         stages = [layer_norm_design(1, self.hidden, self.eps).plan(gen),
-                  _gemm(gen, 1, self.hidden, self.vocab, _mm(self.precision))]
-        w = _wb(self.vocab, self.hidden, self.precision)
-        return _fused_plan(f"{self.name} vocab={self.vocab}", self.kind, self.precision, gen,
+                  gemm_plan(gen, 1, self.hidden, self.vocab, mm_dtype(self.precision))]
+        w = weight_bytes(self.vocab, self.hidden, self.precision)
+        return fused_plan(f"{self.name} vocab={self.vocab}", self.kind, self.precision, gen,
                            stages, w + 2 * self.hidden * 4 + self.hidden * 4, self.vocab * 4, 1,
                            self.hidden, {"weight_bytes": w})
 
@@ -402,7 +366,8 @@ class WhisperHeadDesign(Design):
 def step_designs(spec, precision: str, rows: int, capacity: int) -> list[Design]:
     """The launches of one decoder chunk: embed, one per layer, head."""
     h = spec.d_model
-    out: list[Design] = [WhisperEmbedDesign(spec.vocab, h, rows, precision, spec.embed_scale)]
+    out: list[Design] = [WhisperEmbedDesign(spec.vocab, h, rows, precision, group=0,
+                                             scale=spec.embed_scale)]
     layer = WhisperDecoderLayerDesign(rows, h, spec.decoder_heads, spec.decoder_ffn, capacity,
                                       spec.source_positions, precision, spec.eps, spec.act)
     out += [layer] * spec.decoder_layers

@@ -34,23 +34,8 @@ object files are one per kernel source and tile defines (aie.object_files).
 """
 from __future__ import annotations
 
-from torch_xdna.array import ir
-from torch_xdna.hw import Generation
+from torch_xdna.kernels.lower import families  # noqa: F401  (fills the lowering table)
 from torch_xdna.kernels.lower.builder import LoweringError
+from torch_xdna.kernels.lower.dispatch import lower, lowerable
 
 __all__ = ["LoweringError", "lower", "lowerable"]
-
-
-def lower(design, gen: Generation, **launch) -> tuple[ir.ArrayProgram, ...]:
-    from torch_xdna.kernels.lower import families
-    fn = families.LOWERINGS.get(design.kind)
-    if fn is None:
-        raise LoweringError(f"design kind {design.kind!r} ({design.name}) has no array lowering; "
-                            f"lowered kinds: {', '.join(sorted(families.LOWERINGS))}")
-    progs = fn(design, gen, **launch)
-    return progs if isinstance(progs, tuple) else (progs,)
-
-
-def lowerable(design) -> bool:
-    from torch_xdna.kernels.lower import families
-    return design.kind in families.LOWERINGS

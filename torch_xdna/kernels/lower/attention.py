@@ -144,6 +144,14 @@ def attention_program(d, gen: Generation, kv_len: int | None = None, q_offset: i
     # runtime sequence: per round, drains, then per core the Q element and per key tile K, V
     qe = 2 * tkv * dp                    # bf16 elements of the [K | V] part
     q_pad_tail = m_bytes // 2            # a Q element also fills the mask part (bf16 zeros)
+
+    def q_rows(w: int) -> tuple[int, int]:
+        """(element offset, valid rows) of work item w's Q and O rows (its KV head's g q heads
+        x tq rows, the last q tile possibly short)."""
+        bb, h, qt = w // (Hkv * q_tiles), (w // q_tiles) % Hkv, w % q_tiles
+        t0 = qt * tq
+        return ((bb * Hq + h * g) * Lq + t0) * D, min(tq, Lq - t0)
+
     for rd in range(rounds):
         for k, t in enumerate(tiles):
             w = rd * cores + k
@@ -151,10 +159,7 @@ def attention_program(d, gen: Generation, kv_len: int | None = None, q_offset: i
             if w >= items:
                 b.task(f"o{c}", "out", 0, (0,), (1,), (rows * dp,))
                 continue
-            bb, h, qt = w // (Hkv * q_tiles), (w // q_tiles) % Hkv, w % q_tiles
-            t0 = qt * tq
-            tv = min(tq, Lq - t0)
-            off = ((bb * Hq + h * g) * Lq + t0) * D
+            off, tv = q_rows(w)
             b.task(f"o{c}", "out", off, (g, tv, D), (Lq * D, D, 1),
                    ((rows - g * tq) // tq if tq else 0, tq - tv, dp - D))
         for k, t in enumerate(tiles):
@@ -163,10 +168,7 @@ def attention_program(d, gen: Generation, kv_len: int | None = None, q_offset: i
             if w >= items:
                 b.task(f"kv{c}", "q", 0, (0,), (1,), (qe + q_pad_tail,))
                 continue
-            bb, h, qt = w // (Hkv * q_tiles), (w // q_tiles) % Hkv, w % q_tiles
-            t0 = qt * tq
-            tv = min(tq, Lq - t0)
-            off = ((bb * Hq + h * g) * Lq + t0) * D
+            off, tv = q_rows(w)
             b.task(f"kv{c}", "q", off, (g, tv, D), (Lq * D, D, 1),
                    ((2 * tkv - g * tq) // tq, tq - tv, dp - D))
             if q_pad_tail:

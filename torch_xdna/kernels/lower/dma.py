@@ -15,6 +15,7 @@ import math
 from torch_xdna.array import ir
 from torch_xdna.hw import Generation
 from torch_xdna.kernels.base import numel
+from torch_xdna.kernels.blocks.weights import default_group, weight_tensors
 from torch_xdna.kernels.lower.builder import Builder, LoweringError, tt
 
 MAX_TASKS = 4096
@@ -131,15 +132,14 @@ def llm_embed_program(d, gen: Generation, inputs=None, n: int | None = None, **_
     follow on the same channel) -> one core dequantizes and scales each row to fp32 -> out.
     The plan counts no core (its rows are DMA traffic); the dequantizing core is this
     lowering's, at one kernel call per row."""
-    from torch_xdna.kernels.blocks import llm as L
     if inputs is None:
         raise LoweringError(f"{d.name}: pass inputs=[*table, ids] to lower(); the row BDs are "
                             "generated from the ids")
-    nt = L.weight_tensors(d.precision)
+    nt = weight_tensors(d.precision)
     ids = inputs[nt].reshape(-1).long().tolist()[: d.rows if n is None else int(n)]
     tables = list(inputs[:nt])
     h = d.hidden
-    g = d.group or L.default_group(d.precision) or h
+    g = d.group or default_group(d.precision) or h
     row_dt = {"fp32": "f32", "bf16": "bf16", "int8": "i8", "int4": "u8", "bfp16": "u8"}[d.precision]
     row_n = {"int4": h // 2, "bfp16": tables[0].shape[-1]}.get(d.precision, h)
     parts = [("table", row_dt, row_n)]

@@ -1,7 +1,9 @@
-"""Design kind -> lowering function (one table, so `xdna design show` lists what lowers)."""
+"""Design kind -> lowering function (one table, so `xdna design show` lists what lowers): fills
+lower/dispatch.LOWERINGS, where `lower` looks a design's kind up."""
 from __future__ import annotations
 
 from torch_xdna.kernels.lower.attention import attention_program
+from torch_xdna.kernels.lower.dispatch import LOWERINGS
 from torch_xdna.kernels.lower.dma import concat_program, embedding_program, gather_program, \
     llm_embed_program
 from torch_xdna.kernels.lower.fused import gated_gemm_programs, llm_block_programs, \
@@ -9,7 +11,7 @@ from torch_xdna.kernels.lower.fused import gated_gemm_programs, llm_block_progra
 from torch_xdna.kernels.lower.gemm import gemm_programs
 from torch_xdna.kernels.lower.vector import chain_program, vector_program
 
-LOWERINGS = {
+LOWERINGS.update({
     "gemm": lambda d, gen, **kw: gemm_programs(d, gen),
     "vector": lambda d, gen, **kw: vector_program(d, gen),
     "chain": lambda d, gen, **kw: chain_program(d, gen),
@@ -24,4 +26,4 @@ LOWERINGS = {
     "llm_mlp": llm_block_programs,
     "llm_head": llm_block_programs,
     "llm_layer": llm_block_programs,
-}
+})

@@ -7,7 +7,7 @@ program's notes its `scratch_args` (intermediates in DDR that the launcher alloc
 
   gated_gemm     A @ Wg (act in the store) -> T0; A @ Wu -> T1; gate_mul(T0, T1) -> out
   prologue_gemm  the chain (kept outputs, and A -> T0); the GEMM on T0
-  llm blocks     the stage designs their plans are built from (llm_blocks._plan_at /
+  llm blocks     the stage designs their plans are built from (AttentionBlockDesign.plan_at /
                  MlpBlockDesign.plan / HeadDesign.plan), each lowered with its own tiling and
                  wired through scratch buffers. These programs give the structure, BDs and
                  stream size of a fused block; the layer's data layout between stages (RoPE
@@ -16,39 +16,23 @@ program's notes its `scratch_args` (intermediates in DDR that the launcher alloc
 """
 from __future__ import annotations
 
-import dataclasses
-
 import torch
 
 from torch_xdna.array import ir
 from torch_xdna.hw import Generation
+from torch_xdna.kernels.base import round_up
+from torch_xdna.kernels.blocks.toolkit import KV_TILE, gemm_design, kv_bucket
 from torch_xdna.kernels.lower.builder import LoweringError
+from torch_xdna.kernels.lower.dispatch import lower_stage, rename_args
+from torch_xdna.kernels.lower.llm_layer import layer_programs
 from torch_xdna.kernels.lower.vector import Operand, stream_program
-
-
-def rename_args(prog: ir.ArrayProgram, mapping: dict[str, str], notes: dict | None = None) -> ir.ArrayProgram:
-    """The program with host arguments renamed (stage wiring) and notes added."""
-    seq = prog.sequence
-    args = tuple(dataclasses.replace(a, name=mapping.get(a.name, a.name)) for a in seq.args)
-    ops = tuple(dataclasses.replace(op, arg=mapping.get(op.arg, op.arg)) if isinstance(op, ir.DmaTask)
-                else op for op in seq.ops)
-    merged = dict(prog.notes)
-    merged.update(notes or {})
-    return dataclasses.replace(prog, sequence=dataclasses.replace(seq, args=args, ops=ops),
-                               notes=tuple(sorted(merged.items())))
-
-
-def _lower_one(d, gen, **kw) -> ir.ArrayProgram:
-    from torch_xdna.kernels.lower import lower
-    progs = lower(d, gen, **kw)
-    if len(progs) != 1:
-        raise LoweringError(f"{d.name}: a stage must lower to one program, got {len(progs)}")
-    return progs[0]
+from torch_xdna.kernels.ops.attention import AttentionDesign
+from torch_xdna.kernels.ops.vector import VectorDesign
 
 
 def gated_gemm_programs(d, gen: Generation, **_) -> tuple[ir.ArrayProgram, ...]:
-    g = _lower_one(d._gemm(d.n, d.act), gen)
-    u = _lower_one(d._gemm(d.n), gen)
+    g = lower_stage(d._gemm(d.n, d.act), gen)
+    u = lower_stage(d._gemm(d.n), gen)
     m = d.batch * d.m * d.n
     out_dt = {torch.float32: "f32", torch.bfloat16: "bf16"}.get(d.out_dtype, "f32")
     plan = d.plan(gen)
@@ -68,8 +52,8 @@ def gated_gemm_programs(d, gen: Generation, **_) -> tuple[ir.ArrayProgram, ...]:
 
 
 def prologue_gemm_programs(d, gen: Generation, **_) -> tuple[ir.ArrayProgram, ...]:
-    chain = _lower_one(d.chain, gen)
-    gemm = _lower_one(d.gemm, gen)
+    chain = lower_stage(d.chain, gen)
+    gemm = lower_stage(d.gemm, gen)
     n_in = len(d.chain.in_shapes)
     kept = [k for k, keep in enumerate(d.keep) if keep]
     mapping = {f"out{d.a_out}": "T0"}
@@ -86,16 +70,8 @@ def prologue_gemm_programs(d, gen: Generation, **_) -> tuple[ir.ArrayProgram, ..
 # --- fused LLM blocks ---------------------------------------------------------------------------
 def _stage_designs(d, gen):
     """(label, design, inputs, output) of a block's stages, as its plan builds them."""
-    from torch_xdna.kernels.blocks import llm as L
-    from torch_xdna.kernels.ops.attention import AttentionDesign
-    from torch_xdna.kernels.ops.gemm import GemmDesign
-    from torch_xdna.kernels.ops.vector import VectorDesign
     f32 = torch.float32
-
-    def gemm(m, k, n, precision, batch=1, group=0):
-        wq = precision in ("int8", "int4")
-        return GemmDesign(m, k, n, batch=batch, dtype=L._mm_dtype(precision),
-                          w_group=(group or L.default_group(precision)) if wq else 0)
+    gemm = gemm_design
 
     def vec(op, rows, dim, n_in=1):
         params = {"rms_norm": (("eps", 1e-6), ("has_weight", n_in > 1))}.get(op, ())
@@ -106,8 +82,8 @@ def _stage_designs(d, gen):
     if d.kind == "llm_attention":
         m, h, hd = d.rows, d.hidden, d.head_dim
         qkv_n = (d.heads + 2 * d.kv_heads) * hd
-        kv = L.kv_bucket(d.capacity, d.capacity)
-        keys = kv if d.window is None else min(kv, L.round_up(d.window + m, L.KV_TILE))
+        kv = kv_bucket(d.capacity, d.capacity)
+        keys = kv if d.window is None else min(kv, round_up(d.window + m, KV_TILE))
         out += [("attn_norm", vec("rms_norm", m, h, 2), ("x", "attn_norm"), "T_norm"),
                 ("qkv_proj", gemm(m, h, qkv_n, d.precision, group=d.group), ("T_norm", "w_qkv"), "T_qkv"),
                 ("rope", vec("mul", m, qkv_n, 2), ("T_qkv", "rope_table"), "T_rope"),
@@ -134,7 +110,6 @@ def _stage_designs(d, gen):
 
 def llm_block_programs(d, gen: Generation, **launch) -> tuple[ir.ArrayProgram, ...]:
     if d.kind == "llm_layer":
-        from torch_xdna.kernels.lower.llm_layer import layer_programs
         try:                             # executable stages (kernels/blocks/llm_stages.py)
             return layer_programs(d, gen, **launch)
         except LoweringError as e:
@@ -143,7 +118,7 @@ def llm_block_programs(d, gen: Generation, **launch) -> tuple[ir.ArrayProgram, .
                      for p in llm_block_programs(d.attention, gen) + llm_block_programs(d.mlp, gen))
     progs = []
     for label, sd, ins, out in _stage_designs(d, gen):
-        p = _lower_one(sd, gen)
+        p = lower_stage(sd, gen)
         names = [a.name for a in p.sequence.args]
         mapping = dict(zip(names[:len(ins)], ins))
         mapping[names[-1]] = out

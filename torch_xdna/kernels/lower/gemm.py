@@ -7,7 +7,7 @@ sits as core (col c, row r) = m-slice r // per_col, n-slice c * per_col + r % pe
   B   per column: shim -> mem tile (tk x per_col*tn per K step, row-major so an N edge is one
       padded run) -> per n-slice a tk x tn tile (mem-tile access pattern), broadcast down the
       column; weight-only W (with its scales) and bfp16 B arrive as host-packed tiles
-      (pack_weight_tiles / pack_bfp16_tiles), one contiguous tile per core and K step
+      (ops/gemm_pack.py), one contiguous tile per core and K step
   C   per core: tm x tn -> mem tile join -> shim
   With the plan's B panel held (`b_panel_resident`, p M sub-blocks): the column's whole
       K panel is one mem-tile element, re-streamed p times to the cores by a link with
@@ -29,6 +29,7 @@ from torch_xdna.kernels.base import ceil_div
 from torch_xdna.kernels.ops.gemm import a_columns
 from torch_xdna.kernels.lower.builder import Builder, LoweringError, acq, call, elem, flat, \
     forever, loop, rel, spread, tt
+from torch_xdna.kernels.lower.dispatch import rename_args
 
 
 def gemm_program(d, gen: Generation, name: str | None = None, args=("A", "B", "C"),
@@ -244,56 +245,6 @@ def _b_rowmajor(b, fifo, arg, base, kt, tk, k_last, nv, ncols, N):
         b.task(fifo, arg, base + full * tk * N, (k_last, nv), (N, 1), (tk - k_last, ncols - nv))
 
 
-def pack_weight_tiles(d, gen: Generation, q: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
-    """Host layout of a weight-only GEMM's B: W [N, K] int8 (or packed int4 [N, K/2]) and its
-    bf16 scales [N, K/g] as the array streams them, [n tile][k step][W tile | scale tile]
-    bytes, zero-padded at the edges. Done once per weight (like any weight repacking), so each
-    core receives its weights and their scales on one channel."""
-    plan = d.plan(gen)
-    tm, tk, tn = plan.tile
-    gm, gn = plan.notes["grid"]
-    N, K, g = d.n, d.k, d.w_group
-    kt, nt = ceil_div(K, tk), ceil_div(N, tn)
-    ntp = ceil_div(nt, gn) * gn
-    per = 2 if d.dtype == "int4" else 1
-    tkb = tk // per
-    qb = q.contiguous().view(torch.uint8).reshape(N, -1)
-    w = torch.zeros(ntp * tn, kt * tkb, dtype=torch.uint8)
-    w[:N, :qb.shape[1]] = qb
-    w = w.reshape(ntp, tn, kt, tkb).permute(0, 2, 1, 3).reshape(ntp, kt, tn * tkb)
-    sg = max(1, tk // g)
-    if tk >= g:
-        s = torch.zeros(ntp * tn, kt * sg, dtype=torch.bfloat16)
-        s[:N, :scales.shape[1]] = scales.to(torch.bfloat16)
-    else:
-        cols = torch.tensor([min(k * tk // g, K // g - 1) for k in range(kt)])
-        s = torch.zeros(ntp * tn, kt, dtype=torch.bfloat16)
-        s[:N] = scales.to(torch.bfloat16)[:, cols]
-    s = s.reshape(ntp, tn, kt, sg).permute(0, 2, 1, 3).contiguous().view(torch.uint8)
-    s = s.reshape(ntp, kt, tn * sg * 2)
-    return torch.cat([w, s], dim=-1).reshape(-1).contiguous()
-
-
-def pack_bfp16_tiles(d, gen: Generation, b: torch.Tensor) -> torch.Tensor:
-    """Host layout of a bfp16 GEMM's B [.., K, N] (floats): per batch, [n tile][k step] tiles of
-    B^T (tn rows of tk values) encoded as bfp16 blocks along K (quant.encode_bfp16), zero-padded
-    at the edges; every tile is a whole number of 32-bit words."""
-    from torch_xdna.kernels import quant
-    plan = d.plan(gen)
-    tm, tk, tn = plan.tile
-    gm, gn = plan.notes["grid"]
-    K, N = d.k, d.n
-    kt, nt = ceil_div(K, tk), ceil_div(N, tn)
-    ntp = ceil_div(nt, gn) * gn
-    bt = b.float().reshape(-1, K, N).transpose(-1, -2)          # [batch, N, K]
-    full = torch.zeros(bt.shape[0], ntp * tn, kt * tk)
-    full[:, :N, :K] = bt
-    enc = quant.encode_bfp16(full)                               # [batch, ntp*tn, kt*tk/8*9]
-    kb = tk // 8 * 9
-    enc = enc.reshape(-1, ntp, tn, kt, kb).permute(0, 1, 3, 2, 4)
-    return enc.reshape(-1).contiguous()
-
-
 def gemm_programs(d, gen: Generation) -> tuple[ir.ArrayProgram, ...]:
     """The GEMM stage, then (bias / residual) an epilogue stage on the vector unit."""
     if not (d.bias or d.residual):
@@ -303,7 +254,6 @@ def gemm_programs(d, gen: Generation) -> tuple[ir.ArrayProgram, ...]:
     acc = torch.int32 if d.compute_dtype == "int8" else torch.float32
     main = gemm_program(d, gen, args=names, store_act="none", out_dtype=acc)
     if not d.weight_only and d.dtype != "bfp16":     # their host layouts re-pack B: not named here
-        from torch_xdna.kernels.lower.fused import rename_args
         la = ("A", "B") + (("bias",) if d.bias else ()) + (("R",) if d.residual else ()) + ("C",)
         main = rename_args(main, {}, {"launch_args": la, "scratch_args": ("T",)})
     return (main, epilogue_program(d, gen, scratch="T"))

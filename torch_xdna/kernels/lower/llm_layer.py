@@ -27,7 +27,8 @@ from torch_xdna.array import ir
 from torch_xdna.hw import Generation
 from torch_xdna.kernels.lower.builder import Builder, LoweringError, acq, call, elem, forever, \
     loop, rel, tt
-from torch_xdna.kernels.lower.fused import _lower_one, rename_args
+from torch_xdna.kernels.blocks import llm_stages as LS
+from torch_xdna.kernels.lower.dispatch import lower_stage, rename_args
 
 
 _STAGES: dict = {}                  # (layer, generation, stage, P, first) -> program
@@ -37,7 +38,6 @@ def layer_programs(d, gen: Generation, pos: int = 0, n: int | None = None, input
                    **_) -> tuple[ir.ArrayProgram, ...]:
     """The executable stage programs of one launch at position `pos`. `inputs` (the launch's)
     give the RoPE tables' length P; without them P is the KV capacity."""
-    from torch_xdna.kernels.blocks import llm_stages as LS
     why = LS.unsupported(d, n)
     if why:
         raise LoweringError(f"{d.name}: not lowered as executable stages: {why}")
@@ -57,7 +57,7 @@ def layer_programs(d, gen: Generation, pos: int = 0, n: int | None = None, input
             progs.append(hit)           # object for every position (its stream is cached too)
             continue
         if st.kind == "design":
-            p = _lower_one(st.design, gen, **scalars)
+            p = lower_stage(st.design, gen, **scalars)
             names = [a.name for a in p.sequence.args]
             if len(names) != len(st.ins) + 1:
                 raise LoweringError(f"{d.name}: stage {st.label} has {len(names)} host args")
@@ -114,8 +114,7 @@ def _qk_rope(d, gen, dm, pos, positions, n) -> ir.ArrayProgram:
             rel("qkw"))
     b.core_body(core, (forever(*body),))
     b.notes.update({"tokens": R, "valid": n, "heads": (Hq, Hkv), "head_dim": D, "position": pos})
-    from torch_xdna.kernels.blocks.llm_stages import cs_rows
-    for i, c in enumerate(cs_rows(pos, R, positions)):
+    for i, c in enumerate(LS.cs_rows(pos, R, positions)):
         p = pos + i
         b.task("qk", "T_q", i * D, (Hq, D), (R * D, 1))           # q heads, head-major
         if i < n:                                                 # k rows at the position

@@ -17,8 +17,8 @@ from torch_xdna.kernels.capacity import DmaTransfer, check_plan
 from torch_xdna.runtime.plan import Plan
 
 
-def _dma_plan(gen: Generation, label: str, design: str, runs: int, run_elems: int, itemsize: int,
-              read: int, write: int) -> Plan:
+def dma_runs_plan(gen: Generation, label: str, design: str, runs: int, run_elems: int,
+                  itemsize: int, read: int, write: int) -> Plan:
     """`runs` BDs of `run_elems` elements each, ping-ponged through one column's mem tile; a shim
     task carries as many run BDs as the mem tile has left, tasks beyond the queue depth wait."""
     runs = max(1, runs)
@@ -64,7 +64,7 @@ class ConcatDesign(Design):
         runs = sum(outer for s in self.in_shapes if numel(s))     # one BD run per outer row
         run = max((s[self.dim] * inner for s in self.in_shapes if numel(s)), default=1)
         total = numel(self.out_shape) * item
-        return _dma_plan(gen, label, "concat", runs, run, item, total, total)
+        return dma_runs_plan(gen, label, "concat", runs, run, item, total, total)
 
 
 GATHER_MODES = ("index_select", "gather", "index")
@@ -116,5 +116,5 @@ class GatherDesign(Design):
             run = 1                                   # gather picks single elements
         run = max(1, run)
         idx_bytes = sum(numel(s) * 8 for s in self.in_shapes[1:])
-        return _dma_plan(gen, label, self.mode, ceil_div(n_out, run), run, item,
+        return dma_runs_plan(gen, label, self.mode, ceil_div(n_out, run), run, item,
                          n_out * item + idx_bytes, n_out * item)

@@ -28,7 +28,7 @@ from torch_xdna.hw import Generation
 from torch_xdna.kernels import numerics
 from torch_xdna.kernels.base import Design, ceil_div, numel
 from torch_xdna.kernels.capacity import DmaTransfer, check_dma, check_plan, lanes, need
-from torch_xdna.kernels.ops.dma import _dma_plan
+from torch_xdna.kernels.ops.dma import dma_runs_plan
 from torch_xdna.runtime.plan import Plan
 
 aten = torch.ops.aten
@@ -123,8 +123,24 @@ WINDOW_OPS: dict[str, tuple[Callable, str, float]] = {
 }
 
 
+class OpDesign(Design):
+    """A design keyed by its `op` (one of the class's `ops`, checked when built) and named by it.
+    Subclasses are frozen dataclasses with an `op` field."""
+
+    ops: tuple = ()
+
+    def __post_init__(self):
+        if self.op not in self.ops:
+            raise ValueError(f"{type(self).__name__} op {self.op!r} unknown; known: "
+                             f"{', '.join(self.ops)}")
+
+    @property
+    def name(self) -> str:
+        return self.op
+
+
 @dataclass(frozen=True)
-class WindowDesign(Design):
+class WindowDesign(OpDesign):
     """One CNN window op (see WINDOW_OPS) over fixed NCHW shapes; several outputs allowed."""
 
     op: str
@@ -134,14 +150,7 @@ class WindowDesign(Design):
     out_dtypes: tuple
     params: tuple = ()               # sorted (name, value)
     kind = "window"
-
-    def __post_init__(self):
-        if self.op not in WINDOW_OPS:
-            raise ValueError(f"WindowDesign op {self.op!r} unknown; known: {', '.join(WINDOW_OPS)}")
-
-    @property
-    def name(self) -> str:
-        return self.op
+    ops = WINDOW_OPS
 
     def reference(self, inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor],
                   **scalars: Any) -> None:
@@ -274,7 +283,7 @@ MOVE_OPS = ("pixel_shuffle", "pixel_unshuffle", "upsample_nearest", "constant_pa
 
 
 @dataclass(frozen=True)
-class MoveDesign(Design):
+class MoveDesign(OpDesign):
     """Pure data movement, bit exact in every dtype: pixel_shuffle / pixel_unshuffle by `factor`,
     nearest upsampling by integer factors, constant padding. The shim DMA reads the source contiguously; the
     mem tile's write descriptors scatter each source row to its strided place in the output
@@ -289,14 +298,7 @@ class MoveDesign(Design):
     pads: tuple = ()                 # constant_pad: F.pad order; negative crops
     value: float = 0.0
     kind = "move"
-
-    def __post_init__(self):
-        if self.op not in MOVE_OPS:
-            raise ValueError(f"MoveDesign op {self.op!r} unknown; known: {', '.join(MOVE_OPS)}")
-
-    @property
-    def name(self) -> str:
-        return self.op
+    ops = MOVE_OPS
 
     def reference(self, inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor],
                   **scalars: Any) -> None:
@@ -320,14 +322,14 @@ class MoveDesign(Design):
             # one BD per source row lands at its offset; the mem tile's MM2S padding (or a
             # constant fill of the output BDs) supplies the border
             w = self.in_shape[-1] if self.in_shape else 1
-            return _dma_plan(gen, label, "move", numel(self.in_shape[:-1]), w, item,
+            return dma_runs_plan(gen, label, "move", numel(self.in_shape[:-1]), w, item,
                              numel(self.in_shape) * item, total)
         h, w = self.in_shape[-2], self.in_shape[-1]
         if self.op == "upsample_nearest":
             fh, fw = self.factor
             rows = numel(self.in_shape[:-1]) * fh           # one BD per output row: (w, fw) repeat
             check_dma(gen, label, (DmaTransfer("nearest row (w, repeat)", (w, fw), (1, 0)),))
-            return _dma_plan(gen, label, "move", rows, w * fw, item, numel(self.in_shape) * item,
+            return dma_runs_plan(gen, label, "move", rows, w * fw, item, numel(self.in_shape) * item,
                              total)
         r = self.factor[0]
         if self.op == "pixel_shuffle":
@@ -338,5 +340,5 @@ class MoveDesign(Design):
             runs = numel(self.out_shape[:-2])
             t = DmaTransfer("sub-pixel plane (h, w)", (oh, ow), (r * r * ow, r))
         check_dma(gen, label, (t,))
-        return _dma_plan(gen, label, "move", runs, numel(self.in_shape[-2:]) if self.op ==
+        return dma_runs_plan(gen, label, "move", runs, numel(self.in_shape[-2:]) if self.op ==
                          "pixel_shuffle" else numel(self.out_shape[-2:]), item, total, total)

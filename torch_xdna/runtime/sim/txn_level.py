@@ -35,7 +35,7 @@ _host_layouts: dict[str, Callable] = {}
 
 def register_host_layout(kind: str, fn: Callable) -> None:
     """fn(design, gen, inputs) -> the inputs as the program's host arguments expect them (e.g.
-    weights packed into per-tile runs, kernels/lower/gemm.pack_weight_tiles), or None."""
+    weights packed into per-tile runs, kernels/ops/gemm_pack.pack_weight_tiles), or None."""
     _host_layouts[kind] = fn
 
 

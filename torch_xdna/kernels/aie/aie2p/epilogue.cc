@@ -51,11 +51,5 @@ static inline void epi(const float *t, const float *r, const bfloat16 *bias, TO 
   XDNA_EPI_OUT(act, bf16, bfloat16, expr)
 
 extern "C" {
-XDNA_EPI(none, x)
-XDNA_EPI(relu, aie::max(x, 0.0f))
-XDNA_EPI(gelu, xdna::gelu_f32(x))
-XDNA_EPI(gelu_tanh, xdna::gelu_tanh_f32(x))
-XDNA_EPI(silu, xdna::silu_f32(x))
-XDNA_EPI(tanh, xdna::tanh_f32(x))
-XDNA_EPI(sigmoid, xdna::sigmoid_f32(x))
+XDNA_ACTIVATIONS(XDNA_EPI)
 }

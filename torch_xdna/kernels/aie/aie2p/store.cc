@@ -30,13 +30,7 @@ static inline void store_tile(const float *__restrict acc, T *__restrict c, floa
   }
 
 extern "C" {
-XDNA_STORE(none, x)
-XDNA_STORE(relu, aie::max(x, 0.0f))
-XDNA_STORE(gelu, xdna::gelu_f32(x))
-XDNA_STORE(gelu_tanh, xdna::gelu_tanh_f32(x))
-XDNA_STORE(silu, xdna::silu_f32(x))
-XDNA_STORE(tanh, xdna::tanh_f32(x))
-XDNA_STORE(sigmoid, xdna::sigmoid_f32(x))
+XDNA_ACTIVATIONS(XDNA_STORE)
 
 void store_none_i32_i32(const int32 *acc, int32 *c, float alpha) {
   (void)alpha;                                  // integer GEMMs carry no alpha

@@ -147,3 +147,14 @@ inline float row_max(const T *p, int n) {
 }
 
 }  // namespace xdna
+
+// The epilogue activations of the store / epilogue kernels (aie.STORE_ACTS), as X(name, expr of
+// the fp32 vector x): each kernel source expands its entry points once per activation.
+#define XDNA_ACTIVATIONS(X)                                                                       \
+  X(none, x)                                                                                       \
+  X(relu, aie::max(x, 0.0f))                                                                       \
+  X(gelu, xdna::gelu_f32(x))                                                                       \
+  X(gelu_tanh, xdna::gelu_tanh_f32(x))                                                             \
+  X(silu, xdna::silu_f32(x))                                                                       \
+  X(tanh, xdna::tanh_f32(x))                                                                       \
+  X(sigmoid, xdna::sigmoid_f32(x))

@@ -1,10 +1,11 @@
-"""Precision plans: which numerics each op kind or model site runs with.
+"""Numerics plans: which numerics each op kind or model site runs with (the word "precision" is the
+engine's per-model weight format choice, PrecisionPolicy; this is the kernels' per-site rule table).
 
-A PrecisionPlan is an ordered list of (glob pattern, Numerics) rules; the first rule whose pattern
+A NumericsPlan is an ordered list of (glob pattern, Numerics) rules; the first rule whose pattern
 matches the site name (e.g. "layers.3.mlp.up") or the op kind (e.g. "gemm", "attention") wins,
 else the default. Put specific patterns first. Example:
 
-    PrecisionPlan.parse("layers.*.mlp*=int4:g32, lm_head=int8, default=bf16")
+    NumericsPlan.parse("layers.*.mlp*=int4:g32, lm_head=int8, default=bf16")
 
 GEMM sites turn a Numerics into GemmDesign fields with `gemm_fields(k)`.
 """
@@ -70,7 +71,7 @@ class Numerics:
 
 
 @dataclass(frozen=True)
-class PrecisionPlan:
+class NumericsPlan:
     rules: tuple[tuple[str, Numerics], ...] = ()
     default: Numerics = field(default_factory=Numerics)
 
@@ -82,7 +83,7 @@ class PrecisionPlan:
         return self.default
 
     @classmethod
-    def parse(cls, text: str) -> "PrecisionPlan":
+    def parse(cls, text: str) -> "NumericsPlan":
         """'pattern=numerics, ...' (a 'default=' entry sets the default)."""
         rules, default = [], Numerics()
         for item in filter(None, (t.strip() for t in text.split(","))):
@@ -96,7 +97,7 @@ class PrecisionPlan:
         return cls(tuple(rules), default)
 
     @classmethod
-    def uniform(cls, spec: str) -> "PrecisionPlan":
+    def uniform(cls, spec: str) -> "NumericsPlan":
         """Every site with the same numerics, e.g. uniform('int4:g32')."""
         return cls((), Numerics.parse(spec))
 

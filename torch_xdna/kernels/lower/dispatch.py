@@ -1,0 +1,51 @@
+"""The lowering table's lookup, and the wiring multi-stage lowerings share.
+
+LOWERINGS (design kind -> lowering function) is filled by lower/families.py, which the package
+imports first; the lowerings of fused designs call `lower_stage` for their component designs,
+so they reach every other lowering through the table, not through imports of each other.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable
+
+from torch_xdna.array import ir
+from torch_xdna.hw import Generation
+from torch_xdna.kernels.lower.builder import LoweringError
+
+LOWERINGS: dict[str, Callable] = {}
+
+
+def lower(design, gen: Generation, **launch) -> tuple[ir.ArrayProgram, ...]:
+    """The ArrayPrograms of one launch of `design`, run in order."""
+    fn = LOWERINGS.get(design.kind)
+    if fn is None:
+        raise LoweringError(f"design kind {design.kind!r} ({design.name}) has no array lowering; "
+                            f"lowered kinds: {', '.join(sorted(LOWERINGS))}")
+    progs = fn(design, gen, **launch)
+    return progs if isinstance(progs, tuple) else (progs,)
+
+
+def lowerable(design) -> bool:
+    return design.kind in LOWERINGS
+
+
+def lower_stage(d, gen: Generation, **kw) -> ir.ArrayProgram:
+    """The one program of a component design that runs as one stage of a fused launch."""
+    progs = lower(d, gen, **kw)
+    if len(progs) != 1:
+        raise LoweringError(f"{d.name}: a stage must lower to one program, got {len(progs)}")
+    return progs[0]
+
+
+def rename_args(prog: ir.ArrayProgram, mapping: dict[str, str], notes: dict | None = None) -> ir.ArrayProgram:
+    """The program with host arguments renamed (stage wiring) and notes added."""
+    seq = prog.sequence
+    args = tuple(dataclasses.replace(a, name=mapping.get(a.name, a.name)) for a in seq.args)
+    ops = tuple(dataclasses.replace(op, arg=mapping.get(op.arg, op.arg)) if isinstance(op, ir.DmaTask)
+                else op for op in seq.ops)
+    merged = dict(prog.notes)
+    merged.update(notes or {})
+    return dataclasses.replace(prog, sequence=dataclasses.replace(seq, args=args, ops=ops),
+                               notes=tuple(sorted(merged.items())))
+
