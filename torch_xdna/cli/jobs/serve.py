@@ -138,7 +138,8 @@ def _port_free(host: str, port: int) -> str | None:
 
 def run(args: argparse.Namespace) -> int:
     try:
-        from torch_xdna.server.app import ServerConfig, backend_description, create_app
+        from torch_xdna.server.app import ServerConfig, create_app
+        from torch_xdna.server.state import backend_description
         from torch_xdna.server.http import (HttpLimits, XdnaServer, connection_cap,
                                             raise_nofile_limit, uvicorn_config)
     except ImportError as e:
