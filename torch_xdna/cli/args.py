@@ -15,7 +15,7 @@ class CliError(Exception):
     """A command cannot go on; the message names the problem and what to do."""
 
 
-def add_command(subparsers, name: str, help: str, description: str,
+def add_command(subparsers, name: str, help: str, description: str | None = None,
                 epilog: str | None = None) -> argparse.ArgumentParser:
     """A subcommand whose description and examples (epilog) keep their line breaks."""
     return subparsers.add_parser(name, help=help, description=description, epilog=epilog,
