@@ -6,19 +6,33 @@ its own errors or shows a traceback."""
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
+from typing import Any
 
 
 class CliError(Exception):
     """A command cannot go on; the message names the problem and what to do."""
 
 
+def add_command(subparsers, name: str, help: str, description: str | None = None,
+                epilog: str | None = None) -> argparse.ArgumentParser:
+    """A subcommand whose description and examples (epilog) keep their line breaks."""
+    return subparsers.add_parser(name, help=help, description=description, epilog=epilog,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+
+
+def number(text: str, kind: type, what: str) -> Any:
+    """`text` as an int or float (`kind`); an argparse error naming `what` otherwise."""
+    try:
+        return kind(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not {what}") from None
+
+
 def positive_int(text: str) -> int:
     """argparse type: an integer >= 1 (a size, a count, a token budget)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    value = number(text, int, "an integer")
     if value < 1:
         raise argparse.ArgumentTypeError(f"{value} is not allowed; give an integer >= 1")
     return value
@@ -26,13 +40,29 @@ def positive_int(text: str) -> int:
 
 def port_number(text: str) -> int:
     """argparse type: a TCP port, 0-65535 (0 = any free port)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a port number") from None
+    value = number(text, int, "a port number")
     if not 0 <= value <= 65535:
         raise argparse.ArgumentTypeError(f"{value} is out of range; give a port in 0-65535")
     return value
+
+
+def seconds(text: str) -> float:
+    """argparse type: a finite number of seconds > 0."""
+    value = number(text, float, "a number of seconds")
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r} is not allowed; give a number of seconds > 0")
+    return value
+
+
+def with_stdin(items: list[str]) -> list[str]:
+    """Positional texts with each '-' replaced by the non-blank lines of stdin."""
+    out: list[str] = []
+    for t in items:
+        if t == "-":
+            out.extend(line.rstrip("\n") for line in sys.stdin if line.strip())
+        else:
+            out.append(t)
+    return out
 
 
 def output_file(path: str | None, option: str) -> Path | None:

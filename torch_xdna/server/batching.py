@@ -20,7 +20,9 @@ import threading
 from typing import Any, Iterator
 
 from torch_xdna.server.chat import GenerationParams, Piece
+from torch_xdna.server.errors import shutting_down
 from torch_xdna.server.schemas import APIError
+from torch_xdna.server.worker import Job
 
 log = logging.getLogger("torch_xdna.server")
 
@@ -102,8 +104,6 @@ class Batcher:
 
     def _schedule(self, entry_id: str, model: Any, runner, raise_: bool = False) -> None:
         """Queue a drive job for `runner` (request thread, or the device thread re-queuing)."""
-        from torch_xdna.server.app import shutting_down
-        from torch_xdna.server.worker import Job
         srv, ran = self.srv, []
 
         def drive() -> None:

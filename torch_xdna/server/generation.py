@@ -1,5 +1,5 @@
 """One generation request on the device worker, as a stream of events, for every API surface
-(OpenAI chat/completions in completions.py, Ollama in routes_ollama.py).
+(OpenAI chat/completions in routes/openai_chat.py, Ollama in routes/ollama.py).
 
 GenerationRun submits the job, validates the prompt against the model's context and the server's
 limits on the worker, and hands the route ("start", prompt_tokens), then ("delta", index, text,
@@ -18,15 +18,17 @@ from typing import Any, AsyncIterator, Callable
 
 from fastapi import Request
 
-from torch_xdna.server.app import (Cancel, Server, _as_api_error, _event_error, _next_event,
-                                   client_gone, shutting_down, until_disconnected)
+from torch_xdna.server.batching import HandleSource
 from torch_xdna.server.chat import GenerationParams, run_generation
+from torch_xdna.server.errors import as_api_error, client_gone, shutting_down
 from torch_xdna.server.registry import ModelEntry
 from torch_xdna.server.schemas import APIError
+from torch_xdna.server.state import Cancel, Server, until_disconnected
+from torch_xdna.server.worker import Job
 
 
 @dataclass
-class Plan:
+class GenerationPlan:
     """What to run. setup(model) -> prompt ids (worker thread; may refine `params`, e.g. set a
     grammar that depends on the model's chat template); `param`: the request field holding the
     prompt, named in errors; `info`: values setup wants the response side to see."""
@@ -47,8 +49,32 @@ def logprob_items(model: Any, lps: list | None) -> list[dict] | None:
              "top": [(text(t), lp) for t, lp in x.top]} for x in lps]
 
 
+def _event_error(ev: tuple) -> BaseException:
+    """The error an "error" or "done" event stands for ("done" before "end": the job never ran
+    or died without a word)."""
+    if ev[0] == "error":
+        return ev[1]
+    f: Future = ev[1]
+    if f.cancelled():
+        return client_gone()
+    return f.exception() or RuntimeError("the generation job ended without a result")
+
+
+async def _next_event(srv: Server, events: asyncio.Queue, fut) -> tuple:
+    """The next event of a generation job; waits for the job to start within the timeout."""
+    deadline = srv.config.request_timeout_s
+    try:
+        return await asyncio.wait_for(events.get(), deadline)
+    except asyncio.TimeoutError:
+        fut.cancel()
+        srv.metrics.reject("timeout")
+        return ("error", APIError(503, f"no progress within {deadline} s on the device; retry "
+                                       f"later.", type="server_error", code="timeout"))
+
+
+
 class GenerationRun:
-    def __init__(self, srv: Server, request: Request, entry: ModelEntry, plan: Plan):
+    def __init__(self, srv: Server, request: Request, entry: ModelEntry, plan: GenerationPlan):
         self.srv, self.request, self.entry, self.plan = srv, request, entry, plan
         self.loop = asyncio.get_running_loop()
         self.events: asyncio.Queue = asyncio.Queue()
@@ -79,7 +105,6 @@ class GenerationRun:
     def _work_batched(self, model: Any) -> None:
         """The batched path (a request thread): validate, join the model's running batch
         (server/batching.py) and consume this generation's tokens as they come."""
-        from torch_xdna.server.batching import HandleSource
         cancel, put = self.cancel, self._put
         try:
             if cancel():
@@ -131,7 +156,6 @@ class GenerationRun:
     def _generate(self, source: Any, ids: list[int]) -> None:
         """run_generation over `source` (the model, or a batched generation's HandleSource)."""
         cancel, put = self.cancel, self._put
-        from torch_xdna.server.batching import HandleSource
         text_of = source.model if isinstance(source, HandleSource) else source   # logprob texts
         results = run_generation(
             source, ids, self.plan.params,
@@ -168,7 +192,6 @@ class GenerationRun:
                     and srv.batcher.accepts(resident, self.plan.params):
                 self.fut = self._start_batched(resident)
             else:
-                from torch_xdna.server.worker import Job
                 self.fut = srv.submit(Job(fn=srv.npu_job(self._work)))
         except BaseException:
             srv.untrack(cancel)
@@ -180,7 +203,7 @@ class GenerationRun:
         try:
             first = await _next_event(srv, self.events, self.fut)
             if first[0] != "start":
-                raise _as_api_error(_event_error(first))
+                raise as_api_error(_event_error(first))
             return first[1]
         except BaseException:
             self.cancel.set("done")
@@ -224,7 +247,7 @@ class GenerationRun:
                     self._count(ev[1])
                     return
             else:
-                raise _as_api_error(_event_error(ev))
+                raise as_api_error(_event_error(ev))
 
     def _count(self, results: list) -> None:
         m, eid = self.srv.metrics, self.entry.id

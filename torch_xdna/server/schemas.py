@@ -1,4 +1,5 @@
-"""Request models of the OpenAI-compatible API and its error JSON shape.
+"""Request models of the OpenAI-compatible API, their parsing (parse: body -> model, or a 400
+in OpenAI's words) and its error JSON shape.
 
 Unknown request fields are rejected (extra="forbid") rather than ignored, so a client relying on a
 parameter this server does not implement learns it at once instead of getting a silently different
@@ -6,10 +7,13 @@ answer. Parameters OpenAI defines but we cannot honor are accepted only at their
 """
 from __future__ import annotations
 
+import json
 import re
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from fastapi import Request
+from pydantic import (BaseModel, ConfigDict, Field, ValidationError, field_validator,
+                      model_validator)
 
 
 class APIError(Exception):
@@ -281,3 +285,58 @@ def find_surrogate(data: Any) -> str | None:
         elif isinstance(item, list):
             stack.extend((v, f"{path}[{i}]") for i, v in reversed(list(enumerate(item))))
     return None
+
+
+# --- request parsing ------------------------------------------------------------------------------
+FRIENDLY = {
+    "input": "'input' must be a non-empty string, an array of strings, an array of token ids, "
+             "or an array of token-id arrays",
+    "messages": "'messages' must be a non-empty array of {role, content} objects "
+                "(roles: system, developer, user, assistant; text content only)",
+    "prompt": "'prompt' must be a string (or an array holding one string)",
+}
+
+
+async def parse(request: Request, model: type[BaseModel]) -> Any:
+    body = await request.body()
+    try:
+        data = json.loads(body)
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:
+        raise APIError(400, f"We could not parse the JSON body of your request ({e}). Send a "
+                            f"JSON object with Content-Type: application/json.") from None
+    if not isinstance(data, dict):
+        raise APIError(400, "The request body must be a JSON object.")
+    where = find_surrogate(data)
+    if where is not None:           # valid JSON ("\\ud800"), but no tokenizer can encode it
+        param = where.split(".")[0].split("[")[0]
+        raise APIError(400, f"'{where}' contains an unpaired UTF-16 surrogate (such as \\ud800), "
+                            f"which is not valid Unicode text; send well-formed UTF-8 or pair the "
+                            f"surrogates.", param=param, code="invalid_value")
+    try:
+        return model.model_validate(data)
+    except ValidationError as e:
+        raise validation_error(e) from None
+
+
+def validation_error(e: ValidationError) -> APIError:
+    errs = e.errors()
+    extra = [x for x in errs if x["type"] == "extra_forbidden"]
+    if extra:
+        name = ".".join(str(p) for p in extra[0]["loc"])
+        return APIError(400, f"Unrecognized request argument supplied: {name}", param=name,
+                        code="unknown_parameter")
+    missing = [x for x in errs if x["type"] == "missing"]
+    if missing:
+        name = str(missing[0]["loc"][0])
+        return APIError(400, f"Missing required parameter: '{name}'.", param=name,
+                        code="missing_required_parameter")
+    first = errs[0]
+    name = str(first["loc"][0]) if first["loc"] else None
+    msg = FRIENDLY.get(name or "") or f"Invalid value for '{name}': {first['msg']}"
+    if first["type"] == "value_error" and (first["loc"] == ()
+                                           or first["msg"].startswith("Value error, '")):
+        msg = first["msg"].removeprefix("Value error, ")
+    elif name == "seed":
+        msg = (f"Invalid value for 'seed': {first.get('input')!r}; it must be an integer in "
+               f"[-2**63, 2**64 - 1].")
+    return APIError(400, msg, param=name, code="invalid_value")

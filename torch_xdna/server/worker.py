@@ -46,6 +46,16 @@ class Job:
     future: Future = field(default_factory=Future)
 
 
+def unmerge(sizes: list[int], *rows: Any) -> list[tuple]:
+    """A merged batch_fn's per-job share: for each payload (its item count in `sizes`, in order),
+    the slices of every `rows` sequence computed over the concatenated items."""
+    out, i = [], 0
+    for n in sizes:
+        out.append(tuple(r[i:i + n] for r in rows))
+        i += n
+    return out
+
+
 class DeviceWorker:
     """A single thread running jobs in arrival order."""
 

@@ -7,20 +7,20 @@ import argparse
 import json
 import sys
 
-from torch_xdna.cli.args import CliError, output_file, positive_int
+from torch_xdna.cli.args import CliError, add_command, output_file, positive_int, with_stdin
+from torch_xdna.cli.output import cost_line, npu_json
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("embed", help="print embeddings of texts",
-                              description="Embed texts on the (simulated by default) NPU.",
-                              epilog='examples:\n  xdna embed "hello world" "good morning"\n'
-                                     '  cat lines.txt | xdna embed - --json\n'
-                                     '  xdna embed --input corpus.jsonl --output vectors.parquet\n'
-                                     '  xdna embed --input corpus.txt --output v.parquet --ray\n'
-                                     '  xdna embed --image cat.png dog.jpg --model ./dinov2-small\n\n'
-                                     'A corpus job resumes where it stopped when rerun with the same '
-                                     'arguments\n(its progress is kept in OUTPUT.partial/).',
-                              formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = add_command(subparsers, "embed", help="print embeddings of texts",
+                    description="Embed texts on the (simulated by default) NPU.",
+                    epilog='examples:\n  xdna embed "hello world" "good morning"\n'
+                           '  cat lines.txt | xdna embed - --json\n'
+                           '  xdna embed --input corpus.jsonl --output vectors.parquet\n'
+                           '  xdna embed --input corpus.txt --output v.parquet --ray\n'
+                           '  xdna embed --image cat.png dog.jpg --model ./dinov2-small\n\n'
+                           'A corpus job resumes where it stopped when rerun with the same '
+                           'arguments\n(its progress is kept in OUTPUT.partial/).')
     p.add_argument("texts", nargs="*", metavar="TEXT", help="texts to embed; '-' reads stdin lines")
     p.add_argument("--model", metavar="DIR", help="HF encoder directory (default: the bundled "
                                                   "all-MiniLM-L6-v2)")
@@ -53,20 +53,13 @@ def register(subparsers) -> None:
     p.set_defaults(func=run)
 
 
-def _texts(args: argparse.Namespace) -> list[str]:
-    out: list[str] = []
-    for t in args.texts:
-        if t == "-":
-            out.extend(line.rstrip("\n") for line in sys.stdin if line.strip())
-        else:
-            out.append(t)
-    return out
-
-
-def _short(vec: list[float]) -> str:
-    head = ", ".join(f"{x:+.4f}" for x in vec[:4])
-    tail = ", ".join(f"{x:+.4f}" for x in vec[-2:])
-    return f"[{head}, ..., {tail}]"
+def _print_vectors(vecs, labels: list[str], dim: int) -> None:
+    """One line per vector: its first four and last two values, its size, its label."""
+    for label, v in zip(labels, vecs):
+        vec = v.tolist()
+        head = ", ".join(f"{x:+.4f}" for x in vec[:4])
+        tail = ", ".join(f"{x:+.4f}" for x in vec[-2:])
+        print(f"[{head}, ..., {tail}]  ({dim} dims)  {label}")
 
 
 def run_corpus(args: argparse.Namespace) -> int:
@@ -122,22 +115,16 @@ def run_images(args: argparse.Namespace) -> int:
     emb = ImageEmbedder.load(args.model)
     stats = EmbedStats()
     vecs = emb.embed_images(images, stats)
-    backend = "simulated NPU" if emb.dev.backend == "sim" else f"{emb.dev.backend} NPU"
-    timing = "modeled" if emb.dev.backend == "sim" else "measured"
     if args.json:
         print(json.dumps({
             "model": emb.name, "dimensions": emb.dim, "backend": emb.dev.backend,
             "pooling": emb.spec.pooling,
             "data": [{"index": i, "file": f, "embedding": v.tolist()}
                      for i, (f, v) in enumerate(zip(args.image, vecs))],
-            "npu": {"dispatches": stats.dispatches, f"{timing}_ms": stats.modeled_us / 1e3,
-                    "host_ms": stats.host_s * 1e3}}))
+            "npu": npu_json(stats, emb.dev)}))
     else:
-        for f, v in zip(args.image, vecs):
-            print(f"{_short(v.tolist())}  ({emb.dim} dims)  {f}")
-        print(f"{emb.name} on {backend}: {len(images)} image(s), {stats.dispatches} dispatch(es), "
-              f"NPU time {stats.modeled_us / 1e3:.2f} ms ({timing}), host "
-              f"{stats.host_s * 1e3:.0f} ms", file=sys.stderr)
+        _print_vectors(vecs, args.image, emb.dim)
+        print(cost_line(emb.name, emb.dev, f"{len(images)} image(s)", stats), file=sys.stderr)
     emb.close()
     return 0
 
@@ -150,7 +137,7 @@ def run(args: argparse.Namespace) -> int:
         return run_corpus(args)
     if args.output:
         raise CliError("--output needs --input FILE (a corpus job)")
-    texts = _texts(args)
+    texts = with_stdin(args.texts)
     if not texts or any(not t for t in texts):
         raise CliError("give non-empty texts (or '-' with lines on stdin)")
     emb = Embedder.load(args.model)
@@ -161,22 +148,16 @@ def run(args: argparse.Namespace) -> int:
               f"{emb.spec.max_seq_length} (the model's max_seq_length)", file=sys.stderr)
     stats = EmbedStats()
     vecs = emb.embed_ids([emb.tokenizer.truncate(x) for x in ids], stats)
-    backend = "simulated NPU" if emb.dev.backend == "sim" else f"{emb.dev.backend} NPU"
-    timing = "modeled" if emb.dev.backend == "sim" else "measured"
     if args.json:
         print(json.dumps({
             "model": emb.name, "dimensions": emb.dim, "backend": emb.dev.backend,
             "data": [{"index": i, "text": t, "tokens": len(s), "embedding": v.tolist()}
                      for i, (t, s, v) in enumerate(zip(texts, ids, vecs))],
             "usage": {"prompt_tokens": stats.tokens, "total_tokens": stats.tokens},
-            "npu": {"dispatches": stats.dispatches, f"{timing}_ms": stats.modeled_us / 1e3,
-                    "host_ms": stats.host_s * 1e3}}))
+            "npu": npu_json(stats, emb.dev)}))
     else:
-        for t, v in zip(texts, vecs):
-            label = t if len(t) <= 48 else t[:45] + "..."
-            print(f"{_short(v.tolist())}  ({emb.dim} dims)  {label}")
-        print(f"{emb.name} on {backend}: {len(texts)} input(s), {stats.tokens} tokens, "
-              f"{stats.dispatches} dispatch(es), NPU time {stats.modeled_us / 1e3:.2f} ms "
-              f"({timing}), host {stats.host_s * 1e3:.0f} ms", file=sys.stderr)
+        _print_vectors(vecs, [t if len(t) <= 48 else t[:45] + "..." for t in texts], emb.dim)
+        print(cost_line(emb.name, emb.dev, f"{len(texts)} input(s), {stats.tokens} tokens",
+                        stats), file=sys.stderr)
     emb.close()
     return 0

@@ -7,17 +7,14 @@ import json
 import math
 import sys
 
-from torch_xdna.cli.args import positive_int
+from torch_xdna.cli.args import add_command, number, positive_int
 
 PRECISION_CHOICES = ("bf16", "int8", "int4", "bfp16", "fp32")
 
 
 def finite_float(text: str) -> float:
     """argparse type: a finite number (nan and inf would reach the sampler as NaN probabilities)."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    value = number(text, float, "a number")
     if not math.isfinite(value):
         raise argparse.ArgumentTypeError(f"{text!r} is not allowed; give a finite number")
     return value
@@ -25,15 +22,14 @@ def finite_float(text: str) -> float:
 
 def register(subparsers) -> None:
     from torch_xdna.engine.llm.decoder import DEFAULT_LAYOUT, LAYOUTS
-    p = subparsers.add_parser(
-        "generate", help="stream text from a HF decoder directory",
+    p = add_command(
+        subparsers, "generate", help="stream text from a HF decoder directory",
         description="Generate text with the fused decode engine. NPU figures are modeled by the "
                     "simulator unless the xrt backend is in use; host figures are measured.",
         epilog='examples:\n  xdna generate ./Qwen3-0.6B "The capital of France is"\n'
                '  xdna generate ./Qwen3-0.6B "Tell me a joke" --chat --max-tokens 64 '
                '--temperature 0.7 --seed 1\n'
-               '  xdna generate ./Llama-3.2-1B "Hi" --precision int4 --stop "\\n" --json',
-        formatter_class=argparse.RawDescriptionHelpFormatter)
+               '  xdna generate ./Llama-3.2-1B "Hi" --precision int4 --stop "\\n" --json')
     p.add_argument("model", metavar="MODEL", help="Hugging Face model directory or llama.cpp "
                                                   ".gguf file")
     p.add_argument("prompt", help="prompt text ('-' reads stdin)")

@@ -7,16 +7,16 @@ import argparse
 import json
 import sys
 
-from torch_xdna.cli.args import CliError, positive_int
+from torch_xdna.cli.args import CliError, add_command, positive_int, with_stdin
+from torch_xdna.cli.output import cost_line, npu_json
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("rerank", help="rank documents for a query with a cross-encoder",
-                              description="Rerank documents on the (simulated by default) NPU.",
-                              epilog='examples:\n  xdna rerank "capital of France" "Paris is the '
-                                     'capital." "Berlin is in Germany." --model DIR\n'
-                                     '  cat docs.txt | xdna rerank "query" - --model DIR --json',
-                              formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = add_command(subparsers, "rerank", help="rank documents for a query with a cross-encoder",
+                    description="Rerank documents on the (simulated by default) NPU.",
+                    epilog='examples:\n  xdna rerank "capital of France" "Paris is the '
+                           'capital." "Berlin is in Germany." --model DIR\n'
+                           '  cat docs.txt | xdna rerank "query" - --model DIR --json')
     p.add_argument("query", metavar="QUERY", help="the search query")
     p.add_argument("docs", nargs="+", metavar="DOC", help="documents; '-' reads stdin lines")
     p.add_argument("--model", metavar="DIR", required=True,
@@ -26,21 +26,11 @@ def register(subparsers) -> None:
     p.set_defaults(func=run)
 
 
-def _docs(args: argparse.Namespace) -> list[str]:
-    out: list[str] = []
-    for d in args.docs:
-        if d == "-":
-            out.extend(line.rstrip("\n") for line in sys.stdin if line.strip())
-        else:
-            out.append(d)
-    return out
-
-
 def run(args: argparse.Namespace) -> int:
     from torch_xdna.engine.embed.embedder import EmbedStats
     from torch_xdna.engine.embed.reranker import Reranker
     from torch_xdna.models.cross_encoder import is_cross_encoder_dir
-    docs = _docs(args)
+    docs = with_stdin(args.docs)
     if not args.query or not docs or any(not d for d in docs):
         raise CliError("give a non-empty query and non-empty documents (or '-' with lines on stdin)")
     if not is_cross_encoder_dir(args.model):
@@ -52,21 +42,17 @@ def run(args: argparse.Namespace) -> int:
         results = rr.rank(args.query, docs, args.top_n, stats)
     finally:
         rr.close()
-    timing = "modeled" if rr.dev.backend == "sim" else "measured"
     if args.json:
         print(json.dumps({
             "model": rr.name, "query": args.query, "backend": rr.dev.backend,
             "results": [{"index": r.index, "relevance_score": r.score, "logit": r.logit,
                          "document": {"text": docs[r.index]}} for r in results],
             "usage": {"prompt_tokens": stats.tokens, "total_tokens": stats.tokens},
-            "npu": {"dispatches": stats.dispatches, f"{timing}_ms": stats.modeled_us / 1e3,
-                    "host_ms": stats.host_s * 1e3}}))
+            "npu": npu_json(stats, rr.dev)}))
     else:
         for rank, r in enumerate(results, 1):
             d = docs[r.index]
             print(f"{rank:>3}. {r.score:.4f}  [{r.index}] {d if len(d) <= 70 else d[:67] + '...'}")
-        backend = "simulated NPU" if rr.dev.backend == "sim" else f"{rr.dev.backend} NPU"
-        print(f"{rr.name} on {backend}: {len(docs)} document(s), {stats.tokens} tokens, "
-              f"{stats.dispatches} dispatch(es), NPU time {stats.modeled_us / 1e3:.2f} ms "
-              f"({timing}), host {stats.host_s * 1e3:.0f} ms", file=sys.stderr)
+        print(cost_line(rr.name, rr.dev, f"{len(docs)} document(s), {stats.tokens} tokens",
+                        stats), file=sys.stderr)
     return 0

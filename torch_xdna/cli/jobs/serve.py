@@ -8,18 +8,7 @@ import logging
 import os
 import socket
 
-from torch_xdna.cli.args import CliError, port_number, positive_int
-
-
-def seconds(text: str) -> float:
-    """argparse type: a finite number of seconds > 0."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
-    if not 0 < value < float("inf"):
-        raise argparse.ArgumentTypeError(f"{text!r} is not allowed; give a number of seconds > 0")
-    return value
+from torch_xdna.cli.args import CliError, add_command, number, port_number, positive_int, seconds
 
 DESCRIPTION = """\
 OpenAI-compatible HTTP server on the (simulated by default) XDNA NPU.
@@ -37,19 +26,15 @@ examples:
 
 def _gather_ms(text: str) -> float:
     """argparse type: the embedding gather window, 0-1000 ms."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of milliseconds") from None
+    value = number(text, float, "a number of milliseconds")
     if not 0.0 <= value <= 1000.0:
         raise argparse.ArgumentTypeError(f"{value:g} ms is not allowed; give 0-1000")
     return value
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("serve", help="OpenAI-compatible server (embeddings, chat)",
-                              description=DESCRIPTION, epilog=EPILOG,
-                              formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = add_command(subparsers, "serve", help="OpenAI-compatible server (embeddings, chat)",
+                    description=DESCRIPTION, epilog=EPILOG)
     p.add_argument("--host", default="127.0.0.1",
                    help="address to bind (default 127.0.0.1: this machine only)")
     p.add_argument("--port", type=port_number, default=8000, help="port (default 8000)")
@@ -138,7 +123,8 @@ def _port_free(host: str, port: int) -> str | None:
 
 def run(args: argparse.Namespace) -> int:
     try:
-        from torch_xdna.server.app import ServerConfig, backend_description, create_app
+        from torch_xdna.server.app import ServerConfig, create_app
+        from torch_xdna.server.state import backend_description
         from torch_xdna.server.http import (HttpLimits, XdnaServer, connection_cap,
                                             raise_nofile_limit, uvicorn_config)
     except ImportError as e:

@@ -6,14 +6,15 @@ import argparse
 import os
 import sys
 
-from torch_xdna.cli.args import CliError
+from torch_xdna.cli.args import CliError, add_command
+from torch_xdna.cli.output import npu_timing
 
 MODEL_ENV = "TORCH_XDNA_WHISPER_MODEL"
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser(
-        "transcribe", help="transcribe an audio file with a Whisper directory",
+    p = add_command(
+        subparsers, "transcribe", help="transcribe an audio file with a Whisper directory",
         description="Transcribe (or translate to English) speech with a Hugging Face Whisper "
                     "directory. WAV/FLAC/OGG via soundfile, MP3 and other formats via PyAV. NPU "
                     "figures are modeled by the simulator unless the xrt backend is in use; "
@@ -21,8 +22,7 @@ def register(subparsers) -> None:
         epilog="examples:\n  xdna transcribe meeting.wav --model ./whisper-tiny\n"
                "  xdna transcribe talk.mp3 --model ./whisper-small --srt > talk.srt\n"
                "  xdna transcribe interview.flac --model ./whisper-base --language de "
-               "--task translate --json",
-        formatter_class=argparse.RawDescriptionHelpFormatter)
+               "--task translate --json")
     p.add_argument("file", metavar="FILE", help="audio file (WAV, FLAC, OGG, MP3, M4A...)")
     p.add_argument("--model", metavar="DIR",
                    help=f"Whisper directory (default: ${MODEL_ENV})")
@@ -72,7 +72,7 @@ def run(args: argparse.Namespace) -> int:
     if args.format == "verbose_json":
         sys.stdout.write("\n")
     s = r.stats
-    timing = "modeled" if asr.model.dev.backend == "sim" else "measured"
+    timing = npu_timing(asr.model.dev)
     print(f"xdna transcribe: {r.duration:.1f} s of audio, {s.windows} window(s), {s.tokens} "
           f"tokens, language {r.language or '-'}; NPU {s.modeled_encoder_ms_per_window:.1f} ms "
           f"per window encoder + {s.modeled_decoder_ms_per_token:.2f} ms per token ({timing}); "

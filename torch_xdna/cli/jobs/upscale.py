@@ -7,19 +7,18 @@ import json
 import sys
 from pathlib import Path
 
-from torch_xdna.cli.args import CliError, output_file, positive_int
+from torch_xdna.cli.args import CliError, add_command, output_file, positive_int
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser(
-        "upscale", help="upscale an image with a super-resolution network",
+    p = add_command(
+        subparsers, "upscale", help="upscale an image with a super-resolution network",
         description="Upscale an image with an ESPCN/EDSR network compiled to the NPU (no host "
                     "ops), tile by tile with overlap so any size fits.",
         epilog="examples:\n  xdna upscale photo.png big.png --model ./espcn-x3\n"
                "  xdna upscale photo.jpg big.png --scale 2      (weight-free bilinear sub-pixel "
                "net)\n\nA model directory holds config.json ({\"architecture\": \"espcn\"|\"edsr\", "
-               "\"scale\": N, ...})\nand model.safetensors (see docs/vision.md).",
-        formatter_class=argparse.RawDescriptionHelpFormatter)
+               "\"scale\": N, ...})\nand model.safetensors (see docs/vision.md).")
     p.add_argument("input", metavar="IN", help="input image (any format Pillow reads)")
     p.add_argument("output", metavar="OUT", help="output image; the format follows the suffix")
     p.add_argument("--model", metavar="DIR", help="super-resolution model directory")

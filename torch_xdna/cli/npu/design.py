@@ -6,21 +6,22 @@ from __future__ import annotations
 import argparse
 import json
 
+from torch_xdna.cli.args import add_command
+
 GEMM_NAMES = ("gemm", "gemv")
 ROW_NAMES = ("softmax", "rms_norm", "layer_norm")
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser(
-        "design", help="show a design as an NPU program (tiles, FIFOs, BDs, stream)",
+    p = add_command(
+        subparsers, "design", help="show a design as an NPU program (tiles, FIFOs, BDs, stream)",
         description="Lower a design's plan to the array IR and show it: tiles, object FIFOs, "
                     "buffer descriptors, runtime-sequence tasks and instruction-stream words. "
                     "Nothing runs; the figures are what the IR and the stream encoder produce.",
         epilog="examples:\n  xdna design show gemm --shape 256x512x384\n"
                "  xdna design show gemv --shape 1x1024x3072 --dtype int4 --group 32\n"
                "  xdna design show rms_norm --shape 8x1024 --mlir rms.mlir --stream rms.txn\n"
-               "  xdna design show add --shape 4096 --json",
-        formatter_class=argparse.RawDescriptionHelpFormatter)
+               "  xdna design show add --shape 4096 --json")
     sub = p.add_subparsers(dest="design_cmd", metavar="show")
     s = sub.add_parser("show", help="show one design")
     s.add_argument("name", help="gemm | gemv | attention | decode_layer | softmax | rms_norm | "

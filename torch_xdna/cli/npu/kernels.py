@@ -2,11 +2,12 @@
 with the AIE toolchain, or write what the toolchain would be given (--dry-run) anywhere."""
 from __future__ import annotations
 
-import argparse
 import json
 import shutil
 import sys
 from pathlib import Path
+
+from torch_xdna.cli.args import add_command
 
 EPILOG = """\
 examples:
@@ -25,12 +26,10 @@ NPU or the real toolchain by this project: see docs/hardware.md."""
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("kernels", help="build NPU artifacts for designs with the AIE toolchain",
-                              description=__doc__, epilog=EPILOG,
-                              formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = add_command(subparsers, "kernels", help="build NPU artifacts for designs with the AIE toolchain",
+                    description=__doc__, epilog=EPILOG)
     sub = p.add_subparsers(dest="kernels_command", metavar="ACTION")
-    b = sub.add_parser("build", help="build and install artifacts", epilog=EPILOG,
-                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    b = add_command(sub, "build", help="build and install artifacts", epilog=EPILOG)
     b.add_argument("--design", action="append", default=[], metavar="NAME",
                    help="a design from `xdna kernels list` (repeatable, each with its --shape)")
     b.add_argument("--shape", action="append", default=[], metavar="S",

@@ -9,6 +9,8 @@ import sys
 import time
 from pathlib import Path
 
+from torch_xdna.cli.args import add_command
+
 # (design, shape): an exact integer check and the bf16 GEMM path (bf16 operands, fp32 accumulation)
 CHECKS = (("add_one", "1024"), ("gemm", "64x64x64"))
 BUILD_HINT = ("build the artifacts first: xdna kernels build "
@@ -16,11 +18,10 @@ BUILD_HINT = ("build the artifacts first: xdna kernels build "
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser(
-        "selftest", help="run designs on the NPU and compare bit-exact with the simulator",
+    p = add_command(
+        subparsers, "selftest", help="run designs on the NPU and compare bit-exact with the simulator",
         description=__doc__ + "\n\nExit status: 0 all checks bit-exact, 1 a mismatch or a failed "
-                              "launch, 2 hardware unavailable (no NPU, no pyxrt, or no artifacts).",
-        formatter_class=argparse.RawDescriptionHelpFormatter)
+                              "launch, 2 hardware unavailable (no NPU, no pyxrt, or no artifacts).")
     p.add_argument("--json", action="store_true", help="print the receipt as JSON")
     p.add_argument("--receipt", type=Path, help="also write the JSON receipt to this file")
     p.set_defaults(func=run)

@@ -11,7 +11,7 @@ import json
 import time
 from pathlib import Path
 
-from torch_xdna.cli.args import CliError, output_file
+from torch_xdna.cli.args import CliError, add_command, output_file
 
 
 def bench_dir() -> Path:
@@ -72,11 +72,10 @@ def run(args: argparse.Namespace) -> int:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("bench", help="run benchmarks (simulator figures are modeled)",
-                       description="Run the benchmarks in benchmarks/. Each compares with a peer "
-                                   "measured in the same run; simulator figures are modeled.",
-                       epilog="examples:\n  xdna bench eager\n  xdna bench --json --out results.json",
-                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = add_command(sub, "bench", help="run benchmarks (simulator figures are modeled)",
+                    description="Run the benchmarks in benchmarks/. Each compares with a peer "
+                                "measured in the same run; simulator figures are modeled.",
+                    epilog="examples:\n  xdna bench eager\n  xdna bench --json --out results.json")
     p.add_argument("names", nargs="*", help=f"benchmarks to run (default: all): "
                                            f"{', '.join(available()) or 'none found'}")
     p.add_argument("--full", action="store_true", help="larger sweeps (slower)")

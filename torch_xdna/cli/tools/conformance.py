@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from torch_xdna.cli.args import CliError
+from torch_xdna.cli.args import CliError, add_command
 
 # the issue's targets (issue 14): share of samples that pass
 DEFAULT_TARGET = 0.98
@@ -27,9 +27,8 @@ DTYPES = {"float32", "bfloat16", "float16"}
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("conformance", help="PyTorch's OpInfo samples on xdna vs the CPU",
-                              description=__doc__, epilog=EPILOG,
-                              formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = add_command(subparsers, "conformance", help="PyTorch's OpInfo samples on xdna vs the CPU",
+                    description=__doc__, epilog=EPILOG)
     p.add_argument("--op", action="append", default=[], metavar="NAME",
                    help="an OpInfo name (repeatable; default: the conformance list)")
     p.add_argument("--strict", action="store_true",

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 
+from torch_xdna.cli.args import add_command
 
 
 def context_list(text: str) -> list[int]:
@@ -21,15 +22,14 @@ def register(subparsers) -> None:
     from torch_xdna.engine.llm.decoder import DEFAULT_LAYOUT, LAYOUTS
     from torch_xdna.kernels.blocks.llm import KV_DTYPES
     from torch_xdna.models.families import BUILTIN_CONFIGS
-    p = subparsers.add_parser(
-        "estimate", help="modeled NPU cost of an LLM (config only)",
+    p = add_command(
+        subparsers, "estimate", help="modeled NPU cost of an LLM (config only)",
         description="Modeled (simulator cost model) decode and prefill cost of a decoder LLM, from "
                     "config.json or a built-in shape; no weights are read.",
         epilog="built-in shapes: " + ", ".join(BUILTIN_CONFIGS) + "\nexamples:\n"
                "  xdna estimate qwen3-0.6b\n  xdna estimate ./Llama-3.2-1B --precision int4 "
                "--context 2048 --json\n"
-               "  xdna estimate llama-3.2-1b --precision int4 --context 1k,2k,4k,8k,16k,32k,128k",
-        formatter_class=argparse.RawDescriptionHelpFormatter)
+               "  xdna estimate llama-3.2-1b --precision int4 --context 1k,2k,4k,8k,16k,32k,128k")
     p.add_argument("model", metavar="MODEL_DIR_OR_SHAPE")
     p.add_argument("--precision", action="append",
                    choices=("bf16", "int8", "int4", "bfp16"),

@@ -74,7 +74,7 @@ def _options(form, task: str):
 
 
 def register(app: FastAPI, srv) -> None:
-    """Add the audio routes to `app` (called by server/app.py's register_route_modules)."""
+    """Add the audio routes to `app` (listed in server/app.py's ROUTE_MODULES)."""
 
     def resolve(model_id: str | None):
         try:

@@ -175,11 +175,11 @@ def _lp(items: list[dict] | None) -> list[dict] | None:
 
 async def _generate(srv, request: Request, body: _Gen, entry, setup, limit, params, chat: bool,
                     info: dict):
-    from torch_xdna.server.generation import GenerationRun, Plan
+    from torch_xdna.server.generation import GenerationPlan, GenerationRun
     from torch_xdna.server.tools import ToolStream, parse_tool_calls
     t0 = time.perf_counter_ns()
-    run = GenerationRun(srv, request, entry, Plan(setup, params, limit,
-                                                  "messages" if chat else "prompt", info))
+    run = GenerationRun(srv, request, entry, GenerationPlan(setup, params, limit,
+                                                            "messages" if chat else "prompt", info))
     prompt_tokens = await run.start()
     t_first: list[int] = []
 
@@ -378,7 +378,7 @@ def _load_job(srv, entry):
 
 async def _embed(srv, request, entry, inp, truncate: bool):
     from torch_xdna.engine.embed.embedder import EmbedStats
-    from torch_xdna.server.app import tokenize_inputs
+    from torch_xdna.server.routes.embeddings import tokenize_inputs
     from torch_xdna.server.worker import Job
     config = dataclasses.replace(srv.config, truncate=truncate)
     from starlette.concurrency import run_in_threadpool

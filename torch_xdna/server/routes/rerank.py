@@ -20,8 +20,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
 from torch_xdna.server.registry import ModelEntry
-from torch_xdna.server.schemas import APIError
-from torch_xdna.server.worker import Job
+from torch_xdna.server.schemas import APIError, parse
+from torch_xdna.server.worker import Job, unmerge
 
 
 class _Doc(BaseModel):
@@ -84,11 +84,8 @@ async def _scores(srv, request: Request, entry: ModelEntry, query: str, docs: li
         stats = EmbedStats()
         logits = model.logits_ids([p for pl in payloads for p in pl], stats)
         scores = model.activate(logits)
-        out, i = [], 0
-        for pl in payloads:
-            out.append((logits[i:i + len(pl)], scores[i:i + len(pl)], stats.modeled_us))
-            i += len(pl)
-        return out
+        return [(lg, sc, stats.modeled_us)
+                for lg, sc in unmerge([len(pl) for pl in payloads], logits, scores)]
 
     job = Job(batch_key=("rerank", entry.id), batch_fn=srv.npu_job(run_batch), payload=pairs,
               size=len(pairs))
@@ -102,8 +99,6 @@ def _order(logits) -> list[int]:
 
 
 def register(app: FastAPI, srv) -> None:
-    from torch_xdna.server.app import parse
-
     def headers(modeled_us: float) -> dict[str, str]:
         return {"x-xdna-backend": srv.dev.backend,
                 "x-xdna-modeled-npu-ms": f"{modeled_us / 1e3:.3f}"}

@@ -1,5 +1,5 @@
 """OpenAI /v1/chat/completions and /v1/completions on top of GenerationRun: n choices, tool
-calls (tools.py), response_format (json_object / json_schema, enforced by a grammar), logprobs,
+calls (server/tools.py), response_format (json_object / json_schema, enforced by a grammar), logprobs,
 usage in streams. JSON, or SSE when "stream" is set."""
 from __future__ import annotations
 
@@ -8,16 +8,28 @@ import time
 import uuid
 from typing import Any, AsyncIterator
 
-from fastapi import Request
+from fastapi import FastAPI, Request
 from fastapi.responses import StreamingResponse
 
-from torch_xdna.server.app import Server, parse
 from torch_xdna.server.chat import GenerationParams
-from torch_xdna.server.generation import GenerationRun, Plan
+from torch_xdna.server.generation import GenerationPlan, GenerationRun
 from torch_xdna.server.schemas import (APIError, ChatCompletionRequest, CompletionRequest,
-                                       NamedToolChoice, ResponseFormat)
+                                       NamedToolChoice, ResponseFormat, parse)
+from torch_xdna.server.state import Server
 from torch_xdna.server.tools import (MAX_PARALLEL_CALLS, ToolStream, call_grammar, convention_of,
                                      parse_tool_calls, render_messages)
+
+
+def register(app: FastAPI, srv: Server) -> None:
+    """Add /v1/chat/completions and /v1/completions to `app`."""
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request):
+        return await chat_completion(srv, request)
+
+    @app.post("/v1/completions")
+    async def completions(request: Request):
+        return await text_completion(srv, request)
 
 
 def base_params(req) -> GenerationParams:
@@ -71,8 +83,8 @@ async def chat_completion(srv: Server, request: Request):
             info["grammar_param"] = "tool_choice"
         return model.chat_prompt(msgs, **extra) if extra else model.chat_prompt(msgs)
 
-    run = GenerationRun(srv, request, entry, Plan(setup, params, req.token_limit(), "messages",
-                                                  info))
+    run = GenerationRun(srv, request, entry, GenerationPlan(setup, params, req.token_limit(),
+                                                            "messages", info))
     return await respond(run, req, chat=True)
 
 
@@ -80,8 +92,8 @@ async def text_completion(srv: Server, request: Request):
     req: CompletionRequest = await parse(request, CompletionRequest)
     entry = srv.registry.resolve(req.model, "chat")
     run = GenerationRun(srv, request, entry,
-                        Plan(lambda model, p: model.encode(req.prompt), base_params(req),
-                             req.max_tokens, "prompt"))
+                        GenerationPlan(lambda model, p: model.encode(req.prompt),
+                                       base_params(req), req.max_tokens, "prompt"))
     return await respond(run, req, chat=False)
 
 
