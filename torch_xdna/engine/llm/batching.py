@@ -241,7 +241,7 @@ class BatchSession:
         if prog is not None:
             return prog
         dec, s = self.dec, self._scalars
-        x, ids = dec._rows_view(self.x, rows), dec._rows_view(self.ids, rows)
+        x, ids = dec.rows_view(self.x, rows), dec.rows_view(self.ids, rows)
         designs = step_designs(dec.spec, dec.policy, 1, dec.capacity, True, "layer")
         launches = []
         for role, i, design in designs:
@@ -251,9 +251,9 @@ class BatchSession:
             elif role == "head":
                 launches.append(Launch(BatchedHeadDesign(design, rows),
                                        [x, *dec.w["final_norm"], *dec.w["lm_head"]],
-                                       [dec._rows_view(self.logits, rows)], s, op="lm_head"))
+                                       [dec.rows_view(self.logits, rows)], s, op="lm_head"))
             else:
-                ins = dec._attention_inputs(x, i) + dec._mlp_inputs(x, i)[1:]
+                ins = dec.attention_inputs(x, i) + dec.mlp_inputs(x, i)[1:]
                 outs = [x] + [c.k[i] for c in self.caches] + [c.v[i] for c in self.caches]
                 launches.append(Launch(BatchedLayerDesign(design, rows, self.slots), ins, outs, s,
                                        op=f"layer{i}.batch"))
