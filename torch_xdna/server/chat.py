@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, Protocol, runtime_checkable
 
+from torch_xdna.engine.llm.text_stream import StopMatcher
+
 # what a ChatModel may declare in `features` beyond plain text generation
 SAMPLING_FEATURES = ("grammar", "logprobs", "penalties", "n")
 
@@ -84,35 +86,6 @@ class GenerationResult:
     completion_tokens: int = 0
     finish_reason: str = "length"
     cached_tokens: int = 0               # prompt tokens served from the prefix cache
-
-
-class StopMatcher:
-    """Cuts streamed text at the first stop sequence; holds back text that may begin one."""
-
-    def __init__(self, stops: list[str]):
-        self.stops = [s for s in stops if s]
-        self.buf = ""
-
-    def feed(self, piece: str) -> tuple[str, bool]:
-        """Returns (text safe to emit, stopped)."""
-        self.buf += piece
-        hits = [i for i in (self.buf.find(s) for s in self.stops) if i >= 0]
-        if hits:
-            out, self.buf = self.buf[:min(hits)], ""
-            return out, True
-        hold = 0
-        for s in self.stops:
-            for k in range(min(len(s) - 1, len(self.buf)), hold, -1):
-                if self.buf.endswith(s[:k]):
-                    hold = k
-                    break
-        cut = len(self.buf) - hold
-        out, self.buf = self.buf[:cut], self.buf[cut:]
-        return out, False
-
-    def flush(self) -> str:
-        out, self.buf = self.buf, ""
-        return out
 
 
 def run_generation(model: ChatModel, prompt_ids: list[int], params: GenerationParams,

@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from torch_xdna.engine.asr.audio import SAMPLE_RATE, load_audio
+from torch_xdna.engine.counters import CounterDelta
 from torch_xdna.engine.llm.sampler import Sampler, SamplingParams
 from torch_xdna.engine.asr.whisper import WhisperModel, load_whisper_model
 from torch_xdna.models.whisper import TIMESTAMP_STEP_S
@@ -258,16 +259,16 @@ class Transcriber:
         lang_id = self.language_token(options.language) if options.language else None
         sampler = Sampler(SamplingParams(options.temperature, seed=options.seed))
         prompt = self.encode_text(options.prompt) if options.prompt else []
-        c0 = (m.dev.counters.modeled_us, m.dev.counters.dispatches)
+        total = CounterDelta(m.dev)
         enc_us, tokens_total, windows = 0.0, 0, 0
         segments: list[Segment] = []
         window_tokens: list[list[int]] = []
         seek = 0
         while seek < max(content, 1):
             window = m.mel.window(mel, seek)
-            before = m.dev.counters.modeled_us
+            encoder = CounterDelta(m.dev)
             m.encode(window)
-            enc_us += m.dev.counters.modeled_us - before
+            enc_us += encoder.take()["modeled_us"]
             windows += 1
             if lang_id is None and options.language is None and t.is_multilingual and t.lang_to_id:
                 lang_id = self.detect_language()
@@ -291,8 +292,9 @@ class Transcriber:
         stats = TranscribeStats(windows=windows, tokens=tokens_total)
         stats.measured_total_s = time.perf_counter() - t0
         stats.measured_frontend_s = t_front
-        total_us = m.dev.counters.modeled_us - c0[0]
-        stats.dispatches = m.dev.counters.dispatches - c0[1]
+        spent = total.take()
+        total_us = spent["modeled_us"]
+        stats.dispatches = spent["dispatches"]
         stats.modeled_total_ms = total_us / 1e3
         stats.modeled_encoder_ms_per_window = enc_us / 1e3 / max(1, windows)
         if tokens_total:

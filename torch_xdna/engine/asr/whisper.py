@@ -14,14 +14,13 @@ from pathlib import Path
 
 import torch
 
+from torch_xdna.engine.kv_decoder import ResidentDecoder
 from torch_xdna.engine.llm.kv_cache import KVCache
 from torch_xdna.engine.asr.mel import LogMel
-from torch_xdna.kernels.blocks.llm import rows_bucket
-from torch_xdna.kernels.blocks.operands import OPERANDS
 from torch_xdna.kernels.blocks.weights import WHISPER_PRECISIONS as PRECISIONS
 from torch_xdna.kernels.blocks.whisper import encoder_designs, step_designs
 from torch_xdna.models.whisper import WhisperFiles, WhisperSpec, load_whisper_weights, read_whisper
-from torch_xdna.runtime import Device, Launch, Program, TensorArg, get_device
+from torch_xdna.runtime import Device, Launch, Program, get_device
 
 DEFAULT_CHUNK = 64
 
@@ -116,7 +115,7 @@ def _ln_ffn_sites(put, g, src: str, dst: str, norms: tuple[str, ...]) -> None:
         put(dst + f"{fc}.b", g(src + fc + ".bias"))
 
 
-class WhisperModel:
+class WhisperModel(ResidentDecoder):
     """A Whisper model resident on one device.
 
     encode(mel [n_mels, 2*S]) runs the encoder Program (and the cross K/V); reset() starts a new
@@ -127,9 +126,10 @@ class WhisperModel:
         if precision not in PRECISIONS:
             raise ValueError(f"unknown Whisper precision {precision!r}; use one of "
                              f"{', '.join(PRECISIONS)} (fp32 is the verification mode)")
+        super().__init__(device or get_device())
         self.files, self.spec, self.tokens = files, files.spec, files.tokens
-        self.precision, self.chunk = precision, int(chunk)
-        self.dev = dev = device or get_device()
+        self.precision, self.chunk, self.vocab = precision, int(chunk), self.spec.vocab
+        dev = self.dev
         self.mel = LogMel.from_dir(files.path, self.spec.n_mels)
         if self.mel.n_frames != self.spec.mel_frames:
             raise ValueError(f"{files.path}: a {self.mel.chunk_s}-s window has "
@@ -139,43 +139,28 @@ class WhisperModel:
         self.capacity = self.spec.target_positions
         s, h, nh = self.spec.source_positions, self.spec.d_model, self.spec.decoder_heads
         cache_dt = torch.float32 if precision == "fp32" else torch.bfloat16
-        self._owned: list[TensorArg] = []
+        self._encoder: Program | None = None
         try:
-            self.w = {k: self._keep(dev.upload(t)) for k, t in weights.items()}
-            self.mel_buf = self._keep(dev.empty((self.spec.n_mels, self.spec.mel_frames), torch.float32))
-            self.enc_x = self._keep(dev.empty((s, h), torch.float32))
-            self.enc_out = self._keep(dev.empty((s, h), torch.float32))
+            self.w = {k: self.upload(t) for k, t in weights.items()}
+            self.mel_buf = self.empty((self.spec.n_mels, self.spec.mel_frames), torch.float32)
+            self.enc_x = self.empty((s, h), torch.float32)
+            self.enc_out = self.empty((s, h), torch.float32)
             L = self.spec.decoder_layers
-            self.cross_k = [self._keep(dev.empty((nh, s, h // nh), cache_dt)) for _ in range(L)]
-            self.cross_v = [self._keep(dev.empty((nh, s, h // nh), cache_dt)) for _ in range(L)]
+            self.cross_k = [self.empty((nh, s, h // nh), cache_dt) for _ in range(L)]
+            self.cross_v = [self.empty((nh, s, h // nh), cache_dt) for _ in range(L)]
             self.cache = KVCache.allocate(dev, L, nh, h // nh, self.capacity, cache_dt)
             self._owned += self.cache.k + self.cache.v
-            self.x = self._keep(dev.empty((self.chunk, h), torch.float32))
-            self.ids = self._keep(dev.empty((self.chunk,), torch.int32))
-            self.logits = self._keep(dev.empty((1, self.spec.vocab), torch.float32))
+            self.x = self.empty((self.chunk, h), torch.float32)
+            self.ids = self.empty((self.chunk,), torch.int32)
+            self.logits = self.empty((1, self.spec.vocab), torch.float32)
         except BaseException:
             self.close()
             raise
-        self._scalars: dict = {"pos": 0, "n": 1}
-        self._programs: dict[int, Program] = {}
-        self._encoder: Program | None = None
-
-    def _keep(self, a: TensorArg) -> TensorArg:
-        self._owned.append(a)
-        return a
 
     def close(self) -> None:
         """Free every device buffer this model owns."""
-        for a in getattr(self, "_owned", []):
-            self.dev.free(a.buffer)
-        self._owned = []
-        self._programs = {}
+        super().close()
         self._encoder = None
-        OPERANDS.clear()
-
-    @property
-    def resident_bytes(self) -> int:
-        return sum(a.nbytes for a in self._owned)
 
     # -- programs --------------------------------------------------------------------------
     def encoder_program(self) -> Program:
@@ -203,14 +188,15 @@ class WhisperModel:
         self._encoder = Program(launches, name="whisper.encoder")
         return self._encoder
 
+    def chunk_program(self, rows: int, last: bool) -> Program:
+        return self.program(rows)              # every chunk runs the head (proj_out)
+
     def program(self, rows: int) -> Program:
         prog = self._programs.get(rows)
         if prog is not None:
             return prog
         w, s = self.w, self._scalars
-        x = TensorArg(self.x.buffer, self.x.dtype, (rows, self.spec.d_model), self.x.strides,
-                      self.x.offset)
-        ids = TensorArg(self.ids.buffer, self.ids.dtype, (rows,), self.ids.strides, self.ids.offset)
+        x, ids = self.rows_view(self.x, rows), self.rows_view(self.ids, rows)
         designs = step_designs(self.spec, self.precision, rows, self.capacity)
         launches = [Launch(designs[0], [w["dec.embed_tokens.weight"],
                                         w["dec.embed_positions.weight"], ids], [x], s, op="embed")]
@@ -239,34 +225,9 @@ class WhisperModel:
         self.dev.run_program(self.encoder_program())
         self.reset()
 
-    def reset(self) -> None:
-        self.cache.reset()
-
-    @property
-    def position(self) -> int:
-        return self.cache.length
-
-    def forward(self, ids: list[int]) -> torch.Tensor:
-        """Append decoder tokens at the current position; the last token's fp32 logits [V]."""
-        if not ids:
-            raise ValueError("forward() needs at least one token")
-        pos = self.cache.length
-        if pos + len(ids) > self.capacity:
-            raise ValueError(f"{pos + len(ids)} decoder tokens exceed Whisper's "
-                             f"{self.capacity} positions; shorten the prompt")
-        bad = [t for t in ids if not 0 <= t < self.spec.vocab]
-        if bad:
-            raise ValueError(f"token id {bad[0]} is outside the vocabulary ({self.spec.vocab})")
-        s = self._scalars
-        for start in range(0, len(ids), self.chunk):
-            part = ids[start:start + self.chunk]
-            n = len(part)
-            self.dev.write(self.ids.buffer, torch.tensor(part, dtype=torch.int32))
-            s["pos"], s["n"] = pos, n
-            self.dev.run_program(self.program(rows_bucket(n, self.chunk)))
-            pos += n
-            self.cache.length = pos
-        return self.dev.download(self.logits)[0]
+    def context_error(self, total: int) -> ValueError:
+        return ValueError(f"{total} decoder tokens exceed Whisper's {self.capacity} positions; "
+                          "shorten the prompt")
 
 
 def load_whisper_model(model_dir: str | Path, precision: str = "bf16",

@@ -16,11 +16,14 @@ from __future__ import annotations
 import threading
 import time
 from collections import OrderedDict
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Iterator
 
 import torch
 
+from torch_xdna.engine.counters import CounterDelta
 from torch_xdna.kernels.blocks.encoder import (EncoderAttentionDesign, EncoderEmbeddingDesign,
                                                EncoderFFNDesign, EncoderPoolDesign)
 from torch_xdna.models.encoder import (EncoderSpec, EncoderTokenizer, load_encoder_weights,
@@ -84,21 +87,29 @@ class EmbedStats:
                 single: bool = False) -> None:
         """Run independent Programs with one dev.run_programs call (see Embedder._run_batches);
         single: one program, through run_program."""
-        c = dev.counters
-        us0, d0 = c.modeled_us, c.dispatches
-        if single:
-            dev.run_program(programs[0])
-        else:
-            dev.run_programs(programs)
-        c = dev.counters
-        self.modeled_us += c.modeled_us - us0
-        self.dispatches += c.dispatches - d0
-        self.batches += len(programs)
+        with self.counting(dev, shapes):
+            if single:
+                dev.run_program(programs[0])
+            else:
+                dev.run_programs(programs)
+
+    @contextmanager
+    def counting(self, dev, shapes: list[tuple]) -> Iterator[None]:
+        """Charge what runs on `dev` inside the block (modeled time, dispatches) to these stats,
+        as batches of `shapes` (one per batch)."""
+        delta = CounterDelta(dev)
+        yield
+        d = delta.take()
+        self.modeled_us += d["modeled_us"]
+        self.dispatches += d["dispatches"]
+        self.batches += len(shapes)
         self.shapes.extend(shapes)
 
 
 @dataclass
-class _Workspace:
+class Workspace:
+    """The device buffers and Program of one (batch, seq) bucket, kept between calls."""
+
     ids: TensorArg
     mask: TensorArg
     out: TensorArg
@@ -106,7 +117,21 @@ class _Workspace:
     program: Program
 
 
-class Embedder:
+class SpecNamed:
+    """What callers read of any embedder (text, pairs or images): its spec's name and vector size."""
+
+    spec: Any
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    @property
+    def dim(self) -> int:
+        return self.spec.dim
+
+
+class Embedder(SpecNamed):
     """An encoder resident on a device. Not re-entrant per instance (a lock serializes calls)."""
 
     def __init__(self, spec: EncoderSpec, weights: dict[str, torch.Tensor],
@@ -117,7 +142,7 @@ class Embedder:
         self.max_batch, self.max_batch_tokens = max_batch, max_batch_tokens
         self.buckets = seq_buckets(min(spec.max_seq_length, spec.max_position))
         self._lock = threading.Lock()
-        self._workspaces: OrderedDict[tuple[int, int], _Workspace] = OrderedDict()
+        self._workspaces: OrderedDict[tuple[int, int], Workspace] = OrderedDict()
         self.w = self._upload(weights)
 
     @classmethod
@@ -128,14 +153,6 @@ class Embedder:
                                                   else "all-MiniLM-L6-v2"))
         tok = EncoderTokenizer(model_dir, spec)
         return cls(spec, load_encoder_weights(model_dir, spec), tok, device, **kw)
-
-    @property
-    def name(self) -> str:
-        return self.spec.name
-
-    @property
-    def dim(self) -> int:
-        return self.spec.dim
 
     # --- weights ---------------------------------------------------------------------------
     def _upload(self, w: dict[str, torch.Tensor]) -> dict[str, TensorArg]:
@@ -179,7 +196,7 @@ class Embedder:
 
     # --- programs --------------------------------------------------------------------------
     def _workspace(self, b: int, s: int, copy: int = 0,
-                   keep: frozenset = frozenset()) -> _Workspace:
+                   keep: frozenset = frozenset()) -> Workspace:
         """The (b, s) workspace; `copy` k > 0 is the k-th extra one, for a step that runs
         several batches of one shape at the same time (each needs its own buffers). Keys in
         `keep` (in use by the current step) are not evicted."""
@@ -198,7 +215,7 @@ class Embedder:
         self._workspaces[key] = ws
         return ws
 
-    def _build(self, b: int, s: int) -> _Workspace:
+    def _build(self, b: int, s: int) -> Workspace:
         sp, dev, w, rows = self.spec, self.dev, self.w, b * s
         ids = dev.empty((rows,), torch.int32)
         mask = dev.empty((b, s), torch.float32)
@@ -221,7 +238,7 @@ class Embedder:
                                          mask],
                                    [xa], op=f"layer{i}.ffn"))
         launches.append(Launch(pool, [xa, mask], [out], op="pool"))
-        return _Workspace(ids, mask, out, [ids, mask, xa, xb, out],
+        return Workspace(ids, mask, out, [ids, mask, xa, xb, out],
                           Program(launches, name=f"{sp.name}.embed[{b}x{s}]"))
 
     # --- tokens ----------------------------------------------------------------------------

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from torch_xdna.engine.embed.embedder import (EmbedStats, Embedder, _Workspace, batch_bucket, bucket)
+from torch_xdna.engine.embed.embedder import (EmbedStats, Embedder, Workspace, batch_bucket, bucket)
 from torch_xdna.kernels.blocks.encoder import (EncoderAttentionDesign,
                                                EncoderClassifierHeadDesign,
                                                EncoderEmbeddingDesign, EncoderFFNDesign)
@@ -25,7 +25,7 @@ from torch_xdna.runtime import Device, Launch, Program, TensorArg
 
 
 @dataclass
-class _PairWorkspace(_Workspace):
+class _PairWorkspace(Workspace):
     types: TensorArg | None = None
 
 

@@ -25,8 +25,10 @@ from typing import Callable, Iterator
 import torch
 
 from torch_xdna.engine.llm.decoder import step_designs
+from torch_xdna.engine.counters import CounterDelta
 from torch_xdna.engine.llm.generate import (Chunk, Engine, EngineBusy, GenerationConfig,
-                                        GenerationStats, StopMatcher, _Counters)
+                                            GenerationStats)
+from torch_xdna.engine.llm.text_stream import TextStream
 from torch_xdna.engine.llm.kv_cache import KVCache, kv_bytes_per_token
 from torch_xdna.engine.llm.sampler import Sampler
 from torch_xdna.kernels.blocks.llm_batch import BatchedHeadDesign, BatchedLayerDesign
@@ -216,7 +218,7 @@ class BatchSession:
         if not batch:
             return []
         dev, n = self.dec.dev, len(batch)
-        counters = _Counters(dev)
+        counters = CounterDelta(dev)
         dev.write(self.ids.buffer, torch.tensor([s.next_token for s in batch], dtype=torch.int32))
         self._scalars.update(n=n, slot=tuple(s.slot for s in batch),
                              pos=tuple(s.position for s in batch))
@@ -239,7 +241,7 @@ class BatchSession:
         if prog is not None:
             return prog
         dec, s = self.dec, self._scalars
-        x, ids = dec._rows_view(self.x, rows), dec._rows_view(self.ids, rows)
+        x, ids = dec.rows_view(self.x, rows), dec.rows_view(self.ids, rows)
         designs = step_designs(dec.spec, dec.policy, 1, dec.capacity, True, "layer")
         launches = []
         for role, i, design in designs:
@@ -249,9 +251,9 @@ class BatchSession:
             elif role == "head":
                 launches.append(Launch(BatchedHeadDesign(design, rows),
                                        [x, *dec.w["final_norm"], *dec.w["lm_head"]],
-                                       [dec._rows_view(self.logits, rows)], s, op="lm_head"))
+                                       [dec.rows_view(self.logits, rows)], s, op="lm_head"))
             else:
-                ins = dec._attention_inputs(x, i) + dec._mlp_inputs(x, i)[1:]
+                ins = dec.attention_inputs(x, i) + dec.mlp_inputs(x, i)[1:]
                 outs = [x] + [c.k[i] for c in self.caches] + [c.v[i] for c in self.caches]
                 launches.append(Launch(BatchedLayerDesign(design, rows, self.slots), ins, outs, s,
                                        op=f"layer{i}.batch"))
@@ -515,38 +517,21 @@ def text_chunks(engine: Engine, handle: Handle,
     pieces (stop strings cut, text that may start one or an incomplete UTF-8 sequence held
     back), finish_reason and token counts. Closing the iterator early cancels the generation."""
     tok, config = engine.tokenizer, handle.config
-    stops = StopMatcher(config.stop)
+    stream = TextStream(tok.decode if tok is not None else None, config.stop)
     t0 = time.perf_counter()
-    generated: list[int] = []
-    pending: list[int] = []
-    emitted, finish = "", None
+    finish = None
 
     def chunk(text: str, reason: str | None = None, stats: GenerationStats | None = None) -> Chunk:
-        nonlocal pending
-        c = Chunk(text, pending, reason, stats)
-        pending = []
-        return c
+        return Chunk(text, stream.take()[0], reason, stats)
 
     try:
         for token in handle.tokens(cancelled):
-            generated.append(token)
-            pending.append(token)
-            if tok is not None:
-                text = tok.decode(generated)
-                cut = stops.find(text)
-                if cut >= 0:
-                    if cut > len(emitted):
-                        yield chunk(text[len(emitted):cut])
-                    emitted, pending, finish = text[:cut], [], "stop"
-                    break
-                safe = stops.safe_len(text)
-                while safe > len(emitted) and text[safe - 1] == "\ufffd":
-                    safe -= 1                  # incomplete UTF-8 sequence: wait for more bytes
-                if safe > len(emitted):
-                    yield chunk(text[len(emitted):safe])
-                    emitted = text[:safe]
-            else:
-                yield chunk("")
+            piece = stream.push(token)
+            if piece is not None:
+                yield chunk(piece)
+            if stream.stopped:
+                finish = "stop"
+                break
             if cancelled is not None and cancelled():
                 finish = "cancelled"
                 break
@@ -554,11 +539,11 @@ def text_chunks(engine: Engine, handle: Handle,
         if finish is not None or not handle.finished:
             handle.cancel()                    # a stop string, or the caller closed us early
     finish = finish or handle.finish_reason or "cancelled"
-    if tok is not None and finish == "length":
-        text = tok.decode(generated)
-        if len(text) > len(emitted):
-            yield chunk(text[len(emitted):])
+    if finish == "length":
+        rest = stream.rest()
+        if rest is not None:
+            yield chunk(rest)
     stats = GenerationStats(prompt_tokens=len(handle.prompt), cached_tokens=handle.cached_tokens,
-                            generated_tokens=len(generated),
+                            generated_tokens=len(stream.ids),
                             measured_total_s=time.perf_counter() - t0)
     yield chunk("", finish, stats)

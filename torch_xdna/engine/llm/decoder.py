@@ -5,7 +5,8 @@ block + MLP block in one design; layout "block" splits them into 2 launches), th
 Weights are uploaded once; activations, ids, logits and the KV cache are preallocated. A Program
 is built once per (rows bucket, head) and reused. The position and valid-row count travel as
 launch scalars in one shared dict, so the token loop neither re-plans nor allocates device
-memory, and the decode Program stays one hardware context.
+memory, and the decode Program stays one hardware context (the loop and the buffer ownership:
+engine/kv_decoder.py, shared with Whisper's decoder).
 """
 from __future__ import annotations
 
@@ -21,13 +22,13 @@ from torch_xdna.kernels.host import attention as host_attention
 from torch_xdna.kernels.host import gemv as host_gemv
 from torch_xdna.kernels.base import Design
 from torch_xdna.kernels.blocks.llm import (
-    AttentionBlockDesign, DecoderLayerDesign, EmbedDesign, HeadDesign, MlpBlockDesign, rows_bucket,
+    AttentionBlockDesign, DecoderLayerDesign, EmbedDesign, HeadDesign, MlpBlockDesign,
 )
-from torch_xdna.kernels.blocks.operands import OPERANDS
 from torch_xdna.kernels.blocks.weights import PRECISIONS, default_group, weight_bytes
 from torch_xdna.models.hf import ModelDirError
 from torch_xdna.models.spec import DecoderSpec
 from torch_xdna.runtime import Device, Launch, PlanError, Program, TensorArg, get_device
+from torch_xdna.engine.kv_decoder import ResidentDecoder
 from torch_xdna.engine.llm.kv_cache import KVCache, budget_capacity, kv_bytes_per_token
 
 SITE_KINDS = ("attention", "mlp", "head")
@@ -231,7 +232,7 @@ def plan_chunk(spec: DecoderSpec, policy: PrecisionPolicy, capacity: int, reques
             rows //= 2
 
 
-class Decoder:
+class Decoder(ResidentDecoder):
     """Resident model + KV cache on one device; `forward(ids)` appends tokens, returns logits."""
 
     def __init__(self, spec: DecoderSpec, weights: dict[str, tuple[torch.Tensor, ...]],
@@ -240,66 +241,40 @@ class Decoder:
                  layout: str = DEFAULT_LAYOUT, kv_dtype: str = "bf16"):
         if layout not in LAYOUTS:
             raise ValueError(f"unknown layout {layout!r}; use one of {', '.join(LAYOUTS)}")
+        super().__init__(device or get_device())
         self.spec, self.policy, self.layout, self.kv_dtype = spec, policy, layout, kv_dtype
-        self.dev = device or get_device()
+        self.vocab = spec.vocab
         self.capacity = resolve_capacity(spec, policy, self.dev, max_context, int(prefill_chunk),
                                          kv_dtype)
         self.chunk = plan_chunk(spec, policy, self.capacity, prefill_chunk, self.dev.gen, layout,
                                 kv_dtype)
         dev = self.dev
-        self._owned: list[TensorArg] = []
         try:
-            self.w = {site: tuple(self._upload(t) for t in ts) for site, ts in weights.items()}
+            self.w = {site: tuple(self.upload(t) for t in ts) for site, ts in weights.items()}
             if spec.tie_embeddings:
                 self.w["lm_head"] = self.w["embed"]
             self.rope = {}
             for name, rope in spec.ropes.items():
                 cos, sin = rope.tables(spec.head_dim, self.capacity)
-                self.rope[name] = (self._upload(cos), self._upload(sin))
+                self.rope[name] = (self.upload(cos), self.upload(sin))
             self.cache = KVCache.allocate(dev, spec.layers, spec.kv_heads, spec.head_dim,
                                           self.capacity,
                                           torch.float32 if policy.exact else torch.bfloat16,
                                           kv_dtype)
             self._owned += self.cache.buffers
-            self.x = self._empty((self.chunk, spec.hidden), torch.float32)
-            self.ids = self._empty((self.chunk,), torch.int32)
-            self.logits = self._empty((1, spec.vocab), torch.float32)
+            self.x = self.empty((self.chunk, spec.hidden), torch.float32)
+            self.ids = self.empty((self.chunk,), torch.int32)
+            self.logits = self.empty((1, spec.vocab), torch.float32)
         except BaseException:
             self.close()
             raise
-        self._scalars: dict = {"pos": 0, "n": 1}
-        self._programs: dict[tuple, Program] = {}
         if spec.vocab * spec.hidden >= host_gemv.MIN_WEIGHT:
             if host_gemv.available():  # build the decode host kernels now, not in the first token
                 host_attention.available()
 
-    # -- memory ----------------------------------------------------------------------------
-    def _upload(self, t: torch.Tensor) -> TensorArg:
-        a = self.dev.upload(t)
-        self._owned.append(a)
-        return a
-
-    def _empty(self, shape, dtype) -> TensorArg:
-        a = self.dev.empty(shape, dtype)
-        self._owned.append(a)
-        return a
-
-    def close(self) -> None:
-        """Free every device buffer this decoder owns."""
-        for a in getattr(self, "_owned", []):
-            self.dev.free(a.buffer)
-        self._owned = []
-        self._programs = {}
-        OPERANDS.clear()             # sim-side operand copies keep freed storages alive
-
-    @property
-    def resident_bytes(self) -> int:
-        return sum(a.nbytes for a in self._owned)
-
     # -- programs --------------------------------------------------------------------------
-    def _rows_view(self, arg: TensorArg, rows: int) -> TensorArg:
-        shape = (rows,) + arg.shape[1:]
-        return TensorArg(arg.buffer, arg.dtype, shape, arg.strides, arg.offset)
+    def chunk_program(self, rows: int, last: bool) -> Program:
+        return self.program(rows, last)        # only the last chunk runs the head
 
     def program(self, rows: int, with_head: bool) -> Program:
         """The Program of a chunk of `rows` (bucketed) tokens; built once, reused every token."""
@@ -308,8 +283,8 @@ class Decoder:
         if prog is not None:
             return prog
         spec, w, s = self.spec, self.w, self._scalars
-        x = self._rows_view(self.x, rows)
-        ids = self._rows_view(self.ids, rows)
+        x = self.rows_view(self.x, rows)
+        ids = self.rows_view(self.ids, rows)
         launches = []
         for role, i, design in step_designs(spec, self.policy, rows, self.capacity, with_head,
                                             self.layout, self.kv_dtype):
@@ -320,15 +295,16 @@ class Decoder:
                                        s, op="lm_head"))
             else:
                 kv = [x, *self.cache.layer_outputs(i)]
-                ins = {"attention": self._attention_inputs(x, i), "mlp": self._mlp_inputs(x, i),
-                       "layer": self._attention_inputs(x, i) + self._mlp_inputs(x, i)[1:]}[role]
+                ins = {"attention": self.attention_inputs(x, i), "mlp": self.mlp_inputs(x, i),
+                       "layer": self.attention_inputs(x, i) + self.mlp_inputs(x, i)[1:]}[role]
                 launches.append(Launch(design, ins, [x] if role == "mlp" else kv, s,
                                        op=f"layer{i}.{role}"))
         prog = Program(launches, name=f"{spec.family}.{'decode' if rows == 1 else 'prefill'}")
         self._programs[key] = prog
         return prog
 
-    def _attention_inputs(self, x: TensorArg, i: int) -> list[TensorArg]:
+    def attention_inputs(self, x: TensorArg, i: int) -> list[TensorArg]:
+        """Layer i's attention-block operands, in the design's order (activations `x` first)."""
         spec, w, p = self.spec, self.w, f"layers.{i}."
         ins = [x, *w[p + "attn_norm"]]
         if spec.qk_norm:
@@ -338,7 +314,8 @@ class Decoder:
             ins += [*w[p + "attn_post_norm"]]
         return ins + list(self.rope[spec.layer_rope[i]])
 
-    def _mlp_inputs(self, x: TensorArg, i: int) -> list[TensorArg]:
+    def mlp_inputs(self, x: TensorArg, i: int) -> list[TensorArg]:
+        """Layer i's MLP-block operands, in the design's order (activations `x` first)."""
         spec, w, p = self.spec, self.w, f"layers.{i}."
         ins = [x, *w[p + "mlp_norm"], *w[p + "gate_up"], *w[p + "down"]]
         if spec.sandwich_norms:
@@ -346,36 +323,9 @@ class Decoder:
         return ins
 
     # -- execution -------------------------------------------------------------------------
-    def reset(self) -> None:
-        self.cache.reset()
-
-    @property
-    def position(self) -> int:
-        return self.cache.length
-
-    def forward(self, ids: list[int]) -> torch.Tensor:
-        """Append `ids` at the current position (chunked), return the last token's fp32 logits."""
-        if not ids:
-            raise ValueError("forward() needs at least one token")
-        pos = self.cache.length
-        if pos + len(ids) > self.capacity:
-            raise ContextOverflow(
-                f"{pos + len(ids)} tokens exceed the KV cache capacity of {self.capacity}; "
-                "pass a larger max_context or a shorter prompt")
-        bad = [t for t in ids if not 0 <= t < self.spec.vocab]
-        if bad:
-            raise ValueError(f"token id {bad[0]} is outside the vocabulary (size {self.spec.vocab})")
-        dev, s = self.dev, self._scalars
-        for start in range(0, len(ids), self.chunk):
-            part = ids[start:start + self.chunk]
-            n = len(part)
-            last = start + n == len(ids)
-            dev.write(self.ids.buffer, torch.tensor(part, dtype=torch.int32))
-            s["pos"], s["n"] = pos, n
-            dev.run_program(self.program(rows_bucket(n, self.chunk), last))
-            pos += n
-            self.cache.length = pos
-        return dev.download(self.logits)[0]
+    def context_error(self, total: int) -> ContextOverflow:
+        return ContextOverflow(f"{total} tokens exceed the KV cache capacity of {self.capacity}; "
+                               "pass a larger max_context or a shorter prompt")
 
 
 def default_cache_dir() -> Path:

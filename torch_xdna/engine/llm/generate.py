@@ -30,6 +30,8 @@ from torch_xdna.engine.llm.constrained import Grammar
 from torch_xdna.engine.llm.logits import ProcessorFactory, make_processors
 from torch_xdna.engine.llm.sampler import SEED_MAX, SEED_MIN, Sampler, SamplingParams, TokenLogprob
 from torch_xdna.engine.llm.prefix_cache import PrefixCache, default_max_bytes
+from torch_xdna.engine.llm.text_stream import StopMatcher, TextStream  # noqa: F401 - StopMatcher re-exported
+from torch_xdna.engine.counters import CounterDelta
 from torch_xdna.models.loader import ModelFiles, load_weights, read_model
 from torch_xdna.models.tokenizer import Tokenizer
 from torch_xdna.runtime import Device, get_device
@@ -110,49 +112,6 @@ class Completion:
     finish_reason: str
     usage: dict
     stats: GenerationStats
-
-
-class _Counters:
-    """Deltas of the device counters between two points."""
-
-    FIELDS = ("modeled_us", "dispatches", "launches", "dram_bytes")
-
-    def __init__(self, dev: Device):
-        self.dev = dev
-        self.start = self._now()
-
-    def _now(self) -> tuple:
-        c = self.dev.counters
-        return tuple(getattr(c, f) for f in self.FIELDS)
-
-    def take(self) -> dict:
-        now = self._now()
-        d = {f: b - a for f, a, b in zip(self.FIELDS, self.start, now)}
-        self.start = now
-        return d
-
-
-class StopMatcher:
-    """Cuts text at the first stop string, also when it spans tokens while streaming: text that
-    could still be the start of a stop string is held back until it is decided."""
-
-    def __init__(self, stops: Sequence[str]):
-        self.stops = [s for s in stops if s]
-        self.hold = max((len(s) for s in self.stops), default=1) - 1
-
-    def find(self, text: str) -> int:
-        """Index where the first stop string starts in `text`, or -1."""
-        hits = [i for i in (text.find(s) for s in self.stops) if i >= 0]
-        return min(hits) if hits else -1
-
-    def safe_len(self, text: str) -> int:
-        """How much of `text` can be emitted without risking a stop string split across tokens."""
-        n = len(text)
-        for k in range(min(self.hold, n), 0, -1):
-            tail = text[n - k:]
-            if any(s.startswith(tail) for s in self.stops):
-                return n - k
-        return n
 
 
 class Engine:
@@ -269,7 +228,7 @@ class Engine:
         length is all a new sample needs)."""
         dec = self.decoder
         processors = self._processors(config)
-        counters = _Counters(dec.dev)
+        counters = CounterDelta(dec.dev)
         t0 = time.perf_counter()
         reused = self._reused = (self.prefix_cache.restore(dec.dev, dec.cache, prompt)
                                  if self.prefix_cache is not None else dec.reset() or 0)
@@ -292,10 +251,10 @@ class Engine:
 
     def _sample(self, prompt: list[int], config: GenerationConfig, sampler: Sampler,
                 logits: torch.Tensor | None, budget: int, cancelled: Callable[[], bool],
-                counters: "_Counters", t0: float, modeled_prefill_us: float,
+                counters: CounterDelta, t0: float, modeled_prefill_us: float,
                 index: int) -> Iterator[Chunk]:
         dec, tok = self.decoder, self.tokenizer
-        stops = StopMatcher(config.stop)
+        stream = TextStream(tok.decode if tok is not None else None, config.stop)
         stop_ids = set(self.eos_token_ids if config.stop_token_ids is None else config.stop_token_ids)
         stats = GenerationStats(prompt_tokens=len(prompt))
         stats.modeled_prefill_us = modeled_prefill_us
@@ -303,21 +262,17 @@ class Engine:
         want_lp = config.logprobs is not None
         penalty = config.repetition_penalty != 1.0
         context = torch.tensor(prompt, dtype=torch.long) if penalty else None
-        generated: list[int] = []
+        generated = stream.ids
         self._tokens = (prompt, generated)
-        emitted, pending = "", []          # text sent so far; tokens not yet reflected in it
-        pending_lp: list[TokenLogprob] = []
         finish = "length"
-        decode_c = {f: 0 for f in _Counters.FIELDS}
+        decode_c = {f: 0 for f in CounterDelta.FIELDS}
         t_first = t_last = None
         n_fwd = 0
 
         def chunk(text: str, finish_reason: str | None = None,
                   st: GenerationStats | None = None) -> Chunk:
-            nonlocal pending, pending_lp
-            c = Chunk(text, pending, finish_reason, st, index, pending_lp if want_lp else None)
-            pending, pending_lp = [], []
-            return c
+            ids, lps = stream.take()
+            return Chunk(text, ids, finish_reason, st, index, lps if want_lp else None)
 
         for step in range(budget):
             if logits is None or cancelled():
@@ -330,30 +285,13 @@ class Engine:
             if token in stop_ids:
                 finish = "stop"
                 break
-            generated.append(token)
-            pending.append(token)
-            if want_lp:
-                pending_lp.append(sampler.last)
             if penalty:                    # the ids seen so far matter only to the penalty
                 context = torch.cat([context, torch.tensor([token])])
             done = sampler.finished         # a grammar whose output is complete
-            if tok is not None:
-                text = tok.decode(generated)
-                cut = stops.find(text)
-                if cut >= 0:
-                    if cut > len(emitted):
-                        yield chunk(text[len(emitted):cut])
-                    emitted, pending, pending_lp, finish = text[:cut], [], [], "stop"
-                    break
-                safe = len(text) if done else stops.safe_len(text)
-                while safe > len(emitted) and text[safe - 1] == "\ufffd" and not done:
-                    safe -= 1                  # incomplete UTF-8 sequence: wait for more bytes
-                if safe > len(emitted):
-                    yield chunk(text[len(emitted):safe])
-                    emitted = text[:safe]
-            else:
-                yield chunk("")
-            if done:
+            piece = stream.push(token, sampler.last if want_lp else None, final=done)
+            if piece is not None:
+                yield chunk(piece)
+            if stream.stopped or done:
                 finish = "stop"
                 break
             if step + 1 < budget:
@@ -364,10 +302,10 @@ class Engine:
                     decode_c[f] += v
         else:
             finish = "length"
-        if tok is not None and finish == "length":
-            text = tok.decode(generated)
-            if len(text) > len(emitted):
-                yield chunk(text[len(emitted):])
+        if finish == "length":
+            rest = stream.rest()
+            if rest is not None:
+                yield chunk(rest)
         total = time.perf_counter() - t0
         steps = n_fwd
         stats.generated_tokens = len(generated)

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from torch_xdna.engine.embed.embedder import EmbedStats, batch_bucket
+from torch_xdna.engine.embed.embedder import EmbedStats, SpecNamed, batch_bucket
 from torch_xdna.models.hf import ModelDirError, read_config
 from torch_xdna.models.vision import IMAGE_TYPES, ImagePreprocessor, has_pooler_weights
 
@@ -72,7 +72,7 @@ def load_hf_image_model(model_dir: Path, model_type: str) -> tuple[torch.nn.Modu
     return m.eval(), pooler
 
 
-class ImageEmbedder:
+class ImageEmbedder(SpecNamed):
     """A ViT/DINOv2 encoder resident on the device. A lock serializes calls."""
 
     kind = "image"
@@ -104,14 +104,6 @@ class ImageEmbedder:
     def load(cls, model_dir: str | Path, name: str | None = None, **kw) -> "ImageEmbedder":
         return cls(model_dir, name, **kw)
 
-    @property
-    def name(self) -> str:
-        return self.spec.name
-
-    @property
-    def dim(self) -> int:
-        return self.spec.dim
-
     def tokens(self, pixels: np.ndarray) -> int:
         """Sequence length of one image: its patches + CLS (reported as usage tokens)."""
         p = self.spec.patch_size
@@ -135,14 +127,8 @@ class ImageEmbedder:
                     b = batch_bucket(len(part), self.max_batch)
                     x = torch.zeros((b,) + shape)
                     x[:len(part)] = torch.from_numpy(np.stack([pixels[i] for i in part]))
-                    c = self.dev.counters
-                    us0, d0 = c.modeled_us, c.dispatches
-                    y = self.fn(x.to("xdna")).cpu()
-                    c = self.dev.counters
-                    stats.modeled_us += c.modeled_us - us0
-                    stats.dispatches += c.dispatches - d0
-                    stats.batches += 1
-                    stats.shapes.append((b,) + tuple(shape))
+                    with stats.counting(self.dev, [(b,) + tuple(shape)]):
+                        y = self.fn(x.to("xdna")).cpu()
                     out[part] = y[:len(part)].float()
         stats.inputs += len(pixels)
         stats.tokens += sum(self.tokens(p) for p in pixels)

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import torch
 
+from torch_xdna.engine.counters import CounterDelta
 from torch_xdna.engine.vision.image_embedder import allow_recompiles
 from torch_xdna.models.sr import SubpixelBilinear, load_sr
 
@@ -94,7 +95,7 @@ class Upscaler:
         _, c, h, w = x.shape
         out = torch.empty(1, c, h * s, w * s)
         dev = get_device()
-        d0, us0, t0 = dev.counters.dispatches, dev.counters.modeled_us, time.perf_counter()
+        delta, t0 = CounterDelta(dev), time.perf_counter()
         with torch.no_grad(), torch.xdna.strict():
             for ys, ya, yb in tile_windows(h, tile, self.halo):
                 th = min(tile, h)
@@ -106,8 +107,9 @@ class Upscaler:
                     stats.tiles += 1
                     stats.tile_shape = (th, tw)
                     stats.shapes.add((th, tw))
-        stats.dispatches += dev.counters.dispatches - d0
-        stats.modeled_us += dev.counters.modeled_us - us0
+        d = delta.take()
+        stats.dispatches += d["dispatches"]
+        stats.modeled_us += d["modeled_us"]
         stats.host_s += time.perf_counter() - t0
         return out
 
