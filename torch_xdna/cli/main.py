@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import os
 import sys
 import traceback
+
+from torch_xdna.runtime import settings
 
 # subcommand -> its module under cli/ (jobs/: run a model; npu/: the NPU itself; tools/: estimates
 # and measurements), in the order `xdna --help` lists them
@@ -71,7 +72,7 @@ def describe(e: BaseException) -> str:
 
 
 def _debug_enabled(args: argparse.Namespace) -> bool:
-    return bool(getattr(args, "debug", False)) or os.environ.get("XDNA_DEBUG", "") not in ("", "0")
+    return bool(getattr(args, "debug", False)) or settings.get("XDNA_DEBUG")
 
 
 def main(argv: list[str] | None = None) -> int:

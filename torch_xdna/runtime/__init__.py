@@ -8,6 +8,7 @@ import os
 import threading
 
 from torch_xdna.hw import Generation, get_generation
+from torch_xdna.runtime import settings
 from torch_xdna.runtime.buffer import Buffer, Coherence, TensorArg
 from torch_xdna.runtime.device import Counters, Device, TraceRecord
 from torch_xdna.runtime.errors import BackendUnavailable, DeviceOutOfMemory, LaunchError, XdnaError
@@ -20,23 +21,21 @@ __all__ = [
     "get_device", "set_device_for_testing", "backend_name", "default_memory_budget",
 ]
 
-BACKENDS = ("auto", "sim", "xrt")
+BACKENDS = settings.choices("TORCH_XDNA_BACKEND")
 _device: Device | None = None
 _lock = threading.Lock()
 
 
 def backend_name() -> str:
-    name = os.environ.get("TORCH_XDNA_BACKEND", "auto").strip().lower() or "auto"
-    if name not in BACKENDS:
-        raise BackendUnavailable(
-            f"TORCH_XDNA_BACKEND={name!r} is not a backend; use one of: {', '.join(BACKENDS)}")
-    return name
+    try:
+        return settings.get("TORCH_XDNA_BACKEND")
+    except settings.EnvError as e:
+        raise BackendUnavailable(str(e)) from None
 
 
 def default_memory_budget(gen: Generation) -> int:
     """NPU-reachable memory: TORCH_XDNA_MEMORY_BUDGET bytes, else the reachable share of RAM."""
-    from torch_xdna.runtime.env import env_number
-    env = env_number("TORCH_XDNA_MEMORY_BUDGET", unit="bytes, e.g. 4e9")
+    env = settings.get("TORCH_XDNA_MEMORY_BUDGET")
     if env is not None:
         return env
     try:
@@ -47,7 +46,7 @@ def default_memory_budget(gen: Generation) -> int:
 
 
 def _generation() -> Generation:
-    return get_generation(os.environ.get("TORCH_XDNA_GENERATION", "npu4"))
+    return get_generation(settings.get("TORCH_XDNA_GENERATION"))
 
 
 def _open(name: str) -> Device:

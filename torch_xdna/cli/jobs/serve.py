@@ -5,10 +5,10 @@ from __future__ import annotations
 import argparse
 import errno
 import logging
-import os
 import socket
 
 from torch_xdna.cli.args import CliError, port_number, positive_int
+from torch_xdna.runtime import settings
 
 
 def seconds(text: str) -> float:
@@ -53,7 +53,7 @@ def register(subparsers) -> None:
     p.add_argument("--host", default="127.0.0.1",
                    help="address to bind (default 127.0.0.1: this machine only)")
     p.add_argument("--port", type=port_number, default=8000, help="port (default 8000)")
-    p.add_argument("--api-key", default=os.environ.get("XDNA_API_KEY"),
+    p.add_argument("--api-key", default=settings.get("XDNA_API_KEY"),
                    help="require 'Authorization: Bearer KEY' on /v1 and /metrics "
                         "(default: $XDNA_API_KEY, else no key)")
     p.add_argument("--model", action="append", default=[], metavar="[NAME=]DIR",

@@ -7,6 +7,7 @@ import os
 import sys
 
 from torch_xdna.cli.args import CliError
+from torch_xdna.runtime import settings
 
 MODEL_ENV = "TORCH_XDNA_WHISPER_MODEL"
 
@@ -51,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
     from torch_xdna.engine.asr.audio import load_audio
     from torch_xdna.engine.asr.subtitles import render
     from torch_xdna.engine.asr.transcribe import Transcriber, TranscribeOptions
-    model = args.model or os.environ.get(MODEL_ENV)
+    model = args.model or settings.get(MODEL_ENV)
     if not model:
         raise CliError(f"no Whisper model: pass --model DIR (a Hugging Face Whisper directory) "
                        f"or set {MODEL_ENV}")

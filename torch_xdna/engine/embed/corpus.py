@@ -21,6 +21,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
+from torch_xdna.runtime import settings
+
 FORMATS = {".jsonl": "jsonl", ".ndjson": "jsonl", ".txt": "txt", ".parquet": "parquet"}
 MANIFEST_VERSION = 1
 HEAD_BYTES = 1 << 20                       # input fingerprint: size + sha256 of the first MiB
@@ -397,7 +399,7 @@ class _Parts:
 
 
 def _kill_hook() -> Callable[[int], None]:
-    n = os.environ.get(TEST_KILL_ENV)
+    n = settings.get(TEST_KILL_ENV)
     if not n:
         return lambda done: None
 

@@ -6,7 +6,6 @@ the sim backend charges when the engine runs (tests check the two agree); none i
 """
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 from torch_xdna.engine.llm.decoder import DEFAULT_CHUNK, DEFAULT_LAYOUT, PrecisionPolicy, estimate_step
@@ -16,6 +15,7 @@ from torch_xdna.models.families import BUILTIN_CONFIGS, family_of, spec_from_con
 from torch_xdna.models.hf import read_config
 from torch_xdna.models.spec import DecoderSpec
 from torch_xdna.models.validate import check_config
+from torch_xdna.runtime import settings
 from torch_xdna.runtime.sim.cost import CostModel, stream_bandwidth
 
 
@@ -38,7 +38,7 @@ def resolve_spec(model: str) -> tuple[str, DecoderSpec]:
 
 
 def default_generation() -> Generation:
-    return get_generation(os.environ.get("TORCH_XDNA_GENERATION", "npu4"))
+    return get_generation(settings.get("TORCH_XDNA_GENERATION"))
 
 
 def parse_contexts(text: str) -> list[int]:
