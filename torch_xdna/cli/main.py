@@ -31,6 +31,7 @@ environment:
   TORCH_XDNA_BACKEND=auto|sim|xrt   which runtime backend (auto: xrt when an NPU and pyxrt exist)
   TORCH_XDNA_FALLBACK=warn|error|silent   what to do with ops that have no NPU kernel
   XDNA_DEBUG=1                      show the Python traceback of an error (same as --debug)
+  xdna info --env                   every variable torch-xdna reads: value, default, allowed values
 """
 
 DEBUG_HELP = "on an error, also print the Python traceback (or set XDNA_DEBUG=1)"

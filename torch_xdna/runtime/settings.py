@@ -40,7 +40,7 @@ class Setting:
     """One environment variable. `allowed` is a tuple of values (or a function returning them, for
     lists owned elsewhere); `unit` and `allow_zero` describe numbers; `reader` is who reads it
     ("torch" for PyTorch's own switch, which this package only documents); `internal` marks test
-    hooks that the README does not list."""
+    hooks that the README does not list; `secret` values are never printed."""
 
     name: str
     kind: str
@@ -52,6 +52,7 @@ class Setting:
     allow_zero: bool = False
     reader: str = "torch_xdna"
     internal: bool = False
+    secret: bool = False
 
     def choices(self) -> tuple[str, ...]:
         if self.kind == FLAG:
@@ -132,7 +133,8 @@ _TABLE = (
     Setting("TORCH_XDNA_FALLBACK", CHOICE, "warn", "what ops without an NPU kernel do",
             ("warn", "error", "silent"), "a fallback mode"),
     Setting("TORCH_XDNA_WHISPER_MODEL", PATH, None, "default Whisper directory for xdna transcribe"),
-    Setting("XDNA_API_KEY", TEXT, None, "API key xdna serve requires when --api-key is not given"),
+    Setting("XDNA_API_KEY", TEXT, None, "API key xdna serve requires when --api-key is not given",
+            secret=True),
     Setting("XDNA_DEBUG", FLAG, False, "the xdna command also prints an error's Python traceback "
             "(same as --debug)"),
     Setting("TORCH_DEVICE_BACKEND_AUTOLOAD", FLAG, True, "PyTorch's switch (0) to not autoload "
@@ -180,13 +182,15 @@ def choices(name: str) -> tuple[str, ...]:
 
 
 def describe(include_internal: bool = True) -> list[dict]:
-    """One row per setting for `xdna info --env`: name, kind, the value set now (raw text, or None),
-    default, allowed values, unit, who reads it, doc."""
+    """One row per setting for `xdna info --env`: name, kind, the value set now (raw text, None
+    when unset, "<hidden>" for a secret), default, allowed values, unit, who reads it, doc."""
     rows = []
     for s in _TABLE:
         if s.internal and not include_internal:
             continue
-        rows.append({"name": s.name, "kind": s.kind, "value": read_raw(s.name),
+        raw = read_raw(s.name)
+        rows.append({"name": s.name, "kind": s.kind,
+                     "value": "<hidden>" if s.secret and raw is not None else raw,
                      "default": s.default, "allowed": list(s.choices()), "unit": s.unit,
                      "reader": s.reader, "internal": s.internal, "doc": s.doc})
     return rows
