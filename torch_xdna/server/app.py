@@ -26,6 +26,7 @@ from pydantic import BaseModel, ValidationError
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from torch_xdna.choices import DEFAULT_KV_DTYPE
 from torch_xdna.runtime import DeviceOutOfMemory, get_device
 from torch_xdna.server.http import HttpLimits
 from torch_xdna.server.metrics import Metrics
@@ -60,7 +61,7 @@ class ServerConfig:
     truncate: bool = False                # over-long embedding inputs: truncate instead of 400
     max_new_tokens: int = 2048            # completion tokens per request
     max_context: int | None = None        # chat models' KV capacity (None: from the memory budget)
-    kv_dtype: str = "bf16"                # chat models' KV storage: bf16 | int8
+    kv_dtype: str = DEFAULT_KV_DTYPE      # chat models' KV storage: bf16 | int8
     max_batch: int = 4                    # chats decoded together per step (1: no batching)
     request_timeout_s: float = 300.0
     preload: bool = True                  # make the first models resident at startup

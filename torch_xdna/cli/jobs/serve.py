@@ -7,6 +7,7 @@ import errno
 import logging
 import socket
 
+from torch_xdna.choices import DEFAULT_KV_DTYPE, KV_DTYPES
 from torch_xdna.cli.args import CliError, port_number, positive_int
 from torch_xdna.runtime import settings
 
@@ -81,7 +82,7 @@ def register(subparsers) -> None:
                    help="chat models' context limit / KV cache capacity (default: the model's "
                         "maximum, capped so the cache takes at most half the memory left after "
                         "the weights)")
-    p.add_argument("--kv-dtype", choices=("bf16", "int8"), default="bf16",
+    p.add_argument("--kv-dtype", choices=KV_DTYPES, default=DEFAULT_KV_DTYPE,
                    help="chat models' KV cache storage (int8: half the bytes per token)")
     p.add_argument("--max-batch", type=positive_int, default=4, metavar="N",
                    help="concurrent chats of one model decoded together, one batched NPU step "

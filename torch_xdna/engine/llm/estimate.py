@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from torch_xdna.choices import DEFAULT_KV_DTYPE
 from torch_xdna.engine.llm.decoder import DEFAULT_CHUNK, DEFAULT_LAYOUT, PrecisionPolicy, estimate_step
 from torch_xdna.hw import Generation, get_generation
 from torch_xdna.kernels.blocks.llm import rows_bucket
@@ -65,7 +66,7 @@ def parse_contexts(text: str) -> list[int]:
 
 def estimate(spec: DecoderSpec, precision="bf16", context: int = 1024, *, group: int = 0,
              prefill_chunk: int = DEFAULT_CHUNK, gen: Generation | None = None,
-             layout: str = DEFAULT_LAYOUT, kv_dtype: str = "bf16") -> dict:
+             layout: str = DEFAULT_LAYOUT, kv_dtype: str = DEFAULT_KV_DTYPE) -> dict:
     """Modeled cost of decoding at `context` tokens and of prefilling a `context`-token prompt.
     The KV cache is sized for the context (context + 1 positions); a context beyond the model's
     maximum is still modeled and flagged (beyond_model_max)."""

@@ -36,6 +36,7 @@ from torch_xdna.kernels.host import attention as host_attention
 from torch_xdna.kernels.host import gemv as host_gemv
 from torch_xdna.kernels.activations import apply_epilogue
 from torch_xdna.kernels.ops.attention import AttentionDesign, decode_splits, flash_attention, kv_tile_for
+from torch_xdna.choices import DEFAULT_KV_DTYPE, KV_DTYPES
 from torch_xdna.kernels.base import Design, ceil_div, round_up
 from torch_xdna.kernels.ops.gemm import GemmDesign
 from torch_xdna.kernels.ops.vector import VectorDesign
@@ -43,7 +44,6 @@ from torch_xdna.runtime.plan import Plan, PlanError
 
 PRECISIONS = ("fp32", "bf16", "int8", "int4", "bfp16")
 KV_TILE = 128                  # launch plans are memoized per KV extent in these units
-KV_DTYPES = ("bf16", "int8")   # KV cache storage (int8: per (head, token) fp32 scale, KV_INT8_QMAX)
 KV_INT8_QMAX = 127.0
 _GROUPS = {"int8": 128, "int4": 32}
 _F32 = torch.float32
@@ -499,7 +499,7 @@ class AttentionBlockDesign(Design):
     scale: float = 1.0
     softcap: float | None = None
     cache_bytes: int = 2        # per cached element (bf16; 4 in the fp32 verification mode)
-    kv_dtype: str = "bf16"      # KV storage: bf16 (fp32 in verification mode) or int8 + scales
+    kv_dtype: str = DEFAULT_KV_DTYPE   # bf16 (fp32 in verification mode) or int8 + scales
     kv_tile: int = 0            # keys per K/V tile (0: kv_tile_for(head_dim))
     kind = "llm_attention"
 
