@@ -450,7 +450,7 @@ def test_utf8_api_key_matches_its_bytes():
 def test_memory_budget_env_is_validated(monkeypatch, value):
     from torch_xdna.hw import get_generation
     from torch_xdna.runtime import default_memory_budget
-    from torch_xdna.runtime.env import EnvError
+    from torch_xdna.runtime.settings import EnvError
     monkeypatch.setenv("TORCH_XDNA_MEMORY_BUDGET", value)
     with pytest.raises(EnvError, match=r"TORCH_XDNA_MEMORY_BUDGET=.*(bytes|number)") as e:
         default_memory_budget(get_generation("npu4"))
@@ -461,7 +461,8 @@ def test_numeric_env_values_accept_their_forms(monkeypatch):
     from torch_xdna.hw import get_generation
     from torch_xdna.kernels.blocks.operands import OperandCache as _OperandCache
     from torch_xdna.runtime import default_memory_budget
-    from torch_xdna.runtime.env import EnvError, env_number
+    from torch_xdna.runtime import settings
+    from torch_xdna.runtime.settings import EnvError
     monkeypatch.setenv("TORCH_XDNA_MEMORY_BUDGET", "4e9")
     assert default_memory_budget(get_generation("npu4")) == 4_000_000_000
     monkeypatch.setenv("TORCH_XDNA_SIM_WEIGHT_CACHE_MB", "0")
@@ -471,9 +472,9 @@ def test_numeric_env_values_accept_their_forms(monkeypatch):
         _OperandCache().budget()
     monkeypatch.setenv("TORCH_XDNA_TIMEOUT_MS", "inf")
     with pytest.raises(EnvError, match="TORCH_XDNA_TIMEOUT_MS='inf' is not allowed"):
-        env_number("TORCH_XDNA_TIMEOUT_MS", unit="milliseconds")
+        settings.get("TORCH_XDNA_TIMEOUT_MS")
     monkeypatch.setenv("TORCH_XDNA_TIMEOUT_MS", " ")
-    assert env_number("TORCH_XDNA_TIMEOUT_MS", 7) == 7
+    assert settings.get("TORCH_XDNA_TIMEOUT_MS", 7) == 7
 
 
 # --- 4 (serving half). failed loads, server paths ------------------------------------------------

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import os
 import sys
 import traceback
+
+from torch_xdna.runtime import settings
 
 # subcommand -> its module under cli/ (jobs/: run a model; npu/: the NPU itself; tools/: estimates
 # and measurements), in the order `xdna --help` lists them
@@ -30,6 +31,7 @@ environment:
   TORCH_XDNA_BACKEND=auto|sim|xrt   which runtime backend (auto: xrt when an NPU and pyxrt exist)
   TORCH_XDNA_FALLBACK=warn|error|silent   what to do with ops that have no NPU kernel
   XDNA_DEBUG=1                      show the Python traceback of an error (same as --debug)
+  xdna info --env                   every variable torch-xdna reads: value, default, allowed values
 """
 
 DEBUG_HELP = "on an error, also print the Python traceback (or set XDNA_DEBUG=1)"
@@ -71,7 +73,7 @@ def describe(e: BaseException) -> str:
 
 
 def _debug_enabled(args: argparse.Namespace) -> bool:
-    return bool(getattr(args, "debug", False)) or os.environ.get("XDNA_DEBUG", "") not in ("", "0")
+    return bool(getattr(args, "debug", False)) or settings.get("XDNA_DEBUG")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -8,7 +8,6 @@ NotImplementedError naming op, dtypes and shapes) | silent (run on the host, cou
 from __future__ import annotations
 
 import contextlib
-import os
 import threading
 import warnings
 from collections import Counter
@@ -17,8 +16,9 @@ import torch
 from torch.utils._pytree import tree_map
 
 from torch_xdna.device import storage
+from torch_xdna.runtime import settings
 
-MODES = ("warn", "error", "silent")
+MODES = settings.choices("TORCH_XDNA_FALLBACK")
 _counts: Counter[str] = Counter()
 _warned: set[str] = set()
 _local = threading.local()
@@ -37,10 +37,7 @@ def mode() -> str:
     forced = getattr(_local, "mode", None) or (_process_modes[-1] if _process_modes else None)
     if forced:
         return forced
-    m = os.environ.get("TORCH_XDNA_FALLBACK", "warn").strip().lower() or "warn"
-    if m not in MODES:
-        raise ValueError(f"TORCH_XDNA_FALLBACK={m!r}: use one of {', '.join(MODES)}")
-    return m
+    return settings.get("TORCH_XDNA_FALLBACK")
 
 
 @contextlib.contextmanager

@@ -14,9 +14,9 @@ numerics a model site uses is chosen by a NumericsPlan (kernels/numerics_plan.py
 """
 from __future__ import annotations
 
-import os
-
 import torch
+
+from torch_xdna.runtime import settings
 
 FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 INT_DTYPES = (torch.int8, torch.uint8, torch.int16, torch.int32, torch.int64, torch.bool)
@@ -131,7 +131,7 @@ def dtype_name(dtype: torch.dtype) -> str:
 # GEMV paths, thread splits), so a tile's product would differ from the same elements of a
 # whole-matrix product.
 _KTILE_BLOCK_BYTES = 32 << 20          # fp64 tile products materialized at once (host memory)
-GEMM_ORDERS = ("plan", "blas")
+GEMM_ORDERS = settings.choices("TORCH_XDNA_GEMM_ORDER")
 
 
 def gemm_order() -> str:
@@ -139,14 +139,10 @@ def gemm_order() -> str:
     tiles (ktile_matmul; bit-identical to the transaction level); "blas" is one fp32 BLAS
     matmul (host speed: several times faster when the plan's K tile is small, but then the
     levels agree only within fp32 reordering, and results depend on the BLAS)."""
-    name = os.environ.get("TORCH_XDNA_GEMM_ORDER", "plan").strip().lower() or "plan"
-    if name not in GEMM_ORDERS:
-        raise ValueError(f"TORCH_XDNA_GEMM_ORDER={name!r} is not a GEMM order; use one of "
-                         f"{', '.join(GEMM_ORDERS)}")
-    return name
+    return settings.get("TORCH_XDNA_GEMM_ORDER")
 
 
-LAYER_ORDERS = ("blas", "plan")
+LAYER_ORDERS = settings.choices("TORCH_XDNA_LAYER_ORDER")
 
 
 def layer_order() -> str:
@@ -155,11 +151,7 @@ def layer_order() -> str:
     "plan" runs it in its stage programs' order (kernels/llm_layer_stages.staged_reference:
     K-tile GEMMs, the attention design's flash order), bit-identical to the transaction level.
     The two agree within fp32 reordering."""
-    name = os.environ.get("TORCH_XDNA_LAYER_ORDER", "blas").strip().lower() or "blas"
-    if name not in LAYER_ORDERS:
-        raise ValueError(f"TORCH_XDNA_LAYER_ORDER={name!r} is not a layer order; use one of "
-                         f"{', '.join(LAYER_ORDERS)}")
-    return name
+    return settings.get("TORCH_XDNA_LAYER_ORDER")
 
 
 def tile_dot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:

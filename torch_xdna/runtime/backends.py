@@ -8,28 +8,27 @@ backends.
 """
 from __future__ import annotations
 
-import os
 import threading
 
 from torch_xdna.hw import Generation, get_generation
 from torch_xdna.runtime.device import Device, default_memory_budget
+from torch_xdna.runtime import settings
 from torch_xdna.runtime.errors import BackendUnavailable
 
-BACKENDS = ("auto", "sim", "xrt")
+BACKENDS = settings.choices("TORCH_XDNA_BACKEND")
 _device: Device | None = None
 _lock = threading.Lock()
 
 
 def backend_name() -> str:
-    name = os.environ.get("TORCH_XDNA_BACKEND", "auto").strip().lower() or "auto"
-    if name not in BACKENDS:
-        raise BackendUnavailable(
-            f"TORCH_XDNA_BACKEND={name!r} is not a backend; use one of: {', '.join(BACKENDS)}")
-    return name
+    try:
+        return settings.get("TORCH_XDNA_BACKEND")
+    except settings.EnvError as e:
+        raise BackendUnavailable(str(e)) from None
 
 
 def _generation() -> Generation:
-    return get_generation(os.environ.get("TORCH_XDNA_GENERATION", "npu4"))
+    return get_generation(settings.get("TORCH_XDNA_GENERATION"))
 
 
 def open_backend(name: str) -> Device:

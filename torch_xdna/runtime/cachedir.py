@@ -40,6 +40,8 @@ import warnings
 from pathlib import Path
 from typing import Callable
 
+from torch_xdna.runtime import settings
+
 log = logging.getLogger("torch_xdna.cache")
 
 ENV_DIR = "TORCH_XDNA_CACHE_DIR"
@@ -69,18 +71,18 @@ def warn_once(path: Path | str, topic: str, message: str) -> None:
 
 def cache_root() -> Path:
     """$TORCH_XDNA_CACHE_DIR, else $XDG_CACHE_HOME/torch_xdna, else ~/.cache/torch_xdna."""
-    env = os.environ.get(ENV_DIR)
+    env = settings.get(ENV_DIR)
     if env:
         return Path(env).expanduser()
-    xdg = os.environ.get("XDG_CACHE_HOME")
+    xdg = settings.get("XDG_CACHE_HOME")
     return (Path(xdg) if xdg else Path.home() / ".cache") / "torch_xdna"
 
 
 def key_file() -> Path:
-    env = os.environ.get(ENV_KEY_FILE)
+    env = settings.get(ENV_KEY_FILE)
     if env:
         return Path(env).expanduser()
-    xdg = os.environ.get("XDG_CONFIG_HOME")
+    xdg = settings.get("XDG_CONFIG_HOME")
     return (Path(xdg) if xdg else Path.home() / ".config") / "torch-xdna" / "cache.key"
 
 

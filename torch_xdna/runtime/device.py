@@ -15,14 +15,14 @@ import torch
 
 from torch_xdna.hw import Generation
 from torch_xdna.runtime.buffer import Buffer, Coherence, TensorArg
+from torch_xdna.runtime import settings
 from torch_xdna.runtime.errors import DeviceOutOfMemory
 from torch_xdna.runtime.launch import Launch, Program
 
 
 def default_memory_budget(gen: Generation) -> int:
     """NPU-reachable memory: TORCH_XDNA_MEMORY_BUDGET bytes, else the reachable share of RAM."""
-    from torch_xdna.runtime.env import env_number
-    env = env_number("TORCH_XDNA_MEMORY_BUDGET", unit="bytes, e.g. 4e9")
+    env = settings.get("TORCH_XDNA_MEMORY_BUDGET")
     if env is not None:
         return env
     try:

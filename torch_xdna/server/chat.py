@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, Protocol, runtime_checkable
 
+from torch_xdna.choices import DEFAULT_KV_DTYPE
 from torch_xdna.engine.llm.text_stream import StopMatcher
 
 # what a ChatModel may declare in `features` beyond plain text generation
@@ -156,7 +157,7 @@ def _drive(model: ChatModel, prompt_ids: list[int], params: GenerationParams,
 
 
 def load_chat_model(model_dir: str | Path, max_context: int | None = None,
-                    kv_dtype: str = "bf16") -> ChatModel:
+                    kv_dtype: str = DEFAULT_KV_DTYPE) -> ChatModel:
     """A decoder directory served through the decoder engine (torch_xdna.engine.llm.generate);
     its context limit is the KV capacity (max_context, else the model's maximum within the
     memory budget)."""

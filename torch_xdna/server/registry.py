@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from torch_xdna.choices import DEFAULT_KV_DTYPE
 from torch_xdna.models.encoder import (ENCODER_TYPES, EncoderSpec, EncoderTokenizer, load_spec,
                                        transformer_dir)
 from torch_xdna.models.hf import ModelDirError, read_config
@@ -57,7 +58,7 @@ class ModelRegistry:
     names its own; None = the model's maximum within the memory budget (engine/llm/kv_cache.py)."""
 
     def __init__(self, max_models: int = 2, max_context: int | None = None,
-                 kv_dtype: str = "bf16"):
+                 kv_dtype: str = DEFAULT_KV_DTYPE):
         if max_models < 1:
             raise ValueError(f"max_models must be >= 1 (got {max_models})")
         self.max_models = max_models

@@ -7,10 +7,8 @@ import json
 import math
 import sys
 
+from torch_xdna.choices import DEFAULT_KV_DTYPE, KV_DTYPES
 from torch_xdna.cli.args import add_command, number, positive_int
-
-PRECISION_CHOICES = ("bf16", "int8", "int4", "bfp16", "fp32")
-
 
 def finite_float(text: str) -> float:
     """argparse type: a finite number (nan and inf would reach the sampler as NaN probabilities)."""
@@ -22,6 +20,7 @@ def finite_float(text: str) -> float:
 
 def register(subparsers) -> None:
     from torch_xdna.engine.llm.decoder import DEFAULT_LAYOUT, LAYOUTS
+    from torch_xdna.kernels.blocks.llm import PRECISIONS
     p = add_command(
         subparsers, "generate", help="stream text from a HF decoder directory",
         description="Generate text with the fused decode engine. NPU figures are modeled by the "
@@ -45,7 +44,7 @@ def register(subparsers) -> None:
                    help="> 0; 1 = off (default)")
     p.add_argument("--seed", type=int, help="an integer in [-2**63, 2**64 - 1]")
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
-    p.add_argument("--precision", default="auto", choices=("auto", *PRECISION_CHOICES),
+    p.add_argument("--precision", default="auto", choices=("auto", *PRECISIONS),
                    help="weight precision (fp32 is a verification mode, not NPU numerics); auto "
                         "= bf16, or for a .gguf file its own blocks (Q8_0 -> int8, Q4_0 -> int4)")
     p.add_argument("--tokenizer", metavar="DIR", help="take tokenizer.json and the chat template "
@@ -55,7 +54,7 @@ def register(subparsers) -> None:
                    help="KV cache capacity in tokens (default: the model's maximum context, "
                         "capped so the cache takes at most half the memory left after the "
                         "weights)")
-    p.add_argument("--kv-dtype", choices=("bf16", "int8"), default="bf16",
+    p.add_argument("--kv-dtype", choices=KV_DTYPES, default=DEFAULT_KV_DTYPE,
                    help="KV cache storage: bf16, or int8 with a scale per head and token "
                         "(half the bytes per token; default bf16)")
     p.add_argument("--layout", choices=LAYOUTS, default=DEFAULT_LAYOUT,

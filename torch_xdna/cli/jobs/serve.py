@@ -5,10 +5,11 @@ from __future__ import annotations
 import argparse
 import errno
 import logging
-import os
 import socket
 
+from torch_xdna.choices import DEFAULT_KV_DTYPE, KV_DTYPES
 from torch_xdna.cli.args import CliError, add_command, number, port_number, positive_int, seconds
+from torch_xdna.runtime import settings
 
 DESCRIPTION = """\
 OpenAI-compatible HTTP server on the (simulated by default) XDNA NPU.
@@ -38,7 +39,7 @@ def register(subparsers) -> None:
     p.add_argument("--host", default="127.0.0.1",
                    help="address to bind (default 127.0.0.1: this machine only)")
     p.add_argument("--port", type=port_number, default=8000, help="port (default 8000)")
-    p.add_argument("--api-key", default=os.environ.get("XDNA_API_KEY"),
+    p.add_argument("--api-key", default=settings.get("XDNA_API_KEY"),
                    help="require 'Authorization: Bearer KEY' on /v1 and /metrics "
                         "(default: $XDNA_API_KEY, else no key)")
     p.add_argument("--model", action="append", default=[], metavar="[NAME=]DIR",
@@ -66,7 +67,7 @@ def register(subparsers) -> None:
                    help="chat models' context limit / KV cache capacity (default: the model's "
                         "maximum, capped so the cache takes at most half the memory left after "
                         "the weights)")
-    p.add_argument("--kv-dtype", choices=("bf16", "int8"), default="bf16",
+    p.add_argument("--kv-dtype", choices=KV_DTYPES, default=DEFAULT_KV_DTYPE,
                    help="chat models' KV cache storage (int8: half the bytes per token)")
     p.add_argument("--max-batch", type=positive_int, default=4, metavar="N",
                    help="concurrent chats of one model decoded together, one batched NPU step "

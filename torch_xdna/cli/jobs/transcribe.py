@@ -8,6 +8,7 @@ import sys
 
 from torch_xdna.cli.args import CliError, add_command
 from torch_xdna.cli.output import npu_timing
+from torch_xdna.runtime import settings
 
 MODEL_ENV = "TORCH_XDNA_WHISPER_MODEL"
 
@@ -51,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
     from torch_xdna.engine.asr.audio import load_audio
     from torch_xdna.engine.asr.subtitles import render
     from torch_xdna.engine.asr.transcribe import Transcriber, TranscribeOptions
-    model = args.model or os.environ.get(MODEL_ENV)
+    model = args.model or settings.get(MODEL_ENV)
     if not model:
         raise CliError(f"no Whisper model: pass --model DIR (a Hugging Face Whisper directory) "
                        f"or set {MODEL_ENV}")

@@ -55,9 +55,9 @@ def register(subparsers) -> None:
 
 
 def _generation(name: str | None):
-    import os
     from torch_xdna.hw import get_generation
-    return get_generation(name or os.environ.get("TORCH_XDNA_GENERATION", "npu4"))
+    from torch_xdna.runtime import settings
+    return get_generation(name or settings.get("TORCH_XDNA_GENERATION"))
 
 
 def run_list(args) -> int:

@@ -77,13 +77,14 @@ def run(args: argparse.Namespace) -> int:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
+    from torch_xdna.kernels.numerics_plan import DTYPES
     p = sub.add_parser("profile", help="profile a small MLP workload (modeled on the simulator)",
                        description="Run a small MLP on the NPU runtime and print per-design and "
                                    "per-op time. On the simulator all times are modeled.")
     p.add_argument("--shape", nargs=3, type=positive_int, action="append", metavar=("M", "K", "N"),
                    help="MLP shape: M tokens, K hidden, N intermediate (repeatable; "
                         "default 64 512 2048)")
-    p.add_argument("--dtype", default="bf16", choices=("bf16", "bfp16", "int8", "int4"),
+    p.add_argument("--dtype", default="bf16", choices=DTYPES,
                    help="GEMM numerics (default bf16; int8/int4 = weight-only, group size 32)")
     p.add_argument("--json", action="store_true", help="print the table and summary as JSON")
     p.add_argument("--trace", metavar="OUT.json", help="also write a Chrome/Perfetto trace")

@@ -20,7 +20,8 @@ def context_list(text: str) -> list[int]:
 
 def register(subparsers) -> None:
     from torch_xdna.engine.llm.decoder import DEFAULT_LAYOUT, LAYOUTS
-    from torch_xdna.kernels.blocks.llm import KV_DTYPES
+    from torch_xdna.choices import DEFAULT_KV_DTYPE, KV_DTYPES
+    from torch_xdna.kernels.blocks.llm import PRECISIONS
     from torch_xdna.models.families import BUILTIN_CONFIGS
     p = add_command(
         subparsers, "estimate", help="modeled NPU cost of an LLM (config only)",
@@ -32,12 +33,12 @@ def register(subparsers) -> None:
                "  xdna estimate llama-3.2-1b --precision int4 --context 1k,2k,4k,8k,16k,32k,128k")
     p.add_argument("model", metavar="MODEL_DIR_OR_SHAPE")
     p.add_argument("--precision", action="append",
-                   choices=("bf16", "int8", "int4", "bfp16"),
+                   choices=[p for p in PRECISIONS if p != "fp32"],   # fp32: verification only
                    help="weight precision (repeatable; default bf16 and int4)")
     p.add_argument("--context", type=context_list, default=[1024],
                    help="tokens already in the KV cache; several comma-separated, k = 1024 "
                         "(e.g. 1k,2k,4k,8k,16k,32k,128k)")
-    p.add_argument("--kv-dtype", choices=KV_DTYPES, default="bf16",
+    p.add_argument("--kv-dtype", choices=KV_DTYPES, default=DEFAULT_KV_DTYPE,
                    help="KV cache storage: bf16, or int8 with per-token scales (default bf16)")
     p.add_argument("--layout", choices=LAYOUTS, default=DEFAULT_LAYOUT,
                    help=f"launches per layer: layer = 1, block = attention + MLP (2) "

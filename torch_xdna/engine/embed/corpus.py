@@ -23,6 +23,7 @@ from typing import Any, Callable, Iterable, Iterator
 
 from torch_xdna.engine.embed.corpus_source import (Chunk, ChunkStats, CorpusError, Source,
                                                    embed_chunk)
+from torch_xdna.runtime import settings
 
 MANIFEST_VERSION = 1
 TEST_KILL_ENV = "XDNA_TEST_CORPUS_KILL_AFTER"   # test hook: SIGKILL self after N committed chunks
@@ -181,7 +182,7 @@ class _Parts:
 
 
 def _kill_hook() -> Callable[[int], None]:
-    n = os.environ.get(TEST_KILL_ENV)
+    n = settings.get(TEST_KILL_ENV)
     if not n:
         return lambda done: None
 

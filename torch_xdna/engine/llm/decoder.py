@@ -20,6 +20,7 @@ import torch
 from torch_xdna.kernels.host import attention as host_attention
 
 from torch_xdna.kernels.host import gemv as host_gemv
+from torch_xdna.choices import DEFAULT_KV_DTYPE
 from torch_xdna.kernels.base import Design
 from torch_xdna.kernels.blocks.llm import (
     AttentionBlockDesign, DecoderLayerDesign, EmbedDesign, HeadDesign, MlpBlockDesign,
@@ -113,7 +114,7 @@ class ModelTooLarge(ModelDirError):
 
 
 def resident_bytes_estimate(spec: DecoderSpec, policy: PrecisionPolicy, capacity: int,
-                            chunk: int = DEFAULT_CHUNK, kv_dtype: str = "bf16") -> int:
+                            chunk: int = DEFAULT_CHUNK, kv_dtype: str = DEFAULT_KV_DTYPE) -> int:
     """Device bytes a Decoder of `spec` holds: weights in their stored formats, norms, RoPE
     tables, the KV cache at `capacity` and the activation/logit buffers. From shapes only, so
     an impossible config is refused before anything is read or allocated."""
@@ -133,7 +134,7 @@ def resident_bytes_estimate(spec: DecoderSpec, policy: PrecisionPolicy, capacity
     return spec.layers * (per_layer + norms * norm) + h * norm + head + kv + rope + acts
 
 
-def per_token_bytes(spec: DecoderSpec, policy: PrecisionPolicy, kv_dtype: str = "bf16") -> int:
+def per_token_bytes(spec: DecoderSpec, policy: PrecisionPolicy, kv_dtype: str = DEFAULT_KV_DTYPE) -> int:
     """Device bytes one more context position costs: its KV entries and RoPE table rows."""
     return (kv_bytes_per_token(spec.layers, spec.kv_heads, spec.head_dim, kv_dtype, policy.exact)
             + len(spec.ropes) * 2 * spec.head_dim * 4)
@@ -141,7 +142,7 @@ def per_token_bytes(spec: DecoderSpec, policy: PrecisionPolicy, kv_dtype: str = 
 
 def resolve_capacity(spec: DecoderSpec, policy: PrecisionPolicy, dev: Device,
                      max_context: int | None, chunk: int = DEFAULT_CHUNK,
-                     kv_dtype: str = "bf16") -> int:
+                     kv_dtype: str = DEFAULT_KV_DTYPE) -> int:
     """KV capacity: max_context (capped at the model's maximum), else the memory-budget default
     (engine/llm/kv_cache.py's policy) from what the device has free after the weights."""
     if max_context:
@@ -153,7 +154,7 @@ def resolve_capacity(spec: DecoderSpec, policy: PrecisionPolicy, dev: Device,
 
 
 def check_fits(spec: DecoderSpec, policy: PrecisionPolicy, capacity: int, dev: Device,
-               chunk: int = DEFAULT_CHUNK, kv_dtype: str = "bf16") -> int:
+               chunk: int = DEFAULT_CHUNK, kv_dtype: str = DEFAULT_KV_DTYPE) -> int:
     """Raise ModelTooLarge when the model cannot fit what the device has free; returns bytes."""
     need = resident_bytes_estimate(spec, policy, capacity, chunk, kv_dtype)
     free = dev.memory_budget - dev.counters.allocated_bytes
@@ -183,7 +184,7 @@ DEFAULT_LAYOUT = "layer"
 
 def step_designs(spec: DecoderSpec, policy: PrecisionPolicy, rows: int, capacity: int,
                  with_head: bool, layout: str = DEFAULT_LAYOUT,
-                 kv_dtype: str = "bf16") -> list[tuple[str, int, Design]]:
+                 kv_dtype: str = DEFAULT_KV_DTYPE) -> list[tuple[str, int, Design]]:
     """The launches of one forward chunk, in order: (role, layer, design). layout "layer": one
     launch per layer (default); "block": an attention-block and an MLP-block launch per layer."""
     if layout not in LAYOUTS:
@@ -214,7 +215,7 @@ def step_designs(spec: DecoderSpec, policy: PrecisionPolicy, rows: int, capacity
 
 
 def plan_chunk(spec: DecoderSpec, policy: PrecisionPolicy, capacity: int, requested: int,
-               gen, layout: str = DEFAULT_LAYOUT, kv_dtype: str = "bf16") -> int:
+               gen, layout: str = DEFAULT_LAYOUT, kv_dtype: str = DEFAULT_KV_DTYPE) -> int:
     """The prefill chunk: `requested` rows, halved until every launch of a chunk plans on `gen`
     at a full cache (mem-tile staging of the chunk's activations, attention tiles), so a long
     prompt never fails mid-prefill. Prefill memory is bounded by the chunk: activations are
@@ -238,7 +239,7 @@ class Decoder(ResidentDecoder):
     def __init__(self, spec: DecoderSpec, weights: dict[str, tuple[torch.Tensor, ...]],
                  policy: PrecisionPolicy, *, max_context: int | None = None,
                  prefill_chunk: int = DEFAULT_CHUNK, device: Device | None = None,
-                 layout: str = DEFAULT_LAYOUT, kv_dtype: str = "bf16"):
+                 layout: str = DEFAULT_LAYOUT, kv_dtype: str = DEFAULT_KV_DTYPE):
         if layout not in LAYOUTS:
             raise ValueError(f"unknown layout {layout!r}; use one of {', '.join(LAYOUTS)}")
         super().__init__(device or get_device())
@@ -336,7 +337,7 @@ def default_cache_dir() -> Path:
 
 def estimate_step(spec: DecoderSpec, policy: PrecisionPolicy, cost, rows: int, pos: int, n: int,
                   capacity: int, with_head: bool, layout: str = DEFAULT_LAYOUT,
-                  kv_dtype: str = "bf16", memo: dict | None = None) -> dict:
+                  kv_dtype: str = DEFAULT_KV_DTYPE, memo: dict | None = None) -> dict:
     """Modeled cost of one forward chunk from plans only (no weights): the Program's launches
     charged through `cost` (a runtime.sim.cost.CostModel, whose state carries over between
     calls as the device's does) at the launch scalars pos/n, exactly as the sim charges them.

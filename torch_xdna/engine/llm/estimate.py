@@ -6,9 +6,9 @@ the sim backend charges when the engine runs (tests check the two agree); none i
 """
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
+from torch_xdna.choices import DEFAULT_KV_DTYPE
 from torch_xdna.engine.llm.decoder import DEFAULT_CHUNK, DEFAULT_LAYOUT, PrecisionPolicy, estimate_step
 from torch_xdna.hw import Generation, get_generation
 from torch_xdna.kernels.blocks.llm import rows_bucket
@@ -16,6 +16,7 @@ from torch_xdna.models.families import BUILTIN_CONFIGS, family_of, spec_from_con
 from torch_xdna.models.hf import read_config
 from torch_xdna.models.spec import DecoderSpec
 from torch_xdna.models.validate import check_config
+from torch_xdna.runtime import settings
 from torch_xdna.runtime.sim.cost import CostModel, stream_bandwidth
 
 
@@ -38,7 +39,7 @@ def resolve_spec(model: str) -> tuple[str, DecoderSpec]:
 
 
 def default_generation() -> Generation:
-    return get_generation(os.environ.get("TORCH_XDNA_GENERATION", "npu4"))
+    return get_generation(settings.get("TORCH_XDNA_GENERATION"))
 
 
 def parse_contexts(text: str) -> list[int]:
@@ -65,7 +66,7 @@ def parse_contexts(text: str) -> list[int]:
 
 def estimate(spec: DecoderSpec, precision="bf16", context: int = 1024, *, group: int = 0,
              prefill_chunk: int = DEFAULT_CHUNK, gen: Generation | None = None,
-             layout: str = DEFAULT_LAYOUT, kv_dtype: str = "bf16") -> dict:
+             layout: str = DEFAULT_LAYOUT, kv_dtype: str = DEFAULT_KV_DTYPE) -> dict:
     """Modeled cost of decoding at `context` tokens and of prefilling a `context`-token prompt.
     The KV cache is sized for the context (context + 1 positions); a context beyond the model's
     maximum is still modeled and flagged (beyond_model_max)."""

@@ -22,6 +22,7 @@ from typing import Callable, Iterator, Mapping, Sequence
 
 import torch
 
+from torch_xdna.choices import DEFAULT_KV_DTYPE
 from torch_xdna.engine.llm.decoder import (
     DEFAULT_LAYOUT, ContextOverflow, Decoder, PrecisionPolicy, check_fits, default_cache_dir,
     resolve_capacity,
@@ -344,7 +345,7 @@ def load_decoder(model_dir: str | Path, precision: str | Mapping[str, str] = "au
                  group: int = 0, max_context: int | None = None, prefill_chunk: int = 128,
                  device: Device | None = None, cache_dir: str | Path | None | bool = None,
                  quiet: bool = False, layout: str = DEFAULT_LAYOUT,
-                 tokenizer_dir: str | Path | None = None, kv_dtype: str = "bf16",
+                 tokenizer_dir: str | Path | None = None, kv_dtype: str = DEFAULT_KV_DTYPE,
                  prefix_cache: int | None = None) -> Engine:
     """Load a HF decoder directory or a llama.cpp GGUF file (Qwen3, Llama, Gemma 3 text) onto
     the device.

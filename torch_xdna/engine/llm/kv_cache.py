@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from torch_xdna.kernels.blocks.llm import KV_DTYPES, KV_TILE
+from torch_xdna.choices import DEFAULT_KV_DTYPE, KV_DTYPES
+from torch_xdna.kernels.blocks.llm import KV_TILE
 from torch_xdna.runtime import Device, TensorArg
 
 KV_BUDGET_SHARE = 0.5          # of the memory free after the weights: room for other models/buffers
@@ -21,7 +22,7 @@ CAPACITY_QUANTUM = KV_TILE     # capacities are whole multiples of the launch pl
 MIN_CAPACITY = 256
 
 
-def kv_bytes_per_token(layers: int, kv_heads: int, head_dim: int, kv_dtype: str = "bf16",
+def kv_bytes_per_token(layers: int, kv_heads: int, head_dim: int, kv_dtype: str = DEFAULT_KV_DTYPE,
                        exact: bool = False) -> int:
     """Bytes one cached position takes over all layers (K and V, int8 scales included)."""
     if kv_dtype not in KV_DTYPES:
@@ -45,13 +46,13 @@ class KVCache:
     v: list[TensorArg]
     capacity: int
     length: int = 0
-    kv_dtype: str = "bf16"
+    kv_dtype: str = DEFAULT_KV_DTYPE
     k_scale: list[TensorArg] = field(default_factory=list)
     v_scale: list[TensorArg] = field(default_factory=list)
 
     @classmethod
     def allocate(cls, dev: Device, layers: int, kv_heads: int, head_dim: int, capacity: int,
-                 dtype: torch.dtype = torch.bfloat16, kv_dtype: str = "bf16") -> "KVCache":
+                 dtype: torch.dtype = torch.bfloat16, kv_dtype: str = DEFAULT_KV_DTYPE) -> "KVCache":
         shape = (kv_heads, capacity, head_dim)
         store = torch.int8 if kv_dtype == "int8" else dtype
         k = [dev.empty(shape, store) for _ in range(layers)]

@@ -21,6 +21,9 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Mapping, Sequence
 
+from torch_xdna.runtime import settings
+from torch_xdna.runtime.cachedir import cache_root
+
 AIE_DIR = Path(__file__).resolve().parent
 EMU_INCLUDE = AIE_DIR / "emu"
 # -ffp-contract=off: no fused multiply-add, so every fp32 operation rounds once as the goldens do
@@ -41,7 +44,7 @@ def kernel_dir(arch: str = "aie2p") -> Path:
 
 def find_compiler() -> str | None:
     """$CXX if set, else g++ or c++ on PATH; None when there is no host C++ compiler."""
-    cxx = os.environ.get("CXX")
+    cxx = settings.get("CXX")
     if cxx:
         return shutil.which(cxx) or (cxx if Path(cxx).is_file() else None)
     return shutil.which("g++") or shutil.which("c++")
@@ -49,9 +52,7 @@ def find_compiler() -> str | None:
 
 def cache_dir() -> Path:
     """$TORCH_XDNA_CACHE_DIR/aie-host (default ~/.cache/torch_xdna/aie-host), created 0700."""
-    env = os.environ.get("TORCH_XDNA_CACHE_DIR")
-    root = Path(env) if env else Path.home() / ".cache" / "torch_xdna"
-    d = root / "aie-host"
+    d = cache_root() / "aie-host"
     try:
         d.mkdir(parents=True, exist_ok=True, mode=0o700)
         os.chmod(d, 0o700)

@@ -27,6 +27,7 @@ from typing import Any
 
 import torch
 
+from torch_xdna.choices import DEFAULT_KV_DTYPE, KV_DTYPES  # noqa: F401  (KV_DTYPES: named from here by callers)
 from torch_xdna.hw import Generation
 from torch_xdna.hw.vector_costs import dequant_cycles
 from torch_xdna.kernels import numerics
@@ -46,7 +47,6 @@ from torch_xdna.kernels.host import gemv as host_gemv
 from torch_xdna.kernels.ops.attention import AttentionDesign, decode_splits, kv_tile_for
 from torch_xdna.runtime.plan import Plan
 
-KV_DTYPES = ("bf16", "int8")   # KV cache storage (int8: per (head, token) fp32 scale, KV_INT8_QMAX)
 KV_INT8_QMAX = 127.0
 
 
@@ -152,7 +152,7 @@ class AttentionBlockDesign(DecoderBlockDesign):
     scale: float = 1.0
     softcap: float | None = None
     cache_bytes: int = 2        # per cached element (bf16; 4 in the fp32 verification mode)
-    kv_dtype: str = "bf16"      # KV storage: bf16 (fp32 in verification mode) or int8 + scales
+    kv_dtype: str = DEFAULT_KV_DTYPE   # bf16 (fp32 in verification mode) or int8 + scales
     kv_tile: int = 0            # keys per K/V tile (0: kv_tile_for(head_dim))
     kind = "llm_attention"
     label = "attention"

@@ -26,9 +26,8 @@ class OperandCache:
         self.bytes = 0
 
     def budget(self) -> int:
-        from torch_xdna.runtime.env import env_number
-        mb = env_number("TORCH_XDNA_SIM_WEIGHT_CACHE_MB", 3072.0, integer=False, allow_zero=True,
-                        unit="MiB; 0 disables the cache")
+        from torch_xdna.runtime import settings
+        mb = settings.get("TORCH_XDNA_SIM_WEIGHT_CACHE_MB")
         return int(mb * 2**20)
 
     def get(self, tensors: Sequence[torch.Tensor], precision: str, group: int) -> torch.Tensor:

@@ -14,13 +14,14 @@ import shutil
 import subprocess
 import tempfile
 
+from torch_xdna.runtime import settings
+
 FLAGS = ("-O3", "-mavx2", "-mfma", "-ffp-contract=off", "-shared", "-fPIC")
 
 
 def enabled() -> bool:
     """TORCH_XDNA_HOST_KERNELS=0 (off/false/no) disables every host kernel."""
-    v = os.environ.get("TORCH_XDNA_HOST_KERNELS", "1").strip().lower()
-    return v not in ("0", "off", "false", "no")
+    return settings.get("TORCH_XDNA_HOST_KERNELS")
 
 
 def build_once(state: dict, lock, build, on_error=None) -> bool:
@@ -84,7 +85,7 @@ def thread_pool(state: dict, nt: int, name: str):
 def compile_library(source: str, name: str) -> ctypes.CDLL:
     """Compile `source` into a private temp dir and load it; raises RuntimeError naming the
     compiler's last error line when it cannot be built."""
-    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    cc = settings.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if not cc:
         raise RuntimeError("no C compiler (cc/gcc) on PATH")
     with tempfile.TemporaryDirectory(prefix=f"xdna-{name}-") as d:

@@ -77,7 +77,7 @@ class Toolchain:
 
 def find_toolchain(env=None, which: Callable = shutil.which, runner: Runner = run_tool) -> Toolchain:
     """The toolchain from PATH and PEANO_INSTALL_DIR, or ToolchainMissing naming each gap."""
-    env = os.environ if env is None else env
+    env = os.environ if env is None else env  # settings-ok: a mapping tests replace
     path = env.get("PATH", "")
     missing = []
     aiecc = which("aiecc.py", path=path) or which("aiecc", path=path)

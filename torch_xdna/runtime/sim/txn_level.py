@@ -12,7 +12,6 @@ The lowering itself lives in kernels/ (upper layer); it registers here with `set
 from __future__ import annotations
 
 import contextlib
-import os
 import threading
 from collections import OrderedDict
 from typing import Callable, Sequence
@@ -21,11 +20,12 @@ import torch
 
 from torch_xdna.array import ir
 from torch_xdna.array import txn as T
+from torch_xdna.runtime import settings
 from torch_xdna.runtime.errors import XdnaError
 from torch_xdna.runtime.sim import core_kernels
 from torch_xdna.runtime.sim import txn as sim_txn
 
-LEVELS = ("functional", "txn")
+LEVELS = settings.choices("TORCH_XDNA_SIM_LEVEL")
 _override = threading.local()
 _lowerer: Callable | None = None
 
@@ -49,11 +49,7 @@ def level(default: str | None = None) -> str:
     o = getattr(_override, "level", None)
     if o:
         return o
-    name = (os.environ.get("TORCH_XDNA_SIM_LEVEL") or default or "functional").strip().lower()
-    if name not in LEVELS:
-        raise XdnaError(f"TORCH_XDNA_SIM_LEVEL={name!r} is not a simulation level; use one of "
-                        f"{', '.join(LEVELS)}")
-    return name
+    return settings.get("TORCH_XDNA_SIM_LEVEL", default)
 
 
 @contextlib.contextmanager

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from torch_xdna.hw import GENERATIONS, host
+from torch_xdna.runtime import settings
 from torch_xdna.runtime.errors import XdnaError
 
 MANIFEST = "manifest.json"
@@ -46,10 +47,10 @@ def canonical_uuid(text: str) -> str | None:
 
 
 def default_artifact_dir() -> Path:
-    env = os.environ.get(ENV_DIR)
+    env = settings.get(ENV_DIR)
     if env:
         return Path(env).expanduser()
-    data = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    data = settings.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
     return Path(data) / "torch-xdna" / "artifacts"
 
 

@@ -17,7 +17,7 @@ import torch
 from torch_xdna.hw import Generation, host
 from torch_xdna.runtime.buffer import Buffer, Coherence, TensorArg
 from torch_xdna.runtime.device import Device, TraceRecord
-from torch_xdna.runtime.env import env_number
+from torch_xdna.runtime import settings
 from torch_xdna.runtime.errors import LaunchError, XdnaError
 from torch_xdna.runtime.launch import Launch
 from torch_xdna.runtime.xrt.artifacts import Artifact, ArtifactStore
@@ -84,8 +84,7 @@ class XrtDevice(Device):
         self.handle = acquire_device(xrt, device_index)
         self.artifacts = artifacts
         self.kernels = KernelCache(xrt, self.handle, capacity=gen.hw_contexts.value)
-        env = env_number(ENV_TIMEOUT, unit="milliseconds")
-        self.timeout_ms = env if env is not None else (timeout_ms or gen.job_timeout_ms.value)
+        self.timeout_ms = settings.get(ENV_TIMEOUT, timeout_ms or gen.job_timeout_ms.value)
         self.data_group = host.DEFAULT_DATA_GROUP.value
         self.staged_bytes = 0
         self._completed = xrt.ert_cmd_state.ERT_CMD_STATE_COMPLETED

@@ -29,7 +29,7 @@ def make_runner(search_dirs: Sequence[Path] = (), timeout_s: float = 60.0) -> Ru
         exe = argv[0]
         if os.sep not in exe:
             extra = os.pathsep.join(str(d) for d in search_dirs)
-            path = os.environ.get("PATH", "") + (os.pathsep + extra if extra else "")
+            path = os.environ.get("PATH", "") + (os.pathsep + extra if extra else "")  # settings-ok: PATH
             exe = shutil.which(exe, path=path) or ""
         if not exe or not os.path.exists(exe):
             return NOT_FOUND, "", f"{argv[0]}: command not found"
