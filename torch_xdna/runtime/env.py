@@ -35,3 +35,25 @@ def env_number(name: str, default: float | None = None, *, integer: bool = True,
         if value == 0 and not allow_zero:
             raise EnvError(f"{name}={raw!r} rounds to 0; set it to {form}, or unset it")
     return value
+
+
+def env_choice(name: str, choices: tuple[str, ...], default: str) -> str:
+    """The value of `name` (unset or blank: `default`), lower-cased, one of `choices`."""
+    raw = os.environ.get(name)
+    value = (raw or "").strip().lower() or default
+    if value not in choices:
+        raise EnvError(f"{name}={raw!r} is not one of {', '.join(choices)}; set one of them, or "
+                       f"unset it ({default})")
+    return value
+
+
+def env_flag(name: str) -> bool:
+    """`name` set to 1/true/yes/on (False when unset, blank, 0/false/no/off)."""
+    return env_choice(name, ("1", "true", "yes", "on", "0", "false", "no", "off"), "0") in (
+        "1", "true", "yes", "on")
+
+
+# --- variables declared here until they move into the settings table --------------------------
+XRT = "TORCH_XDNA_XRT"                          # pyxrt (default) | emulated: what the xrt backend loads
+XRT_IMPLEMENTATIONS = ("pyxrt", "emulated")
+XRT_DEBUG = "TORCH_XDNA_XRT_DEBUG"              # 1: the emulated NPU refuses runs with unsynced BOs
