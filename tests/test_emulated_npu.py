@@ -304,3 +304,24 @@ def test_selftest_names_the_mismatch_of_a_perturbed_kernel(emulated_env, capsys)
     add, gemm = r["checks"]
     assert add["bit_exact"] and not gemm["bit_exact"]
     assert gemm["mismatches"] > 0 and gemm["first_mismatch"]["index"] == 0
+
+
+# --- an eager workload --------------------------------------------------------------------------
+def test_eager_matmul_runs_on_the_emulated_npu(emulated_env):
+    """`a.to("xdna") @ b.to("xdna")` through the xrt backend on the emulated NPU (the artifact of
+    its GEMM design built above): bit-identical to the kernel-order reference."""
+    from torch_xdna.kernels.ops.gemm import GemmDesign
+    from torch_xdna.runtime import set_device_for_testing
+    dev = open_xrt_device(True)
+    g = torch.Generator().manual_seed(5)
+    a, b = torch.randn(64, 64, generator=g), torch.randn(64, 64, generator=g)
+    prev = set_device_for_testing(dev)
+    try:
+        got = (a.to("xdna") @ b.to("xdna")).cpu()
+    finally:
+        set_device_for_testing(prev)
+    assert dev.counters.launches == 1
+    want = torch.zeros(64, 64)
+    with numerics.use_gemm_order("kernel"):
+        GemmDesign(64, 64, 64).reference([a, b], [want])
+    assert torch.equal(got, want)
