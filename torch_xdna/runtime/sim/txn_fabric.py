@@ -221,7 +221,7 @@ class CoreProcess:
                 fs.push(gather(buf, fs.f.dims_to_stream, fs.f.elem.numel, fs.f.elem.dtype).clone())
 
     def _call(self, op: ir.Call) -> None:
-        fn = core_kernels.lookup(op.kernel)
+        fn = self.ex.kernels(op.kernel)
         args = []
         for a in op.args:
             if isinstance(a, ir.FifoElem):
