@@ -26,6 +26,7 @@ import torch
 from torch_xdna.array import ir
 from torch_xdna.array import txn as T
 from torch_xdna.hw import aie2p_regs as R
+from torch_xdna.runtime.sim import core_kernels
 from torch_xdna.runtime.sim.txn_fabric import CoreProcess, FifoState, MemTileLink
 from torch_xdna.runtime.sim.txn_faults import (AddressFault, BdBusy, BdExhausted, LockDeadlock,
                                                MissingSync, PatternFault, SyncTimeout,

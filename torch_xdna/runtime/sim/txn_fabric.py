@@ -13,7 +13,6 @@ from collections import deque
 import torch
 
 from torch_xdna.array import ir
-from torch_xdna.runtime.sim import core_kernels
 from torch_xdna.runtime.sim.txn_faults import LockDeadlock, PatternFault
 from torch_xdna.runtime.sim.txn_streams import TORCH_DTYPE, gather, scatter
 

@@ -99,7 +99,7 @@ def open_xrt_device(required: bool, *, system=None, pyxrt=None, artifacts=None):
 def _open_emulated(required: bool, artifacts=None):
     """The xrt backend on the emulated NPU: no probe of this machine (there is no chip to find)."""
     from torch_xdna.hw import get_generation
-    from torch_xdna.runtime import default_memory_budget
+    from torch_xdna.runtime.device import default_memory_budget
     from torch_xdna.runtime.xrt import emulated
     from torch_xdna.runtime.xrt.artifacts import ArtifactStore
     from torch_xdna.runtime.xrt.device import XrtDevice
