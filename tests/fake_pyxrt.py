@@ -8,7 +8,6 @@ Nothing here claims to reproduce XRT beyond the calls torch-xdna makes.
 """
 from __future__ import annotations
 
-import enum
 import hashlib
 import json
 from collections import deque
@@ -17,24 +16,13 @@ from typing import Callable
 
 import torch
 
+# the command states and sync directions are pyxrt's own names and values (one definition)
+from torch_xdna.runtime.xrt.emulated.memory import xclBOSyncDirection
+from torch_xdna.runtime.xrt.emulated.npu import ert_cmd_state
+
 
 class ProtocolError(AssertionError):
     """The code under test broke the pyxrt launch protocol."""
-
-
-class ert_cmd_state(enum.Enum):
-    ERT_CMD_STATE_NEW = 1
-    ERT_CMD_STATE_QUEUED = 2
-    ERT_CMD_STATE_RUNNING = 3
-    ERT_CMD_STATE_COMPLETED = 4
-    ERT_CMD_STATE_ERROR = 5
-    ERT_CMD_STATE_ABORT = 6
-    ERT_CMD_STATE_TIMEOUT = 9
-
-
-class xclBOSyncDirection(enum.Enum):
-    XCL_BO_SYNC_BO_TO_DEVICE = 0
-    XCL_BO_SYNC_BO_FROM_DEVICE = 1
 
 
 class _Mem:

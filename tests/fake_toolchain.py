@@ -27,7 +27,8 @@ key = cwd[len(".build-"):].rsplit("-", 1)[0]
 u = uuid.uuid5(uuid.NAMESPACE_URL, key + mlir)
 hdr = bytearray(b"xclbin2\0") + bytearray(452 - 8)
 hdr[416:432] = u.bytes
-spec = {{"uuid": str(u), "kernels": [{{"name": "MLIR_AIE", "num_args": 3 + 8, "compute": key}}]}}
+spec = {{"uuid": str(u), "kernels": [{{"name": "MLIR_AIE", "num_args": 3 + 8, "compute": key}}],
+        "mlir": mlir}}                    # the emulated NPU configures its array from this
 name = next(a.split("=", 1)[1] for a in sys.argv if a.startswith("--xclbin-name="))
 Path(name).write_bytes(bytes(hdr) + b"FAKEJSON" + json.dumps(spec).encode())
 '''

@@ -441,8 +441,10 @@ def _run_cpp(d, monkeypatch, ins, out_shape, out_dtype, gen_dir):
     from torch_xdna.runtime.sim import core_kernels, txn_level
     func = torch.zeros(out_shape, dtype=out_dtype)
     d.reference(ins, [func])
-    monkeypatch.setattr(core_kernels, "_REGISTRY", _cpp_registry(lower(d, NPU4), gen_dir))
-    monkeypatch.setattr(core_kernels, "_RESOLVERS", [])
+    cpp = core_kernels.KernelRegistry("host C++ kernel")
+    for symbol, fn in _cpp_registry(lower(d, NPU4), gen_dir).items():
+        cpp.register(symbol, fn)
+    monkeypatch.setattr(core_kernels, "lookup", cpp.lookup)
     txn = torch.zeros(out_shape, dtype=out_dtype)
     txn_level.TxnRunner(NPU4).run(d, ins, [txn], {})
     return func, txn

@@ -110,6 +110,12 @@ _TABLE = (
             "(default $XDG_DATA_HOME/torch-xdna/artifacts)"),
     Setting("TORCH_XDNA_TIMEOUT_MS", INTEGER, None, "xrt launch timeout (default: the driver's "
             "job timeout)", unit="milliseconds"),
+    Setting("TORCH_XDNA_XRT", CHOICE, "pyxrt", "what the xrt backend drives: pyxrt (a physical "
+            "NPU) or emulated (the emulated NPU: artifacts' streams run with host-compiled core "
+            "kernels; results are emulated, never hardware results)", ("pyxrt", "emulated"),
+            "an XRT implementation"),
+    Setting("TORCH_XDNA_XRT_DEBUG", FLAG, False, "the emulated NPU refuses a run whose BO was "
+            "written on the host and not synced to the device (naming it)"),
     Setting("TORCH_XDNA_CACHE_DIR", PATH, None, "compile, weight and host-build caches (default "
             "$XDG_CACHE_HOME/torch_xdna; private 0700, entries signed)"),
     Setting("TORCH_XDNA_CACHE_KEY_FILE", PATH, None, "the per-user key cache entries are signed "
@@ -122,8 +128,9 @@ _TABLE = (
             "weights in the simulator (no effect on counters)", unit="MiB; 0 disables the cache",
             allow_zero=True),
     Setting("TORCH_XDNA_GEMM_ORDER", CHOICE, "plan", "functional GEMM accumulation: plan follows "
-            "the design's K tiles (bit-identical to txn), blas one host matmul",
-            ("plan", "blas"), "a GEMM order"),
+            "the design's K tiles (bit-identical to txn), blas one host matmul, kernel the C++ core "
+            "kernels' own order (bit-identical to the emulated NPU)",
+            ("plan", "blas", "kernel"), "a GEMM order"),
     Setting("TORCH_XDNA_LAYER_ORDER", CHOICE, "blas", "fused decoder layer reference: blas host-"
             "speed fp32 GEMMs, plan the stage programs' order (bit-identical to txn)",
             ("blas", "plan"), "a layer order"),

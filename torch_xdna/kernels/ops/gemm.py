@@ -39,6 +39,7 @@ from torch_xdna.hw import Generation
 from torch_xdna.hw.vector_costs import dequant_cycles
 from torch_xdna.kernels import numerics, quant
 from torch_xdna.kernels.activations import apply_epilogue
+from torch_xdna.kernels.aie.golden import matmul_seq
 from torch_xdna.kernels.base import Design, ceil_div, round_up
 from torch_xdna.kernels.capacity import ACC_BYTES, DmaTransfer, check_dma, check_mmul_tile, \
     check_plan, require_dtype
@@ -127,8 +128,12 @@ class GemmDesign(Design):
         a, b, *rest = inputs
         out = outputs[0]
         a, b = self._operands(a, b, rest)
-        if self.compute_dtype == "int8" or numerics.gemm_order() == "blas":
+        order = numerics.gemm_order()
+        if self.compute_dtype == "int8" or order == "blas":
             acc = torch.matmul(a, b)               # int32: exact in any order
+        elif order == "kernel":                    # the C++ core kernel's order (emulated NPU)
+            shape = torch.broadcast_shapes(a.shape[:-2], b.shape[:-2]) + (a.shape[-2], b.shape[-1])
+            acc = matmul_seq(a.float(), b.float(), torch.zeros(shape))
         else:
             acc = numerics.ktile_matmul(a, b, self.k_tile())
         if self.alpha != 1.0:

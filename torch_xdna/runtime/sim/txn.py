@@ -26,6 +26,7 @@ import torch
 from torch_xdna.array import ir
 from torch_xdna.array import txn as T
 from torch_xdna.hw import aie2p_regs as R
+from torch_xdna.runtime.sim import core_kernels
 from torch_xdna.runtime.sim.txn_fabric import CoreProcess, FifoState, MemTileLink
 from torch_xdna.runtime.sim.txn_faults import (AddressFault, BdBusy, BdExhausted, LockDeadlock,
                                                MissingSync, PatternFault, SyncTimeout,
@@ -41,8 +42,10 @@ class TxnExecutor:
 
     def __init__(self, program: ir.ArrayProgram, words: Sequence[int], host: Sequence[torch.Tensor],
                  scalars: dict | None = None, queue_depth: int = QUEUE_DEPTH, timeout_ms: int = 2000,
-                 fold_ddr_offset: bool = True):
+                 fold_ddr_offset: bool = True, kernels: core_kernels.KernelRegistry | None = None):
         self.p = program
+        # the core kernels' implementations: torch references (sim), host-compiled C++ (emulated)
+        self.kernels = kernels.lookup if kernels is not None else core_kernels.lookup
         self.words = list(words)
         self.host = [h.reshape(-1).view(torch.uint8) if h.dtype != torch.uint8 else h.reshape(-1)
                      for h in host]

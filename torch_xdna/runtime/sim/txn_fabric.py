@@ -13,7 +13,6 @@ from collections import deque
 import torch
 
 from torch_xdna.array import ir
-from torch_xdna.runtime.sim import core_kernels
 from torch_xdna.runtime.sim.txn_faults import LockDeadlock, PatternFault
 from torch_xdna.runtime.sim.txn_streams import TORCH_DTYPE, gather, scatter
 
@@ -221,7 +220,7 @@ class CoreProcess:
                 fs.push(gather(buf, fs.f.dims_to_stream, fs.f.elem.numel, fs.f.elem.dtype).clone())
 
     def _call(self, op: ir.Call) -> None:
-        fn = core_kernels.lookup(op.kernel)
+        fn = self.ex.kernels(op.kernel)
         args = []
         for a in op.args:
             if isinstance(a, ir.FifoElem):

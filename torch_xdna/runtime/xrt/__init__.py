@@ -13,18 +13,28 @@ import sys
 from pathlib import Path
 
 from torch_xdna.hw import host
+from torch_xdna.runtime import settings
 from torch_xdna.runtime.errors import BackendUnavailable
 
 log = logging.getLogger("torch_xdna.xrt")
 
-__all__ = ["open_xrt_device", "load_pyxrt"]
+__all__ = ["open_xrt_device", "load_pyxrt", "emulated_selected"]
 
 HINT = ("Run `xdna doctor` for the exact fix, or set TORCH_XDNA_BACKEND=sim (or unset it) to use "
         "the simulator.")
 
 
+def emulated_selected() -> bool:
+    """TORCH_XDNA_XRT=emulated: the xrt backend drives the emulated NPU (runtime/xrt/emulated)."""
+    return settings.get("TORCH_XDNA_XRT") == "emulated"
+
+
 def load_pyxrt(system=None):
-    """(pyxrt module, None) or (None, why). Also looks in <XRT prefix>/python like setup.sh does."""
+    """(pyxrt module, None) or (None, why). Also looks in <XRT prefix>/python like setup.sh does.
+    With TORCH_XDNA_XRT=emulated: the emulated NPU's module (never a hardware result)."""
+    if emulated_selected():
+        from torch_xdna.runtime.xrt import emulated
+        return emulated, None
     try:
         return importlib.import_module("pyxrt"), None
     except ImportError as e:
@@ -52,6 +62,8 @@ def open_xrt_device(required: bool, *, system=None, pyxrt=None, artifacts=None):
     """An XrtDevice, or None (auto, nothing usable), or BackendUnavailable (required)."""
     from torch_xdna.runtime.xrt.probe import HostSystem, quick_probe
 
+    if pyxrt is None and emulated_selected():
+        return _open_emulated(required, artifacts)
     system = system or HostSystem()
     npu, missing = quick_probe(system)
     xrt = pyxrt
@@ -82,3 +94,20 @@ def open_xrt_device(required: bool, *, system=None, pyxrt=None, artifacts=None):
             raise
         log.warning("xrt: the NPU could not be opened; using the simulator. %s", HINT)
         return None
+
+
+def _open_emulated(required: bool, artifacts=None):
+    """The xrt backend on the emulated NPU: no probe of this machine (there is no chip to find)."""
+    from torch_xdna.hw import get_generation
+    from torch_xdna.runtime.device import default_memory_budget
+    from torch_xdna.runtime.xrt import emulated
+    from torch_xdna.runtime.xrt.artifacts import ArtifactStore
+    from torch_xdna.runtime.xrt.device import XrtDevice
+
+    store = artifacts if artifacts is not None else ArtifactStore()
+    if not required and not store.has_any():
+        log.info("xrt (emulated): no artifacts in %s; using the simulator", store.directory)
+        return None
+    gen = get_generation(emulated.GENERATION)
+    log.info("xrt: using the emulated NPU (%s); results are emulated, not hardware results", gen.name)
+    return XrtDevice(gen, default_memory_budget(gen), emulated, store)

@@ -280,9 +280,11 @@ class XrtDevice(Device):
                 f". Outputs are invalid and the NPU is marked unusable until it is reset. Run `xdna "
                 f"doctor`; raise {ENV_TIMEOUT} if the design is just slow.")
         if state != self._completed:
+            detail = getattr(run, "error_detail", "")        # the emulated NPU names the fault
             raise LaunchError(
                 f"xrt: {design.name} ({art.key}) ended in state {_state_name(state)}, not "
-                f"ERT_CMD_STATE_COMPLETED (timeout {self.timeout_ms} ms). Outputs are invalid. "
+                f"ERT_CMD_STATE_COMPLETED (timeout {self.timeout_ms} ms){': ' + detail if detail else ''}"
+                f". Outputs are invalid. "
                 f"Run `xdna doctor`; ERT_CMD_STATE_TIMEOUT/ABORT after an XRT upgrade usually means "
                 f"a driver/XRT mismatch.")
         self._unstage(staged)
