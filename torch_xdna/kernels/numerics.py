@@ -14,10 +14,6 @@ numerics a model site uses is chosen by a NumericsPlan (kernels/numerics_plan.py
 """
 from __future__ import annotations
 
-import contextlib
-import threading
-from typing import Iterator
-
 import torch
 
 from torch_xdna.runtime import settings
@@ -136,7 +132,6 @@ def dtype_name(dtype: torch.dtype) -> str:
 # whole-matrix product.
 _KTILE_BLOCK_BYTES = 32 << 20          # fp64 tile products materialized at once (host memory)
 GEMM_ORDERS = settings.choices("TORCH_XDNA_GEMM_ORDER")
-_gemm_order_override = threading.local()
 
 
 def gemm_order() -> str:
@@ -147,23 +142,12 @@ def gemm_order() -> str:
     C++ core kernels' own order (each output adds its products one by one in ascending k,
     golden.matmul_seq; bit-identical to the emulated NPU, slower). `use_gemm_order` overrides
     it for the calling thread."""
-    override = getattr(_gemm_order_override, "name", None)
-    if override:
-        return override
     return settings.get("TORCH_XDNA_GEMM_ORDER")
 
 
-@contextlib.contextmanager
-def use_gemm_order(name: str) -> Iterator[None]:
+def use_gemm_order(name: str):
     """Float GEMM references in accumulation order `name` (GEMM_ORDERS) in this thread."""
-    if name not in GEMM_ORDERS:
-        raise ValueError(f"GEMM order {name!r} unknown; use one of {', '.join(GEMM_ORDERS)}")
-    prev = getattr(_gemm_order_override, "name", None)
-    _gemm_order_override.name = name
-    try:
-        yield
-    finally:
-        _gemm_order_override.name = prev
+    return settings.override("TORCH_XDNA_GEMM_ORDER", name)
 
 
 LAYER_ORDERS = settings.choices("TORCH_XDNA_LAYER_ORDER")

@@ -10,10 +10,12 @@ from hw/ on demand), so every layer can use it.
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import os
+import threading
 from dataclasses import dataclass
-from typing import Callable, Union
+from typing import Callable, Iterator, Union
 
 from torch_xdna.runtime.errors import XdnaError
 
@@ -170,17 +172,43 @@ def read_raw(name: str) -> str | None:
     return raw if raw is not None and raw.strip() else None
 
 
+_thread = threading.local()             # per-thread overrides: name -> parsed value
+
+
 def get(name: str, fallback: Value = None) -> Value:
-    """The current value of the declared variable `name`, parsed; unset or blank gives `fallback`
-    when one is passed (a caller-specific default, e.g. a generation's own timeout), else the
-    table's default. A KeyError for an undeclared name: declare it in the table first."""
+    """The current value of the declared variable `name`, parsed: this thread's `override` when
+    one is active, else the environment; unset or blank gives `fallback` when one is passed (a
+    caller-specific default, e.g. a generation's own timeout), else the table's default. A
+    KeyError for an undeclared name: declare it in the table first."""
     setting = SETTINGS[name]
+    local = getattr(_thread, "values", None)
+    if local and name in local:
+        return local[name]
     raw = read_raw(name)
     if raw is not None:
         return setting.parse(raw)
     if fallback is not None and setting.kind == CHOICE:
         return setting.parse(str(fallback))
     return setting.default if fallback is None else fallback
+
+
+@contextlib.contextmanager
+def override(name: str, value: str) -> Iterator[None]:
+    """Within the block, `get(name)` returns `value` in this thread (validated as the variable's
+    text would be: EnvError naming the allowed values). One mechanism for every per-thread
+    switch (simulation level, GEMM order), so none keeps its own thread-local."""
+    parsed = SETTINGS[name].parse(str(value))
+    local = _thread.__dict__.setdefault("values", {})
+    missing = name not in local
+    prev = local.get(name)
+    local[name] = parsed
+    try:
+        yield
+    finally:
+        if missing:
+            local.pop(name, None)
+        else:
+            local[name] = prev
 
 
 def choices(name: str) -> tuple[str, ...]:

@@ -11,8 +11,6 @@ The lowering itself lives in kernels/ (upper layer); it registers here with `set
 """
 from __future__ import annotations
 
-import contextlib
-import threading
 from collections import OrderedDict
 from typing import Callable, Sequence
 
@@ -26,7 +24,6 @@ from torch_xdna.runtime.sim import core_kernels
 from torch_xdna.runtime.sim import txn as sim_txn
 
 LEVELS = settings.choices("TORCH_XDNA_SIM_LEVEL")
-_override = threading.local()
 _lowerer: Callable | None = None
 
 
@@ -46,23 +43,12 @@ def set_lowerer(fn: Callable) -> None:
 
 
 def level(default: str | None = None) -> str:
-    o = getattr(_override, "level", None)
-    if o:
-        return o
     return settings.get("TORCH_XDNA_SIM_LEVEL", default)
 
 
-@contextlib.contextmanager
 def use(name: str):
     """Run the enclosed launches at simulation level `name` (this thread)."""
-    if name not in LEVELS:
-        raise XdnaError(f"simulation level {name!r} unknown; use one of {', '.join(LEVELS)}")
-    prev = getattr(_override, "level", None)
-    _override.level = name
-    try:
-        yield
-    finally:
-        _override.level = prev
+    return settings.override("TORCH_XDNA_SIM_LEVEL", name)
 
 
 TORCH_OF = {"bf16": torch.bfloat16, "f32": torch.float32, "i8": torch.int8, "i16": torch.int16,
