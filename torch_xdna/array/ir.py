@@ -13,7 +13,7 @@ Types (all frozen dataclasses; only torch_xdna.hw is imported):
   Tile           (col, row, kind)  kind in TILE_KINDS: "shim" | "mem" | "compute"; .name
   TensorType     (shape, dtype)    dtype in DTYPE_BITS ("bf16","f32","i8","i16","i32","u8","i4");
                  .numel, .nbytes
-  Buffer         a static buffer on one tile (L1 accumulator / scratch / runtime parameters):
+  TileBuffer     a static buffer on one tile (L1 accumulator / scratch / runtime parameters):
                  (name, tile, type, level "L1"|"L2", rtp: bool)
   HostArg        one launch argument (L3, DDR): (name, type); flat tensors, offsets in elements
   ScalarArg      one launch-time scalar (patched per launch): (name, dtype)
@@ -28,7 +28,7 @@ Types (all frozen dataclasses; only torch_xdna.hw is imported):
     CoreOp = Loop(count, body) | Acquire(fifo, port, n) | Release(fifo, port, n)
            | Call(kernel, args tuple[KernelArg])
     KernelArg = FifoElem(fifo, index) | BufferRef(name) | Const(value, dtype) | ScalarRef(name)
-      (ScalarRef names a launch scalar, or an rtp Buffer whose element 0 the core reads)
+      (ScalarRef names a launch scalar, or an rtp TileBuffer whose element 0 the core reads)
   KernelDecl     (symbol, object_file, arg_types: tuple[TensorType | str scalar dtype])
   RuntimeSequence(args tuple[HostArg], scalars tuple[ScalarArg], ops tuple[SeqOp])
     SeqOp = DmaTask(...)  one shim BD + task-queue push: fifo (the shim fifo it feeds/drains),
@@ -47,6 +47,7 @@ across them; notes carry "launch_args" / "scratch_args" / "host_layout" where th
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Union
 
@@ -92,10 +93,7 @@ class TensorType:
 
     @property
     def numel(self) -> int:
-        n = 1
-        for s in self.shape:
-            n *= s
-        return n
+        return math.prod(self.shape)
 
     @property
     def nbytes(self) -> int:
@@ -103,8 +101,9 @@ class TensorType:
 
 
 @dataclass(frozen=True)
-class Buffer:
-    """A static (non-FIFO) buffer on one tile; `rtp` marks a runtime-parameter buffer."""
+class TileBuffer:
+    """A static (non-FIFO) buffer in one tile's memory (L1 or mem tile), `rtp` marking a
+    runtime-parameter buffer; not a host BO (that is runtime/buffer.py's Buffer)."""
 
     name: str
     tile: Tile
@@ -278,10 +277,7 @@ class DmaTask:
 
     @property
     def elements(self) -> int:
-        n = 1
-        for s in self.sizes:
-            n *= s
-        return n * self.repeat
+        return math.prod(self.sizes) * self.repeat
 
 
 @dataclass(frozen=True)
@@ -324,7 +320,7 @@ class ArrayProgram:
     tiles: tuple[Tile, ...]
     fifos: tuple[ObjectFifo, ...]
     links: tuple[FifoLink, ...] = ()
-    buffers: tuple[Buffer, ...] = ()
+    buffers: tuple[TileBuffer, ...] = ()
     kernels: tuple[KernelDecl, ...] = ()
     cores: tuple[CoreBody, ...] = ()
     sequence: RuntimeSequence = RuntimeSequence(())
@@ -348,7 +344,7 @@ class ArrayProgram:
                 return k
         raise KeyError(f"{self.name}: no kernel declared with symbol {symbol!r}")
 
-    def buffer(self, name: str) -> Buffer:
+    def buffer(self, name: str) -> TileBuffer:
         for b in self.buffers:
             if b.name == name:
                 return b

@@ -44,7 +44,7 @@ class Builder:
         self.tiles: dict[tuple[int, int], ir.Tile] = {}
         self.fifos: list[ir.ObjectFifo] = []
         self.links: list[ir.FifoLink] = []
-        self.buffers: list[ir.Buffer] = []
+        self.buffers: list[ir.TileBuffer] = []
         self.kernels: dict[str, ir.KernelDecl] = {}
         self.cores: list[ir.CoreBody] = []
         self.args: list[ir.HostArg] = []
@@ -97,7 +97,7 @@ class Builder:
                                       emits))
 
     def buffer(self, name: str, tile: ir.Tile, type_: ir.TensorType, rtp: bool = False) -> str:
-        self.buffers.append(ir.Buffer(name, tile, type_, "L2" if tile.kind == "mem" else "L1", rtp))
+        self.buffers.append(ir.TileBuffer(name, tile, type_, "L2" if tile.kind == "mem" else "L1", rtp))
         return name
 
     def kernel(self, symbol: str, arg_types, object_file: str | None = None) -> str:
