@@ -327,7 +327,8 @@ def _sequence(o, names, prog, sequence_op: str = SEQUENCE_OP):
                 o.line(f"aiex.{name}({tasks[tid]})", f'"aiex.{name}"({tasks[tid]}) : (index) -> ()')
         elif isinstance(op, ir.RtpWrite):
             val = 0 if isinstance(op.value, ir.ScalarRef) else op.value
-            note = f' {{scalar = "{op.value.name}"}}' if isinstance(op.value, ir.ScalarRef) else ""
+            # a launch scalar: our stream patches it per launch; a comment, not an attribute
+            note = f"  // launch scalar {op.value.name}" if isinstance(op.value, ir.ScalarRef) else ""
             o.line(f"aiex.npu.rtp_write(@{op.buffer}, {op.index}, {int(val)}){note}",
                    f'"aiex.npu.rtp_write"() {{buffer_sym_name = @{op.buffer}, index = {op.index} : ui32, '
                    f'value = {int(val)} : i32}} : () -> ()')
@@ -351,7 +352,7 @@ def check_structure(text: str) -> dict:
     symbols |= set(re.findall(r'sym_name = "([A-Za-z_][A-Za-z0-9_]*)"', text))
     ops = 0
     for no, raw in enumerate(text.splitlines(), 1):
-        line = raw.strip()
+        line = raw.split("  //", 1)[0].strip()
         if not line:
             continue
         depth += line.count("{") - line.count("}")
