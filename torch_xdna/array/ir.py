@@ -326,35 +326,29 @@ class ArrayProgram:
     sequence: RuntimeSequence = RuntimeSequence(())
     notes: tuple[tuple[str, object], ...] = field(default=())
 
+    def _find(self, items, match, what: str):
+        """The first of `items` that `match`es; KeyError naming the program and `what`."""
+        hit = next((x for x in items if match(x)), None)
+        if hit is None:
+            raise KeyError(f"{self.name}: no {what}")
+        return hit
+
     def tile(self, col: int, row: int) -> Tile:
-        for t in self.tiles:
-            if (t.col, t.row) == (col, row):
-                return t
-        raise KeyError(f"{self.name}: no tile at column {col} row {row}")
+        return self._find(self.tiles, lambda t: (t.col, t.row) == (col, row),
+                          f"tile at column {col} row {row}")
 
     def fifo(self, name: str) -> ObjectFifo:
-        for f in self.fifos:
-            if f.name == name:
-                return f
-        raise KeyError(f"{self.name}: no object fifo named {name!r}")
+        return self._find(self.fifos, lambda f: f.name == name, f"object fifo named {name!r}")
 
     def kernel(self, symbol: str) -> KernelDecl:
-        for k in self.kernels:
-            if k.symbol == symbol:
-                return k
-        raise KeyError(f"{self.name}: no kernel declared with symbol {symbol!r}")
+        return self._find(self.kernels, lambda k: k.symbol == symbol,
+                          f"kernel declared with symbol {symbol!r}")
 
     def buffer(self, name: str) -> TileBuffer:
-        for b in self.buffers:
-            if b.name == name:
-                return b
-        raise KeyError(f"{self.name}: no buffer named {name!r}")
+        return self._find(self.buffers, lambda b: b.name == name, f"buffer named {name!r}")
 
     def core(self, tile: Tile) -> CoreBody:
-        for c in self.cores:
-            if c.tile == tile:
-                return c
-        raise KeyError(f"{self.name}: no core program on {tile.name}")
+        return self._find(self.cores, lambda c: c.tile == tile, f"core program on {tile.name}")
 
     def link_of(self, fifo: str) -> FifoLink | None:
         for ln in self.links:
