@@ -187,6 +187,23 @@ def bd_word_offsets(bd: ShimBD, repeat_count: int = 0) -> list[int]:
     return out
 
 
+def split_wide_innermost(dims: tuple[tuple[int, int], ...], elem_bits: int, wrap_words: int,
+                         granularity_bits: int = 32) -> tuple[tuple[int, int], ...]:
+    """The same walk with a contiguous innermost dim longer than a BD's size field (mlir-aie
+    verifyStridesWraps: 'Size 0 exceeds the [0:1023] range') split in two: (n, 1) becomes
+    (n / k, k), (k, 1) with k the largest divisor of n that fits the field in whole words.
+    Addresses and their order are unchanged."""
+    if not dims:
+        return dims
+    n, stride = dims[-1]
+    if stride != 1 or n * elem_bits // granularity_bits <= wrap_words:
+        return dims
+    for k in range(wrap_words * granularity_bits // elem_bits, 0, -1):
+        if n % k == 0 and k * elem_bits % granularity_bits == 0:
+            return tuple(dims[:-1]) + ((n // k, k), (k, 1))
+    return dims
+
+
 # --- one DMA task's access pattern ------------------------------------------------------------------
 @dataclass(frozen=True)
 class AccessPattern:

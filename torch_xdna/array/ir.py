@@ -350,6 +350,13 @@ class ArrayProgram:
     def core(self, tile: Tile) -> CoreBody:
         return self._find(self.cores, lambda c: c.tile == tile, f"core program on {tile.name}")
 
+    def repeat_count(self, fifo: str) -> int:
+        """How often each element of `fifo` is sent (mlir-aie's objectfifo `repeat_count`,
+        AIEOps.td): a link re-sending its held source element `emits` times to each
+        destination; 1 otherwise."""
+        ln = self.link_of(fifo)
+        return ln.emits if ln is not None and fifo in ln.dsts else 1
+
     def link_of(self, fifo: str) -> FifoLink | None:
         for ln in self.links:
             if fifo in ln.srcs or fifo in ln.dsts:

@@ -127,11 +127,10 @@ def emit(prog: ir.ArrayProgram, arch: str = "aie2p",
         tv[t] = v
         o.line(f"{v} = aie.tile({t.col}, {t.row})",
                f'{v} = "aie.tile"() {{col = {t.col} : i32, row = {t.row} : i32}} : () -> index')
-    repeats = _repeat_counts(prog)
     for f in prog.fifos:
         of_t = f"!aie.objectfifo<{memref(f.elem)}>"
-        rep = repeats.get(f.name)
-        to_stream = f.dims_to_stream[1:] if rep else f.dims_to_stream
+        rep = prog.repeat_count(f.name) if prog.repeat_count(f.name) > 1 else 0
+        to_stream = printed_dims_to_stream(prog, f)
         prod = tv[f.producer] + (f" dimensionsToStream {_dims(to_stream)}" if to_stream else "")
         cons = []
         for i, c in enumerate(f.consumers):
@@ -180,12 +179,12 @@ def emit(prog: ir.ArrayProgram, arch: str = "aie2p",
     return "\n".join(o.p) + "\n", "\n".join(o.g) + "\n"
 
 
-def _repeat_counts(prog: ir.ArrayProgram) -> dict[str, int]:
-    """Fifos whose link re-sends each element `emits` times: their upstream `repeat_count`
-    (AIEOps.td: "number of times each individual object is repeated"). That is the link's form
-    when a destination's dims_to_stream is a stride-0 dim of size `emits` over a walk of exactly
-    one element; any other re-streaming link has no upstream form (MlirFormError)."""
-    return {name: ln.emits for ln in prog.links if ln.emits > 1 for name in ln.dsts}
+def printed_dims_to_stream(prog: ir.ArrayProgram, f: ir.ObjectFifo) -> ir.Dims:
+    """The producer-side dims as printed: a fifo with a repeat count (ArrayProgram.repeat_count)
+    walks its element once per send, so the stride-0 repeat dim is the objectfifo's
+    `repeat_count` (AIEOps.td: "number of times each individual object is repeated"), not a
+    dim; form_errors refuses any other re-streaming link."""
+    return f.dims_to_stream[1:] if prog.repeat_count(f.name) > 1 else f.dims_to_stream
 
 
 def form_errors(prog: ir.ArrayProgram) -> list[str]:

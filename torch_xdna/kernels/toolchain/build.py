@@ -114,45 +114,56 @@ def xclbin_uuid(data: bytes) -> str:
     return str(uuidlib.UUID(bytes=data[off:off + 16]))
 
 
-def kernel_objects(program, arch: str, gen_dir: Path | None = None) -> dict[str, tuple[Path, tuple[str, ...]]]:
-    """object file -> (core-kernel source, -D defines) for every kernel a program declares.
-
-    Refuses (BuildError) a declaration whose argument list disagrees with the C++ signature in
-    the kernel table (count, pointer or scalar, element type), object files not named per
-    source and defines (kernels/aie.object_files), which would link a symbol twice into a core,
-    and tiles a source's static_asserts reject (kernels/aie.TILE_RULES). Generated kernels
-    (fused chains, kernels/aie/chain_gen.py) are written to `gen_dir` (the build directory)."""
+def kernel_contract_errors(program) -> list[str]:
+    """How a program's kernel declarations break the C++ kernel table (kernels/aie): argument
+    lists that disagree with the extern "C" signature (count, pointer or scalar, element type),
+    object files not named per source and defines (kernels/aie.object_files; one object per
+    source, else a core links a symbol twice), and tiles a source's static_asserts reject
+    (kernels/aie.TILE_RULES). Empty: the link_with objects exist for every symbol. The contract
+    array/rules.py's `kernel_signatures` rule checks (`contract=`)."""
     from torch_xdna.kernels import aie
     chain = dict(program.notes).get("chain")
-    generated = {}
     try:
         for decl in program.kernels:
             aie.check_decl(decl.symbol, decl.arg_types, chain)
-            g = aie.generated(decl.symbol, decl.arg_types, chain)
-            if g:
-                generated[decl.symbol] = g[0]
         objs = aie.object_files(program.kernels, chain)
     except aie.KernelContractError as e:
-        raise BuildError(f"{program.name}: {e}") from None
-    out: dict[str, tuple[Path, tuple[str, ...]]] = {}
+        return [str(e)]
+    errs = []
     for decl in program.kernels:
         obj, source, defs = objs[decl.symbol]
         if decl.object_file != obj:
-            raise BuildError(f"{program.name}: core kernel {decl.symbol} declares object "
-                             f"{decl.object_file!r}; objects are one per source and defines "
-                             f"({obj!r}), so a core linking several symbols of {source} gets "
-                             f"each once")
+            errs.append(f"core kernel {decl.symbol} declares object {decl.object_file!r}; objects "
+                        f"are one per source and defines ({obj!r}), so a core linking several "
+                        f"symbols of {source} gets each once")
         bad = aie.tile_errors(source, defs)
         if bad:
-            raise BuildError(f"{program.name}: core kernel {decl.symbol}: {source} does not "
-                             f"compile for this design's tiles: needs {'; '.join(bad)} "
-                             f"(static_assert in the source; the plan chose the tile)")
-        if decl.symbol in generated:
+            errs.append(f"core kernel {decl.symbol}: {source} does not compile for this design's "
+                        f"tiles: needs {'; '.join(bad)} (static_assert in the source; the plan "
+                        f"chose the tile)")
+    return errs
+
+
+def kernel_objects(program, arch: str, gen_dir: Path | None = None) -> dict[str, tuple[Path, tuple[str, ...]]]:
+    """object file -> (core-kernel source, -D defines) for every kernel a program declares;
+    BuildError on the first kernel_contract_errors. Generated kernels (fused chains,
+    kernels/aie/chain_gen.py) are written to `gen_dir` (the build directory)."""
+    from torch_xdna.kernels import aie
+    errs = kernel_contract_errors(program)
+    if errs:
+        raise BuildError(f"{program.name}: {errs[0]}")
+    chain = dict(program.notes).get("chain")
+    objs = aie.object_files(program.kernels, chain)
+    out: dict[str, tuple[Path, tuple[str, ...]]] = {}
+    for decl in program.kernels:
+        obj, source, defs = objs[decl.symbol]
+        g = aie.generated(decl.symbol, decl.arg_types, chain)
+        if g:
             if gen_dir is None:
                 raise BuildError(f"{program.name}: core kernel {decl.symbol} is generated at build "
                                  "time and needs a build directory (gen_dir)")
             src = Path(gen_dir) / source
-            src.write_text(generated[decl.symbol])
+            src.write_text(g[0])
         else:
             src = Path(aie.__file__).resolve().parent / arch / source
         out[obj] = (src, tuple(f"-D{k}={v}" for k, v in defs))
