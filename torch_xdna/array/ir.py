@@ -358,7 +358,5 @@ class ArrayProgram:
         return ln.emits if ln is not None and fifo in ln.dsts else 1
 
     def link_of(self, fifo: str) -> FifoLink | None:
-        for ln in self.links:
-            if fifo in ln.srcs or fifo in ln.dsts:
-                return ln
-        return None
+        """The first link `fifo` takes part in (as source or destination), or None."""
+        return next((ln for ln in self.links if fifo in ln.srcs or fifo in ln.dsts), None)
