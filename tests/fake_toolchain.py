@@ -31,6 +31,15 @@ spec = {{"uuid": str(u), "kernels": [{{"name": "MLIR_AIE", "num_args": 3 + 8, "c
         "mlir": mlir}}                    # the emulated NPU configures its array from this
 name = next(a.split("=", 1)[1] for a in sys.argv if a.startswith("--xclbin-name="))
 Path(name).write_bytes(bytes(hdr) + b"FAKEJSON" + json.dumps(spec).encode())
+# the instruction stream: an aiecc that agrees with ours (insts.bin, written before the call),
+# or differs in one word (FAKE_AIECC_FLIP_WORD)
+insts = next(a.split("=", 1)[1] for a in sys.argv if a.startswith("--npu-insts-name="))
+if Path("insts.bin").is_file():
+    data = bytearray(Path("insts.bin").read_bytes())
+    flip = os.environ.get("FAKE_AIECC_FLIP_WORD")
+    if flip:
+        data[4 * int(flip)] ^= 0x01
+    Path(insts).write_bytes(bytes(data))
 '''
 
 CLANG = r'''#!{python}
@@ -60,10 +69,31 @@ def _script(path: Path, text: str) -> None:
     path.chmod(path.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
 
 
-def install(root: Path, monkeypatch, with_peano: bool = True) -> Path:
-    """Put the fake tools on PATH (and PEANO_INSTALL_DIR); returns the argv log file."""
+MLIR_AIE_VERSION = "0.0.1.2026040100+e4f35d6"     # a date-stamped wheel new enough
+
+
+def fake_mlir_aie(site: Path, version: str | None = MLIR_AIE_VERSION) -> Path:
+    """An installed `mlir_aie` wheel's layout under `site` (site-packages): mlir_aie/{bin,
+    include/aie_api,lib,python} and its dist-info METADATA with `version` (None: no metadata)."""
+    root = site / "mlir_aie"
+    for d in ("bin", "include/aie_api", "lib", "python"):
+        (root / d).mkdir(parents=True, exist_ok=True)
+    (root / "include" / "aie_api" / "aie.hpp").write_text("// fake aie_api\n")
+    if version is not None:
+        info = site / f"mlir_aie-{version.split('+')[0]}.dist-info"
+        info.mkdir(exist_ok=True)
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: mlir_aie\nVersion: {version}\n")
+    return root
+
+
+def install(root: Path, monkeypatch, with_peano: bool = True,
+            mlir_aie_version: str | None = MLIR_AIE_VERSION) -> Path:
+    """Put the fake tools on PATH (aiecc.py inside a fake mlir_aie wheel layout, and
+    PEANO_INSTALL_DIR); returns the argv log file."""
     bin_dir, peano = root / "bin", root / "peano"
-    _script(bin_dir / "aiecc.py", AIECC)
+    aie_root = fake_mlir_aie(root / "site", mlir_aie_version)
+    monkeypatch.delenv("MLIR_AIE_INSTALL_DIR", raising=False)
+    _script(aie_root / "bin" / "aiecc.py", AIECC)
     _script(bin_dir / "xclbinutil", XCLBINUTIL)
     if with_peano:
         _script(peano / "bin" / "clang++", CLANG)
@@ -73,7 +103,8 @@ def install(root: Path, monkeypatch, with_peano: bool = True) -> Path:
     log = root / "argv.log"
     log.write_text("")
     monkeypatch.setenv("FAKE_TOOLCHAIN_LOG", str(log))
-    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}")
+    monkeypatch.setenv("PATH", f"{aie_root / 'bin'}{os.pathsep}{bin_dir}{os.pathsep}"
+                               f"{os.environ.get('PATH', '')}")
     return log
 
 

@@ -737,3 +737,45 @@ def test_docs_list_every_kernel():
     doc = (Path(__file__).resolve().parents[1] / "docs" / "kernels.md").read_text()
     missing = [s for s in KERNELS if f"`{s}`" not in doc]
     assert not missing, f"docs/kernels.md does not list {missing}"
+
+
+# --- fp32 multiplies on AIE2P: which model each kernel assumes ------------------------------------
+def test_every_kernel_states_its_fp32_multiply_model():
+    """Each KernelSpec says how its fp32 x fp32 multiplies run: "none" (bf16 x bf16 -> fp32
+    products, exact, or integers) or aie_api's FP32 emulation. A source that calls xdna::fmul
+    (or aie::mul on float vectors) has emulated symbols; matmuls and the bf16-operand mul /
+    square (restructured to bf16 x bf16, xdna_vec.h bmul) have none."""
+    from pathlib import Path
+
+    from torch_xdna.kernels import aie as aie_pkg
+    from torch_xdna.kernels.aie import FP32_MUL_MODELS
+    root = Path(aie_pkg.__file__).parent / "aie2p"
+    for spec in KERNELS.values():
+        assert spec.fp32_mul in FP32_MUL_MODELS, spec.symbol
+        text = (root / spec.source).read_text()
+        if spec.fp32_mul == "none" and spec.source not in ("eltwise.cc", "binary.cc", "store.cc"):
+            assert "fmul(" not in text, spec.symbol
+    expect = {"matmul_bf16_f32": "none", "matmul_int4_bf16": "none", "mul_bf16_f32": "none",
+              "square_bf16_f32": "none", "mul_bf16_bf16": "none", "add_f32_f32": "none",
+              "gate_mul_f32_f32": "bf16x3 emulation", "exp_bf16_f32": "bf16x3 emulation",
+              "div_bf16_f32": "bf16x3 emulation", "softmax_bf16_f32": "bf16x3 emulation",
+              "rms_norm_bf16_bf16": "bf16x3 emulation", "store_none_f32_f32": "bf16x3 emulation",
+              "attn_tile_bf16": "bf16x3 emulation", "store_none_i32_i32": "none"}
+    assert {s: KERNELS[s].fp32_mul for s in expect} == expect
+
+
+def test_host_emulation_computes_the_fp32_multiply_emulation(lib):
+    """gate_mul multiplies two fp32 accumulators: the host build computes aie_api's FP32
+    emulation (golden.fmul, bit for bit), which is not the IEEE product on every lane; the
+    bf16-operand mul is the exact product."""
+    n = 4096
+    g = torch.Generator().manual_seed(7)
+    a, b = torch.randn(n, generator=g), torch.randn(n, generator=g)
+    out = torch.empty(n)
+    lib.gate_mul_f32_f32(a, b, out, n)
+    assert_bits(out, golden.fmul(a, b), "gate_mul (FP32 emulation)")
+    assert not bits_equal(out, a * b), "the emulation equals IEEE on every lane: not modelled?"
+    assert (out - a * b).abs().max() <= (a * b).abs().max() * 2.0 ** -22
+    x, y = a.to(torch.bfloat16), b.to(torch.bfloat16)
+    lib.mul_bf16_f32(x, y, out, n)
+    assert_bits(out, x.float() * y.float(), "mul (bf16 x bf16, exact)")

@@ -39,3 +39,21 @@ def test_design_show_decode_layer_and_attention(capsys):
     assert main(["design", "show", "attention", "--shape", "1x4x2x1x256x64", "--causal",
                  "--kv-len", "100"]) == 0
     assert "attn_tile_bf16" in capsys.readouterr().out
+
+
+def test_design_check_passes_and_fails(capsys):
+    """`xdna design check`: exit 0 and no violation lines for a design within mlir-aie's rules;
+    exit 1 with one line per violation (rule, where, message, citation) otherwise."""
+    assert main(["design", "check", "gemm", "--shape", "256x256x256"]) == 0
+    out = capsys.readouterr().out
+    assert "0 violation(s)" in out
+    assert main(["design", "check", "gemm", "--shape", "512x512x512"]) == 1
+    out = capsys.readouterr().out
+    lines = [ln for ln in out.splitlines() if ln.startswith("bds_per_tile\t")]
+    assert lines and "buffer descriptors exceeded" in lines[0] and "Xilinx/mlir-aie" in lines[0]
+
+
+def test_design_check_json(capsys):
+    assert main(["design", "check", "softmax", "--shape", "8x1024", "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["programs"] and all(p["violations"] == [] for p in info["programs"])

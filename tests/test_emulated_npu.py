@@ -15,6 +15,7 @@ import pytest
 import torch
 
 import fake_toolchain
+from torch_xdna.array.bd import AccessPattern
 from torch_xdna.array import ir, mlir
 from torch_xdna.cli.main import main
 from torch_xdna.hw import NPU4
@@ -81,8 +82,11 @@ def _normal(p: ir.ArrayProgram) -> ir.ArrayProgram:
     ids = {t.id: i for i, t in enumerate(p.sequence.tasks)}
     ops = []
     for op in p.sequence.ops:
-        if isinstance(op, ir.DmaTask):
-            ops.append(dataclasses.replace(op, id=ids[op.id]))
+        if isinstance(op, ir.DmaTask):       # the access pattern in its printed (canonical) form
+            pat = AccessPattern.of(op)
+            pat = AccessPattern.from_printed(pat.offset, pat.printed_dims, pat.repeat_count)
+            ops.append(dataclasses.replace(op, id=ids[op.id], sizes=pat.sizes, strides=pat.strides,
+                                           repeat=pat.repeat))
         elif isinstance(op, (ir.Await, ir.Free)):
             ops.extend(type(op)((ids[t],)) for t in op.tasks)
         else:

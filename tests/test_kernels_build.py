@@ -107,6 +107,59 @@ def test_failed_toolchain_step_installs_nothing(tmp_path, monkeypatch, capsys):
     assert list((tmp_path / "store").iterdir()) == []          # no partial store, no temp dirs
 
 
+def test_aiecc_stream_differing_from_ours_is_refused(tmp_path, monkeypatch, capsys):
+    """aiecc's instruction stream differs from ours in one word: the artifact is refused,
+    naming the word, and nothing is installed."""
+    fake_toolchain.install(tmp_path / "tc", monkeypatch)
+    monkeypatch.setenv("FAKE_AIECC_FLIP_WORD", "7")
+    assert main(["kernels", "build", *GEMM, "--json"]) == 1
+    out = json.loads(capsys.readouterr().out)
+    err = out["failed"][0]["error"]
+    assert "aiecc's instruction stream differs" in err and "first differing word 7" in err
+    assert list((tmp_path / "store").iterdir()) == []
+
+
+def test_stream_difference_ignores_only_per_launch_patch_words():
+    from torch_xdna.kernels.toolchain.build import stream_difference
+    ours = b"".join(i.to_bytes(4, "little") for i in range(10))
+    theirs = bytearray(ours)
+    theirs[4 * 3] ^= 0xFF
+    assert stream_difference(ours, bytes(theirs), patch_words=[3]) is None
+    assert "first differing word 3" in stream_difference(ours, bytes(theirs), patch_words=[4])
+    assert "bytes" in stream_difference(ours, ours[:-4], patch_words=[])
+
+
+def test_old_mlir_aie_is_refused_with_the_version(tmp_path, monkeypatch, capsys):
+    fake_toolchain.install(tmp_path / "tc", monkeypatch, mlir_aie_version="0.0.1.2025060100+abc1234")
+    assert main(["kernels", "build", *GEMM, "--json"]) == 2
+    err = capsys.readouterr().err
+    assert "0.0.1.2025060100" in err and "0.0.1.2026030400" in err and "PR #2922" in err
+    assert not (tmp_path / "store").exists() or list((tmp_path / "store").iterdir()) == []
+
+
+def test_mlir_aie_without_metadata_is_refused(tmp_path, monkeypatch, capsys):
+    fake_toolchain.install(tmp_path / "tc", monkeypatch, mlir_aie_version=None)
+    assert main(["kernels", "build", "--check"]) == 2
+    assert "no installed mlir_aie package found" in capsys.readouterr().err
+
+
+def test_aie_api_headers_and_version_from_the_mlir_aie_package_layout(tmp_path, monkeypatch):
+    """Headers and version come from an installed mlir_aie wheel's layout: via aiecc.py's place
+    (mlir_aie/bin) or MLIR_AIE_INSTALL_DIR, and tag-form versions are ordered too."""
+    from torch_xdna.kernels.toolchain.build import find_toolchain, mlir_aie_version_problem
+    fake_toolchain.install(tmp_path / "tc", monkeypatch)
+    import os
+    tc = find_toolchain()
+    root = tmp_path / "tc" / "site" / "mlir_aie"
+    assert tc.aie_include == str(root / "include")
+    assert tc.versions["mlir_aie"] == fake_toolchain.MLIR_AIE_VERSION
+    other = fake_toolchain.fake_mlir_aie(tmp_path / "other", "1.3.2.dev140+g1234567")
+    tc = find_toolchain(env=dict(os.environ, MLIR_AIE_INSTALL_DIR=str(other)))
+    assert tc.aie_include == str(other / "include") and tc.versions["mlir_aie"].startswith("1.3.2.dev140")
+    assert mlir_aie_version_problem("1.3.2.dev100") and mlir_aie_version_problem("1.0.0")
+    assert mlir_aie_version_problem("1.3.2") is None and mlir_aie_version_problem("0.0.1.2026033104+e4f35d6") is None
+
+
 def test_rebuild_replaces_atomically(tmp_path, monkeypatch, capsys):
     _, first = built_gemm(tmp_path, monkeypatch, capsys)
     assert main(["kernels", "build", *GEMM, "--json"]) == 0

@@ -34,17 +34,17 @@ module {
     }
     aie.runtime_sequence(%in0: memref<256xf32>, %in1: memref<256xf32>, %out0: memref<256xf32>) {
       %t12 = aiex.dma_configure_task_for @out0_0 {
-        aie.dma_bd(%out0 : memref<256xf32>, 0, 256, [<size = 1, stride = 256>, <size = 256, stride = 1>]) {bd_id = 0 : i32}
+        aie.dma_bd(%out0 : memref<256xf32>, 0, 256, [<size = 256, stride = 1>]) {bd_id = 0 : i32}
         aie.end
       } {issue_token = true}
       aiex.dma_start_task(%t12)
       %t13 = aiex.dma_configure_task_for @in0_0 {
-        aie.dma_bd(%in0 : memref<256xf32>, 0, 256, [<size = 1, stride = 256>, <size = 256, stride = 1>]) {bd_id = 1 : i32}
+        aie.dma_bd(%in0 : memref<256xf32>, 0, 256, [<size = 256, stride = 1>]) {bd_id = 1 : i32}
         aie.end
       } {issue_token = true}
       aiex.dma_start_task(%t13)
       %t14 = aiex.dma_configure_task_for @in1_0 {
-        aie.dma_bd(%in1 : memref<256xf32>, 0, 256, [<size = 1, stride = 256>, <size = 256, stride = 1>]) {bd_id = 2 : i32}
+        aie.dma_bd(%in1 : memref<256xf32>, 0, 256, [<size = 256, stride = 1>]) {bd_id = 2 : i32}
         aie.end
       } {issue_token = true}
       aiex.dma_start_task(%t14)

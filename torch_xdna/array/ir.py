@@ -13,7 +13,7 @@ Types (all frozen dataclasses; only torch_xdna.hw is imported):
   Tile           (col, row, kind)  kind in TILE_KINDS: "shim" | "mem" | "compute"; .name
   TensorType     (shape, dtype)    dtype in DTYPE_BITS ("bf16","f32","i8","i16","i32","u8","i4");
                  .numel, .nbytes
-  Buffer         a static buffer on one tile (L1 accumulator / scratch / runtime parameters):
+  TileBuffer     a static buffer on one tile (L1 accumulator / scratch / runtime parameters):
                  (name, tile, type, level "L1"|"L2", rtp: bool)
   HostArg        one launch argument (L3, DDR): (name, type); flat tensors, offsets in elements
   ScalarArg      one launch-time scalar (patched per launch): (name, dtype)
@@ -28,7 +28,7 @@ Types (all frozen dataclasses; only torch_xdna.hw is imported):
     CoreOp = Loop(count, body) | Acquire(fifo, port, n) | Release(fifo, port, n)
            | Call(kernel, args tuple[KernelArg])
     KernelArg = FifoElem(fifo, index) | BufferRef(name) | Const(value, dtype) | ScalarRef(name)
-      (ScalarRef names a launch scalar, or an rtp Buffer whose element 0 the core reads)
+      (ScalarRef names a launch scalar, or an rtp TileBuffer whose element 0 the core reads)
   KernelDecl     (symbol, object_file, arg_types: tuple[TensorType | str scalar dtype])
   RuntimeSequence(args tuple[HostArg], scalars tuple[ScalarArg], ops tuple[SeqOp])
     SeqOp = DmaTask(...)  one shim BD + task-queue push: fifo (the shim fifo it feeds/drains),
@@ -47,6 +47,7 @@ across them; notes carry "launch_args" / "scratch_args" / "host_layout" where th
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Union
 
@@ -92,10 +93,7 @@ class TensorType:
 
     @property
     def numel(self) -> int:
-        n = 1
-        for s in self.shape:
-            n *= s
-        return n
+        return math.prod(self.shape)
 
     @property
     def nbytes(self) -> int:
@@ -103,8 +101,9 @@ class TensorType:
 
 
 @dataclass(frozen=True)
-class Buffer:
-    """A static (non-FIFO) buffer on one tile; `rtp` marks a runtime-parameter buffer."""
+class TileBuffer:
+    """A static (non-FIFO) buffer in one tile's memory (L1 or mem tile), `rtp` marking a
+    runtime-parameter buffer; not a host BO (that is runtime/buffer.py's Buffer)."""
 
     name: str
     tile: Tile
@@ -278,10 +277,7 @@ class DmaTask:
 
     @property
     def elements(self) -> int:
-        n = 1
-        for s in self.sizes:
-            n *= s
-        return n * self.repeat
+        return math.prod(self.sizes) * self.repeat
 
 
 @dataclass(frozen=True)
@@ -324,44 +320,43 @@ class ArrayProgram:
     tiles: tuple[Tile, ...]
     fifos: tuple[ObjectFifo, ...]
     links: tuple[FifoLink, ...] = ()
-    buffers: tuple[Buffer, ...] = ()
+    buffers: tuple[TileBuffer, ...] = ()
     kernels: tuple[KernelDecl, ...] = ()
     cores: tuple[CoreBody, ...] = ()
     sequence: RuntimeSequence = RuntimeSequence(())
     notes: tuple[tuple[str, object], ...] = field(default=())
 
+    def _find(self, items, match, what: str):
+        """The first of `items` that `match`es; KeyError naming the program and `what`."""
+        hit = next((x for x in items if match(x)), None)
+        if hit is None:
+            raise KeyError(f"{self.name}: no {what}")
+        return hit
+
     def tile(self, col: int, row: int) -> Tile:
-        for t in self.tiles:
-            if (t.col, t.row) == (col, row):
-                return t
-        raise KeyError(f"{self.name}: no tile at column {col} row {row}")
+        return self._find(self.tiles, lambda t: (t.col, t.row) == (col, row),
+                          f"tile at column {col} row {row}")
 
     def fifo(self, name: str) -> ObjectFifo:
-        for f in self.fifos:
-            if f.name == name:
-                return f
-        raise KeyError(f"{self.name}: no object fifo named {name!r}")
+        return self._find(self.fifos, lambda f: f.name == name, f"object fifo named {name!r}")
 
     def kernel(self, symbol: str) -> KernelDecl:
-        for k in self.kernels:
-            if k.symbol == symbol:
-                return k
-        raise KeyError(f"{self.name}: no kernel declared with symbol {symbol!r}")
+        return self._find(self.kernels, lambda k: k.symbol == symbol,
+                          f"kernel declared with symbol {symbol!r}")
 
-    def buffer(self, name: str) -> Buffer:
-        for b in self.buffers:
-            if b.name == name:
-                return b
-        raise KeyError(f"{self.name}: no buffer named {name!r}")
+    def buffer(self, name: str) -> TileBuffer:
+        return self._find(self.buffers, lambda b: b.name == name, f"buffer named {name!r}")
 
     def core(self, tile: Tile) -> CoreBody:
-        for c in self.cores:
-            if c.tile == tile:
-                return c
-        raise KeyError(f"{self.name}: no core program on {tile.name}")
+        return self._find(self.cores, lambda c: c.tile == tile, f"core program on {tile.name}")
+
+    def repeat_count(self, fifo: str) -> int:
+        """How often each element of `fifo` is sent (mlir-aie's objectfifo `repeat_count`,
+        AIEOps.td): a link re-sending its held source element `emits` times to each
+        destination; 1 otherwise."""
+        ln = self.link_of(fifo)
+        return ln.emits if ln is not None and fifo in ln.dsts else 1
 
     def link_of(self, fifo: str) -> FifoLink | None:
-        for ln in self.links:
-            if fifo in ln.srcs or fifo in ln.dsts:
-                return ln
-        return None
+        """The first link `fifo` takes part in (as source or destination), or None."""
+        return next((ln for ln in self.links if fifo in ln.srcs or fifo in ln.dsts), None)

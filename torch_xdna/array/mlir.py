@@ -10,9 +10,15 @@ a runtime sequence with dma_configure_task_for / dma_start_task / dma_await_task
 printer is ours. The runtime sequence is spelled `aie.runtime_sequence`, its name since
 Xilinx/mlir-aie PR #2708 (merged 2025-11, "Promote runtime_sequence to aie dialect");
 `sequence_op="aiex.runtime_sequence"` prints the older spelling for older toolchains.
-Edge-tile padding (DmaTask.pad_after) has no shim BD field on AIE-ML: it is
-printed as a `pad_after` attribute on the aie.dma_bd, which the upstream tools do not act on
-(a chip build of a design with edge tiles needs mem-tile padding; see docs/array.md).
+Every shim task prints from its AccessPattern (array/bd.py), the object the stream encoder uses:
+`len` covers the lowest three dims and the fourth is the task's `repeat_count`, as
+AIEDMATasksToNPU.cpp (rewriteSingleBD) requires. Only attributes mlir-aie defines are printed
+(PRINTED_ATTRIBUTES, checked against AIEOps.td / AIEXOps.td in tests): a construct with no
+upstream form raises MlirFormError instead of becoming an attribute aiecc would ignore:
+shim-BD zero padding (DmaTask.pad_after; upstream pads only on mem-tile MM2S BDs) and a link
+re-streaming a held element as several different elements (FifoLink.emits); a link that sends
+each destination element `emits` times prints as that fifo's `repeat_count` (IRON
+set_repeat_count).
 `check_structure` is our own checker of the custom form (regions balanced, SSA values defined
 before use, symbols declared, ops known).
 """
@@ -21,11 +27,26 @@ from __future__ import annotations
 import re
 
 from torch_xdna.array import ir
+from torch_xdna.array.bd import AccessPattern
 
 DEVICE = {"aie2p": "npu2", "aie2": "npu1"}
 FOREVER_COUNT = 9223372036854775807          # mlir-aie python: sys.maxsize
 _MLIR_DT = {"bf16": "bf16", "f32": "f32", "i8": "i8", "i16": "i16", "i32": "i32", "u8": "ui8",
             "i4": "i4", "u32": "ui32", "f16": "f16", "i64": "i64"}
+# attribute names this printer writes, each defined upstream (tests/test_array_mlir.py holds the
+# citation of every one: Xilinx/mlir-aie AIEOps.td / AIEXOps.td and the builtin dialects)
+PRINTED_ATTRIBUTES = frozenset({
+    "sym_name", "elemNumber", "elemType", "dimensionsToStream", "dimensionsFromStreamPerConsumer",
+    "repeat_count", "fifoIns", "fifoOuts", "src_offsets", "dst_offsets", "link_with",
+    "function_type", "sym_visibility", "col", "row", "objFifo_name", "port", "size", "index",
+    "callee", "value", "offset", "len", "dimensions", "bd_id", "issue_token", "alloc",
+    "buffer_sym_name", "device"})
+
+
+class MlirFormError(ValueError):
+    """An ArrayProgram construct has no mlir-aie form: names the construct and the upstream rule."""
+
+
 KNOWN_OPS = {"module", "aie.device", "aie.tile", "aie.objectfifo", "aie.objectfifo.link",
              "aie.buffer", "aie.core", "aie.end", "aie.objectfifo.acquire",
              "aie.objectfifo.subview.access", "aie.objectfifo.release", "aie.dma_bd",
@@ -85,7 +106,10 @@ SEQUENCE_OP = "aie.runtime_sequence"
 
 def emit(prog: ir.ArrayProgram, arch: str = "aie2p",
          sequence_op: str = SEQUENCE_OP) -> tuple[str, str]:
-    """(custom form, generic form) of one program."""
+    """(custom form, generic form) of one program; MlirFormError if it has no upstream form."""
+    errs = form_errors(prog)
+    if errs:
+        raise MlirFormError("; ".join(errs[:3]) + (f" (+{len(errs) - 3} more)" if len(errs) > 3 else ""))
     o, names = _Out(), _Names()
     dev = DEVICE[arch]
     o.line("module {", '"builtin.module"() ({')
@@ -105,16 +129,22 @@ def emit(prog: ir.ArrayProgram, arch: str = "aie2p",
                f'{v} = "aie.tile"() {{col = {t.col} : i32, row = {t.row} : i32}} : () -> index')
     for f in prog.fifos:
         of_t = f"!aie.objectfifo<{memref(f.elem)}>"
-        prod = tv[f.producer] + (f" dimensionsToStream {_dims(f.dims_to_stream)}" if f.dims_to_stream else "")
+        rep = prog.repeat_count(f.name) if prog.repeat_count(f.name) > 1 else 0
+        to_stream = printed_dims_to_stream(prog, f)
+        prod = tv[f.producer] + (f" dimensionsToStream {_dims(to_stream)}" if to_stream else "")
         cons = []
         for i, c in enumerate(f.consumers):
             dfs = f.dims_from_stream[i] if i < len(f.dims_from_stream) else ()
             cons.append(tv[c] + (f" dimensionsFromStream {_dims(dfs)}" if dfs else ""))
         attrs = [f'sym_name = "{f.name}"', f"elemNumber = {f.depth} : i32", f"elemType = {of_t}"]
-        if f.dims_to_stream:
-            attrs.append(f"dimensionsToStream = #aie<bd_dim_layout_array{_dims(f.dims_to_stream)}>")
+        if to_stream:
+            attrs.append(f"dimensionsToStream = #aie<bd_dim_layout_array{_dims(to_stream)}>")
+        rep_attr = f"repeat_count = {rep} : i32" if rep else ""
+        if rep_attr:
+            attrs.append(rep_attr)
         operands = [tv[f.producer]] + [tv[c] for c in f.consumers]
-        o.line(f"aie.objectfifo @{f.name}({prod}, {{{', '.join(cons)}}}, {f.depth} : i32) : {of_t}",
+        o.line(f"aie.objectfifo @{f.name}({prod}, {{{', '.join(cons)}}}, {f.depth} : i32)"
+               + (f" {{{rep_attr}}}" if rep_attr else "") + f" : {of_t}",
                f'"aie.objectfifo"({", ".join(operands)}) {{{", ".join(attrs)}}} : '
                f'({", ".join("index" for _ in operands)}) -> ()')
     for ln in prog.links:
@@ -122,13 +152,9 @@ def emit(prog: ir.ArrayProgram, arch: str = "aie2p",
         outs = ", ".join("@" + s for s in ln.dsts)
         so = ", ".join(map(str, ln.src_offsets))
         do = ", ".join(map(str, ln.dst_offsets))
-        # a re-streaming link (emits > 1): our attribute; the destinations' dimensionsToStream
-        # carry the repeat as a stride-0 dim, as a multi-dim mem-tile BD would
-        em = f"emits = {ln.emits} : i64" if ln.emits > 1 else ""
-        o.line(f"aie.objectfifo.link [{ins}] -> [{outs}]([{so}] [{do}])" + (f" {{{em}}}" if em else ""),
+        o.line(f"aie.objectfifo.link [{ins}] -> [{outs}]([{so}] [{do}])",
                f'"aie.objectfifo.link"() {{fifoIns = [{ins}], fifoOuts = [{outs}], '
-               f'src_offsets = {_arr(ln.src_offsets)}, dst_offsets = {_arr(ln.dst_offsets)}'
-               + (f", {em}" if em else "") + '} : () -> ()')
+               f'src_offsets = {_arr(ln.src_offsets)}, dst_offsets = {_arr(ln.dst_offsets)}}} : () -> ()')
     bv = {}
     for b in prog.buffers:
         v = f"%{b.name}"
@@ -151,6 +177,38 @@ def emit(prog: ir.ArrayProgram, arch: str = "aie2p",
     o.ind -= 1
     o.line("}", "}) : () -> ()")
     return "\n".join(o.p) + "\n", "\n".join(o.g) + "\n"
+
+
+def printed_dims_to_stream(prog: ir.ArrayProgram, f: ir.ObjectFifo) -> ir.Dims:
+    """The producer-side dims as printed: a fifo with a repeat count (ArrayProgram.repeat_count)
+    walks its element once per send, so the stride-0 repeat dim is the objectfifo's
+    `repeat_count` (AIEOps.td: "number of times each individual object is repeated"), not a
+    dim; form_errors refuses any other re-streaming link."""
+    return f.dims_to_stream[1:] if prog.repeat_count(f.name) > 1 else f.dims_to_stream
+
+
+def form_errors(prog: ir.ArrayProgram) -> list[str]:
+    """The constructs of `prog` that have no mlir-aie form (empty: it prints), each naming the
+    upstream rule: shim-DMA zero padding, and a link re-streaming a held element as several
+    different elements (upstream repeats whole objects only)."""
+    errs = []
+    for op in prog.sequence.tasks:
+        if any(op.pad_after):
+            errs.append(f"{prog.name}: dma task {op.id} ({op.fifo}) zero-pads on the shim DMA "
+                        f"(pad_after={op.pad_after}); mlir-aie pads only on mem-tile MM2S BDs "
+                        f"(AIEDMATasksToNPU.cpp: 'Padding is only supported by memtile dma bds.')")
+    for ln in prog.links:
+        for name in ln.dsts if ln.emits > 1 else ():
+            f = prog.fifo(name)
+            dims = f.dims_to_stream
+            inner = 1
+            for size, _ in dims[1:]:
+                inner *= size
+            if not dims or dims[0] != (ln.emits, 0) or inner != f.elem.numel:
+                errs.append(f"{prog.name}: link {list(ln.srcs)} -> {list(ln.dsts)} re-streams its "
+                            f"held element as {ln.emits} different elements of {name}; mlir-aie "
+                            f"repeats whole objects only (aie.objectfifo repeat_count, AIEOps.td)")
+    return errs
 
 
 def to_mlir(prog: ir.ArrayProgram, arch: str = "aie2p", sequence_op: str = SEQUENCE_OP) -> str:
@@ -241,13 +299,14 @@ def _sequence(o, names, prog, sequence_op: str = SEQUENCE_OP):
             t = names.new("t")
             tasks[op.id] = t
             mt = memref(arg_t[op.arg])
-            dims = tuple(zip(op.sizes, op.strides))
-            extra = f", pad_after = {_arr(op.pad_after)}" if op.pad_after else ""
+            pat = AccessPattern.of(op)
+            dims = pat.printed_dims
+            extra = ""
             tok = "true" if op.issue_token else "false"
             o.line(f"{t} = aiex.dma_configure_task_for @{op.fifo} {{",
                    f'{t} = "aiex.dma_configure_task_for"() ({{')
             o.ind += 1
-            n = op.elements // max(1, op.repeat)
+            n = pat.bd_len
             o.line(f"aie.dma_bd({av[op.arg]} : {mt}, {op.offset}, {n}, {_dims(dims)}) "
                    f"{{bd_id = {op.bd_id} : i32{extra}}}",
                    f'"aie.dma_bd"({av[op.arg]}) {{offset = {op.offset} : i32, len = {n} : i32, '
@@ -255,7 +314,7 @@ def _sequence(o, names, prog, sequence_op: str = SEQUENCE_OP):
                    f'{extra}}} : ({mt}) -> ()')
             o.line("aie.end", '"aie.end"() : () -> ()')
             o.ind -= 1
-            rep = f", repeat_count = {op.repeat - 1} : i32" if op.repeat > 1 else ""
+            rep = f", repeat_count = {pat.repeat_count} : i32" if pat.repeat_count else ""
             o.line(f"}} {{issue_token = {tok}{rep}}}",
                    f'}}) {{alloc = @{op.fifo}, issue_token = {tok}{rep}}} : () -> index')
             o.line(f"aiex.dma_start_task({t})", f'"aiex.dma_start_task"({t}) : (index) -> ()')
@@ -265,7 +324,8 @@ def _sequence(o, names, prog, sequence_op: str = SEQUENCE_OP):
                 o.line(f"aiex.{name}({tasks[tid]})", f'"aiex.{name}"({tasks[tid]}) : (index) -> ()')
         elif isinstance(op, ir.RtpWrite):
             val = 0 if isinstance(op.value, ir.ScalarRef) else op.value
-            note = f' {{scalar = "{op.value.name}"}}' if isinstance(op.value, ir.ScalarRef) else ""
+            # a launch scalar: our stream patches it per launch; a comment, not an attribute
+            note = f"  // launch scalar {op.value.name}" if isinstance(op.value, ir.ScalarRef) else ""
             o.line(f"aiex.npu.rtp_write(@{op.buffer}, {op.index}, {int(val)}){note}",
                    f'"aiex.npu.rtp_write"() {{buffer_sym_name = @{op.buffer}, index = {op.index} : ui32, '
                    f'value = {int(val)} : i32}} : () -> ()')
@@ -289,7 +349,7 @@ def check_structure(text: str) -> dict:
     symbols |= set(re.findall(r'sym_name = "([A-Za-z_][A-Za-z0-9_]*)"', text))
     ops = 0
     for no, raw in enumerate(text.splitlines(), 1):
-        line = raw.strip()
+        line = raw.split("  //", 1)[0].strip()
         if not line:
             continue
         depth += line.count("{") - line.count("}")

@@ -44,6 +44,17 @@ SRC_AM020_CORE = ("AMD AM020 AIE-ML architecture manual, 'Functional Overview' (
                   "units and one 256-bit store unit per core; docs.amd.com/r/en-US/am020-versal-"
                   "aie-ml/Functional-Overview, rev 1.5)")
 SRC_BACKTEST = "fitted in benchmarks/backtest (derive.py; docs/simulator.md section 3b)"
+# mlir-aie files the upstream-rules verifier (array/rules.py) takes its limits from. "@ <commit>":
+# read at that commit; "index version": read from the code-search index, which gave no commit
+MLIR_AIE_0155 = "Xilinx/mlir-aie @ 0155ebd7c8b77cd6846781dd0597a7adee9a7620"
+SRC_AIEX_STRIDES = ("Xilinx/mlir-aie lib/Dialect/AIEX/IR/AIEXDialect.cpp @ "
+                    "0155ebd7c8b77cd6846781dd0597a7adee9a7620 (verifyStridesWraps, XAIEMLGBL_* widths)")
+SRC_AIEX_PUSH = ("Xilinx/mlir-aie lib/Dialect/AIEX/IR/AIEXDialect.cpp @ "
+                 "0155ebd7c8b77cd6846781dd0597a7adee9a7620 (NpuPushQueueOp::verify, SetLockOp::verify)")
+SRC_TARGET_MODEL_H = ("Xilinx/mlir-aie include/aie/Dialect/AIE/IR/AIETargetModel.h (index version, "
+                      "no commit) AIE2TargetModel, inherited by BaseNPU2TargetModel")
+SRC_AIE_OPS_TD = "Xilinx/mlir-aie include/aie/Dialect/AIE/IR/AIEOps.td @ 0155ebd7c8b77cd6846781dd0597a7adee9a7620"
+SRC_AIE_DIALECT = "Xilinx/mlir-aie lib/Dialect/AIE/IR/AIEDialect.cpp (index version, no commit) DMABDOp::verify"
 
 
 @dataclass(frozen=True)
@@ -110,6 +121,22 @@ class Generation:
     # --- cost-model v4 terms (docs/simulator.md section 2; vector ops: hw/vector_costs.py) ---
     vector_load_bits: Sourced[int] = Sourced(512, "")        # core load bits per cycle (L1 -> regs)
     vector_store_bits: Sourced[int] = Sourced(256, "")       # core store bits per cycle
+    # --- upstream (mlir-aie) limits the rules verifier checks (array/rules.py) ---------------
+    # BD field widths per tile kind, in 32-bit-word units: stride (step) and size (wrap) bits
+    dma_step_bits: Sourced[dict] = Sourced({"shim": 20, "mem": 17, "compute": 13}, SRC_AIEX_STRIDES)
+    dma_wrap_bits: Sourced[dict] = Sourced({"shim": 10, "mem": 10, "compute": 8}, SRC_AIEX_STRIDES)
+    dma_iter_max: Sourced[int] = Sourced(64, SRC_AIEX_STRIDES + " ('Size 3 exceeds the [1:64] range')")
+    dma_bd_dims: Sourced[dict] = Sourced({"shim": 4, "mem": 4, "compute": 3},
+                                         SRC_AIE_DIALECT + " (more than 3 dims only in a memtile_dma; "
+                                         "runtime-sequence shim BDs: 4, AIEDMATasksToNPU.cpp)")
+    dma_granularity_bytes: Sourced[int] = Sourced(4, SRC_TARGET_MODEL_H + " getAddressGenGranularity()=32")
+    task_repeat_max: Sourced[int] = Sourced(255, SRC_AIEX_PUSH + " ('Repeat count exceeds the [0:255] range.')")
+    shim_bds: Sourced[int] = Sourced(16, SRC_TARGET_MODEL_H + " getNumBDs (16 unless mem tile)")
+    memtile_bds_per_parity: Sourced[int] = Sourced(24, SRC_TARGET_MODEL_H + " isBdChannelAccessible "
+                                                   "(even channels BD 0-23, odd channels BD 24-47)")
+    shim_locks: Sourced[int] = Sourced(16, SRC_TARGET_MODEL_H + " getNumLocks (16 unless mem tile)")
+    lock_value_max: Sourced[int] = Sourced(63, SRC_TARGET_MODEL_H + " getMaxLockValue()=0x3F; " + SRC_AIEX_PUSH)
+    core_stack_bytes: Sourced[int] = Sourced(0x400, SRC_AIE_OPS_TD + " CoreOp stack_size default 0x400")
 
     # --- derived, never stored twice ------------------------------------------------------
     @property

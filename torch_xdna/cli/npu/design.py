@@ -1,6 +1,7 @@
 """`xdna design show NAME --shape ...`: what a design is on the array (modeled, not run): its
 tiles, object FIFOs and BD counts, the instruction-stream size of one launch, and optionally the
-MLIR-AIE source and the stream written to files."""
+MLIR-AIE source and the stream written to files. `xdna design check NAME --shape ...`: the
+design's violations of mlir-aie's rules (array/rules.py), exit 1 if any."""
 from __future__ import annotations
 
 import argparse
@@ -21,9 +22,26 @@ def register(subparsers) -> None:
         epilog="examples:\n  xdna design show gemm --shape 256x512x384\n"
                "  xdna design show gemv --shape 1x1024x3072 --dtype int4 --group 32\n"
                "  xdna design show rms_norm --shape 8x1024 --mlir rms.mlir --stream rms.txn\n"
-               "  xdna design show add --shape 4096 --json")
-    sub = p.add_subparsers(dest="design_cmd", metavar="show")
+               "  xdna design show add --shape 4096 --json\n"
+               "  xdna design check gemm --shape 512x512x512")
+    sub = p.add_subparsers(dest="design_cmd", metavar="show|check")
     s = sub.add_parser("show", help="show one design")
+    c = sub.add_parser("check", help="check a design against mlir-aie's rules (array/rules.py)",
+                       description="Verify each array program of a design against the upstream "
+                                   "(mlir-aie) rules: one line per violation (rule, where, "
+                                   "message, citation); exit 1 if any.")
+    _design_args(c)
+    c.add_argument("--json", action="store_true")
+    c.set_defaults(func=run_check)
+    _design_args(s)
+    s.add_argument("--mlir", metavar="FILE", help="write the MLIR-AIE module(s) here")
+    s.add_argument("--stream", metavar="FILE", help="write the launch's instruction stream here")
+    s.add_argument("--json", action="store_true")
+    p.set_defaults(func=run)
+
+
+def _design_args(s) -> None:
+    """The arguments naming one design (show and check)."""
     s.add_argument("name", help="gemm | gemv | attention | decode_layer | softmax | rms_norm | "
                                 "layer_norm | an elementwise op (add, mul, silu, ...)")
     s.add_argument("--shape", required=True,
@@ -36,10 +54,6 @@ def register(subparsers) -> None:
                    "int4 (weights); vector input dtype: float32 | bfloat16")
     s.add_argument("--group", type=int, default=0, help="weight group along K (int8/int4 weights)")
     s.add_argument("--generation", default="npu4")
-    s.add_argument("--mlir", metavar="FILE", help="write the MLIR-AIE module(s) here")
-    s.add_argument("--stream", metavar="FILE", help="write the launch's instruction stream here")
-    s.add_argument("--json", action="store_true")
-    p.set_defaults(func=run)
 
 
 def _shape(text: str) -> tuple[int, ...]:
@@ -147,7 +161,7 @@ def run(args: argparse.Namespace) -> int:
     from torch_xdna.cli.args import CliError
     from torch_xdna.hw import get_generation
     if getattr(args, "design_cmd", None) != "show":
-        raise CliError("use: xdna design show NAME --shape ...")
+        raise CliError("use: xdna design show|check NAME --shape ...")
     gen = get_generation(args.generation)
     d = build_design(args.name, _shape(args.shape), args.dtype, args.group, args.causal)
     info = describe(d, gen, **({"kv_len": args.kv_len} if args.kv_len else {}))
@@ -198,3 +212,40 @@ def run(args: argparse.Namespace) -> int:
     if args.stream:
         print(f"wrote instruction stream to {args.stream}")
     return 0
+
+
+def check(design, gen, **launch) -> dict:
+    """Upstream-rule violations of each program of one launch (array/rules.py, with the C++
+    kernel contract), and the programs mlir-aie has no form for (array/mlir.form_errors)."""
+    from torch_xdna.array import rules
+    from torch_xdna.array.mlir import form_errors
+    from torch_xdna.kernels.lower import lower
+    from torch_xdna.kernels.toolchain.build import kernel_contract_errors
+    out = {"design": design.name, "generation": gen.name, "programs": []}
+    for prog in lower(design, gen, **launch):
+        vs = rules.verify(prog, gen, contract=kernel_contract_errors)
+        out["programs"].append({
+            "name": prog.name, "no_upstream_form": form_errors(prog),
+            "violations": [{"rule": v.rule, "where": v.where, "message": v.message,
+                            "citation": v.citation} for v in vs]})
+    return out
+
+
+def run_check(args: argparse.Namespace) -> int:
+    from torch_xdna.hw import get_generation
+    gen = get_generation(args.generation)
+    d = build_design(args.name, _shape(args.shape), args.dtype, args.group, args.causal)
+    info = check(d, gen, **({"kv_len": args.kv_len} if args.kv_len else {}))
+    bad = sum(len(p["violations"]) for p in info["programs"])
+    if args.json:
+        print(json.dumps(info, indent=2))
+        return 1 if bad else 0
+    for p in info["programs"]:
+        for v in p["violations"]:
+            print(f"{v['rule']}\t{p['name']}: {v['where']}\t{v['message']}\t[{v['citation']}]")
+        for e in p["no_upstream_form"][:3]:
+            print(f"no upstream form\t{e}")
+    from torch_xdna.array.rules import RULES
+    print(f"{info['design']} on {gen.name}: {len(info['programs'])} program(s), {bad} violation(s) "
+          f"of {len(RULES)} upstream rules")
+    return 1 if bad else 0

@@ -17,9 +17,32 @@ from torch_xdna.kernels.aie.spec import KernelContractError, KernelSpec, ir_sign
 ARCH = "aie2p"
 
 
+# AIE2P has no fp32 multiplier: aie_api emulates float x float with bf16 partial products
+# (include/aie_api/detail/aie2p/config.hpp, __AIE_API_FP32_EMULATION__). A kernel either has no
+# fp32 x fp32 multiply ("none": its products are bf16 x bf16 -> fp32, exact, or integer; the
+# elementwise mul / square take bf16 operands and multiply them as bf16, xdna_vec.h bmul) or
+# multiplies fp32 values and gets the emulation, which the host emulation (emu/aie_api mul)
+# and the goldens (golden.fmul) compute: 3-way bf16 split, 9 products, smallest first.
+FP32_MUL_MODELS = ("none", "bf16x3 emulation")
+# the symbols that multiply fp32 values (xdna::fmul or aie::mul on float vectors)
+_FP32_MUL_SOURCES = ("store.cc", "epilogue.cc", "softmax.cc", "layer_norm.cc", "rms_norm.cc",
+                     "rope.cc", "qk_rope.cc", "attention.cc")
+_FP32_MUL_OPS = ("div", "exp", "sigmoid", "silu", "tanh", "gelu", "gelu_tanh", "gate_mul",
+                 "silu_mul")
+
+
+def _fp32_mul(symbol: str, source: str) -> str:
+    if source in _FP32_MUL_SOURCES and not symbol.startswith("store_none_i32"):
+        return FP32_MUL_MODELS[1]
+    op = symbol.split("_pk_")[0] if "_pk_" in symbol else symbol.rsplit("_", 2)[0]
+    if source in ("eltwise.cc", "binary.cc") and op in _FP32_MUL_OPS:
+        return FP32_MUL_MODELS[1]
+    return FP32_MUL_MODELS[0]
+
+
 def _k(symbol, source, args, defines=(), golden="", reference="", mmul=()):
     return KernelSpec(symbol, source, tuple(tuple(a.split(":")) for a in args), tuple(defines),
-                      golden, reference, mmul)
+                      golden, reference, mmul, _fp32_mul(symbol, source))
 
 
 _MM = ("DIM_M", "DIM_K", "DIM_N")

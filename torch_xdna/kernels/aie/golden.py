@@ -36,6 +36,27 @@ def _sqrt(x: torch.Tensor) -> torch.Tensor:
     return torch.sqrt(x.double()).float()
 
 
+def _bf16_trunc(x: torch.Tensor) -> torch.Tensor:
+    return (x.contiguous().view(torch.int32) & -65536).view(F32)
+
+
+def fmul(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """fp32 x fp32 as the AIE2P core computes it: aie_api's FP32 emulation (three-way bf16 split
+    of each operand by truncation, the 9 exact partial products accumulated in fp32 smallest
+    first; emu/aie_api/aie.hpp fp32_mul_emulated, KernelSpec.fp32_mul). Non-finite lanes: IEEE."""
+    x, y = torch.broadcast_tensors(torch.as_tensor(x, dtype=F32), torch.as_tensor(y, dtype=F32))
+    a = _bf16_trunc(x)
+    b = _bf16_trunc(x - a)
+    c = _bf16_trunc(x - a - b)
+    d = _bf16_trunc(y)
+    e = _bf16_trunc(y - d)
+    f = _bf16_trunc(y - d - e)
+    acc = c * f
+    for p, q in ((c, e), (b, f), (a, f), (b, e), (c, d), (b, d), (a, e), (a, d)):
+        acc = acc + p * q
+    return torch.where(torch.isfinite(x) & torch.isfinite(y), acc, x * y)
+
+
 def f32(x: torch.Tensor) -> torch.Tensor:
     """bf16 (or fp32) values as the core reads them: fp32, bf16 subnormals flushed."""
     if x.dtype == torch.bfloat16:
@@ -152,19 +173,19 @@ _EXP_P = (1.9875691500e-4, 1.3981999507e-3, 8.3334519073e-3, 4.1665795894e-2, 1.
 def exp_f32(x: torch.Tensor) -> torch.Tensor:
     x = x.float()
     xc = torch.minimum(torch.maximum(x, _c(_EXP_LO)), _c(_EXP_HI))
-    t = xc * _c(1.44269502162933349609375)
+    t = fmul(xc, _c(1.44269502162933349609375))
     n = (t + _c(12582912.0)) - _c(12582912.0)
-    r = (xc - n * _c(0.693359375)) - n * _c(-2.12194440e-4)
+    r = (xc - fmul(n, _c(0.693359375))) - fmul(n, _c(-2.12194440e-4))
     p = torch.full_like(r, _EXP_P[0])
     for coef in _EXP_P[1:]:
-        p = p * r + _c(coef)
-    y = (p * (r * r) + r) + _c(1.0)
+        p = fmul(p, r) + _c(coef)
+    y = (fmul(p, fmul(r, r)) + r) + _c(1.0)
     ni = n.to(torch.int32)
     n1 = ni >> 1
     n2 = ni - n1
     s1 = ((n1 + 127) << 23).view(F32)
     s2 = ((n2 + 127) << 23).view(F32)
-    y = (y * s1) * s2
+    y = fmul(fmul(y, s1), s2)
     y = torch.where(x > _c(_EXP_HI), _c(float("inf")), y)
     return torch.where(x < _c(_EXP_LO), _c(0.0), y)
 
@@ -180,47 +201,47 @@ def sigmoid_f32(x):
 
 def tanh_f32(x):
     a = x.abs()
-    z = x * x
+    z = fmul(x, x)
     p = torch.full_like(x, -5.70498872745e-3)
     for coef in (2.06390887954e-2, -5.37397155531e-2, 1.33314422036e-1, -3.33332819422e-1):
-        p = p * z + _c(coef)
-    small = (p * z) * x + x
+        p = fmul(p, z) + _c(coef)
+    small = fmul(fmul(p, z), x) + x
     e = exp_f32(a + a)
-    big = _c(1.0) - inv(e + _c(1.0)) * _c(2.0)
+    big = _c(1.0) - fmul(inv(e + _c(1.0)), _c(2.0))
     big = torch.where(x < 0, -big, big)
     return torch.where(a < _c(0.625), small, big)
 
 
 def erf_f32(z):
     a = z.abs()
-    t = inv(a * _c(0.3275911) + _c(1.0))
+    t = inv(fmul(a, _c(0.3275911)) + _c(1.0))
     p = torch.full_like(z, 1.061405429)
     for coef in (-1.453152027, 1.421413741, -0.284496736, 0.254829592):
-        p = p * t + _c(coef)
-    e = exp_f32(-(a * a))
-    y = _c(1.0) - (p * t) * e
+        p = fmul(p, t) + _c(coef)
+    e = exp_f32(-fmul(a, a))
+    y = _c(1.0) - fmul(fmul(p, t), e)
     return torch.where(z < 0, -y, y)
 
 
 def gelu_f32(x):
-    return (x * _c(0.5)) * (erf_f32(x * _c(0.70710678118654752)) + _c(1.0))
+    return fmul(fmul(x, _c(0.5)), erf_f32(fmul(x, _c(0.70710678118654752))) + _c(1.0))
 
 
 def gelu_tanh_f32(x):
-    x3 = (x * x) * x
-    inner = (x + x3 * _c(0.044715)) * _c(0.79788456080286536)
-    return (x * _c(0.5)) * (tanh_f32(inner) + _c(1.0))
+    x3 = fmul(fmul(x, x), x)
+    inner = fmul(x + fmul(x3, _c(0.044715)), _c(0.79788456080286536))
+    return fmul(fmul(x, _c(0.5)), tanh_f32(inner) + _c(1.0))
 
 
 def silu_f32(x):
-    return x * sigmoid_f32(x)
+    return fmul(x, sigmoid_f32(x))
 
 
 ELTWISE = {
     "add": lambda a, b: a + b, "sub": lambda a, b: a - b,
     "max": lambda a, b: torch.where(a < b, b, a), "min": lambda a, b: torch.where(b < a, b, a),
     "neg": lambda x: -x, "relu": lambda x: torch.where(x < 0, _c(0.0), x),
-    "mul": lambda a, b: a * b, "div": lambda a, b: a * inv(b), "abs": torch.abs,
+    "mul": lambda a, b: a * b, "div": lambda a, b: fmul(a, inv(b)), "abs": torch.abs,
     "reciprocal": inv, "sqrt": _sqrt, "rsqrt": lambda x: inv(_sqrt(x)), "square": lambda x: x * x,
     "exp": exp_f32, "sigmoid": sigmoid_f32, "silu": silu_f32,
     "tanh": tanh_f32, "gelu": gelu_f32, "gelu_tanh": gelu_tanh_f32,
@@ -240,7 +261,7 @@ def unit(op: str, x: torch.Tensor, out_dtype: torch.dtype, exact: bool) -> torch
 
 
 BINARY_EXACT = ("add", "sub", "maximum", "minimum", "gate_mul")
-_BINARY = {"maximum": "max", "minimum": "min", "gate_mul": "mul"}
+_BINARY = {"maximum": "max", "minimum": "min"}
 
 
 def binary(op: str, a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
@@ -252,12 +273,12 @@ def binary(op: str, a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype) ->
         return fn(a, b)
     exact = op in BINARY_EXACT
     xs = [f32(x) if exact or x.dtype == torch.bfloat16 else f32(cast_bf16(x)) for x in (a, b)]
-    r = ELTWISE[_BINARY.get(op, op)](*xs)
+    r = fmul(*xs) if op == "gate_mul" else ELTWISE[_BINARY.get(op, op)](*xs)
     return cast_bf16(r) if out_dtype == torch.bfloat16 else r
 
 
 def silu_mul(gate, up):
-    return silu_f32(f32(gate)) * f32(up)
+    return fmul(silu_f32(f32(gate)), f32(up))
 
 
 def cast_bf16(x):
@@ -273,7 +294,7 @@ def store(acc: torch.Tensor, alpha: float, act: str, out_dtype: torch.dtype) -> 
     """store_<act>_<acc>_<out>: act(alpha * acc) in fp32, stored in out_dtype (bf16: RNE)."""
     if acc.dtype == torch.int32:
         return acc.clone()
-    r = STORE_ACT[act](acc.float() * _c(alpha))
+    r = STORE_ACT[act](fmul(acc.float(), _c(alpha)))
     return cast_bf16(r) if out_dtype == torch.bfloat16 else r
 
 
@@ -281,7 +302,7 @@ def epilogue(t, bias, r, beta: float, act: str, out_dtype: torch.dtype) -> torch
     """epilogue_*: t [rows, cols] fp32; act(t + beta * bias) (+ r), stored in out_dtype."""
     x = t.float()
     if bias is not None:
-        x = x + f32(bias) * _c(beta)
+        x = x + fmul(f32(bias), _c(beta))
     x = STORE_ACT[act](x)
     if r is not None:
         x = x + r.float()
@@ -294,7 +315,7 @@ def softmax(x: torch.Tensor) -> torch.Tensor:
     x = f32(x)
     m = lane_max(x).unsqueeze(1)
     e = exp_f32(x - m)
-    return e * inv(lane_sum(e)).unsqueeze(1)
+    return fmul(e, inv(lane_sum(e)).unsqueeze(1))
 
 
 def layer_norm(x, w, b, eps: float) -> torch.Tensor:
@@ -303,19 +324,19 @@ def layer_norm(x, w, b, eps: float) -> torch.Tensor:
     n = float(x.shape[1])
     mean = _div(lane_sum(x), n).unsqueeze(1)
     d = x - mean
-    var = _div(lane_sum(d * d), n)
+    var = _div(lane_sum(fmul(d, d)), n)
     rstd = inv(_sqrt(var + _c(eps))).unsqueeze(1)
-    y = d * rstd
+    y = fmul(d, rstd)
     if w is not None:
-        y = y * f32(w)
+        y = fmul(y, f32(w))
     return y + f32(b) if b is not None else y
 
 
 def rms_norm(x, w, eps: float, offset: float = 0.0) -> torch.Tensor:
     """rms_norm[_nw]: w may be None."""
     x = f32(x)
-    rstd = inv(_sqrt(_div(lane_sum(x * x), float(x.shape[1])) + _c(eps))).unsqueeze(1)
-    return (x * rstd) * (f32(w) + _c(offset)) if w is not None else x * rstd
+    rstd = inv(_sqrt(_div(lane_sum(fmul(x, x)), float(x.shape[1])) + _c(eps))).unsqueeze(1)
+    return fmul(fmul(x, rstd), f32(w) + _c(offset)) if w is not None else fmul(x, rstd)
 
 
 def row_operand(x: torch.Tensor) -> torch.Tensor:
@@ -331,7 +352,7 @@ def rope(x, cos, signed_sin) -> torch.Tensor:
     """rope_bf16_f32: x [rows, d], cos / signed_sin [d] (llm_blocks._rope order)."""
     x = f32(x)
     rot = torch.roll(x, x.shape[-1] // 2, -1)
-    return x * f32(cos) + rot * f32(signed_sin)
+    return fmul(x, f32(cos)) + fmul(rot, f32(signed_sin))
 
 
 def qk_norm_rope(xcs, w, rows: int, d: int, eps: float, offset: float = 0.0) -> torch.Tensor:
@@ -357,9 +378,9 @@ def flash_rows(qf: torch.Tensor, qpos: torch.Tensor, kf: torch.Tensor, vf: torch
     l = torch.zeros(rows, dtype=F32)
     o = torch.zeros(rows, d, dtype=F32)
     for k0 in range(0, kf.shape[0], tkv):
-        s = matmul_seq(qf, kf[k0:k0 + tkv].t(), torch.zeros(rows, tkv)) * _c(scale)
+        s = fmul(matmul_seq(qf, kf[k0:k0 + tkv].t(), torch.zeros(rows, tkv)), _c(scale))
         if softcap > 0:
-            s = tanh_f32(s * inv(_c(softcap))) * _c(softcap)
+            s = fmul(tanh_f32(fmul(s, inv(_c(softcap)))), _c(softcap))
         kpos = torch.arange(k0, k0 + tkv).unsqueeze(0)
         qp = qpos.unsqueeze(1)
         masked = kpos >= kv_valid
@@ -377,11 +398,11 @@ def flash_rows(qf: torch.Tensor, qpos: torch.Tensor, kf: torch.Tensor, vf: torch
         alpha = exp_f32(m - m_new)
         e = exp_f32(s - m_new.unsqueeze(1))
         p = torch.where(live.unsqueeze(1), e, _c(0.0)).to(torch.bfloat16).float()
-        l = torch.where(live, l * alpha + lane_sum(p if sum_rounded else e), l)
-        o = torch.where(live.unsqueeze(1), o * alpha.unsqueeze(1), o)
+        l = torch.where(live, fmul(l, alpha) + lane_sum(p if sum_rounded else e), l)
+        o = torch.where(live.unsqueeze(1), fmul(o, alpha.unsqueeze(1)), o)
         m = torch.where(live, m_new, m)
         o = matmul_seq(p, vf[k0:k0 + tkv], o)
-    return o * torch.where(l > 0, inv(l), _c(0.0)).unsqueeze(1)
+    return fmul(o, torch.where(l > 0, inv(l), _c(0.0)).unsqueeze(1))
 
 
 def _padded(x: torch.Tensor, rows: int) -> torch.Tensor:

@@ -19,6 +19,7 @@ class KernelSpec:
     reference: str = ""                  # the project's numerics reference it implements
     mmul: tuple = ()                     # (dtype, (r, s, t)): the native mmul shape it tiles by,
                                          # hw/generations.py mmul_shape of the generation
+    fp32_mul: str = "none"               # FP32_MUL_MODELS (kernels/aie): how its fp32 x fp32 multiplies run
 
     def tile_defines(self, shapes) -> dict[str, int]:
         """The -D tile defines for a call whose pointer arguments have `shapes` (in argument

@@ -14,6 +14,7 @@ from collections import defaultdict, deque
 import torch
 
 from torch_xdna.array import ir
+from torch_xdna.array.bd import split_wide_innermost
 from torch_xdna.hw import Generation
 from torch_xdna.hw.aie2p_regs import SHIM_BDS as _SHIM_BDS
 
@@ -44,7 +45,7 @@ class Builder:
         self.tiles: dict[tuple[int, int], ir.Tile] = {}
         self.fifos: list[ir.ObjectFifo] = []
         self.links: list[ir.FifoLink] = []
-        self.buffers: list[ir.Buffer] = []
+        self.buffers: list[ir.TileBuffer] = []
         self.kernels: dict[str, ir.KernelDecl] = {}
         self.cores: list[ir.CoreBody] = []
         self.args: list[ir.HostArg] = []
@@ -83,6 +84,10 @@ class Builder:
     def fifo(self, name: str, producer: ir.Tile, consumers, depth: int, elem: ir.TensorType,
              dims=(), dims_from=()) -> ir.ObjectFifo:
         consumers = tuple(consumers) if isinstance(consumers, (list, tuple)) else (consumers,)
+        bits, wrap = ir.DTYPE_BITS[elem.dtype], self.gen.dma_wrap_bits.value
+        dims = split_wide_innermost(tuple(dims), bits, (1 << wrap[producer.kind]) - 1)
+        dims_from = tuple(split_wide_innermost(tuple(d), bits, (1 << wrap[c.kind]) - 1)
+                          for d, c in zip(dims_from, consumers))
         f = ir.ObjectFifo(name, producer, consumers, depth, elem, tuple(dims), tuple(dims_from))
         self.fifos.append(f)
         for end, direction in ((producer, "MM2S"),) + tuple((c, "S2MM") for c in consumers):
@@ -97,7 +102,7 @@ class Builder:
                                       emits))
 
     def buffer(self, name: str, tile: ir.Tile, type_: ir.TensorType, rtp: bool = False) -> str:
-        self.buffers.append(ir.Buffer(name, tile, type_, "L2" if tile.kind == "mem" else "L1", rtp))
+        self.buffers.append(ir.TileBuffer(name, tile, type_, "L2" if tile.kind == "mem" else "L1", rtp))
         return name
 
     def kernel(self, symbol: str, arg_types, object_file: str | None = None) -> str:

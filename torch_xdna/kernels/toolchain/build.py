@@ -30,16 +30,35 @@ PEANO_TARGET = {"aie2p": "aie2p-none-unknown-elf", "aie2": "aie2-none-unknown-el
 PEANO_FLAGS = ("-O2", "-std=c++20", "-Wno-parentheses", "-Wno-attributes", "-Wno-macro-redefined",
                "-DNDEBUG")            # mlir-aie programming_examples/makefile-common (PEANOWRAP2P_FLAGS)
 
+# The oldest mlir-aie whose dialects hold everything array/mlir.py prints: `aie.runtime_sequence`
+# (Xilinx/mlir-aie PR #2708, "Promote runtime_sequence to aie dialect", 2025-11) and `link_with`
+# on func.func declarations (PR #2922, "func level link_with", opened 2026-03-04). Date-stamped
+# wheels are 0.0.1.<YYYYMMDDHH>+<hash> (utils/mlir_aie_wheels/setup.py @ a0b2a0b65ac3ff9d3ee0375e5f5391b33ac0b2d8):
+# we require 0.0.1.2026030400 or later, the first wheel date that can hold PR #2922 (its exact
+# merge date was not seen, so a wheel of early March 2026 may still lack it: aiecc then fails on
+# the link_with attribute, loudly). Tag-based versions (utils/mlir_aie_wheels/_version_helper.py
+# @ 32f0eed37ac6429be0258a96824839c0c6242fbc) must be 1.3.2.dev101 or later, the earliest
+# tag-based version seen after PR #2922 (mlir-air PR #1670, 2026-06-05); older tag versions
+# are refused as unverified.
+MLIR_AIE_MIN_DATED = (0, 0, 1, 2026030400)
+MLIR_AIE_MIN_TAGGED = (1, 3, 2, -1, 101)            # 1.3.2.dev101
+MLIR_AIE_MIN_TEXT = "0.0.1.2026030400 (date-stamped wheel) or 1.3.2.dev101"
+
 INSTALL_HELP = """\
 The AIE toolchain is not installed (it does not come from PyPI's torch-xdna dependencies). On the
 Ryzen AI machine, following mlir-aie's README ("Getting Started for AMD Ryzen AI on Linux"):
 
   python3 -m pip install mlir_aie -f https://github.com/Xilinx/mlir-aie/releases/expanded_assets/latest-wheels-2
   python3 -m pip install llvm-aie -f https://github.com/Xilinx/llvm-aie/releases/expanded_assets/nightly
+  export MLIR_AIE_INSTALL_DIR="$(python3 -m pip show mlir_aie | awk '/^Location/{print $2}')/mlir_aie"
   export PEANO_INSTALL_DIR="$(python3 -m pip show llvm-aie | awk '/^Location/{print $2}')/llvm-aie"
-  source /opt/xilinx/xrt/setup.sh        # puts XRT's xclbinutil on PATH
+  export PATH="$MLIR_AIE_INSTALL_DIR/bin:$PATH"   # aiecc.py, aie-opt, aie-translate
+  source /opt/xilinx/xrt/setup.sh                 # puts XRT's xclbinutil on PATH
 
-then run this command again (`xdna kernels build --check` only checks the toolchain)."""
+mlir_aie must be """ + MLIR_AIE_MIN_TEXT + """ or newer (the MLIR we print uses
+aie.runtime_sequence and func-level link_with); the aie_api headers are read from
+$MLIR_AIE_INSTALL_DIR/include/aie_api. Then run this command again (`xdna kernels build --check`
+only checks the toolchain)."""
 
 
 class BuildError(ValueError):
@@ -90,17 +109,97 @@ def find_toolchain(env=None, which: Callable = shutil.which, runner: Runner = ru
     xclbinutil = which("xclbinutil", path=path)
     if missing:
         raise ToolchainMissing(missing)
-    include = None
-    mlir_dir = env.get(ENV_MLIR_AIE) or str(Path(aiecc).resolve().parent.parent)
-    if (Path(mlir_dir) / "include" / "aie_api").is_dir():
-        include = str(Path(mlir_dir) / "include")
-    versions = {}
+    root, version = find_mlir_aie(env, aiecc)
+    problem = mlir_aie_version_problem(version)
+    if problem:
+        raise ToolchainMissing([problem + (f" (mlir_aie at {root})" if root else "")])
+    include = str(root / "include") if root and (root / "include" / "aie_api").is_dir() else None
+    versions = {"mlir_aie": version}
     for name, tool in (("aiecc", aiecc), ("peano", peano), ("xclbinutil", xclbinutil)):
         if tool:
             rc, out, err = runner([tool, "--version"], Path.cwd())
             first = (out or err).strip().splitlines()
             versions[name] = first[0][:120] if rc == 0 and first else "unknown"
     return Toolchain(aiecc, peano, include, xclbinutil, versions)
+
+
+def _dist_version(site: Path) -> str | None:
+    """The mlir_aie wheel version recorded next to its package directory (dist-info METADATA)."""
+    from importlib import metadata
+    for dist in metadata.distributions(path=[str(site)]):
+        if (dist.metadata["Name"] or "").lower().replace("-", "_") == "mlir_aie":
+            return dist.version
+    return None
+
+
+def find_mlir_aie(env, aiecc: str | None) -> tuple[Path | None, str | None]:
+    """(mlir_aie install directory, wheel version) of the installed `mlir_aie` package: the
+    directory from MLIR_AIE_INSTALL_DIR, else the one aiecc.py resolves under
+    (site-packages/mlir_aie/bin), else this interpreter's `mlir_aie` distribution; the version
+    from the package metadata beside it (importlib.metadata). Layout per Xilinx/mlir-aie
+    utils/mlir_aie_wheels/setup.py @ a0b2a0b65ac3ff9d3ee0375e5f5391b33ac0b2d8:
+    site-packages/mlir_aie/{bin,include/aie_api,lib,python}."""
+    from importlib import metadata
+    candidates = []
+    if env.get(ENV_MLIR_AIE):
+        candidates.append(Path(env[ENV_MLIR_AIE]))
+    if aiecc:
+        candidates.append(Path(aiecc).resolve().parent.parent)
+    try:
+        dist = metadata.distribution("mlir_aie")
+        candidates.append(Path(str(dist.locate_file("mlir_aie"))))
+    except metadata.PackageNotFoundError:
+        pass
+    for root in candidates:
+        if (root / "bin").is_dir() or (root / "include").is_dir():
+            return root, _dist_version(root.parent)
+    return None, None
+
+
+def _version_key(version: str) -> tuple | None:
+    """(dated: tuple) or (tagged: tuple) sort keys of an mlir_aie version string; None if the
+    form is neither (0.0.1.YYYYMMDDHH[+hash] or X.Y.Z[.devN][+gSHA])."""
+    import re
+    v = version.split("+", 1)[0]
+    m = re.fullmatch(r"0\.0\.1\.(\d{10})", v)
+    if m:
+        return ("dated", (0, 0, 1, int(m.group(1))))
+    m = re.fullmatch(r"(\d+)\.(\d+)\.(\d+)(?:\.dev(\d+))?", v)
+    if m:
+        dev = m.group(4)
+        return ("tagged", (int(m.group(1)), int(m.group(2)), int(m.group(3)),
+                           -1 if dev is not None else 0, int(dev or 0)))
+    return None
+
+
+def mlir_aie_version_problem(version: str | None) -> str | None:
+    """Why this mlir_aie cannot build what we print (None: new enough)."""
+    need = f"mlir_aie {MLIR_AIE_MIN_TEXT} or newer (aie.runtime_sequence: PR #2708; func-level " \
+           f"link_with: PR #2922)"
+    if version is None:
+        return f"{need}: no installed mlir_aie package found (its version cannot be checked)"
+    key = _version_key(version)
+    if key is None:
+        return f"{need}: installed mlir_aie {version} has a version form we cannot order"
+    form, tup = key
+    if tup < (MLIR_AIE_MIN_DATED if form == "dated" else MLIR_AIE_MIN_TAGGED):
+        return f"{need}: installed mlir_aie {version} is older"
+    return None
+
+
+def stream_difference(ours: bytes, theirs: bytes, patch_words) -> str | None:
+    """Where aiecc's instruction stream differs from ours, ignoring the words we patch per
+    launch (launch scalars); None when they agree. A BD, channel or controller-id divergence
+    would hang the chip, so any other difference refuses the artifact."""
+    if len(ours) != len(theirs) or len(ours) % 4:
+        return (f"aiecc's instruction stream has {len(theirs)} bytes, ours {len(ours)}: the "
+                f"programs differ")
+    allowed = set(patch_words)
+    for i in range(0, len(ours), 4):
+        x, y = (int.from_bytes(b[i:i + 4], "little") for b in (ours, theirs))
+        if x != y and i // 4 not in allowed:
+            return f"first differing word {i // 4}: ours 0x{x:08x}, aiecc's 0x{y:08x}"
+    return None
 
 
 # --- pieces of a build ----------------------------------------------------------------------------
@@ -114,45 +213,56 @@ def xclbin_uuid(data: bytes) -> str:
     return str(uuidlib.UUID(bytes=data[off:off + 16]))
 
 
-def kernel_objects(program, arch: str, gen_dir: Path | None = None) -> dict[str, tuple[Path, tuple[str, ...]]]:
-    """object file -> (core-kernel source, -D defines) for every kernel a program declares.
-
-    Refuses (BuildError) a declaration whose argument list disagrees with the C++ signature in
-    the kernel table (count, pointer or scalar, element type), object files not named per
-    source and defines (kernels/aie.object_files), which would link a symbol twice into a core,
-    and tiles a source's static_asserts reject (kernels/aie.TILE_RULES). Generated kernels
-    (fused chains, kernels/aie/chain_gen.py) are written to `gen_dir` (the build directory)."""
+def kernel_contract_errors(program) -> list[str]:
+    """How a program's kernel declarations break the C++ kernel table (kernels/aie): argument
+    lists that disagree with the extern "C" signature (count, pointer or scalar, element type),
+    object files not named per source and defines (kernels/aie.object_files; one object per
+    source, else a core links a symbol twice), and tiles a source's static_asserts reject
+    (kernels/aie.TILE_RULES). Empty: the link_with objects exist for every symbol. The contract
+    array/rules.py's `kernel_signatures` rule checks (`contract=`)."""
     from torch_xdna.kernels import aie
     chain = dict(program.notes).get("chain")
-    generated = {}
     try:
         for decl in program.kernels:
             aie.check_decl(decl.symbol, decl.arg_types, chain)
-            g = aie.generated(decl.symbol, decl.arg_types, chain)
-            if g:
-                generated[decl.symbol] = g[0]
         objs = aie.object_files(program.kernels, chain)
     except aie.KernelContractError as e:
-        raise BuildError(f"{program.name}: {e}") from None
-    out: dict[str, tuple[Path, tuple[str, ...]]] = {}
+        return [str(e)]
+    errs = []
     for decl in program.kernels:
         obj, source, defs = objs[decl.symbol]
         if decl.object_file != obj:
-            raise BuildError(f"{program.name}: core kernel {decl.symbol} declares object "
-                             f"{decl.object_file!r}; objects are one per source and defines "
-                             f"({obj!r}), so a core linking several symbols of {source} gets "
-                             f"each once")
+            errs.append(f"core kernel {decl.symbol} declares object {decl.object_file!r}; objects "
+                        f"are one per source and defines ({obj!r}), so a core linking several "
+                        f"symbols of {source} gets each once")
         bad = aie.tile_errors(source, defs)
         if bad:
-            raise BuildError(f"{program.name}: core kernel {decl.symbol}: {source} does not "
-                             f"compile for this design's tiles: needs {'; '.join(bad)} "
-                             f"(static_assert in the source; the plan chose the tile)")
-        if decl.symbol in generated:
+            errs.append(f"core kernel {decl.symbol}: {source} does not compile for this design's "
+                        f"tiles: needs {'; '.join(bad)} (static_assert in the source; the plan "
+                        f"chose the tile)")
+    return errs
+
+
+def kernel_objects(program, arch: str, gen_dir: Path | None = None) -> dict[str, tuple[Path, tuple[str, ...]]]:
+    """object file -> (core-kernel source, -D defines) for every kernel a program declares;
+    BuildError on the first kernel_contract_errors. Generated kernels (fused chains,
+    kernels/aie/chain_gen.py) are written to `gen_dir` (the build directory)."""
+    from torch_xdna.kernels import aie
+    errs = kernel_contract_errors(program)
+    if errs:
+        raise BuildError(f"{program.name}: {errs[0]}")
+    chain = dict(program.notes).get("chain")
+    objs = aie.object_files(program.kernels, chain)
+    out: dict[str, tuple[Path, tuple[str, ...]]] = {}
+    for decl in program.kernels:
+        obj, source, defs = objs[decl.symbol]
+        g = aie.generated(decl.symbol, decl.arg_types, chain)
+        if g:
             if gen_dir is None:
                 raise BuildError(f"{program.name}: core kernel {decl.symbol} is generated at build "
                                  "time and needs a build directory (gen_dir)")
             src = Path(gen_dir) / source
-            src.write_text(generated[decl.symbol])
+            src.write_text(g[0])
         else:
             src = Path(aie.__file__).resolve().parent / arch / source
         out[obj] = (src, tuple(f"-D{k}={v}" for k, v in defs))
@@ -225,7 +335,15 @@ def build_artifact(ex: Example, gen: Generation, toolchain: Toolchain, store_roo
                              f"build directory")
 
     try:
-        (work / "design.mlir").write_text(aie_mlir.to_mlir(program, gen.arch))
+        from torch_xdna.array import rules
+        broken = rules.verify(program, gen, contract=kernel_contract_errors)
+        if broken:
+            raise BuildError(f"{design.name} ({key}) breaks {len(broken)} mlir-aie rule(s), first: "
+                             f"{broken[0].line()}; nothing was installed (`xdna design check`)")
+        try:
+            (work / "design.mlir").write_text(aie_mlir.to_mlir(program, gen.arch))
+        except aie_mlir.MlirFormError as e:
+            raise BuildError(f"{design.name} ({key}) has no mlir-aie form: {e}") from None
         kdir = Path(__file__).resolve().parent.parent / "aie" / gen.arch
         for obj, (src, defines) in kernel_objects(program, gen.arch, gen_dir=work).items():
             argv = [toolchain.peano_cxx, *PEANO_FLAGS, f"--target={PEANO_TARGET[gen.arch]}",
@@ -233,6 +351,11 @@ def build_artifact(ex: Example, gen: Generation, toolchain: Toolchain, store_roo
             if toolchain.aie_include:
                 argv.append(f"-I{toolchain.aie_include}")
             step(argv + ["-c", str(src), "-o", obj], f"compile {src.name} -> {obj}")
+        nbytes = [a.type.nbytes for a in args]
+        scalars = {s.name: 0 for s in program.sequence.scalars}
+        ours = txn.to_bytes(txn.encode_sequence(program, txn.LaunchBinding.of(nbytes, **scalars)))
+        (work / "insts.bin").write_bytes(ours)
+        patches = scalar_patches(program, nbytes, txn.encode_sequence)
         step([toolchain.aiecc, "--aie-generate-xclbin", "--aie-generate-npu-insts",
               "--no-compile-host", "--no-xchesscc", "--no-xbridge",
               f"--peano={Path(toolchain.peano_cxx).parent.parent}", "--xclbin-name=final.xclbin",
@@ -241,15 +364,18 @@ def build_artifact(ex: Example, gen: Generation, toolchain: Toolchain, store_roo
         if not xclbin.is_file():
             raise BuildError(f"aiecc.py reported success but wrote no final.xclbin in {work}")
         uid = xclbin_uuid(xclbin.read_bytes())
-        # the stream the backend submits: our encoder's, bound to this launch's buffer sizes;
-        # aiecc's own is kept beside it and compared (a mismatch is reported, not hidden)
-        nbytes = [a.type.nbytes for a in args]
-        scalars = {s.name: 0 for s in program.sequence.scalars}
-        words = txn.encode_sequence(program, txn.LaunchBinding.of(nbytes, **scalars))
-        (work / "insts.bin").write_bytes(txn.to_bytes(words))
+        # the stream the backend submits must be the one aiecc made from the same MLIR: ours
+        # (bound to this launch's buffer sizes) is installed only if aiecc's equals it except
+        # in the words we patch per launch; anything else is refused, naming the first word
         theirs = work / "insts.aiecc.bin"
-        matches = theirs.read_bytes() == (work / "insts.bin").read_bytes() if theirs.is_file() else None
-        patches = scalar_patches(program, nbytes, txn.encode_sequence)
+        if not theirs.is_file():
+            raise BuildError(f"aiecc.py wrote no instruction stream (insts.aiecc.bin) for "
+                             f"{design.name} ({key}); nothing was installed")
+        diff = stream_difference(ours, theirs.read_bytes(), patches.values())
+        if diff:
+            raise BuildError(f"{design.name} ({key}): aiecc's instruction stream differs from "
+                             f"ours ({diff}); nothing was installed")
+        matches = True
         kernel_dtypes = {i: DTYPES_IR_TO_TORCH[a.type.dtype] for i, a in enumerate(args[:len(ex.inputs)])
                          if DTYPES_IR_TO_TORCH.get(a.type.dtype) != _dtype_name(ex.inputs[i][1])}
         abi = abi_for([_Spec(*s) for s in ex.inputs], [_Spec(*s) for s in ex.outputs],

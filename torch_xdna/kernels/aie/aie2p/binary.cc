@@ -71,7 +71,7 @@ XDNA_BIN4(add, true, aie::add(x, y))
 XDNA_BIN4(sub, true, aie::sub(x, y))
 XDNA_BIN4(maximum, true, aie::max(x, y))
 XDNA_BIN4(minimum, true, aie::min(x, y))
-XDNA_BIN3(mul, false, xdna::fmul(x, y))
+XDNA_BIN3(mul, false, xdna::bmul(x, y))            // bf16 operands: exact
 XDNA_BIN3(div, false, xdna::fmul(x, aie::inv(y)))
 XDNA_BIN_I32(add, uint32(x) + uint32(y))
 XDNA_BIN_I32(sub, uint32(x) - uint32(y))

@@ -46,7 +46,7 @@ void relu_f32(const float *in, float *out, int32 n) {
   unary(in, out, n, [](vf x) { return aie::max(x, 0.0f); });
 }
 void mul_bf16_f32(const bfloat16 *a, const bfloat16 *b, float *out, int32 n) {
-  binary(a, b, out, n, [](vf x, vf y) { return xdna::fmul(x, y); });
+  binary(a, b, out, n, [](vf x, vf y) { return xdna::bmul(x, y); });     // bf16 x bf16: exact
 }
 void div_bf16_f32(const bfloat16 *a, const bfloat16 *b, float *out, int32 n) {
   binary(a, b, out, n, [](vf x, vf y) { return xdna::fmul(x, aie::inv(y)); });  // x * (1/y)
@@ -61,7 +61,7 @@ void rsqrt_bf16_f32(const bfloat16 *in, float *out, int32 n) {
   unary(in, out, n, [](vf x) { return aie::invsqrt(x); });
 }
 void square_bf16_f32(const bfloat16 *in, float *out, int32 n) {    // exact: bf16 x bf16
-  unary(in, out, n, [](vf x) { return xdna::fmul(x, x); });
+  unary(in, out, n, [](vf x) { return xdna::bmul(x, x); });
 }
 void abs_f32(const float *in, float *out, int32 n) {
   unary(in, out, n, [](vf x) { return aie::abs(x); });
@@ -135,5 +135,5 @@ XDNA_UNIT3(gelu_tanh, false, xdna::gelu_tanh_f32(x))
 XDNA_UNIT3(reciprocal, false, aie::inv(x))
 XDNA_UNIT3(sqrt, false, aie::sqrt(x))
 XDNA_UNIT3(rsqrt, false, aie::invsqrt(x))
-XDNA_UNIT3(square, false, xdna::fmul(x, x))
+XDNA_UNIT3(square, false, xdna::bmul(x, x))
 }

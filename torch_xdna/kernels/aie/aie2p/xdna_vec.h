@@ -29,7 +29,11 @@ inline void set_numerics() { aie::set_rounding(aie::rounding_mode::conv_even); }
 
 inline vf to_f32(const vb &x) { return aie::accum<accfloat, L>(x).to_vector<float>(); }
 inline vb to_bf16(const vf &x) { return aie::accum<accfloat, L>(x).to_vector<bfloat16>(); }
+// fmul: fp32 x fp32, which AIE2P computes by aie_api's FP32 emulation (bf16 partial products;
+// emu/aie_api mul, golden.fmul). bmul: operands that hold bf16 values multiplied as bf16 x bf16
+// -> fp32, the native multiply, exact (like the matmuls): no emulation.
 inline vf fmul(const vf &a, const vf &b) { return aie::mul(a, b).to_vector<float>(); }
+inline vf bmul(const vf &a, const vf &b) { return aie::mul(to_bf16(a), to_bf16(b)).to_vector<float>(); }
 inline vf fmul(const vf &a, float b) { return aie::mul(a, b).to_vector<float>(); }
 
 // Elements [i, i + 16) of p (n valid in total) as fp32, lanes past n set to `pad`. Rows of any

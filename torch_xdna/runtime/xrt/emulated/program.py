@@ -18,6 +18,7 @@ import re
 from dataclasses import dataclass, field
 
 from torch_xdna.array import ir
+from torch_xdna.array.bd import AccessPattern
 
 FOREVER_COUNT = 9223372036854775807            # array/mlir.py prints Loop(count=None) so
 _DTYPE = {"bf16": "bf16", "f32": "f32", "i8": "i8", "i16": "i16", "i32": "i32", "ui8": "u8",
@@ -87,6 +88,7 @@ class _State:
     args: list = field(default_factory=list)
     arg_names: dict = field(default_factory=dict)      # SSA -> HostArg name
     scalars: dict = field(default_factory=dict)
+    repeats: dict = field(default_factory=dict)        # fifo -> objectfifo repeat_count
     ops: list = field(default_factory=list)
     task_ids: dict = field(default_factory=dict)       # SSA -> DmaTask id
     pending: dict = field(default_factory=dict)        # open dma_configure_task_for
@@ -152,28 +154,35 @@ def _tile(st: _State, ln: str) -> None:
 
 
 def _fifo(st: _State, ln: str) -> None:
-    m = re.match(r"aie\.objectfifo @(\w+)\((.*), \{(.*)\}, (\d+) : i32\) : !aie\.objectfifo<(.*)>$", ln)
+    m = re.match(r"aie\.objectfifo @(\w+)\((.*), \{(.*)\}, (\d+) : i32\)"
+                 r"(?: \{repeat_count = (\d+) : i32\})? : !aie\.objectfifo<(.*)>$", ln)
     if m is None:
         raise ProgramError(f"object fifo: {ln}")
     prod_text = m.group(2)
     producer = st.tiles[prod_text.split()[0]]
     to_stream = _dims(prod_text) if "dimensionsToStream" in prod_text else ()
+    repeat = int(m.group(5) or 1)
+    if repeat > 1:          # mlir.printed_dims_to_stream: the repeat is the (emits, 0) outer dim
+        to_stream = ((repeat, 0),) + to_stream
+        st.repeats[m.group(1)] = repeat
     consumers, from_stream = [], []
     for c in _split_top(m.group(3)):
         consumers.append(st.tiles[c.split()[0]])
         from_stream.append(_dims(c) if "dimensionsFromStream" in c else ())
     st.fifos.append(ir.ObjectFifo(m.group(1), producer, tuple(consumers), int(m.group(4)),
-                                  memref(m.group(5)), to_stream,
+                                  memref(m.group(6)), to_stream,
                                   tuple(from_stream) if any(from_stream) else ()))
 
 
 def _link(st: _State, ln: str) -> None:
-    m = re.match(r"aie\.objectfifo\.link \[(.*?)\] -> \[(.*?)\]\(\[(.*?)\] \[(.*?)\]\)(?: \{emits = (\d+) : i64\})?$", ln)
+    m = re.match(r"aie\.objectfifo\.link \[(.*?)\] -> \[(.*?)\]\(\[(.*?)\] \[(.*?)\]\)$", ln)
     if m is None:
         raise ProgramError(f"object fifo link: {ln}")
     names = lambda s: tuple(x.strip().lstrip("@") for x in s.split(",") if x.strip())  # noqa: E731
-    st.links.append(ir.FifoLink(names(m.group(1)), names(m.group(2)), _ints(m.group(3)),
-                                _ints(m.group(4)), int(m.group(5) or 1)))
+    dsts = names(m.group(2))
+    emits = max((st.repeats.get(d, 1) for d in dsts), default=1)   # ArrayProgram.repeat_count
+    st.links.append(ir.FifoLink(names(m.group(1)), dsts, _ints(m.group(3)), _ints(m.group(4)),
+                                emits))
 
 
 def _buffer(st: _State, ln: str) -> None:
@@ -288,7 +297,7 @@ def _sequence(st: _State, lines: list[str], i: int) -> int:
             st.ops.append(ir.Await((tid,)) if m.group(1) == "await" else ir.Free((tid,)))
             i += 1
             continue
-        m = re.match(r"aiex\.npu\.rtp_write\(@(\w+), (\d+), (-?\d+)\)(?: \{scalar = \"(\w+)\"\})?$", ln)
+        m = re.match(r"aiex\.npu\.rtp_write\(@(\w+), (\d+), (-?\d+)\)(?:  // launch scalar (\w+))?$", ln)
         if m:
             st.rtp.add(m.group(1))
             value = ir.ScalarRef(m.group(4)) if m.group(4) else int(m.group(3))
@@ -308,16 +317,15 @@ def _task(st: _State, ssa: str, fifo: str, bd: str, close: str) -> ir.DmaTask:
                  r"(?:, pad_after = array<i64(?:: ([-0-9, ]*))?>)?\}$", bd)
     if m is None:
         raise ProgramError(f"dma bd: {bd}")
-    dims = _dims(m.group(4))
     tok = re.search(r"issue_token = (true|false)", close)
     rep = re.search(r"repeat_count = (\d+)", close)
+    pat = AccessPattern.from_printed(int(m.group(2)), _dims(m.group(4)),
+                                     int(rep.group(1)) if rep else 0)
     tid = len(st.task_ids)
     st.task_ids[ssa] = tid
-    return ir.DmaTask(tid, fifo, st.arg_names[m.group(1)], int(m.group(2)),
-                      tuple(s for s, _ in dims), tuple(t for _, t in dims), "", -1, -1,
-                      int(m.group(5)), bool(tok and tok.group(1) == "true"),
-                      int(rep.group(1)) + 1 if rep else 1,
-                      _ints(m.group(6)) if m.group(6) is not None else ())
+    return ir.DmaTask(tid, fifo, st.arg_names[m.group(1)], pat.offset, pat.sizes, pat.strides,
+                      "", -1, -1, int(m.group(5)), bool(tok and tok.group(1) == "true"),
+                      pat.repeat, _ints(m.group(6)) if m.group(6) is not None else ())
 
 
 def _channels(fifos: list[ir.ObjectFifo]) -> dict[str, tuple[int, str, int]]:
@@ -344,7 +352,7 @@ def _assemble(st: _State, name: str, generation: str) -> ir.ArrayProgram:
             op = ir.DmaTask(op.id, op.fifo, op.arg, op.offset, op.sizes, op.strides, direction, ch,
                             col, op.bd_id, op.issue_token, op.repeat, op.pad_after)
         ops.append(op)
-    buffers = tuple(ir.Buffer(n, t, ty, "L2" if t.kind == "mem" else "L1", n in st.rtp)
+    buffers = tuple(ir.TileBuffer(n, t, ty, "L2" if t.kind == "mem" else "L1", n in st.rtp)
                     for n, t, ty in st.buffers.values())
     seq = ir.RuntimeSequence(tuple(st.args), tuple(ops), tuple(st.scalars.values()))
     return ir.ArrayProgram(name, generation, tuple(st.tile_list), tuple(st.fifos), tuple(st.links),

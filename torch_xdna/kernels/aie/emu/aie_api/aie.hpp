@@ -33,9 +33,8 @@
 //  * fp32 vector arithmetic (add, sub, mul of floats, accumulator adds) is IEEE binary32 with
 //    round-to-nearest-even, one rounding per operation, evaluated in a fixed order. Kernels are
 //    built with -ffp-contract=off so g++ never fuses a multiply and an add. AIE-ML v2 has no
-//    fp32 multiplier: the AIE API emulates float x float with bf16 products, exact-like only
-//    with the compiler's `--aie.float-accuracy safe` (the default `fast` is slightly less
-//    accurate) [UG1603-fp]; the emulation models the exact IEEE product.
+//    fp32 multiplier: the AIE API emulates float x float with bf16 products [UG1603-fp]; the
+//    emulation models that (3-way bf16 split, 9 products, "accuracy safe": mul below).
 //  * bf16 x bf16 (and bfp16 mantissa) products are exact in fp32, so mac == one rounded add.
 //  * Subnormals are flushed at the bf16 boundary (conversion to and from bfloat16), as
 //    numerics.operand does [NUMERICS][AM020]; fp32 accumulator arithmetic keeps IEEE subnormals.
@@ -465,15 +464,53 @@ vector<T, N> abs(const vector<T, N> &a) {                       // exact (clears
   return r;
 }
 
+namespace detail {
+// AIE2P has no fp32 multiplier: aie_api's FP32 emulation (include/aie_api/detail/aie2p/
+// config.hpp: __AIE_API_FP32_EMULATION__, __AIE_API_FP32_SUPPORT__ 0) forwards float x float to
+// the compiler's mul_elem intrinsics, which split each operand into three bf16 parts by
+// truncation (hi = bf16(x), mid = bf16(x - hi), lo = bf16(x - hi - mid)) and accumulate the
+// 9 exact bf16 products in fp32, smallest first: lo*lo', lo*mid', mid*lo', hi*lo', mid*mid',
+// lo*hi', mid*hi', hi*mid', hi*hi' ("accuracy safe"; Xilinx/llvm-aie clang/lib/Headers/
+// aiev2_core.h, index version, the AIE2 bodies; the AIE2P bodies are assumed the same, see
+// docs/kernels.md). Non-finite operands: the IEEE product (not modelled further).
+inline float bf16_trunc(float x) {
+  uint32_t u;
+  std::memcpy(&u, &x, 4);
+  u &= 0xFFFF0000u;
+  std::memcpy(&x, &u, 4);
+  return x;
+}
+inline float fp32_mul_emulated(float x, float y) {
+  if (!std::isfinite(x) || !std::isfinite(y)) return x * y;
+  const float a = bf16_trunc(x), b = bf16_trunc(x - a), c = bf16_trunc(x - a - b);
+  const float d = bf16_trunc(y), e = bf16_trunc(y - d), f = bf16_trunc(y - d - e);
+  float acc = c * f;
+  acc += c * e;
+  acc += b * f;
+  acc += a * f;
+  acc += b * e;
+  acc += c * d;
+  acc += b * d;
+  acc += a * e;
+  acc += a * d;
+  return acc;
+}
+}  // namespace detail
+
 // mul(a, b) -> accum: lanewise product into the default accumulator for the input type
 // (accfloat for bfloat16/float, acc32 for int8/int16) [API-arith]. bf16 x bf16 is exact in
-// fp32; float x float rounds once (IEEE). mac(acc, a, b) = acc + a*b, the add rounded once.
+// fp32; float x float is aie_api's FP32 emulation (detail::fp32_mul_emulated, the model every
+// KernelSpec.fp32_mul names). mac(acc, a, b) = acc + a*b, the add rounded once.
 template <typename T, unsigned N>
 accum<typename detail::mul_acc<T>::type, N> mul(const vector<T, N> &a, const vector<T, N> &b) {
   accum<typename detail::mul_acc<T>::type, N> r;
-  for (unsigned i = 0; i < N; ++i)
-    r.v[i] = detail::to_acc<typename detail::mul_acc<T>::type>(detail::arith_t<T>(a.v[i])) *
-             detail::to_acc<typename detail::mul_acc<T>::type>(detail::arith_t<T>(b.v[i]));
+  for (unsigned i = 0; i < N; ++i) {
+    if constexpr (std::is_same_v<T, float>)
+      r.v[i] = detail::fp32_mul_emulated(a.v[i], b.v[i]);
+    else
+      r.v[i] = detail::to_acc<typename detail::mul_acc<T>::type>(detail::arith_t<T>(a.v[i])) *
+               detail::to_acc<typename detail::mul_acc<T>::type>(detail::arith_t<T>(b.v[i]));
+  }
   return r;
 }
 template <typename T, unsigned N>
