@@ -40,6 +40,13 @@ class Design:
                   **scalars: Any) -> None:
         raise NotImplementedError
 
+    def runs(self) -> tuple:
+        """The array configurations one launch runs, in order: one per ArrayProgram its lowering
+        returns (kernels/lower), each a kernel run of its artifact (kernels/toolchain). Equal
+        entries are one configuration (a launch of layer i and one of layer j load the same).
+        The cost model charges a kernel run per entry and a configure point per change."""
+        return (self.key,)
+
     def artifact_key(self) -> str:
         """Stable identity of the hardware artifact that implements this design."""
         return f"{self.kind}-" + hashlib.sha256(repr(self.key).encode()).hexdigest()[:16]

@@ -41,6 +41,8 @@ class Counters:
     programs: int = 0
     reconfigurations: int = 0
     context_switches: int = 0
+    kernel_runs: int = 0           # NPU commands: one per array configuration a launch runs
+    configure_points: int = 0      # runs that load another configuration than the array holds
     bytes_to_device: int = 0       # synced host -> device
     bytes_from_device: int = 0     # synced device -> host
     dram_bytes: int = 0            # streamed by launches (from plans)

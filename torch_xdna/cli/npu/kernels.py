@@ -147,13 +147,18 @@ def _dry_run(exs, skipped, gen, args) -> int:
     from torch_xdna.array import mlir as aie_mlir
     from torch_xdna.array import txn
     from torch_xdna.kernels.toolchain.build import BuildError, kernel_objects
-    from torch_xdna.kernels.lower import lower
+    from torch_xdna.kernels.toolchain import launch_abi
+    from torch_xdna.runtime.xrt.artifacts import ArtifactError
     written = []
     for ex in exs:
         d = args.out / ex.design.artifact_key()
         try:
-            progs = lower(ex.design, gen)
+            progs = launch_abi.lower_example(ex, gen)
             d.mkdir(parents=True, exist_ok=True)
+            if launch_abi.is_staged(progs):
+                _dry_run_staged(ex, progs, gen, d)
+                written.append(str(d))
+                continue
             for j, prog in enumerate(progs):
                 stem = "design" if len(progs) == 1 else f"design.{j}"
                 (d / f"{stem}.mlir").write_text(aie_mlir.to_mlir(prog, gen.arch))
@@ -164,7 +169,7 @@ def _dry_run(exs, skipped, gen, args) -> int:
                 for obj, (src, defines) in kernel_objects(prog, gen.arch).items():
                     shutil.copy2(src, d / src.name)
                     (d / f"{obj}.defines").write_text(" ".join(defines) + "\n")
-        except (BuildError, ValueError) as e:
+        except (BuildError, ValueError, ArtifactError) as e:
             skipped.append(f"{ex.design.name}: {e}")
             continue
         written.append(str(d))
@@ -172,3 +177,29 @@ def _dry_run(exs, skipped, gen, args) -> int:
     print(json.dumps(out, indent=2) if args.json else
           "\n".join([f"wrote {w}" for w in written] + [f"skipped: {s}" for s in skipped]))
     return 0
+
+
+def _dry_run_staged(ex, progs, gen, d: Path) -> None:
+    """A staged design: each stage's MLIR, the fixed streams, kernel sources and the launch ABI
+    (launch.json, checked by the xrt backend's own validator)."""
+    from torch_xdna.array import mlir as aie_mlir
+    from torch_xdna.array import txn
+    from torch_xdna.kernels.toolchain import launch_abi
+    from torch_xdna.kernels.toolchain.build import kernel_objects
+    from torch_xdna.runtime.xrt.artifacts import check_launch
+    launch = launch_abi.launch_abi(progs, ex.inputs, ex.outputs)
+    files = {}
+    for j, (prog, st) in enumerate(zip(progs, launch["stages"])):
+        (d / f"design.{j}.mlir").write_text(aie_mlir.to_mlir(prog, gen.arch))
+        if st["stream"] == "fixed":
+            nbytes = [a.type.nbytes for a in prog.sequence.args]
+            scalars = {s.name: 0 for s in prog.sequence.scalars}
+            words = txn.encode_sequence(prog, txn.LaunchBinding.of(nbytes, **scalars))
+            (d / f"{st['insts']}.bin").write_bytes(txn.to_bytes(words))
+            files[st["insts"]] = {"path": f"{st['insts']}.bin"}
+        for obj, (src, defines) in kernel_objects(prog, gen.arch, gen_dir=d).items():
+            if src.parent != d:
+                shutil.copy2(src, d / src.name)
+            (d / f"{obj}.defines").write_text(" ".join(defines) + "\n")
+    check_launch(ex.design.artifact_key(), str(d / "launch.json"), launch, files)
+    (d / "launch.json").write_text(json.dumps(launch, indent=2) + "\n")

@@ -50,6 +50,7 @@ def register(subparsers) -> None:
 COLUMNS = (("precision", "precision", "{}"), ("context", "context", "{}"),
            ("decode ms/tok", "modeled_decode_ms_per_token", "{:.2f}"),
            ("tok/s", "modeled_decode_tok_s", "{:.1f}"), ("disp/tok", "dispatches_per_token", "{}"),
+           ("runs/tok", "kernel_runs_per_token", "{}"), ("cfg/tok", "configure_points_per_token", "{}"),
            ("launch/layer", "launches_per_layer", "{:.0f}"), ("MB/tok", "mb_per_token", "{:.1f}"),
            ("floor ms", "floor_ms_per_token", "{:.2f}"), ("x floor", "floor_ratio", "{:.2f}"),
            ("prefill tok/s", "modeled_prefill_tok_s", "{:.0f}"))

@@ -34,7 +34,7 @@ def builtin_spec(name: str) -> WhisperSpec:
 def _charge(cost: CostModel, designs, **scalars) -> tuple[float, int]:
     plans = [d.launch_plan(cost.gen, **scalars) if scalars and hasattr(d, "launch_plan")
              else d.plan(cost.gen) for d in designs]
-    terms = cost.charge_program([(d.key, p) for d, p in zip(designs, plans)])
+    terms = cost.charge_program([(d.key, p, d.runs()) for d, p in zip(designs, plans)])
     return sum(t.total for t in terms), sum(p.dram_read_bytes + p.dram_write_bytes for p in plans)
 
 

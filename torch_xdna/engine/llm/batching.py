@@ -307,7 +307,7 @@ def estimate_batch_step(spec, policy, cost, positions: tuple, slots: int, capaci
     sc = {"n": n, "pos": tuple(positions), "slot": tuple(range(n))}
     plans = [d.launch_plan(cost.gen, **sc) if hasattr(d, "launch_plan") else d.plan(cost.gen)
              for d in designs]
-    terms = cost.charge_program([(d.key, p) for d, p in zip(designs, plans)])
+    terms = cost.charge_program([(d.key, p, d.runs()) for d, p in zip(designs, plans)])
     us = sum(t.total for t in terms)
     return {"sequences": n, "modeled_us": us, "modeled_tok_s": n / (us * 1e-6),
             "dram_bytes": sum(p.dram_read_bytes + p.dram_write_bytes for p in plans),

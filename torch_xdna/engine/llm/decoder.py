@@ -353,9 +353,11 @@ def estimate_step(spec: DecoderSpec, policy: PrecisionPolicy, cost, rows: int, p
             memo[key] = designs
     plans = [d.launch_plan(cost.gen, pos=pos, n=n) if hasattr(d, "launch_plan") else d.plan(cost.gen)
              for d in designs]
-    terms = cost.charge_program([(d.key, p) for d, p in zip(designs, plans)])
+    runs, cfg = cost.kernel_runs, cost.configure_points
+    terms = cost.charge_program([(d.key, p, d.runs()) for d, p in zip(designs, plans)])
     out: dict = {"modeled_us": sum(t.total for t in terms), "launches": len(designs),
-                 "dispatches": 1, "terms_us": {}}
+                 "dispatches": 1, "kernel_runs": cost.kernel_runs - runs,
+                 "configure_points": cost.configure_points - cfg, "terms_us": {}}
     for t in terms:
         for name, v in t.as_dict().items():
             out["terms_us"][name] = out["terms_us"].get(name, 0.0) + v

@@ -99,6 +99,8 @@ def estimate(spec: DecoderSpec, precision="bf16", context: int = 1024, *, group:
         "modeled_decode_ms_per_token": decode_us / 1e3,
         "modeled_decode_tok_s": 1e6 / decode_us,
         "dispatches_per_token": step["dispatches"], "launches_per_token": step["launches"],
+        "kernel_runs_per_token": step["kernel_runs"],
+        "configure_points_per_token": step["configure_points"],
         "launches_per_layer": (step["launches"] - 2) / spec.layers,
         "mb_per_token": step["dram_bytes"] / 1e6,
         "weight_mb_per_token": step["weight_bytes"] / 1e6,

@@ -48,6 +48,11 @@ from torch_xdna.kernels.ops.attention import AttentionDesign, decode_splits, kv_
 from torch_xdna.runtime.plan import Plan
 
 KV_INT8_QMAX = 127.0
+# the stage programs of the blocks whose stages are structural (kernels/lower/fused.py builds
+# them in this order; tests/test_launch_abi.py checks the counts against the lowering)
+ATTENTION_STAGES = ("attn_norm", "qkv_proj", "rope", "attention", "o_proj")
+MLP_STAGES = ("mlp_norm", "gate_up", "act", "mul", "down")
+HEAD_STAGES = ("final_norm", "lm_head")
 
 
 def quantize_kv(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -237,6 +242,9 @@ class AttentionBlockDesign(DecoderBlockDesign):
             o = rms_norm(o, pn, self.eps, self.norm_offset, rnd)
         (out if n == out.shape[0] else out[:n]).copy_(o.add_(xs))   # x + o (IEEE: commutes)
 
+    def runs(self) -> tuple:
+        return tuple((self.key, s) for s in ATTENTION_STAGES)
+
     def plan(self, gen: Generation) -> Plan:
         """The plan at a full cache (capacity checks; what an unscaled launch is charged)."""
         return self.plan_at(gen, kv_bucket(self.capacity, self.capacity))
@@ -326,6 +334,9 @@ class MlpBlockDesign(DecoderBlockDesign):
         out = outputs[0]
         (out if n == out.shape[0] else out[:n]).copy_(y.add_(xs))   # x + y (IEEE: commutes)
 
+    def runs(self) -> tuple:
+        return tuple((self.key, s) for s in MLP_STAGES)
+
     def plan(self, gen: Generation) -> Plan:
         name = f"{self.name} rows={self.rows}"
         m, h, f = self.rows, self.hidden, self.intermediate
@@ -361,6 +372,9 @@ class HeadDesign(DecoderBlockDesign):
         if self.softcap:
             logits = torch.tanh(logits / self.softcap) * self.softcap
         outputs[0].copy_(logits)
+
+    def runs(self) -> tuple:
+        return tuple((self.key, s) for s in HEAD_STAGES + (("softcap",) if self.softcap else ()))
 
     def plan(self, gen: Generation) -> Plan:
         return self.plan_rows(gen, 1, f"{self.name} vocab={self.vocab}", self.kind)
@@ -416,6 +430,18 @@ class DecoderLayerDesign(Design):
         na = self.n_attention_inputs
         self.attention.reference(inputs[:na], outputs, **scalars)
         self.mlp.reference([outputs[0], *inputs[na:]], [outputs[0]], **scalars)
+
+    def runs(self) -> tuple:
+        """The 12 executable stage programs (blocks/llm_stages.py), or the two blocks' structural
+        stages when the layer is not lowered as executable stages."""
+        r = self.__dict__.get("_runs")
+        if r is None:
+            if llm_stages.unsupported(self) is None:
+                r = tuple((self.key, st.label) for st in llm_stages.stages(self))
+            else:
+                r = self.attention.runs() + self.mlp.runs()
+            object.__setattr__(self, "_runs", r)
+        return r
 
     def plan(self, gen: Generation) -> Plan:
         return self.combine(self.attention.plan(gen), self.mlp.plan(gen))

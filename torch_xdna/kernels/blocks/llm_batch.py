@@ -54,6 +54,11 @@ class BatchedLayerDesign(Design):
     def plan(self, gen: Generation) -> Plan:
         return self.launch_plan(gen, n=self.rows, pos=(self.layer.attention.capacity - 1,) * self.rows)
 
+    def runs(self) -> tuple:
+        """The stages of the batch-`rows` layer it scales (it has no lowering of its own yet, so
+        it is charged the configurations that layer's artifact runs)."""
+        return self._scaled(self.rows).runs()
+
     def launch_plan(self, gen: Generation, n: int = 1, pos: tuple = (), **_: Any) -> Plan:
         """The batch-`rows` GEMMs with attention at the longest sequence's KV extent, plus the
         KV bytes of the other sequences' caches (each reads its own): weights stream once."""
@@ -98,3 +103,7 @@ class BatchedHeadDesign(Design):
 
     def plan(self, gen: Generation) -> Plan:
         return self.head.plan_rows(gen, self.rows, f"{self.name} vocab={self.head.vocab}", self.kind)
+
+    def runs(self) -> tuple:
+        """The batch-1 head's configurations (no lowering of its own yet)."""
+        return self.head.runs()

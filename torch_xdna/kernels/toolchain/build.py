@@ -21,11 +21,10 @@ from typing import Callable, Sequence
 from torch_xdna.hw import Generation, host
 from torch_xdna.kernels.toolchain.artifacts import ArtifactStore, abi_for, write_manifest
 from torch_xdna.kernels.toolchain.catalog import Example
+from torch_xdna.kernels.toolchain.launch_abi import DTYPES_IR_TO_TORCH
 
 ENV_PEANO = "PEANO_INSTALL_DIR"
 ENV_MLIR_AIE = "MLIR_AIE_INSTALL_DIR"
-DTYPES_IR_TO_TORCH = {"bf16": "bfloat16", "f32": "float32", "i8": "int8", "i16": "int16",
-                      "i32": "int32", "u8": "uint8"}
 PEANO_TARGET = {"aie2p": "aie2p-none-unknown-elf", "aie2": "aie2-none-unknown-elf"}
 PEANO_FLAGS = ("-O2", "-std=c++20", "-Wno-parentheses", "-Wno-attributes", "-Wno-macro-redefined",
                "-DNDEBUG")            # mlir-aie programming_examples/makefile-common (PEANOWRAP2P_FLAGS)

@@ -219,13 +219,41 @@ class CostModel:
         self.current_context: tuple | None = None     # hardware context the array runs
         self._transfer: dict = {}                     # id(plan)[, id(stream)] -> (plan, terms, stream)
         self.contexts: OrderedDict[tuple, None] = OrderedDict()   # LRU of live hw contexts
+        self._config: tuple | None = None             # configuration the array holds (runs)
+        self.kernel_runs = 0                          # kernel runs charged (Design.runs)
+        self.configure_points = 0                     # runs that changed the configuration
 
     def charge(self, design_key: tuple, plan: Plan, chained: bool,
-               context: tuple | None = None, stream=None) -> CostTerms:
+               context: tuple | None = None, stream=None, runs: tuple = ()) -> CostTerms:
         """Charge one launch. `context` is the hardware context it runs in: the design itself
         for a single launch, the whole program (one ELF) for a chained program's launches.
         `stream` (array/txn.StreamStats of the launch's instruction stream, when one exists)
-        replaces the plan's estimated DMA and sync terms by the stream's counts."""
+        replaces the plan's estimated DMA and sync terms by the stream's counts.
+        `runs` (Design.runs()): the array configurations the launch runs in order, each one
+        kernel run of its artifact (kernels/toolchain/launch_abi.py): every run after the first
+        is a chained dispatch, and a configure point when its configuration is not the one the
+        array holds. Counted in `kernel_runs` / `configure_points`."""
+        runs = tuple(runs) or (design_key,)
+        first = runs[0]
+        t = self._charge_first(first, plan, chained, design_key if context is None else context,
+                               stream)
+        g = self.gen
+        cfg = int(first != self._config)
+        self._config = first
+        for r in runs[1:]:
+            t.dispatch += g.chained_dispatch_us.value
+            if r != self._config:
+                t.reconfig += g.configure_point_us.value
+                cfg += 1
+            self._config = r
+        self.kernel_runs += len(runs)
+        self.configure_points += cfg
+        self.current = design_key if len(runs) == 1 else runs[-1]
+        return t
+
+    def _charge_first(self, design_key: tuple, plan: Plan, chained: bool, ctx: tuple,
+                      stream) -> CostTerms:
+        """The launch's first kernel run: its dispatch, (re)configuration and transfer terms."""
         g = self.gen
         memo_key = id(plan) if stream is None else (id(plan), id(stream))
         memo = self._transfer.get(memo_key)
@@ -238,7 +266,6 @@ class CostModel:
         # m: a plan's own time never changes
         t = CostTerms(0.0, 0.0, 0.0, m.dma, m.onchip, m.compute, m.sync, m.overlap)
         t.dispatch = g.chained_dispatch_us.value if chained else g.dispatch_us.value
-        ctx = design_key if context is None else context
         if not chained:
             if ctx != self.current_context:
                 if ctx in self.contexts:
@@ -264,14 +291,17 @@ class CostModel:
         return t
 
     def charge_program(self, items, context: tuple | None = None) -> list[CostTerms]:
-        """Charge a program's (design key, plan) pairs exactly as `Device.run_program` does:
-        one chained submission running in one hardware context (the program's ELF). Estimators
-        (engine, compiler) use this so their figures equal what the simulator charges."""
+        """Charge a program's (design key, plan[, runs]) items exactly as `Device.run_program`
+        does: one chained submission running in one hardware context (the program's ELF).
+        Estimators (engine, compiler) use this so their figures equal what the simulator charges."""
         items = list(items)
-        ctx = context if context is not None else ("program",) + tuple(k for k, _ in items)
-        return [self.charge(k, p, chained=i > 0, context=ctx) for i, (k, p) in enumerate(items)]
+        ctx = context if context is not None else ("program",) + tuple(it[0] for it in items)
+        return [self.charge(it[0], it[1], chained=i > 0, context=ctx,
+                            runs=it[2] if len(it) > 2 else ())
+                for i, it in enumerate(items)]
 
     def reset(self) -> None:
         self.current = None
         self.current_context = None
+        self._config = None
         self.contexts.clear()

@@ -104,10 +104,13 @@ class SimDevice(Device):
                 stream=None, host_us: float = 0.0) -> None:
         """Put one executed launch on the modeled timeline (cost model, counters, trace)."""
         design = launch.design
+        runs, cfg = self.cost.kernel_runs, self.cost.configure_points
         terms = self.cost.charge(design.key, plan, chained, context=self.submission_context,
-                                 stream=stream)
+                                 stream=stream, runs=design.runs())
         total = terms.total
         c = self.counters
+        c.kernel_runs += self.cost.kernel_runs - runs
+        c.configure_points += self.cost.configure_points - cfg
         c.modeled_us += total
         c.dram_bytes += plan.dram_read_bytes + plan.dram_write_bytes
         if terms.reconfig and not chained:

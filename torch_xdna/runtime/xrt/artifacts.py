@@ -22,7 +22,10 @@ from torch_xdna.runtime.errors import XdnaError
 MANIFEST = "manifest.json"
 SCHEMA = 1
 ENV_DIR = "TORCH_XDNA_ARTIFACT_DIR"
-FLOWS = {"xclbin": ("xclbin", "insts"), "elf": ("elf",)}   # flow -> file roles it needs
+FLOWS = {"xclbin": ("xclbin", "insts"), "elf": ("elf",),    # flow -> file roles it needs
+         "staged": ("xclbin",)}   # one kernel per stage configuration (+ "insts.<j>" per fixed stage)
+BUFFER_ROLES = ("input", "output", "scratch")
+STREAM_MODES = ("fixed", "host")
 ROLES = ("input", "output", "scalar")
 SCALAR_DTYPES = ("int32", "uint32", "float32")     # 32-bit words patched into the stream
 STREAM_HEADER_WORDS = 4                            # the transaction header precedes every op
@@ -92,10 +95,97 @@ class Artifact:
     insts: bytes = b""              # the validated instruction stream (xclbin flow)
     toolchain: dict = field(default_factory=dict)
     sha256: dict = field(default_factory=dict)
+    launch: "LaunchAbi | None" = None   # staged flow: buffers and stages (check_launch)
+    stage_insts: dict = field(default_factory=dict)   # stage index -> its fixed stream
 
     @property
     def buffer_args(self) -> list[ArgSpec]:
         return [a for a in self.abi if a.is_buffer]
+
+
+@dataclass(frozen=True)
+class StageSpec:
+    """One kernel run of a staged launch: its xclbin kernel, configuration digest, the buffers
+    it takes (by name, in kernel-argument order) and how its stream is made."""
+
+    label: str
+    kernel: str
+    config: str
+    args: tuple[str, ...]
+    stream: str                 # "fixed" (file role `insts`) | "host" (encoded per launch)
+    insts: str = ""
+
+
+@dataclass(frozen=True)
+class LaunchAbi:
+    """A staged launch: named buffers (launch inputs/outputs, then scratch) and its stages."""
+
+    buffers: tuple[dict, ...]
+    stages: tuple[StageSpec, ...]
+
+    @property
+    def kernel_runs(self) -> int:
+        return len(self.stages)
+
+    def configure_points(self, previous: str | None = None) -> int:
+        """Stages whose configuration differs from the one before (the array's `previous`)."""
+        n, cur = 0, previous
+        for st in self.stages:
+            n += st.config != cur
+            cur = st.config
+        return n
+
+
+def check_launch(key: str, where: str, launch, files: dict | None = None) -> LaunchAbi:
+    """Validate a manifest's "launch" entry (kernels/toolchain/launch_abi.py writes it): buffer
+    roles and unique names, inputs and outputs numbered from 0 in order, scratch sizes, each
+    stage's kernel name, 64-hex configuration digest, arguments that name known buffers, and a
+    listed instruction file for every fixed stream. Raises ArtifactError naming the problem."""
+    fix = "rebuild the artifact with `xdna kernels build`"
+    if not isinstance(launch, dict):
+        raise _fail(key, where, "field 'launch' is not an object", fix)
+    bufs, stages = launch.get("buffers"), launch.get("stages")
+    if not isinstance(bufs, list) or not bufs or not isinstance(stages, list) or not stages:
+        raise _fail(key, where, "launch needs non-empty 'buffers' and 'stages' lists", fix)
+    names, counts = set(), {"input": 0, "output": 0}
+    for b in bufs:
+        if not isinstance(b, dict) or b.get("role") not in BUFFER_ROLES or not b.get("name") \
+                or not isinstance(b.get("shape"), list) or not isinstance(b.get("dtype"), str):
+            raise _fail(key, where, f"launch buffer {b!r} needs a name, a role in {BUFFER_ROLES}, "
+                        "a dtype and a shape", fix)
+        if b["name"] in names:
+            raise _fail(key, where, f"launch buffer {b['name']!r} is listed twice", fix)
+        names.add(b["name"])
+        role = b["role"]
+        if role in counts:
+            if b.get("index") != counts[role]:
+                raise _fail(key, where, f"launch buffer {b['name']!r} is {role} {b.get('index')!r}; "
+                            f"{role}s are numbered in launch order from 0 (expected {counts[role]})", fix)
+            counts[role] += 1
+        elif not isinstance(b.get("nbytes"), int) or b["nbytes"] <= 0:
+            raise _fail(key, where, f"scratch buffer {b['name']!r} needs a positive 'nbytes'", fix)
+    specs = []
+    for j, st in enumerate(stages):
+        if not isinstance(st, dict):
+            raise _fail(key, where, f"stage {j} is not an object", fix)
+        kernel, cfg, args, mode = st.get("kernel"), st.get("config"), st.get("args"), st.get("stream")
+        if not isinstance(kernel, str) or not kernel:
+            raise _fail(key, where, f"stage {j} names no xclbin kernel", fix)
+        if not isinstance(cfg, str) or len(cfg) != 64 or not set(cfg) <= _HEX:
+            raise _fail(key, where, f"stage {j} ({kernel}) has no 64-hex configuration digest", fix)
+        if not isinstance(args, list) or not args or any(a not in names for a in args):
+            bad = [a for a in args or () if a not in names] if isinstance(args, list) else args
+            raise _fail(key, where, f"stage {j} ({kernel}) takes buffers {bad!r} the launch does not "
+                        "declare", fix)
+        if mode not in STREAM_MODES:
+            raise _fail(key, where, f"stage {j} ({kernel}) stream {mode!r} is not one of "
+                        f"{', '.join(STREAM_MODES)}", fix)
+        role = st.get("insts") or ""
+        if mode == "fixed" and files is not None and role not in files:
+            raise _fail(key, where, f"stage {j} ({kernel}) has a fixed stream but its file "
+                        f"{role!r} is not listed in 'files'", fix)
+        specs.append(StageSpec(str(st.get("label", "")), kernel, cfg, tuple(args), mode, role))
+    return LaunchAbi(tuple(bufs), tuple(specs))
 
 
 def _fail(key: str, what: str, problem: str, fix: str) -> ArtifactError:
@@ -248,14 +338,23 @@ class ArtifactStore:
             paths[role], hashes[role] = path, entry["sha256"]
             if role == "insts":
                 insts = data
+        launch, stage_insts = None, {}
+        if flow == "staged":
+            launch = check_launch(key, mpath, m.get("launch"), files)
+            for j, st in enumerate(launch.stages):
+                if st.stream == "fixed":
+                    path, data = self._check_file(key, d, st.insts, files[st.insts], keep=True)
+                    check_stream_header(key, path, data, gen)
+                    paths[st.insts], hashes[st.insts], stage_insts[j] = path, files[st.insts]["sha256"], data
         uuid = ""
-        if flow == "xclbin":
+        if flow in ("xclbin", "staged"):
             raw_uuid = need("xclbin_uuid", str)
             uuid = canonical_uuid(raw_uuid)
             if uuid is None:
                 raise _fail(key, mpath, f"xclbin_uuid {raw_uuid!r} is not a UUID (32 hex digits, "
                             "dashed or not)", "regenerate the manifest from the build's xclbin")
-            check_stream_header(key, paths["insts"], insts, gen)
+            if flow == "xclbin":
+                check_stream_header(key, paths["insts"], insts, gen)
         nbo = m.get("num_bo_args", 0)
         abi = tuple(self._arg(key, mpath, a) for a in need("abi", list))
         words = len(insts) // 4
@@ -277,7 +376,8 @@ class ArtifactStore:
                         "in abi", "regenerate the manifest")
         return Artifact(key=key, directory=d, generation=gen, flow=flow, kernel=kernel, files=paths,
                         abi=abi, xclbin_uuid=uuid, num_bo_args=int(nbo or 0), insts=insts,
-                        toolchain=dict(m.get("toolchain") or {}), sha256=hashes)
+                        toolchain=dict(m.get("toolchain") or {}), sha256=hashes, launch=launch,
+                        stage_insts=stage_insts)
 
     def _check_file(self, key: str, d: Path, role: str, entry: dict, keep: bool) -> tuple[Path, bytes]:
         name, size, digest = entry.get("path"), entry.get("size"), entry.get("sha256")
