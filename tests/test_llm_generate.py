@@ -241,7 +241,9 @@ def test_layer_layout_same_tokens_fewer_launches(qwen_dir):
     assert want.stats.launches_per_token == 2 * layers + 2
     assert got.stats.launches_per_token == layers + 2
     assert got.stats.mb_per_token < want.stats.mb_per_token          # residual row stays on chip
-    assert got.stats.modeled_decode_ms_per_token < want.stats.modeled_decode_ms_per_token
+    # staged artifacts charge a configure point per stage: the executable layer's 12 stages
+    # cost more than the block layout's 5 + 5 (tests/test_llm_blocks.py, docs/hardware.md 4)
+    assert got.stats.modeled_decode_ms_per_token > want.stats.modeled_decode_ms_per_token
     with pytest.raises(ValueError, match="layout"):
         load_decoder(qwen_dir, "bf16", quiet=True, layout="fused")
 

@@ -16,12 +16,13 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from torch_xdna.records import Record
 from torch_xdna.engine.asr.audio import SAMPLE_RATE, load_audio
 from torch_xdna.engine.counters import CounterDelta
 from torch_xdna.engine.llm.sampler import Sampler, SamplingParams
@@ -58,7 +59,7 @@ class TranscribeOptions:
 
 
 @dataclass
-class Segment:
+class Segment(Record):
     id: int
     start: float
     end: float
@@ -67,9 +68,6 @@ class Segment:
     seek: int = 0
     temperature: float = 0.0
     avg_logprob: float = 0.0
-
-    def as_dict(self) -> dict:
-        return asdict(self)
 
 
 @dataclass

@@ -16,12 +16,13 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator, Mapping, Sequence
 
 import torch
 
+from torch_xdna.records import Record
 from torch_xdna.choices import DEFAULT_KV_DTYPE
 from torch_xdna.engine.llm.decoder import (
     DEFAULT_LAYOUT, ContextOverflow, Decoder, PrecisionPolicy, check_fits, default_cache_dir,
@@ -71,7 +72,7 @@ class GenerationConfig:
 
 
 @dataclass
-class GenerationStats:
+class GenerationStats(Record):
     """measured_*: wall clock on this host. modeled_*: the simulator's NPU cost model (or 0 on
     hardware backends, which report no modeled time)."""
 
@@ -88,9 +89,6 @@ class GenerationStats:
     dispatches_per_token: float = 0.0
     launches_per_token: float = 0.0
     mb_per_token: float = 0.0
-
-    def as_dict(self) -> dict:
-        return asdict(self)
 
 
 @dataclass

@@ -21,6 +21,7 @@ from typing import Sequence
 
 import torch
 
+from torch_xdna.records import Record
 from torch_xdna.engine.llm.kv_cache import KVCache
 from torch_xdna.runtime import Device
 from torch_xdna.runtime.buffer import Coherence
@@ -31,7 +32,7 @@ DEFAULT_MAX_BYTES = 512 << 20   # ... but at most this much
 
 
 @dataclass
-class PrefixStats:
+class PrefixStats(Record):
     """Counters since creation: lookups, tokens reused (prefill skipped), blocks stored/evicted."""
 
     lookups: int = 0
@@ -39,9 +40,6 @@ class PrefixStats:
     reused_tokens: int = 0
     stored_blocks: int = 0
     evicted_blocks: int = 0
-
-    def as_dict(self) -> dict:
-        return dict(self.__dict__)
 
 
 @dataclass

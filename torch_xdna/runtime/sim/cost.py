@@ -21,8 +21,9 @@ Every constant comes from the Generation (hw/), never from a literal here.
 from __future__ import annotations
 
 from collections import OrderedDict
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
+from torch_xdna.records import Record
 from torch_xdna.hw import AIE2P, Generation
 from torch_xdna.runtime.plan import Plan
 
@@ -52,7 +53,7 @@ TERM_SOURCES: dict[str, tuple[str, ...]] = {
 
 
 @dataclass
-class CostTerms:
+class CostTerms(Record):
     dispatch: float = 0.0
     reconfig: float = 0.0
     context_switch: float = 0.0
@@ -66,9 +67,6 @@ class CostTerms:
     def total(self) -> float:
         return (self.dispatch + self.reconfig + self.context_switch + self.dma + self.onchip
                 + self.compute + self.sync + self.overlap)
-
-    def as_dict(self) -> dict:
-        return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
 def shim_stream_bps(gen: Generation, columns: int) -> float:
