@@ -241,3 +241,70 @@ def test_kernels_build_cli_builds_a_staged_catalog_design(tmp_path, monkeypatch,
         assert rc == 0 and m["flow"] == "staged" and len(m["launch"]["stages"]) == 2
     else:
         assert rc == 1 and "stage 1 (epilogue)" in out["failed"][0]["error"]
+
+
+# --- a decoder-layer stage: the KV write position in a per-launch stream, the cache resident -----
+QK_ARGS = ("T_qkv", "q_norm", "k_norm", "cs", "T_q", "k_cache", "v_cache")
+
+
+@dataclasses.dataclass(frozen=True)
+class QkRope(Design):
+    """The decode layer's qk_rope stage alone (qwen3-0.6b shapes, KV capacity 32): q/k RMSNorm
+    + RoPE at position pos, k and v rows written into the caches at pos (BD addresses in its
+    stream). The whole layer cannot be built yet (its GEMV and attention stages zero-pad on the
+    shim DMA, which the printer refuses); this stage prints."""
+
+    layer: object = None
+    kind: str = "test.qk_rope"
+
+    @property
+    def name(self) -> str:
+        return "test.qk_rope"
+
+
+def _lower_qk(d, gen, pos=0, n=None, **_):
+    from torch_xdna.kernels.lower.llm_layer import layer_programs
+    p = layer_programs(d.layer, gen, pos=pos, n=n)[2]
+    return (dispatch.rename_args(p, {}, {"launch_args": QK_ARGS, "scratch_args": ()}),)
+
+
+def test_llm_stage_writes_the_resident_kv_cache_at_each_launch_position(tmp_path, monkeypatch):
+    from torch_xdna.engine.llm.decoder import PrecisionPolicy, step_designs
+    from torch_xdna.engine.llm.estimate import resolve_spec
+    from torch_xdna.runtime.sim.txn_level import TxnRunner
+    monkeypatch.setitem(dispatch.LOWERINGS, "test.qk_rope", _lower_qk)
+    spec = resolve_spec("qwen3-0.6b")[1]
+    layer = next(d for role, _, d in step_designs(spec, PrecisionPolicy.parse("bf16"), 1, 32, True)
+                 if role == "layer")
+    d = QkRope(layer=layer)
+    types = [a.type for a in _lower_qk(d, NPU4)[0].sequence.args]
+    specs = [(tuple(t.shape), torch.bfloat16) for t in types]
+    ex = catalog.Example(d, tuple(specs[:4]), tuple(specs[4:]))
+    fake_toolchain.install(tmp_path / "tc", monkeypatch)
+    build_design(ex, NPU4, find_toolchain(), tmp_path / "store")
+    m = json.loads((tmp_path / "store" / d.artifact_key() / "manifest.json").read_text())
+    assert m["flow"] == "staged" and m["launch"]["stages"][0]["stream"] == "host"
+    release_devices()
+    monkeypatch.setenv("TORCH_XDNA_BACKEND", "xrt")
+    monkeypatch.setenv("TORCH_XDNA_XRT", "emulated")
+    monkeypatch.setenv("TORCH_XDNA_ARTIFACT_DIR", str(tmp_path / "store"))
+    dev = open_xrt_device(True)
+    g = torch.Generator().manual_seed(4)
+    host = [torch.randn(s, generator=g).to(dt) for s, dt in specs]
+    ins = [dev.upload(t) for t in host[:4]]
+    outs = [dev.upload(t) for t in host[4:]]                  # caches resident on the device
+    ref = TxnRunner(NPU4)                                     # the simulator's transaction level
+    want = [t.clone() for t in host[4:]]
+    S, D = 32, spec.head_dim
+    try:
+        for pos in (3, 4, 17):
+            dev.run(Launch(d, ins, outs, {"pos": pos, "n": 1}, op="test"))
+            ref.run(d, host[:4], want, {"pos": pos, "n": 1})
+            got = [dev.download(o) for o in outs]
+            assert all(torch.equal(a, b) for a, b in zip(got, want)), pos
+        k0, k = host[5].view(-1, S, D), got[1].view(-1, S, D)
+        written = [p for p in range(S) if not torch.equal(k[:, p], k0[:, p])]
+        assert written == [3, 4, 17]                          # only the launches' positions
+        assert len(dev.kernels._kernels[d.artifact_key()].stages[0].patched) == 3   # 3 streams
+    finally:
+        release_devices()
