@@ -24,18 +24,28 @@ mlir = Path(sys.argv[-1]).read_text()
 assert "aie.device" in mlir, "not an aie module"
 cwd = Path.cwd().name                      # .build-<artifact key>-<random>
 key = cwd[len(".build-"):].rsplit("-", 1)[0]
-u = uuid.uuid5(uuid.NAMESPACE_URL, key + mlir)
+opt = lambda flag, default=None: next((a.split("=", 1)[1] for a in sys.argv
+                                       if a.startswith(flag + "=")), default)
+kname = opt("--xclbin-kernel-name", "MLIR_AIE")
+kernels, mlirs = [], []
+if opt("--xclbin-input"):                 # add this kernel to a previous xclbin (add_one_two)
+    prev = json.loads(Path(opt("--xclbin-input")).read_bytes().split(b"FAKEJSON", 1)[1])
+    kernels, mlirs = prev["kernels"], [k["mlir"] for k in prev["kernels"]]
+    assert kname not in [k["name"] for k in kernels], "kernel " + kname + " is already in the xclbin"
+u = uuid.uuid5(uuid.NAMESPACE_URL, key + "".join(mlirs) + mlir)
 hdr = bytearray(b"xclbin2\0") + bytearray(452 - 8)
 hdr[416:432] = u.bytes
-spec = {{"uuid": str(u), "kernels": [{{"name": "MLIR_AIE", "num_args": 3 + 8, "compute": key}}],
-        "mlir": mlir}}                    # the emulated NPU configures its array from this
-name = next(a.split("=", 1)[1] for a in sys.argv if a.startswith("--xclbin-name="))
+kernels.append({{"name": kname, "num_args": 3 + 8, "compute": key, "id": opt("--xclbin-kernel-id"),
+                 "mlir": mlir}})          # the emulated NPU configures its array from the module
+spec = {{"uuid": str(u), "kernels": kernels, "mlir": kernels[0]["mlir"]}}
+name = opt("--xclbin-name")
 Path(name).write_bytes(bytes(hdr) + b"FAKEJSON" + json.dumps(spec).encode())
-# the instruction stream: an aiecc that agrees with ours (insts.bin, written before the call),
-# or differs in one word (FAKE_AIECC_FLIP_WORD)
-insts = next(a.split("=", 1)[1] for a in sys.argv if a.startswith("--npu-insts-name="))
-if Path("insts.bin").is_file():
-    data = bytearray(Path("insts.bin").read_bytes())
+# the instruction stream: an aiecc that agrees with ours (the same name without ".aiecc",
+# written before the call), or differs in one word (FAKE_AIECC_FLIP_WORD)
+insts = opt("--npu-insts-name")
+ours = Path(insts.replace(".aiecc", ""))
+if ours.is_file():
+    data = bytearray(ours.read_bytes())
     flip = os.environ.get("FAKE_AIECC_FLIP_WORD")
     if flip:
         data[4 * int(flip)] ^= 0x01

@@ -175,7 +175,8 @@ class Launcher:
         self.instr.map()[:] = self.insts
         self.instr.sync(TO_DEV)
 
-    def bos(self, tensors, group_of=lambda i: 3 + i):
+    def bos(self, tensors, group_of=None):
+        group_of = group_of or (lambda i: self.k.group_id(3 + i))
         out = []
         for i, t in enumerate(tensors):
             raw = t.contiguous().view(-1).view(torch.uint8)
@@ -225,9 +226,9 @@ def test_strict_mode_names_the_unsynced_bo(store):
 def test_wrong_group_is_refused_naming_argument_and_group(store):
     L = Launcher(store, "add_one", "1024")
     bx, b1, bo = L.bos([torch.zeros(1024, dtype=torch.int32), torch.ones((), dtype=torch.int32),
-                        torch.zeros(1024, dtype=torch.int32)], group_of=lambda i: 0 if i == 1 else 3 + i)
-    with pytest.raises(RuntimeError, match=r"global argument at index 4 .*memory group 0, "
-                                           r"kernel.group_id\(4\) is 4"):
+                        torch.zeros(1024, dtype=torch.int32)], group_of=lambda i: 1 if i == 1 else 0)
+    with pytest.raises(RuntimeError, match=r"global argument at index 4 .*memory group 1, "
+                                           r"kernel.group_id\(4\) is 0"):
         L(bx, b1, bo)
     bad = emulated.bo(L.dev, 64, emulated.bo.host_only, 1)
     with pytest.raises(RuntimeError, match="argument 1: the instruction BO has flags host_only"):

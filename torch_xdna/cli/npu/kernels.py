@@ -97,7 +97,8 @@ def _examples(args, gen) -> tuple[list, list[str]]:
 
 
 def run_build(args) -> int:
-    from torch_xdna.kernels.toolchain.build import BuildError, ToolchainMissing, build_artifact, find_toolchain
+    from torch_xdna.kernels.toolchain.build import BuildError, ToolchainMissing, find_toolchain
+    from torch_xdna.kernels.toolchain.staged import build_design
     gen = _generation(args.generation)
     if args.check:
         try:
@@ -123,9 +124,9 @@ def run_build(args) -> int:
         label = f"[{i}/{len(exs)}] {ex.design.name} ({ex.design.artifact_key()})"
         print(label, file=sys.stderr)
         try:
-            r = build_artifact(ex, gen, tc, root, keep_build=args.keep_build,
+            r = build_design(ex, gen, tc, root, keep_build=args.keep_build,
                                log=lambda s: print(s, file=sys.stderr))
-        except BuildError as e:
+        except (BuildError, ValueError) as e:      # ValueError: a lowering refused the shape
             failed.append({"design": ex.design.name, "key": ex.design.artifact_key(), "error": str(e)})
             print(f"  failed: {e}", file=sys.stderr)
             continue

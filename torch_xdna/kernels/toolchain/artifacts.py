@@ -47,8 +47,10 @@ def abi_for(inputs: Sequence, outputs: Sequence, scalars: Sequence[tuple[str, st
 
 def write_manifest(directory: Path, design: Design, gen: Generation, files: Mapping[str, str], *,
                    flow: str, kernel: str, abi: Sequence[ArgSpec], xclbin_uuid: str = "",
-                   num_bo_args: int | None = None, toolchain: Mapping | None = None) -> Path:
-    """Hash `files` (role -> file name inside `directory`) and write manifest.json beside them."""
+                   num_bo_args: int | None = None, toolchain: Mapping | None = None,
+                   launch: Mapping | None = None) -> Path:
+    """Hash `files` (role -> file name inside `directory`) and write manifest.json beside them
+    (`launch`: a staged artifact's buffers and stages, kernels/toolchain/launch_abi.py)."""
     directory = Path(directory)
     if flow not in FLOWS:
         raise ValueError(f"flow must be one of {', '.join(FLOWS)}, not {flow!r}")
@@ -71,6 +73,8 @@ def write_manifest(directory: Path, design: Design, gen: Generation, files: Mapp
         "abi": [a.to_json() for a in abi],
         "toolchain": dict(toolchain or {}),
     }
+    if launch is not None:
+        manifest["launch"] = dict(launch)
     path = directory / MANIFEST
     path.write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
     os.chmod(path, FILE_MODE)

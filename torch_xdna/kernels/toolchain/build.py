@@ -298,11 +298,94 @@ class BuildResult:
     stream_matches_aiecc: bool | None
 
 
+def new_workdir(store_root: Path, key: str) -> Path:
+    """A private build directory beside the store (same filesystem: installed by rename)."""
+    store_root = Path(store_root)
+    store_root.mkdir(parents=True, exist_ok=True)
+    return Path(tempfile.mkdtemp(prefix=f".build-{key}-", dir=store_root))
+
+
+def stepper(work: Path, commands: list, runner: Runner, log: Callable[[str], None],
+            label: str) -> Callable[[list[str], str], None]:
+    """step(argv, what): run one toolchain command in `work`; BuildError with its output tail."""
+    def step(argv: list[str], what: str) -> None:
+        commands.append(argv)
+        log(f"  {what}: {' '.join(argv)}")
+        rc, out, err = runner(argv, work)
+        if rc != 0:
+            tail = "\n".join((err or out).strip().splitlines()[-15:])
+            raise BuildError(f"{what} failed (exit {rc}) for {label}:\n{tail}\n"
+                             f"nothing was installed; rerun with --keep-build DIR to inspect the "
+                             f"build directory")
+    return step
+
+
+def printable(program, gen: Generation, label: str) -> str:
+    """The program's MLIR-AIE text, after array/rules.py and the printer's form check; a
+    BuildError naming the first broken rule or the construct with no mlir-aie form."""
+    from torch_xdna.array import mlir as aie_mlir
+    from torch_xdna.array import rules
+    broken = rules.verify(program, gen, contract=kernel_contract_errors)
+    if broken:
+        raise BuildError(f"{label} breaks {len(broken)} mlir-aie rule(s), first: "
+                         f"{broken[0].line()}; nothing was installed (`xdna design check`)")
+    try:
+        return aie_mlir.to_mlir(program, gen.arch)
+    except aie_mlir.MlirFormError as e:
+        raise BuildError(f"{label} has no mlir-aie form: {e}") from None
+
+
+def compile_kernels(program, gen: Generation, toolchain: Toolchain, work: Path, step,
+                    done: set | None = None) -> None:
+    """Compile the program's core-kernel objects with Peano (each object once per build)."""
+    kdir = Path(__file__).resolve().parent.parent / "aie" / gen.arch
+    for obj, (src, defines) in kernel_objects(program, gen.arch, gen_dir=work).items():
+        if done is not None:
+            if obj in done:
+                continue
+            done.add(obj)
+        argv = [toolchain.peano_cxx, *PEANO_FLAGS, f"--target={PEANO_TARGET[gen.arch]}",
+                *defines, f"-I{kdir}"]
+        if toolchain.aie_include:
+            argv.append(f"-I{toolchain.aie_include}")
+        step(argv + ["-c", str(src), "-o", obj], f"compile {src.name} -> {obj}")
+
+
+def aiecc_argv(toolchain: Toolchain, mlir: str, xclbin: str, insts: str, *extra: str) -> list[str]:
+    return [toolchain.aiecc, "--aie-generate-xclbin", "--aie-generate-npu-insts",
+            "--no-compile-host", "--no-xchesscc", "--no-xbridge",
+            f"--peano={Path(toolchain.peano_cxx).parent.parent}", *extra,
+            f"--xclbin-name={xclbin}", f"--npu-insts-name={insts}", mlir]
+
+
+def install_checked(work: Path, store_root: Path, key: str, gen: Generation, design: str,
+                    keep_build: Path | None) -> Path:
+    """Safe modes, the backend's own validation in place, then an atomic install."""
+    for p in work.iterdir():
+        if p.is_file():
+            os.chmod(p, 0o644)
+    os.chmod(work, 0o755)
+    _validate_in_place(work, key, gen, design)    # exactly as the backend will
+    if keep_build is not None:
+        shutil.copytree(work, keep_build, dirs_exist_ok=True)
+    final = Path(store_root) / key
+    _install(work, final)
+    return final
+
+
+def discard(work: Path, keep_build: Path | None) -> None:
+    """A failed build: keep a copy if asked, remove the directory."""
+    if work.exists():
+        if keep_build is not None:
+            shutil.copytree(work, keep_build, dirs_exist_ok=True)
+        shutil.rmtree(work, ignore_errors=True)
+
+
 def build_artifact(ex: Example, gen: Generation, toolchain: Toolchain, store_root: Path, *,
                    runner: Runner = run_tool, keep_build: Path | None = None,
                    log: Callable[[str], None] = lambda s: None) -> BuildResult:
-    """Build and install the artifact of one design (one array program); atomic."""
-    from torch_xdna.array import mlir as aie_mlir
+    """Build and install the artifact of one design (one array program); atomic. Staged
+    designs (several programs, per-launch streams) build with toolchain/staged.py."""
     from torch_xdna.array import txn
     from torch_xdna.kernels.lower import lower
 
@@ -310,55 +393,25 @@ def build_artifact(ex: Example, gen: Generation, toolchain: Toolchain, store_roo
     key = design.artifact_key()
     progs = lower(design, gen)
     if len(progs) != 1:
-        raise BuildError(f"{design.name} ({key}) lowers to {len(progs)} array programs; an artifact "
-                         f"holds one xclbin and one stream, so multi-stage designs are not buildable "
-                         f"yet")
+        raise BuildError(f"{design.name} ({key}) lowers to {len(progs)} array programs; build it "
+                         f"as a staged artifact (kernels/toolchain/staged.build_design)")
     program = progs[0]
     args = program.sequence.args
     if len(args) != len(ex.inputs) + len(ex.outputs):
         raise BuildError(f"{design.name}: its array program takes {len(args)} host buffers, the "
                          f"launch has {len(ex.inputs)} inputs + {len(ex.outputs)} outputs")
-    store_root = Path(store_root)
-    store_root.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix=f".build-{key}-", dir=store_root))
+    work = new_workdir(store_root, key)
     commands: list[list[str]] = []
-
-    def step(argv: list[str], what: str) -> None:
-        commands.append(argv)
-        log(f"  {what}: {' '.join(argv)}")
-        rc, out, err = runner(argv, work)
-        if rc != 0:
-            tail = "\n".join((err or out).strip().splitlines()[-15:])
-            raise BuildError(f"{what} failed (exit {rc}) for {design.name} ({key}):\n{tail}\n"
-                             f"nothing was installed; rerun with --keep-build DIR to inspect the "
-                             f"build directory")
-
+    step = stepper(work, commands, runner, log, f"{design.name} ({key})")
     try:
-        from torch_xdna.array import rules
-        broken = rules.verify(program, gen, contract=kernel_contract_errors)
-        if broken:
-            raise BuildError(f"{design.name} ({key}) breaks {len(broken)} mlir-aie rule(s), first: "
-                             f"{broken[0].line()}; nothing was installed (`xdna design check`)")
-        try:
-            (work / "design.mlir").write_text(aie_mlir.to_mlir(program, gen.arch))
-        except aie_mlir.MlirFormError as e:
-            raise BuildError(f"{design.name} ({key}) has no mlir-aie form: {e}") from None
-        kdir = Path(__file__).resolve().parent.parent / "aie" / gen.arch
-        for obj, (src, defines) in kernel_objects(program, gen.arch, gen_dir=work).items():
-            argv = [toolchain.peano_cxx, *PEANO_FLAGS, f"--target={PEANO_TARGET[gen.arch]}",
-                    *defines, f"-I{kdir}"]
-            if toolchain.aie_include:
-                argv.append(f"-I{toolchain.aie_include}")
-            step(argv + ["-c", str(src), "-o", obj], f"compile {src.name} -> {obj}")
+        (work / "design.mlir").write_text(printable(program, gen, f"{design.name} ({key})"))
+        compile_kernels(program, gen, toolchain, work, step)
         nbytes = [a.type.nbytes for a in args]
         scalars = {s.name: 0 for s in program.sequence.scalars}
         ours = txn.to_bytes(txn.encode_sequence(program, txn.LaunchBinding.of(nbytes, **scalars)))
         (work / "insts.bin").write_bytes(ours)
         patches = scalar_patches(program, nbytes, txn.encode_sequence)
-        step([toolchain.aiecc, "--aie-generate-xclbin", "--aie-generate-npu-insts",
-              "--no-compile-host", "--no-xchesscc", "--no-xbridge",
-              f"--peano={Path(toolchain.peano_cxx).parent.parent}", "--xclbin-name=final.xclbin",
-              "--npu-insts-name=insts.aiecc.bin", "design.mlir"], "aiecc.py")
+        step(aiecc_argv(toolchain, "design.mlir", "final.xclbin", "insts.aiecc.bin"), "aiecc.py")
         xclbin = work / "final.xclbin"
         if not xclbin.is_file():
             raise BuildError(f"aiecc.py reported success but wrote no final.xclbin in {work}")
@@ -366,14 +419,7 @@ def build_artifact(ex: Example, gen: Generation, toolchain: Toolchain, store_roo
         # the stream the backend submits must be the one aiecc made from the same MLIR: ours
         # (bound to this launch's buffer sizes) is installed only if aiecc's equals it except
         # in the words we patch per launch; anything else is refused, naming the first word
-        theirs = work / "insts.aiecc.bin"
-        if not theirs.is_file():
-            raise BuildError(f"aiecc.py wrote no instruction stream (insts.aiecc.bin) for "
-                             f"{design.name} ({key}); nothing was installed")
-        diff = stream_difference(ours, theirs.read_bytes(), patches.values())
-        if diff:
-            raise BuildError(f"{design.name} ({key}): aiecc's instruction stream differs from "
-                             f"ours ({diff}); nothing was installed")
+        check_aiecc_stream(work, "insts.aiecc.bin", ours, patches.values(), f"{design.name} ({key})")
         matches = True
         kernel_dtypes = {i: DTYPES_IR_TO_TORCH[a.type.dtype] for i, a in enumerate(args[:len(ex.inputs)])
                          if DTYPES_IR_TO_TORCH.get(a.type.dtype) != _dtype_name(ex.inputs[i][1])}
@@ -384,22 +430,23 @@ def build_artifact(ex: Example, gen: Generation, toolchain: Toolchain, store_roo
         tc = dict(toolchain.versions, stream_matches_aiecc=matches)
         write_manifest(work, design, gen, files, flow="xclbin", kernel="MLIR_AIE", abi=abi,
                        xclbin_uuid=uid, toolchain=tc)
-        for p in work.iterdir():
-            if p.is_file():
-                os.chmod(p, 0o644)
-        os.chmod(work, 0o755)
-        _validate_in_place(work, key, gen, design.name)    # exactly as the backend will
-        if keep_build is not None:
-            shutil.copytree(work, keep_build, dirs_exist_ok=True)
-        final = store_root / key
-        _install(work, final)
+        final = install_checked(work, store_root, key, gen, design.name, keep_build)
         return BuildResult(key, final, uid, files, tc, commands, matches)
     except BaseException:
-        if work.exists():
-            if keep_build is not None:
-                shutil.copytree(work, keep_build, dirs_exist_ok=True)
-            shutil.rmtree(work, ignore_errors=True)
+        discard(work, keep_build)
         raise
+
+
+def check_aiecc_stream(work: Path, name: str, ours: bytes, patch_words, label: str) -> None:
+    """Refuse unless aiecc wrote `name` and it equals our stream outside the patch words."""
+    theirs = work / name
+    if not theirs.is_file():
+        raise BuildError(f"aiecc.py wrote no instruction stream ({name}) for {label}; nothing "
+                         f"was installed")
+    diff = stream_difference(ours, theirs.read_bytes(), patch_words)
+    if diff:
+        raise BuildError(f"{label}: aiecc's instruction stream differs from ours ({diff}); "
+                         f"nothing was installed")
 
 
 def _dtype_name(dt) -> str:

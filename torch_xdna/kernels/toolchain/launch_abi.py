@@ -21,23 +21,18 @@ pinned by `config` (SHA-256 of the program's static configuration).
 """
 from __future__ import annotations
 
-import hashlib
 from typing import Sequence
 
 from torch_xdna.array import ir
+from torch_xdna.runtime.xrt.artifacts import config_digest
 
 STREAM_MODES = ("fixed", "host")
+__all__ = ["config_digest", "is_staged", "kernel_name", "launch_abi", "lower_example", "stream_mode"]
 DTYPES_IR_TO_TORCH = {"bf16": "bfloat16", "f32": "float32", "i8": "int8", "i16": "int16",
                       "i32": "int32", "u8": "uint8"}
 _PER_LAUNCH_STAGES = ("llm_layer.qk_rope", "llm_layer.attention")
 
 
-def config_digest(program: ir.ArrayProgram) -> str:
-    """SHA-256 of a program's static configuration (tiles, FIFOs, links, buffers, kernels, core
-    bodies and the runtime sequence's argument types): what its xclbin kernel is compiled from."""
-    static = (program.generation, program.tiles, program.fifos, program.links, program.buffers,
-              program.kernels, program.cores, tuple(a.type for a in program.sequence.args))
-    return hashlib.sha256(repr(static).encode()).hexdigest()
 
 
 def kernel_name(digest: str) -> str:
@@ -46,8 +41,11 @@ def kernel_name(digest: str) -> str:
 
 
 def stream_mode(program: ir.ArrayProgram) -> str:
+    """"host" when the stream depends on launch values (named per-launch stages, gathered rows,
+    a `per_launch_stream` note, or launch scalars in the runtime sequence), else "fixed"."""
     notes = dict(program.notes)
-    if notes.get("indices_read_at_stream_generation") or notes.get("stage") in _PER_LAUNCH_STAGES:
+    if (notes.get("indices_read_at_stream_generation") or notes.get("per_launch_stream")
+            or notes.get("stage") in _PER_LAUNCH_STAGES or program.sequence.scalars):
         return "host"
     return "fixed"
 
@@ -90,9 +88,13 @@ def launch_abi(programs: Sequence[ir.ArrayProgram], inputs: Sequence, outputs: S
     buffers = []
     for i, (name, (shape, dt)) in enumerate(zip(names, list(inputs) + list(outputs))):
         role, index = ("input", i) if i < len(inputs) else ("output", i - len(inputs))
-        buffers.append({"name": name, "role": role, "index": index,
-                        "dtype": DTYPES_IR_TO_TORCH.get(str(dt), str(dt).removeprefix("torch.")),
-                        "shape": list(shape)})
+        entry = {"name": name, "role": role, "index": index,
+                 "dtype": DTYPES_IR_TO_TORCH.get(str(dt), str(dt).removeprefix("torch.")),
+                 "shape": list(shape)}
+        kd = DTYPES_IR_TO_TORCH.get(types[name].dtype) if name in types else None
+        if kd and kd != entry["dtype"]:
+            entry["kernel_dtype"] = kd      # the stages take it in this dtype (converted on the host)
+        buffers.append(entry)
     for name in scratch:
         t = types[name]
         buffers.append({"name": name, "role": "scratch", "index": len(buffers),

@@ -95,6 +95,19 @@ class TxnRunner:
             raise Unlowered(str(hit))
         return hit
 
+    def host_inputs(self, design, progs, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        """The launch's inputs as its programs' host arguments take them: packed by the
+        registered host-layout packer when the programs name one (the xrt backend's staged
+        launches use the same packing), else unchanged."""
+        if not any(dict(p.notes).get("host_layout") for p in progs):
+            return list(inputs)
+        packer = _host_layouts.get(design.kind)
+        packed = packer(design, self.gen, list(inputs)) if packer else None
+        if packed is None:
+            raise Unlowered(f"{design.name}: its host layout ({dict(progs[0].notes)['host_layout']}) "
+                            f"has no packer registered")
+        return list(packed)
+
     def _stages(self, design, progs) -> tuple[tuple[str, ...], tuple[str, ...]]:
         """(launch arg names in launch order, scratch arg names) of a staged launch."""
         if len(progs) == 1:
@@ -128,13 +141,7 @@ class TxnRunner:
         """Execute one launch at the transaction level (each stage's stream in order, through
         scratch host buffers); raises Unlowered to fall back. Returns the launch's stream counts."""
         progs = self.program(design, scalars, inputs)
-        if any(dict(p.notes).get("host_layout") for p in progs):
-            packer = _host_layouts.get(design.kind)
-            packed = packer(design, self.gen, list(inputs)) if packer else None
-            if packed is None:
-                raise Unlowered(f"{design.name}: its host layout ({dict(progs[0].notes)['host_layout']}) "
-                                f"has no packer registered")
-            inputs = packed
+        inputs = self.host_inputs(design, progs, inputs)
         launch, scratch = self._stages(design, progs)
         for p in progs:                  # every core kernel needs a reference at this level
             for k in p.kernels:

@@ -122,6 +122,8 @@ class LaunchAbi:
 
     buffers: tuple[dict, ...]
     stages: tuple[StageSpec, ...]
+    host_layout: str = ""       # the inputs are packed on the host first (registered packer)
+    why_not_executable: str = ""    # structural stages: refused at run time with this reason
 
     @property
     def kernel_runs(self) -> int:
@@ -134,6 +136,15 @@ class LaunchAbi:
             n += st.config != cur
             cur = st.config
         return n
+
+
+def config_digest(program) -> str:
+    """SHA-256 of an ArrayProgram's static configuration (tiles, FIFOs, links, buffers, kernels,
+    core bodies and the runtime sequence's argument types): what its xclbin kernel is compiled
+    from. A per-launch stream must belong to the configuration its stage was built for."""
+    static = (program.generation, program.tiles, program.fifos, program.links, program.buffers,
+              program.kernels, program.cores, tuple(a.type for a in program.sequence.args))
+    return hashlib.sha256(repr(static).encode()).hexdigest()
 
 
 def check_launch(key: str, where: str, launch, files: dict | None = None) -> LaunchAbi:
@@ -185,7 +196,8 @@ def check_launch(key: str, where: str, launch, files: dict | None = None) -> Lau
             raise _fail(key, where, f"stage {j} ({kernel}) has a fixed stream but its file "
                         f"{role!r} is not listed in 'files'", fix)
         specs.append(StageSpec(str(st.get("label", "")), kernel, cfg, tuple(args), mode, role))
-    return LaunchAbi(tuple(bufs), tuple(specs))
+    why = "" if launch.get("executable", True) else str(launch.get("why") or "structural stages")
+    return LaunchAbi(tuple(bufs), tuple(specs), str(launch.get("host_layout") or ""), why)
 
 
 def _fail(key: str, what: str, problem: str, fix: str) -> ArtifactError:

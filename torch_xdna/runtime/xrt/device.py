@@ -22,12 +22,10 @@ from torch_xdna.runtime.errors import LaunchError, XdnaError
 from torch_xdna.runtime.launch import Launch
 from torch_xdna.runtime.xrt.artifacts import Artifact, ArtifactStore
 from torch_xdna.runtime.xrt.session import KernelCache, LoadedKernel, acquire_device, sync_direction
+from torch_xdna.runtime.xrt.staged import INPUT_CONVERSIONS, StagedState, run_staged
 
 log = logging.getLogger("torch_xdna.xrt")
 ENV_TIMEOUT = "TORCH_XDNA_TIMEOUT_MS"
-# (launch dtype, kernel dtype) an input may be converted between on the host: float -> bf16 rounds
-# to nearest even, which is what the numerics policy says operands entering the array are
-INPUT_CONVERSIONS = frozenset({("float32", "bfloat16"), ("float16", "bfloat16")})
 PATCHED_STREAMS_KEPT = 8             # instruction BOs kept per kernel, one per distinct scalar set
 _MISSING = object()
 
@@ -90,6 +88,7 @@ class XrtDevice(Device):
         self._completed = xrt.ert_cmd_state.ERT_CMD_STATE_COMPLETED
         self.unusable = ""                   # why launches are refused (a command timed out)
         self._held_after_timeout: list[BoHandle] = []
+        self.staged_state = StagedState(gen)    # per-launch streams and scratch of staged artifacts
 
     # --- memory -----------------------------------------------------------------------------
     def _new_bo(self, nbytes: int, group: int) -> tuple[object, torch.Tensor]:
@@ -232,15 +231,22 @@ class XrtDevice(Device):
         return bo
 
     # --- execution ---------------------------------------------------------------------------
-    def _run(self, launch: Launch, chained: bool, program: str = "") -> None:
-        design = launch.design
+    def check_usable(self) -> None:
         if self.unusable:
             raise LaunchError(f"xrt: the NPU is unusable until it is reset: {self.unusable}. Fix: end "
                               f"this process; if the NPU still hangs, reload the driver (sudo modprobe -r "
                               f"amdxdna && sudo modprobe amdxdna) and run `xdna doctor`.")
+
+    def _run(self, launch: Launch, chained: bool, program: str = "") -> None:
+        design = launch.design
+        self.check_usable()
         t0 = time.perf_counter()
         art = self.artifacts.lookup(design.artifact_key(), self.gen.name, design.name)
         opened = self.kernels.opened
+        if art.flow == "staged":
+            run_staged(self, art, launch, opened)
+            self._trace(launch, art, t0, program)
+            return
         try:
             lk = self.kernels.get(art)
             if self.kernels.opened != opened:
@@ -264,17 +270,23 @@ class XrtDevice(Device):
         except Exception as e:
             raise LaunchError(f"xrt: {design.name} ({art.key}) failed to launch: {e}. Run `xdna doctor` "
                               f"(a driver/XRT mismatch shows up here).") from e
+        self.complete(run, f"{design.name} ({art.key})")
+        self._unstage(staged)
+        self._trace(launch, art, t0, program)
+
+    def complete(self, run, what: str) -> None:
+        """Wait for one command; LaunchError naming `what` and the state unless it completed
+        (a timeout or a failed wait marks the NPU unusable: the command may still run)."""
         try:
             state = run.wait(self.timeout_ms)
         except Exception as e:      # the command's fate is unknown: it may still be running
-            self._mark_unusable(run, f"waiting for {design.name} ({art.key}) failed: {e}")
-            raise LaunchError(f"xrt: {design.name} ({art.key}): waiting for the command failed: {e}; "
+            self._mark_unusable(run, f"waiting for {what} failed: {e}")
+            raise LaunchError(f"xrt: {what}: waiting for the command failed: {e}; "
                               f"the NPU is marked unusable until it is reset. Run `xdna doctor`.") from e
         if _state_name(state) == "ERT_CMD_STATE_TIMEOUT":
-            aborted = self._mark_unusable(
-                run, f"{design.name} ({art.key}) did not complete within {self.timeout_ms} ms")
+            aborted = self._mark_unusable(run, f"{what} did not complete within {self.timeout_ms} ms")
             raise LaunchError(
-                f"xrt: {design.name} ({art.key}) ended in state ERT_CMD_STATE_TIMEOUT (timeout "
+                f"xrt: {what} ended in state ERT_CMD_STATE_TIMEOUT (timeout "
                 f"{self.timeout_ms} ms): the command was still running and "
                 f"{'was aborted' if aborted else 'could not be aborted (this pyxrt has no run.abort)'}"
                 f". Outputs are invalid and the NPU is marked unusable until it is reset. Run `xdna "
@@ -282,12 +294,14 @@ class XrtDevice(Device):
         if state != self._completed:
             detail = getattr(run, "error_detail", "")        # the emulated NPU names the fault
             raise LaunchError(
-                f"xrt: {design.name} ({art.key}) ended in state {_state_name(state)}, not "
+                f"xrt: {what} ended in state {_state_name(state)}, not "
                 f"ERT_CMD_STATE_COMPLETED (timeout {self.timeout_ms} ms){': ' + detail if detail else ''}"
                 f". Outputs are invalid. "
                 f"Run `xdna doctor`; ERT_CMD_STATE_TIMEOUT/ABORT after an XRT upgrade usually means "
                 f"a driver/XRT mismatch.")
-        self._unstage(staged)
+
+    def _trace(self, launch: Launch, art: Artifact, t0: float, program: str) -> None:
+        design = launch.design
         if self.trace is not None:
             host_us = (time.perf_counter() - t0) * 1e6
             nin = sum(a.nbytes for a in launch.inputs)

@@ -85,6 +85,7 @@ class LoadedKernel:
     declared_bos: int = 0
     _groups: dict = field(default_factory=dict)
     patched: OrderedDict = field(default_factory=OrderedDict)   # scalar words -> instruction BO
+    stages: list = field(default_factory=list)    # staged flow: one LoadedKernel per stage
 
     def group_id(self, arg: int) -> int:
         g = self._groups.get(arg)
@@ -113,7 +114,7 @@ class KernelCache:
         if lk is not None:
             self._contexts.move_to_end(lk.context_key)
             return lk
-        ctx_key = art.xclbin_uuid if art.flow == "xclbin" else "elf:" + art.sha256["elf"]
+        ctx_key = art.xclbin_uuid if art.flow != "elf" else "elf:" + art.sha256["elf"]
         if ctx_key in self._contexts:
             self._contexts.move_to_end(ctx_key)
         else:
@@ -186,20 +187,39 @@ class KernelCache:
         x = self.xrt
         if art.flow == "elf":
             return LoadedKernel(art, ctx_key, x.ext.kernel(ctx, art.kernel), declared_bos=art.num_bo_args)
-        declared = None
-        for k in xclbin.get_kernels():
-            if k.get_name() == art.kernel:
-                declared = k.get_num_args() - host.FIXED_KERNEL_ARGS.value
-        if declared is None:
-            names = [k.get_name() for k in xclbin.get_kernels()]
-            raise ArtifactError(f"xdna artifact {art.key}: kernel {art.kernel!r} is not in "
-                                f"{art.files['xclbin']} (it has {names}). Fix: correct 'kernel' in the "
-                                f"manifest or rebuild the artifact.")
-        kernel = x.kernel(ctx, art.kernel)
-        lk = LoadedKernel(art, ctx_key, kernel, declared_bos=declared)
+        if art.flow == "staged":
+            # one hardware context, one kernel handle per configuration (mlir-aie add_one_two
+            # test.cpp); fixed stage streams uploaded once, per-launch ones at each launch
+            by_name: dict[str, LoadedKernel] = {}
+            lk = LoadedKernel(art, ctx_key, None)
+            for j, st in enumerate(art.launch.stages):
+                k = by_name.get(st.kernel)
+                if k is None:
+                    k = by_name[st.kernel] = self._kernel(art, st.kernel, ctx_key, ctx, xclbin)
+                stage = LoadedKernel(art, ctx_key, k.kernel, declared_bos=k.declared_bos,
+                                     _groups=k._groups)
+                if st.stream == "fixed":
+                    data = art.stage_insts[j]
+                    stage.instr_bo = self.instruction_bo(stage, data)
+                    stage.instr_len = len(data) // host.INSTR_LEN_UNIT_BYTES.value
+                lk.stages.append(stage)
+            return lk
+        lk = self._kernel(art, art.kernel, ctx_key, ctx, xclbin)
         lk.instr_bo = self.instruction_bo(lk, art.insts)
         lk.instr_len = len(art.insts) // host.INSTR_LEN_UNIT_BYTES.value
         return lk
+
+    def _kernel(self, art: Artifact, name: str, ctx_key: str, ctx, xclbin) -> LoadedKernel:
+        declared = None
+        for k in xclbin.get_kernels():
+            if k.get_name() == name:
+                declared = k.get_num_args() - host.FIXED_KERNEL_ARGS.value
+        if declared is None:
+            names = [k.get_name() for k in xclbin.get_kernels()]
+            raise ArtifactError(f"xdna artifact {art.key}: kernel {name!r} is not in "
+                                f"{art.files['xclbin']} (it has {names}). Fix: correct the kernel "
+                                f"names in the manifest or rebuild the artifact.")
+        return LoadedKernel(art, ctx_key, self.xrt.kernel(ctx, name), declared_bos=declared)
 
     def instruction_bo(self, lk: LoadedKernel, data: bytes):
         """An instruction stream in its own BO: cacheable, in the kernel's instruction group, synced."""
@@ -219,8 +239,10 @@ class KernelCache:
         # kernels and instruction BOs depend on the context: drop them first
         for key in [k for k, lk in self._kernels.items() if lk.context_key == ctx_key]:
             lk = self._kernels.pop(key)
-            lk.instr_bo = lk.kernel = None
-            lk.patched.clear()
+            for one in [lk, *lk.stages]:
+                one.instr_bo = one.kernel = None
+                one.patched.clear()
+            lk.stages.clear()
         self.evicted += 1
 
     def close(self) -> None:

@@ -31,6 +31,7 @@ from torch_xdna.runtime.xrt.emulated.xclbin import uuid, xclbin
 log = logging.getLogger("torch_xdna.xrt.emulated")
 
 GENERATION = "npu4"           # the emulated NPU: XDNA2 (Strix), the AIE2P the core kernels target
+DATA_GROUP, INSTR_GROUP = 0, 1  # aiecc's mem_topology: HOST, SRAM (kernel.group_id below)
 
 
 class ert_cmd_state(enum.Enum):   # noqa: N801  pyxrt's names and values
@@ -97,12 +98,16 @@ class kernel:                     # noqa: N801  pyxrt.kernel
         self.ctx, self.name, self.num_args = ctx, name, int(spec["num_args"])
 
     def group_id(self, arg: int) -> int:
-        """mlir-aie's connectivity: the instruction BO in group 1, data argument i in group i."""
+        """aiecc's connectivity: the instruction argument in the "SRAM" memory (mem_topology
+        index 1), every data argument in "HOST" (index 0): mlir-aie's aiecc main.py
+        (emit_design_kernel_json: instr "memory-connection": "SRAM", buffers "HOST"; its
+        mem_topology lists HOST then SRAM). So one BO can be any data argument of any kernel
+        of the xclbin (the stages of a staged launch share their buffers)."""
         first = host.FIRST_DATA_ARG.value
         if arg == host.INSTR_GROUP_ARG.value:
-            return arg
+            return INSTR_GROUP
         if first <= arg < self.num_args:
-            return arg
+            return DATA_GROUP
         raise RuntimeError(f"emulated NPU: kernel {self.name} argument {arg} is "
                            f"{'a scalar' if 0 <= arg < first else 'out of range'}; it has no "
                            f"memory group")
@@ -173,7 +178,7 @@ class run:                        # noqa: N801  pyxrt.run (started by kernel(...
             stream = list(struct.unpack(f"<{self.instr_len}I", words[:n].numpy().tobytes()))
             bufs = [self._memory(r, f"data BO {i} (argument {host.FIRST_DATA_ARG.value + i})")
                     for i, r in enumerate(self.args)]
-            prog = self.k.ctx.xclbin.program
+            prog = self.k.ctx.xclbin.program_of(self.k.name)
             want = len(prog.sequence.args)
             if len(bufs) != want:
                 raise _Lost(f"the runtime sequence takes {want} buffers, the command passed {len(bufs)}")

@@ -4,7 +4,10 @@ A chip xclbin carries the PDI aiecc.py compiled from the design's MLIR-AIE. The 
 toolchain's xclbin (tests/fake_toolchain.py writes it in `xdna kernels build`) carries, after the
 same axlf header, a JSON section with the kernel table and that MLIR-AIE module itself; the
 emulated NPU configures its array from the module (program.load_program), so what runs is what
-the vendor compiler would have been given.
+the vendor compiler would have been given. An xclbin built as a chain (aiecc.py
+`--xclbin-input=<previous>`, mlir-aie test/npu-xrt/add_one_two) holds several kernels, each with
+its own module: each kernel configures the array its own way (one configuration per stage of a
+staged artifact).
 """
 from __future__ import annotations
 
@@ -68,8 +71,9 @@ class xclbin:                      # noqa: N801  pyxrt.xclbin
             self.spec = json.loads(data.split(SECTION, 1)[1])
         except ValueError as e:
             raise RuntimeError(f"emulated NPU: {path}: its MLIR-AIE section is not JSON: {e}") from e
-        if "mlir" not in self.spec:
+        if "mlir" not in self.spec and not all("mlir" in k for k in self.spec.get("kernels", ())):
             raise RuntimeError(f"emulated NPU: {path}: the section has no MLIR-AIE module ('mlir')")
+        self._programs: dict[str, ir.ArrayProgram] = {}
 
     def get_uuid(self) -> uuid:
         return uuid(self._uuid)
@@ -82,5 +86,14 @@ class xclbin:                      # noqa: N801  pyxrt.xclbin
 
     @cached_property
     def program(self) -> ir.ArrayProgram:
-        """The array configuration: the module's ArrayProgram (parsed once per xclbin)."""
+        """The array configuration of a one-kernel xclbin (parsed once per xclbin)."""
         return load_program(self.spec["mlir"], self.path.stem, "emulated")
+
+    def program_of(self, name: str) -> ir.ArrayProgram:
+        """The array configuration kernel `name` loads: its own module, else the xclbin's."""
+        hit = self._programs.get(name)
+        if hit is None:
+            text = (self.kernel(name) or {}).get("mlir")
+            hit = self._programs[name] = (load_program(text, f"{self.path.stem}:{name}", "emulated")
+                                          if text else self.program)
+        return hit
