@@ -26,6 +26,7 @@ class GenerationParams:
     stop: list[str] = field(default_factory=list)
     top_k: int = 0                       # 0: off (Ollama's options set it)
     repetition_penalty: float = 1.0      # multiplicative (Ollama's repeat_penalty)
+    min_p: float = 0.0                   # 0: off (llama.cpp / vLLM / Ollama's min_p)
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     logit_bias: tuple[tuple[int, float], ...] = ()
@@ -170,6 +171,14 @@ def load_chat_model(model_dir: str | Path, max_context: int | None = None,
                                          kv_dtype=kv_dtype))
 
 
+def _min_p(min_p: float) -> tuple:
+    """The engine's logits-processor factories for min_p (none when it is off)."""
+    if not min_p:
+        return ()
+    from torch_xdna.engine.llm.logits import MinP
+    return (lambda: MinP(min_p),)
+
+
 class DecoderChatModel:
     """ChatModel over the decoder engine (engine.generate.Engine)."""
 
@@ -205,7 +214,8 @@ class DecoderChatModel:
                                 presence_penalty=params.presence_penalty,
                                 frequency_penalty=params.frequency_penalty,
                                 logit_bias=params.logit_bias, grammar=params.grammar,
-                                logprobs=params.logprobs, n=max(1, params.n))
+                                logprobs=params.logprobs, n=max(1, params.n),
+                                processors=_min_p(params.min_p))
 
     def stream(self, prompt_ids: list[int], params: GenerationParams,
                cancelled: Callable[[], bool]) -> Iterator[Piece]:

@@ -35,6 +35,7 @@ class Options(_Lenient):
     temperature: float | None = Field(default=None, ge=0.0, le=2.0)
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
     top_k: int | None = Field(default=None, ge=0)
+    min_p: float | None = Field(default=None, ge=0.0, le=1.0)
     seed: int | None = None
     num_predict: int | None = None
     stop: list[str] | None = None
@@ -136,7 +137,7 @@ def params_from(body: _Gen) -> tuple[GenerationParams, int | None]:
         max_tokens=0, temperature=pick("temperature"), top_p=pick("top_p"), top_k=pick("top_k"),
         seed=o.seed, stop=list(o.stop or []), presence_penalty=o.presence_penalty or 0.0,
         frequency_penalty=o.frequency_penalty or 0.0,
-        repetition_penalty=o.repeat_penalty or 1.0,
+        repetition_penalty=o.repeat_penalty or 1.0, min_p=o.min_p or 0.0,
         logprobs=(body.top_logprobs or 0) if body.logprobs else None)
     if body.format == "json":
         params.grammar = Grammar("json_object")

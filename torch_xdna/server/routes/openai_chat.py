@@ -37,7 +37,9 @@ def base_params(req) -> GenerationParams:
                             seed=req.seed, stop=req.stop_list(),
                             presence_penalty=req.presence_penalty,
                             frequency_penalty=req.frequency_penalty,
-                            logit_bias=req.bias_pairs(), logprobs=req.top_k_logprobs(), n=req.n)
+                            logit_bias=req.bias_pairs(), logprobs=req.top_k_logprobs(), n=req.n,
+                            top_k=req.top_k, min_p=req.min_p,
+                            repetition_penalty=req.repetition_penalty)
 
 
 def response_grammar(fmt: ResponseFormat | None):
