@@ -19,6 +19,7 @@ import client_fixtures as cf  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 QWEN = "tiny-qwen3"
+GREEDY = {"temperature": 0}
 
 
 @pytest.fixture(scope="module")
@@ -100,3 +101,94 @@ def test_langchain_chat_openai(live):
                                 temperature=0)
     streamed = "".join(c.content for c in llm.stream("hello"))
     assert streamed == msg.content
+
+
+# --- 2. Anthropic Messages API (the official anthropic SDK) --------------------------------------
+@pytest.fixture(scope="module")
+def ant(live):
+    import anthropic
+    return anthropic.Anthropic(base_url=live.url, api_key="x", max_retries=0)
+
+
+def test_anthropic_text_system_multi_turn_and_usage(ant, live, oai):
+    msgs = [{"role": "user", "content": "hello"}, {"role": "assistant", "content": "hi"},
+            {"role": "user", "content": [{"type": "text", "text": "how are you"}]}]
+    # this SDK has no sampling arguments any more; the server still takes them (extra_body)
+    r = ant.messages.create(model=QWEN, max_tokens=8, system="be brief", messages=msgs,
+                            extra_body=GREEDY)
+    same = oai.chat.completions.create(model=QWEN, max_tokens=8, temperature=0, messages=[
+        {"role": "system", "content": "be brief"}, *msgs[:2], {"role": "user",
+                                                                "content": "how are you"}])
+    assert r.type == "message" and r.role == "assistant" and r.id.startswith("msg_")
+    assert [b.type for b in r.content] == ["text"]
+    assert r.content[0].text == same.choices[0].message.content        # the same generation path
+    assert r.usage.input_tokens == same.usage.prompt_tokens
+    assert r.usage.output_tokens == same.usage.completion_tokens
+    assert r.stop_reason == {"length": "max_tokens", "stop": "end_turn"}[
+        same.choices[0].finish_reason]
+    n = ant.messages.count_tokens(model=QWEN, system="be brief", messages=msgs)
+    assert n.input_tokens == same.usage.prompt_tokens
+
+
+def test_anthropic_stream_matches_the_message(ant):
+    kw = dict(model=QWEN, max_tokens=8, extra_body=GREEDY,
+              messages=[{"role": "user", "content": "hello"}])
+    whole = ant.messages.create(**kw)
+    with ant.messages.stream(**kw) as stream:
+        text = "".join(stream.text_stream)
+        final = stream.get_final_message()
+    assert text == whole.content[0].text == final.content[0].text
+    assert final.stop_reason == whole.stop_reason and final.usage.output_tokens == \
+        whole.usage.output_tokens
+
+
+def test_anthropic_stop_sequence(ant):
+    r = ant.messages.create(model="plain", max_tokens=50, stop_sequences=["there"],
+                            messages=[{"role": "user", "content": "hi"}])
+    assert (r.content[0].text, r.stop_reason, r.stop_sequence) == ("Hello ", "stop_sequence",
+                                                                  "there")
+    r = ant.messages.create(model="plain", max_tokens=50,
+                            messages=[{"role": "user", "content": "hi"}])
+    assert (r.content[0].text, r.stop_reason, r.stop_sequence) == ("Hello there!", "end_turn",
+                                                                  None)
+
+
+def test_anthropic_tools_use_and_result(ant, live):
+    tool = {"name": "weather", "description": "weather of a city",
+            "input_schema": cf.WEATHER["function"]["parameters"]}
+    ask = [{"role": "user", "content": "weather in paris?"}]
+    # forced (grammar) on the tiny Qwen3: always a valid call
+    r = ant.messages.create(model=QWEN, max_tokens=40, tools=[tool], messages=ask,
+                            tool_choice={"type": "tool", "name": "weather"})
+    assert r.stop_reason == "tool_use"
+    use = [b for b in r.content if b.type == "tool_use"]
+    assert len(use) == 1 and use[0].name == "weather" and use[0].input["city"] in ("Paris", "Oslo")
+    # the scripted model: thinks, writes text, calls the tool (prompt convention)
+    r = ant.messages.create(model="script", max_tokens=200, tools=[tool], messages=ask)
+    assert [b.type for b in r.content] == ["thinking", "text", "tool_use"]
+    assert r.content[0].thinking == "The user wants the weather."
+    assert r.content[1].text.strip() == "Let me check."
+    assert r.content[2].input == {"city": "Oslo"} and r.stop_reason == "tool_use"
+    with ant.messages.stream(model="script", max_tokens=200, tools=[tool], messages=ask) as s:
+        final = s.get_final_message()
+    strip = lambda bs: [{k: v for k, v in b.model_dump().items() if k != "id"} for b in bs]  # noqa
+    assert strip(final.content) == strip(r.content) and final.stop_reason == "tool_use"
+    # the result goes back as a tool turn in the model's convention
+    follow = ask + [{"role": "assistant", "content": r.content},
+                    {"role": "user", "content": [{"type": "tool_result", "tool_use_id":
+                                                  r.content[2].id, "content": "sunny, 21C"}]}]
+    ant.messages.create(model="script", max_tokens=200, tools=[tool], messages=follow)
+    prompt = live.registry.loaded["script"].prompts[-1]
+    assert prompt[-1] == {"role": "user", "content": "```tool_output\nsunny, 21C\n```"}
+    assert '"name": "weather"' in prompt[-2]["content"]
+
+
+def test_anthropic_errors_and_x_api_key(live):
+    import anthropic
+    ant = anthropic.Anthropic(base_url=live.url, api_key="x", max_retries=0)
+    with pytest.raises(anthropic.NotFoundError) as e:
+        ant.messages.create(model="nope", max_tokens=4, messages=[{"role": "user",
+                                                                    "content": "hi"}])
+    assert e.value.body["error"]["type"] == "not_found_error"
+    r = httpx.post(live.url + "/v1/messages", json={"model": QWEN, "messages": []})
+    assert r.status_code == 400 and r.json()["type"] == "error"

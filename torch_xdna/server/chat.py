@@ -33,6 +33,8 @@ class GenerationParams:
     logprobs: int | None = None          # None: off; k: per-token log-probs + top-k
     grammar: Any = None                  # engine.constrained.Grammar: the output must match it
     n: int = 1
+    stops_here: bool = False             # cut stop strings here, not in the model, to learn which
+    #                                      one matched (Anthropic's stop_sequence)
 
     def needs(self) -> set[str]:
         """The model features these parameters need ("n" is emulated when missing)."""
@@ -88,6 +90,7 @@ class GenerationResult:
     completion_tokens: int = 0
     finish_reason: str = "length"
     cached_tokens: int = 0               # prompt tokens served from the prefix cache
+    stop_sequence: str | None = None     # the stop string that ended it (params.stops_here)
 
 
 def run_generation(model: ChatModel, prompt_ids: list[int], params: GenerationParams,
@@ -134,7 +137,10 @@ def _drive(model: ChatModel, prompt_ids: list[int], params: GenerationParams,
                 continue
             r.completion_tokens += piece.tokens
             model_finish[i] = piece.finish_reason
+            seen = matchers[i].buf + piece.text
             text, stopped[i] = matchers[i].feed(piece.text)
+            if stopped[i]:
+                r.stop_sequence = min((s for s in params.stop if s in seen), key=seen.find)
             if text or piece.logprobs:
                 emit(base + i, text, piece.logprobs)
             if cancelled() or all(over(j) for j in range(count)):
@@ -208,7 +214,8 @@ class DecoderChatModel:
         """The engine's GenerationConfig for these request parameters."""
         from torch_xdna.engine.llm.generate import GenerationConfig
         return GenerationConfig(max_tokens=params.max_tokens, temperature=params.temperature,
-                                top_p=params.top_p, seed=params.seed, stop=tuple(params.stop),
+                                top_p=params.top_p, seed=params.seed,
+                                stop=() if params.stops_here else tuple(params.stop),
                                 top_k=params.top_k,
                                 repetition_penalty=params.repetition_penalty,
                                 presence_penalty=params.presence_penalty,
@@ -220,20 +227,25 @@ class DecoderChatModel:
     def stream(self, prompt_ids: list[int], params: GenerationParams,
                cancelled: Callable[[], bool]) -> Iterator[Piece]:
         chunks = self.engine.generate(prompt_ids, self.generation_config(params), cancelled)
-        return self.pieces(chunks)
+        return self.pieces(chunks, params.stops_here)
 
     @staticmethod
-    def pieces(chunks) -> Iterator[Piece]:
-        """Engine Chunks -> Pieces (the last one carries the engine's token counts)."""
+    def pieces(chunks, each: bool = False) -> Iterator[Piece]:
+        """Engine Chunks -> Pieces (the last one carries the engine's token counts). each: count
+        every chunk's tokens as it comes (the server may stop reading before the last one)."""
+        counted: dict[int, int] = {}
         try:
             for chunk in chunks:
+                n = len(chunk.token_ids) if each else 0
                 if chunk.finish_reason is not None:
                     # the engine's own count includes tokens cut by a stop string
-                    yield Piece(chunk.text, chunk.stats.generated_tokens if chunk.stats else 0,
+                    total = chunk.stats.generated_tokens if chunk.stats else 0
+                    yield Piece(chunk.text, total - counted.get(chunk.index, 0),
                                 chunk.finish_reason, chunk.index, chunk.logprobs,
                                 chunk.stats.cached_tokens if chunk.stats else 0)
                 else:
-                    yield Piece(chunk.text, 0, index=chunk.index, logprobs=chunk.logprobs)
+                    counted[chunk.index] = counted.get(chunk.index, 0) + n
+                    yield Piece(chunk.text, n, index=chunk.index, logprobs=chunk.logprobs)
         finally:
             close = getattr(chunks, "close", None)
             if close:

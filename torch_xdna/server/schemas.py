@@ -224,6 +224,8 @@ class ChatCompletionRequest(_Sampling):
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = None
     response_format: ResponseFormat | None = None
+    # chat-template variables (vLLM / llama.cpp): {"enable_thinking": false} switches Qwen3's off
+    chat_template_kwargs: dict[str, Any] | None = None
 
     @model_validator(mode="after")
     def _consistent(self):
