@@ -4,6 +4,7 @@ through the official `anthropic` SDK, OpenAI's Responses API through `openai`, t
 and the reasoning split."""
 from __future__ import annotations
 
+import json
 import logging
 import sys
 from pathlib import Path
@@ -192,3 +193,49 @@ def test_anthropic_errors_and_x_api_key(live):
     assert e.value.body["error"]["type"] == "not_found_error"
     r = httpx.post(live.url + "/v1/messages", json={"model": QWEN, "messages": []})
     assert r.status_code == 400 and r.json()["type"] == "error"
+
+
+# --- 2. OpenAI Responses API (the official openai client) ----------------------------------------
+def test_responses_text_matches_chat_and_streams(oai):
+    r = oai.responses.create(model=QWEN, input="hello", max_output_tokens=8, temperature=0,
+                             instructions="be brief")
+    same = oai.chat.completions.create(model=QWEN, max_tokens=8, temperature=0, messages=[
+        {"role": "system", "content": "be brief"}, {"role": "user", "content": "hello"}])
+    assert r.output_text == same.choices[0].message.content
+    assert r.usage.input_tokens == same.usage.prompt_tokens
+    assert r.status == ("incomplete" if same.choices[0].finish_reason == "length" else "completed")
+    events = list(oai.responses.create(model=QWEN, input="hello", max_output_tokens=8,
+                                       temperature=0, instructions="be brief", stream=True))
+    deltas = [e.delta for e in events if e.type == "response.output_text.delta"]
+    last = events[-1]              # response.completed, or .incomplete at max_output_tokens
+    assert last.type == "response." + r.status
+    assert "".join(deltas) == last.response.output_text == r.output_text
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+
+
+def test_responses_tools_and_reasoning(oai):
+    tool = {"type": "function", "name": "weather", "description": "weather of a city",
+            "parameters": cf.WEATHER["function"]["parameters"]}
+    r = oai.responses.create(model="script", input="weather in paris?", tools=[tool])
+    kinds = [o.type for o in r.output]
+    assert kinds == ["reasoning", "message", "function_call"]
+    assert r.output[0].content[0].text == "The user wants the weather."
+    call = r.output[2]
+    assert (call.name, json.loads(call.arguments)) == ("weather", {"city": "Oslo"})
+    with oai.responses.stream(model="script", input="weather in paris?", tools=[tool]) as s:
+        final = s.get_final_response()
+    assert [o.type for o in final.output] == ["message", "reasoning", "function_call"]
+    # the call's output goes back as a tool turn
+    follow = [{"role": "user", "content": "weather in paris?"},
+              {"type": "function_call", "call_id": call.call_id, "name": "weather",
+               "arguments": call.arguments},
+              {"type": "function_call_output", "call_id": call.call_id, "output": "sunny"}]
+    oai.responses.create(model="script", input=follow, tools=[tool])
+    # forced call through the grammar on the tiny Qwen3
+    r = oai.responses.create(model=QWEN, input="weather in paris?", tools=[tool],
+                             tool_choice={"type": "function", "name": "weather"},
+                             max_output_tokens=40)
+    assert [o.type for o in r.output][-1] == "function_call"
+    with pytest.raises(openai.BadRequestError) as e:
+        oai.responses.create(model=QWEN, input="hi", previous_response_id="resp_1")
+    assert e.value.param == "previous_response_id"
