@@ -249,6 +249,19 @@ class GenerationRun:
             else:
                 raise as_api_error(_event_error(ev))
 
+    async def text(self) -> tuple[str, Any]:
+        """A one-sample run to its end: (the whole text, its GenerationResult)."""
+        parts: list[str] = []
+        try:
+            async for ev in self.events_until_end():
+                if ev[0] == "delta":
+                    parts.append(ev[2])
+                else:
+                    result = ev[1][0]
+        finally:
+            self.close("done")
+        return "".join(parts), result
+
     def _count(self, results: list) -> None:
         m, eid = self.srv.metrics, self.entry.id
         m.add_tokens(eid, "prompt", results[0].prompt_tokens if results else 0)

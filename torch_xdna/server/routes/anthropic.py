@@ -210,16 +210,8 @@ async def create_message(srv: Server, request: Request):
     head = {"id": mid, "type": "message", "role": "assistant", "model": req.model}
 
     if not req.stream:
-        parts: list[str] = []
-        try:
-            async for ev in run.events_until_end():
-                if ev[0] == "delta":
-                    parts.append(ev[2])
-                else:
-                    result = ev[1][0]
-        finally:
-            run.close("done")
-        reasoning, content, calls = OutputSplit.whole(info, "".join(parts))
+        text, result = await run.text()
+        reasoning, content, calls = OutputSplit.whole(info, text)
         blocks: list[dict] = []
         if reasoning:
             blocks.append({"type": "thinking", "thinking": reasoning, "signature": ""})

@@ -159,16 +159,8 @@ async def create_response(srv: Server, request: Request):
             "incomplete_details": None, "metadata": req.metadata or {}, "text": req.text or {
                 "format": {"type": "text"}}, "usage": None, "store": False}
     if not req.stream:
-        parts: list[str] = []
-        try:
-            async for ev in run.events_until_end():
-                if ev[0] == "delta":
-                    parts.append(ev[2])
-                else:
-                    result = ev[1][0]
-        finally:
-            run.close("done")
-        reasoning, content, calls = OutputSplit.whole(run.plan.info, "".join(parts))
+        text, result = await run.text()
+        reasoning, content, calls = OutputSplit.whole(run.plan.info, text)
         return _final(resp, result, prompt_tokens, _items(reasoning, content, calls))
     run.stop_watching()
     return StreamingResponse(_events(run, resp, prompt_tokens), media_type="text/event-stream",
