@@ -21,6 +21,7 @@ THINK_TAIL = """{%- if add_generation_prompt %}<|im_start|>assistant
 {% endif %}{% endif %}"""
 QWEN3_TEMPLATE = QWEN3_TOOLS_TEMPLATE[:QWEN3_TOOLS_TEMPLATE.rindex("{%- if add_generation_prompt")] \
     + THINK_TAIL
+FIM = ["<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>"]
 THOUGHT = "<think>\nThe user wants the weather.\n</think>\n\n"
 
 
@@ -57,6 +58,11 @@ def build_qwen(path: Path) -> Path:
         llm_fixtures.save_tokenizer(path)
     finally:
         llm_fixtures.TEXT = text
+    from tokenizers import Tokenizer
+    tok = Tokenizer.from_file(str(path / "tokenizer.json"))      # Qwen2.5-Coder's FIM tokens and
+    tok.add_special_tokens(FIM)                                   # Qwen3's think tags (ids < 400)
+    tok.add_tokens(["<think>", "</think>"])
+    tok.save(str(path / "tokenizer.json"))
     cfg_path = path / "tokenizer_config.json"
     cfg = json.loads(cfg_path.read_text())
     cfg["chat_template"] = QWEN3_TEMPLATE

@@ -239,3 +239,143 @@ def test_responses_tools_and_reasoning(oai):
     with pytest.raises(openai.BadRequestError) as e:
         oai.responses.create(model=QWEN, input="hi", previous_response_id="resp_1")
     assert e.value.param == "previous_response_id"
+
+
+# --- 3. thinking ----------------------------------------------------------------------------------
+def _template_len(path, msgs, **kw) -> int:
+    from transformers import AutoTokenizer
+    tok = AutoTokenizer.from_pretrained(path)
+    return len(tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True,
+                                       return_dict=False, **kw))
+
+
+def test_enable_thinking_reaches_the_template(oai, live):
+    path = live.registry.entries[QWEN].path
+    msgs = [{"role": "user", "content": "hello"}]
+    off = oai.chat.completions.create(model=QWEN, messages=msgs, max_tokens=2, temperature=0,
+                                      extra_body={"chat_template_kwargs": {"enable_thinking":
+                                                                           False}})
+    on = oai.chat.completions.create(model=QWEN, messages=msgs, max_tokens=2, temperature=0)
+    assert off.usage.prompt_tokens == _template_len(path, msgs, enable_thinking=False)
+    assert on.usage.prompt_tokens == _template_len(path, msgs) < off.usage.prompt_tokens
+    import ollama
+    c = ollama.Client(host=live.url)
+    r = c.chat(model=QWEN, messages=msgs, think=False, options={"num_predict": 2})
+    assert r.prompt_eval_count == off.usage.prompt_tokens
+
+
+def test_reasoning_split_on_every_api(oai, live):
+    msgs = [{"role": "user", "content": "weather?"}]
+    thought = "The user wants the weather."
+    r = oai.chat.completions.create(model="script", messages=msgs)
+    assert r.choices[0].message.model_extra["reasoning_content"] == thought
+    assert r.choices[0].message.content.startswith("Let me check.")
+    chunks = list(oai.chat.completions.create(model="script", messages=msgs, stream=True))
+    deltas = [c.choices[0].delta for c in chunks if c.choices]
+    assert "".join((d.model_extra or {}).get("reasoning_content") or "" for d in deltas) == thought
+    assert "".join(d.content or "" for d in deltas) == r.choices[0].message.content
+    import ollama
+    c = ollama.Client(host=live.url)
+    o = c.chat(model="script", messages=msgs, think=True)
+    assert o.message.thinking == thought and o.message.content.startswith("Let me check.")
+    parts = list(c.chat(model="script", messages=msgs, stream=True))
+    assert "".join(p.message.thinking or "" for p in parts) == thought
+
+
+# --- 4. Ollama fields, CORS, GET / ----------------------------------------------------------------
+def _resident(live) -> list[str]:
+    return [m["name"] for m in httpx.get(live.url + "/api/ps").json()["models"]]
+
+
+def _wait_until(check, timeout=10.0) -> bool:
+    import time
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if check():
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_ollama_keep_alive(live):
+    import ollama
+    c = ollama.Client(host=live.url)
+    opts = {"num_predict": 2, "temperature": 0}
+    c.generate(model=QWEN, prompt="hi", options=opts, keep_alive=-1)
+    ps = httpx.get(live.url + "/api/ps").json()["models"]
+    assert [m["expires_at"] for m in ps if m["name"] == QWEN] == [None]
+    c.chat(model=QWEN, messages=[{"role": "user", "content": "hi"}], options=opts, keep_alive=0)
+    assert _wait_until(lambda: QWEN not in _resident(live))          # 0: unloaded after it
+    c.generate(model=QWEN, prompt="hi", options=opts, keep_alive="1s")
+    assert QWEN in _resident(live)
+    assert _wait_until(lambda: QWEN not in _resident(live), 15)       # then after a second
+    assert c.generate(model=QWEN, prompt="").done_reason == "load"    # an empty prompt loads
+    assert QWEN in _resident(live)
+    assert c.generate(model=QWEN, prompt="", keep_alive=0).done_reason == "unload"
+    assert _wait_until(lambda: QWEN not in _resident(live))
+    r = httpx.post(live.url + "/api/generate", json={"model": QWEN, "keep_alive": "soon"})
+    assert r.status_code == 400 and "keep_alive" in r.json()["error"]
+
+
+def test_suffix_fill_in_the_middle(oai, live):
+    from tokenizers import Tokenizer
+    from torch_xdna.engine.llm.generate import GenerationConfig
+    path = live.registry.entries[QWEN].path
+    tok = Tokenizer.from_file(str(path / "tokenizer.json"))
+    pre, suf = "the quick brown ", " over the lazy dog"
+    ids = [tok.token_to_id(cf.FIM[0]), *tok.encode(pre, add_special_tokens=False).ids,
+           tok.token_to_id(cf.FIM[1]), *tok.encode(suf, add_special_tokens=False).ids,
+           tok.token_to_id(cf.FIM[2])]
+    r = oai.completions.create(model=QWEN, prompt=pre, suffix=suf, max_tokens=6, temperature=0)
+    model = live.registry.loaded[QWEN]
+    want = model.engine.complete(ids, GenerationConfig(max_tokens=6))
+    assert r.choices[0].text == want.text and r.usage.prompt_tokens == len(ids)
+    import ollama
+    o = ollama.Client(host=live.url).generate(model=QWEN, prompt=pre, suffix=suf,
+                                               options={"temperature": 0, "num_predict": 6})
+    assert o.response == want.text
+    with pytest.raises(openai.BadRequestError) as e:        # no FIM tokens: a clear 400
+        oai.completions.create(model="plain", prompt=pre, suffix=suf)
+    assert e.value.param == "suffix"
+
+
+def test_get_root_and_ollama_error_shape(live):
+    assert httpx.get(live.url + "/").text == "Ollama is running"
+    r = httpx.post(live.url + "/api/chat", json={"model": "nope", "messages": []})
+    assert r.status_code == 404 and r.json() == {"error": "model 'nope' not found"}
+    r = httpx.get(live.url + "/api/nothing")
+    assert r.status_code == 404 and set(r.json()) == {"error"}
+
+
+PREFLIGHT = {"Origin": "http://localhost:3000", "Access-Control-Request-Method": "POST",
+             "Access-Control-Request-Headers": "authorization,content-type,x-stainless-os,"
+                                               "x-stainless-lang,x-api-key,anthropic-version"}
+
+
+@pytest.mark.parametrize("key", [None, "K"])
+def test_browser_preflight_with_and_without_a_key(key):
+    from torch_xdna.server.app import ServerConfig, create_app
+    from torch_xdna.server.background import BackgroundServer
+    from torch_xdna.server.registry import ModelRegistry
+    reg = ModelRegistry()
+    reg.add_object(cf.ScriptChat("Hi!"), "chat", "plain")
+    app = create_app(ServerConfig(default_model=False, api_key=key,
+                                  cors_origins=["http://localhost:3000"]), registry=reg)
+    with BackgroundServer(app) as s:
+        for path in ("/v1/chat/completions", "/v1/messages", "/api/chat"):
+            r = httpx.options(s.url + path, headers=PREFLIGHT)
+            assert r.status_code == 200, r.text
+            assert r.headers["access-control-allow-origin"] == "http://localhost:3000"
+            allowed = r.headers["access-control-allow-headers"].lower()
+            assert all(h in allowed for h in ("x-stainless-os", "x-api-key", "authorization"))
+        body = {"model": "plain", "messages": [{"role": "user", "content": "hi"}]}
+        origin = {"Origin": "http://localhost:3000"}
+        r = httpx.post(s.url + "/v1/chat/completions", json=body, headers=origin)
+        assert r.status_code == (401 if key else 200)
+        assert r.headers.get("access-control-allow-origin") == "http://localhost:3000"
+        if key:
+            r = httpx.post(s.url + "/v1/messages", json={**body, "max_tokens": 5},
+                           headers={**origin, "x-api-key": key, "anthropic-version": "2023-06-01"})
+            assert r.status_code == 200 and r.json()["content"][0]["text"] == "Hi!"
+            r = httpx.post(s.url + "/v1/messages", json={**body, "max_tokens": 5})
+            assert r.json()["error"]["type"] == "authentication_error"

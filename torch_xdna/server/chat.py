@@ -13,6 +13,13 @@ from typing import Any, Callable, Iterator, Protocol, runtime_checkable
 from torch_xdna.choices import DEFAULT_KV_DTYPE
 from torch_xdna.engine.llm.text_stream import StopMatcher
 
+# fill-in-the-middle tokens (prefix, suffix, middle) of the coder families that have them:
+# Qwen2.5-Coder, StarCoder / StarCoder2, DeepSeek-Coder
+FIM_TOKENS = (("<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>"),
+              ("<fim_prefix>", "<fim_suffix>", "<fim_middle>"),
+              ("<\uff5cfim\u2581begin\uff5c>", "<\uff5cfim\u2581hole\uff5c>",
+               "<\uff5cfim\u2581end\uff5c>"))
+
 # what a ChatModel may declare in `features` beyond plain text generation
 SAMPLING_FEATURES = ("grammar", "logprobs", "penalties", "n")
 
@@ -201,6 +208,19 @@ class DecoderChatModel:
 
     def chat_prompt(self, messages: list[dict], **template_vars) -> list[int]:
         return self.engine.encode_prompt(messages, template_vars or None)
+
+    def fim_prompt(self, prefix: str, suffix: str) -> list[int] | None:
+        """Fill-in-the-middle prompt ids (prefix-suffix-middle order) when the tokenizer has one
+        convention's FIM tokens as single tokens, else None."""
+        tok = self.engine.tokenizer
+        for names in FIM_TOKENS:
+            ids = [tok.token_id(n) for n in names]
+            if all(i is not None for i in ids):
+                p, s, m = ids
+                head = self.engine.encode_prompt("")[:1]            # the BOS, if it uses one
+                return head + [p] + tok.encode(prefix, add_special_tokens=False) + [s] + \
+                    tok.encode(suffix, add_special_tokens=False) + [m]
+        return None
 
     def token_text(self, token: int) -> str:
         """One token's text (special tokens included), for logprobs."""

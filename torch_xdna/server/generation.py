@@ -346,3 +346,18 @@ class OutputSplit:
         r1, c1 = split.feed(text)
         r2, c2, calls = split.finish()
         return r1 + r2, c1 + c2, calls
+
+
+def fim_setup(prefix: str, suffix: str):
+    """A plan's setup for fill-in-the-middle (`suffix` on /v1/completions and /api/generate):
+    the model's FIM prompt, or a 400 when its tokenizer has no FIM tokens."""
+    def setup(model, params: GenerationParams) -> list[int]:
+        fim = getattr(model, "fim_prompt", None)
+        ids = fim(prefix, suffix) if fim else None
+        if ids is None:
+            raise APIError(400, "this model has no fill-in-the-middle tokens, so 'suffix' cannot "
+                                "be used (coder models such as Qwen2.5-Coder, StarCoder and "
+                                "DeepSeek-Coder have them); drop 'suffix'", param="suffix",
+                           code="unsupported_parameter")
+        return ids
+    return setup

@@ -63,7 +63,7 @@ class Guard:
             if error is None and scope.get("method") in ("POST", "PUT", "PATCH"):
                 body, error = await self._read_body(scope, receive, t0)
             if error is not None:
-                await _send_json(send_wrapped, error, path)
+                await _send_json(send_wrapped, error, path, self._cors_origin(scope))
                 return
             if body is not None:
                 replayed = {"done": False}
@@ -79,6 +79,13 @@ class Guard:
         finally:
             self.metrics.observe_request(scope.get("method", ""), route, status["code"],
                                          time.perf_counter() - t0)
+
+    def _cors_origin(self, scope) -> str | None:
+        """The request's Origin when CORS allows it: the guard's own refusals (401, 413...) are
+        answered before the CORS middleware, and a browser reads them only with this header."""
+        origin = dict(scope.get("headers") or []).get(b"origin", b"").decode("latin-1")
+        allowed = self.config.cors_origins
+        return origin if origin and ("*" in allowed or origin in allowed) else None
 
     def _check_auth(self, scope, path: str) -> APIError | None:
         key = self.config.api_key
@@ -142,9 +149,11 @@ class Guard:
                 return b"".join(chunks), None
 
 
-async def _send_json(send, err: APIError, path: str = "") -> None:
+async def _send_json(send, err: APIError, path: str = "", origin: str | None = None) -> None:
     body = json.dumps(error_json(path, err)).encode()
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    if origin:
+        headers += [(b"access-control-allow-origin", origin.encode("latin-1")), (b"vary", b"Origin")]
     if err.status == 401:
         headers.append((b"www-authenticate", b"Bearer"))
     for k, v in (err.headers or {}).items():

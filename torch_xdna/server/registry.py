@@ -193,6 +193,16 @@ class ModelRegistry:
             pass
         return model
 
+    def unload(self, entry_id: str) -> bool:
+        """Unload one resident model now (device worker thread); False if it is not resident
+        or pinned (Ollama's keep_alive)."""
+        with self._lock:
+            if entry_id not in self.loaded or self.entries[entry_id].pinned:
+                return False
+            model = self.loaded.pop(entry_id)
+        _close(model)
+        return True
+
     def _evict_one(self, keep: str | None = None) -> bool:
         """Unload the least recently used unpinned model (never `keep`); False if none."""
         with self._lock:

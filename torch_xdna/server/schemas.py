@@ -256,11 +256,12 @@ class ChatCompletionRequest(_Sampling):
 
 
 class CompletionRequest(_Sampling):
-    """POST /v1/completions (one prompt; no echo or suffix)."""
+    """POST /v1/completions (one prompt; `suffix`: fill-in-the-middle; no echo)."""
 
     prompt: str | list[str]
     max_tokens: int | None = Field(default=16, ge=1)
     echo: Literal[False] = False
+    suffix: str | None = None         # fill-in-the-middle, for models with FIM tokens
     logprobs: int | None = Field(default=None, ge=0, le=5)
 
     def top_k_logprobs(self) -> int | None:

@@ -12,7 +12,8 @@ from fastapi import FastAPI, Request
 from fastapi.responses import StreamingResponse
 
 from torch_xdna.server.chat import GenerationParams
-from torch_xdna.server.generation import GenerationPlan, GenerationRun, OutputSplit, chat_plan
+from torch_xdna.server.generation import (GenerationPlan, GenerationRun, OutputSplit, chat_plan,
+                                          fim_setup)
 from torch_xdna.server.schemas import (APIError, ChatCompletionRequest, CompletionRequest,
                                        NamedToolChoice, ResponseFormat, parse)
 from torch_xdna.server.state import Server
@@ -75,9 +76,10 @@ async def chat_completion(srv: Server, request: Request):
 async def text_completion(srv: Server, request: Request):
     req: CompletionRequest = await parse(request, CompletionRequest)
     entry = srv.registry.resolve(req.model, "chat")
+    setup = (fim_setup(req.prompt, req.suffix) if req.suffix
+             else lambda model, p: model.encode(req.prompt))
     run = GenerationRun(srv, request, entry,
-                        GenerationPlan(lambda model, p: model.encode(req.prompt),
-                                       base_params(req), req.max_tokens, "prompt"))
+                        GenerationPlan(setup, base_params(req), req.max_tokens, "prompt"))
     return await respond(run, req, chat=False)
 
 
