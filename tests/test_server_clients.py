@@ -379,3 +379,38 @@ def test_browser_preflight_with_and_without_a_key(key):
             assert r.status_code == 200 and r.json()["content"][0]["text"] == "Hi!"
             r = httpx.post(s.url + "/v1/messages", json={**body, "max_tokens": 5})
             assert r.json()["error"]["type"] == "authentication_error"
+
+
+# --- 5. names and context -------------------------------------------------------------------------
+def test_aliases_duplicates_and_one_context_length(live, tmp_path):
+    from torch_xdna.models.hf import ModelDirError
+    from torch_xdna.server.app import ServerConfig, create_app
+    from torch_xdna.server.background import BackgroundServer
+    from torch_xdna.server.registry import ModelRegistry
+    qwen = live.registry.entries[QWEN].path
+    with pytest.raises(ModelDirError, match="given twice"):
+        create_app(ServerConfig(models=[f"chat={qwen}", f"chat={qwen}"], preload=False))
+    with pytest.raises(ValueError, match="no served model"):
+        create_app(ServerConfig(aliases=["gpt=nope"], preload=False))
+    reg = ModelRegistry(max_context=200)
+    reg.add_default_embedding()
+    reg.add_dir(qwen, "chat")
+    app = create_app(ServerConfig(default_model=False, preload=False, aliases=[
+        "text-embedding-3-small=all-MiniLM-L6-v2", "gpt-4o=chat"]), registry=reg)
+    with BackgroundServer(app) as s:
+        client = openai.OpenAI(base_url=s.url + "/v1", api_key="x", max_retries=0)
+        e = client.embeddings.create(model="text-embedding-3-small", input="hello")
+        assert len(e.data[0].embedding) == 384
+        assert client.models.retrieve("gpt-4o").id == "chat"
+        before = client.models.retrieve("chat").model_extra["max_model_len"]
+        assert before == 200                         # not yet resident: --max-context
+        r = client.chat.completions.create(model="gpt-4o", max_tokens=2, messages=[
+            {"role": "user", "content": "hi"}])
+        ctx = reg.loaded["chat"].context_length
+        assert client.models.retrieve("chat").model_extra["max_model_len"] == ctx
+        show = httpx.post(s.url + "/api/show", json={"model": "chat"}).json()
+        assert show["model_info"]["qwen3.context_length"] == ctx
+        with pytest.raises(openai.BadRequestError) as err:
+            client.chat.completions.create(model="chat", max_tokens=ctx, messages=[
+                {"role": "user", "content": "hi"}])
+        assert str(ctx) in err.value.message and r.model == "chat"

@@ -513,6 +513,9 @@ def _show(srv, entry) -> dict:
                             ("num_hidden_layers", "block_count")):
         if k_cfg in cfg:
             info[f"{arch}.{k_ollama}"] = cfg[k_cfg]
+    ctx = srv.registry.context_length(entry)
+    if ctx:                               # the one the server holds requests to
+        info[f"{arch}.context_length"] = ctx
     template = ""
     caps = ["embedding"] if entry.kind == "embedding" else ["completion"]
     if entry.kind == "chat" and entry.path is not None:
