@@ -157,7 +157,10 @@ _TABLE = (
             "beside aiecc.py on PATH)"),
     Setting("XDG_CACHE_HOME", PATH, None, "base of the default cache dir (default ~/.cache)"),
     Setting("XDG_CONFIG_HOME", PATH, None, "base of the default cache key file (default ~/.config)"),
-    Setting("XDG_DATA_HOME", PATH, None, "base of the default artifact dir (default ~/.local/share)"),
+    Setting("XDG_DATA_HOME", PATH, None, "base of the default artifact dir and xdna pull's model "
+            "dir (default ~/.local/share)"),
+    Setting("HF_ENDPOINT", TEXT, None, "the Hugging Face Hub xdna pull downloads from (read by "
+            "huggingface_hub; default https://huggingface.co)", reader="huggingface_hub"),
     # --- test hooks ----------------------------------------------------------------------------
     Setting("XDNA_TEST_CORPUS_KILL_AFTER", INTEGER, None, "test hook: a corpus job SIGKILLs itself "
             "after this many committed chunks", unit="chunks", internal=True),

@@ -19,14 +19,16 @@ from torch_xdna.server.config import ServerConfig
 from torch_xdna.server.errors import install_error_handlers
 from torch_xdna.server.guard import install_guard
 from torch_xdna.server.registry import ModelRegistry
-from torch_xdna.server.routes import audio, embeddings, health, models, ollama, openai_chat, rerank
+from torch_xdna.server.routes import (anthropic, audio, embeddings, health, models, ollama,
+                                     openai_chat, rerank, responses)
 from torch_xdna.server.state import Server, backend_description
 
 log = logging.getLogger("torch_xdna.server")
 
 # The API surfaces, one module each under server/routes/, each exposing `register(app, srv)`;
 # registered in this order.
-ROUTE_MODULES = (health, models, embeddings, openai_chat, ollama, rerank, audio)
+ROUTE_MODULES = (health, models, embeddings, openai_chat, ollama, rerank, audio, anthropic,
+                 responses)
 
 
 def create_app(config: ServerConfig | None = None, registry: ModelRegistry | None = None) -> FastAPI:

@@ -47,7 +47,8 @@ class HandleSource:
 
     def stream(self, prompt_ids, params, cancelled) -> Iterator[Piece]:
         from torch_xdna.engine.llm.batching import text_chunks
-        return self.model.pieces(text_chunks(self.model.engine, self.handle, cancelled))
+        return self.model.pieces(text_chunks(self.model.engine, self.handle, cancelled),
+                                 params.stops_here)
 
 
 class Batcher:

@@ -13,6 +13,13 @@ from typing import Any, Callable, Iterator, Protocol, runtime_checkable
 from torch_xdna.choices import DEFAULT_KV_DTYPE
 from torch_xdna.engine.llm.text_stream import StopMatcher
 
+# fill-in-the-middle tokens (prefix, suffix, middle) of the coder families that have them:
+# Qwen2.5-Coder, StarCoder / StarCoder2, DeepSeek-Coder
+FIM_TOKENS = (("<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>"),
+              ("<fim_prefix>", "<fim_suffix>", "<fim_middle>"),
+              ("<\uff5cfim\u2581begin\uff5c>", "<\uff5cfim\u2581hole\uff5c>",
+               "<\uff5cfim\u2581end\uff5c>"))
+
 # what a ChatModel may declare in `features` beyond plain text generation
 SAMPLING_FEATURES = ("grammar", "logprobs", "penalties", "n")
 
@@ -26,12 +33,15 @@ class GenerationParams:
     stop: list[str] = field(default_factory=list)
     top_k: int = 0                       # 0: off (Ollama's options set it)
     repetition_penalty: float = 1.0      # multiplicative (Ollama's repeat_penalty)
+    min_p: float = 0.0                   # 0: off (llama.cpp / vLLM / Ollama's min_p)
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     logit_bias: tuple[tuple[int, float], ...] = ()
     logprobs: int | None = None          # None: off; k: per-token log-probs + top-k
     grammar: Any = None                  # engine.constrained.Grammar: the output must match it
     n: int = 1
+    stops_here: bool = False             # cut stop strings here, not in the model, to learn which
+    #                                      one matched (Anthropic's stop_sequence)
 
     def needs(self) -> set[str]:
         """The model features these parameters need ("n" is emulated when missing)."""
@@ -87,6 +97,7 @@ class GenerationResult:
     completion_tokens: int = 0
     finish_reason: str = "length"
     cached_tokens: int = 0               # prompt tokens served from the prefix cache
+    stop_sequence: str | None = None     # the stop string that ended it (params.stops_here)
 
 
 def run_generation(model: ChatModel, prompt_ids: list[int], params: GenerationParams,
@@ -133,7 +144,10 @@ def _drive(model: ChatModel, prompt_ids: list[int], params: GenerationParams,
                 continue
             r.completion_tokens += piece.tokens
             model_finish[i] = piece.finish_reason
+            seen = matchers[i].buf + piece.text
             text, stopped[i] = matchers[i].feed(piece.text)
+            if stopped[i]:
+                r.stop_sequence = min((s for s in params.stop if s in seen), key=seen.find)
             if text or piece.logprobs:
                 emit(base + i, text, piece.logprobs)
             if cancelled() or all(over(j) for j in range(count)):
@@ -170,6 +184,14 @@ def load_chat_model(model_dir: str | Path, max_context: int | None = None,
                                          kv_dtype=kv_dtype))
 
 
+def _min_p(min_p: float) -> tuple:
+    """The engine's logits-processor factories for min_p (none when it is off)."""
+    if not min_p:
+        return ()
+    from torch_xdna.engine.llm.logits import MinP
+    return (lambda: MinP(min_p),)
+
+
 class DecoderChatModel:
     """ChatModel over the decoder engine (engine.generate.Engine)."""
 
@@ -187,6 +209,19 @@ class DecoderChatModel:
     def chat_prompt(self, messages: list[dict], **template_vars) -> list[int]:
         return self.engine.encode_prompt(messages, template_vars or None)
 
+    def fim_prompt(self, prefix: str, suffix: str) -> list[int] | None:
+        """Fill-in-the-middle prompt ids (prefix-suffix-middle order) when the tokenizer has one
+        convention's FIM tokens as single tokens, else None."""
+        tok = self.engine.tokenizer
+        for names in FIM_TOKENS:
+            ids = [tok.token_id(n) for n in names]
+            if all(i is not None for i in ids):
+                p, s, m = ids
+                head = self.engine.encode_prompt("")[:1]            # the BOS, if it uses one
+                return head + [p] + tok.encode(prefix, add_special_tokens=False) + [s] + \
+                    tok.encode(suffix, add_special_tokens=False) + [m]
+        return None
+
     def token_text(self, token: int) -> str:
         """One token's text (special tokens included), for logprobs."""
         return self.engine.tokenizer.decode([token], skip_special_tokens=False)
@@ -199,31 +234,38 @@ class DecoderChatModel:
         """The engine's GenerationConfig for these request parameters."""
         from torch_xdna.engine.llm.generate import GenerationConfig
         return GenerationConfig(max_tokens=params.max_tokens, temperature=params.temperature,
-                                top_p=params.top_p, seed=params.seed, stop=tuple(params.stop),
+                                top_p=params.top_p, seed=params.seed,
+                                stop=() if params.stops_here else tuple(params.stop),
                                 top_k=params.top_k,
                                 repetition_penalty=params.repetition_penalty,
                                 presence_penalty=params.presence_penalty,
                                 frequency_penalty=params.frequency_penalty,
                                 logit_bias=params.logit_bias, grammar=params.grammar,
-                                logprobs=params.logprobs, n=max(1, params.n))
+                                logprobs=params.logprobs, n=max(1, params.n),
+                                processors=_min_p(params.min_p))
 
     def stream(self, prompt_ids: list[int], params: GenerationParams,
                cancelled: Callable[[], bool]) -> Iterator[Piece]:
         chunks = self.engine.generate(prompt_ids, self.generation_config(params), cancelled)
-        return self.pieces(chunks)
+        return self.pieces(chunks, params.stops_here)
 
     @staticmethod
-    def pieces(chunks) -> Iterator[Piece]:
-        """Engine Chunks -> Pieces (the last one carries the engine's token counts)."""
+    def pieces(chunks, each: bool = False) -> Iterator[Piece]:
+        """Engine Chunks -> Pieces (the last one carries the engine's token counts). each: count
+        every chunk's tokens as it comes (the server may stop reading before the last one)."""
+        counted: dict[int, int] = {}
         try:
             for chunk in chunks:
+                n = len(chunk.token_ids) if each else 0
                 if chunk.finish_reason is not None:
                     # the engine's own count includes tokens cut by a stop string
-                    yield Piece(chunk.text, chunk.stats.generated_tokens if chunk.stats else 0,
+                    total = chunk.stats.generated_tokens if chunk.stats else 0
+                    yield Piece(chunk.text, total - counted.get(chunk.index, 0),
                                 chunk.finish_reason, chunk.index, chunk.logprobs,
                                 chunk.stats.cached_tokens if chunk.stats else 0)
                 else:
-                    yield Piece(chunk.text, 0, index=chunk.index, logprobs=chunk.logprobs)
+                    counted[chunk.index] = counted.get(chunk.index, 0) + n
+                    yield Piece(chunk.text, n, index=chunk.index, logprobs=chunk.logprobs)
         finally:
             close = getattr(chunks, "close", None)
             if close:

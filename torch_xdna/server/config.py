@@ -15,6 +15,7 @@ class ServerConfig:
     port: int = 8000
     api_key: str | None = None
     models: list[str] = field(default_factory=list)
+    aliases: list[str] = field(default_factory=list)     # "ALIAS=MODEL": more names of a model
     default_model: bool = True            # offer the bundled all-MiniLM-L6-v2
     max_queue: int = 64                   # waiting requests before 429
     gather_ms: float = 20.0               # embedding merge window when clients overlap (worker.py)

@@ -10,7 +10,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from torch_xdna.runtime import DeviceOutOfMemory
-from torch_xdna.server.schemas import APIError, error_body
+from torch_xdna.server.schemas import APIError
 from torch_xdna.server.worker import WorkerStopped
 
 log = logging.getLogger("torch_xdna.server")
@@ -54,29 +54,54 @@ def as_api_error(e: BaseException) -> APIError:
                          f"details.", type="server_error")
 
 
+ANTHROPIC_TYPES = {400: "invalid_request_error", 401: "authentication_error",
+                   403: "permission_error", 404: "not_found_error", 413: "request_too_large",
+                   429: "rate_limit_error", 503: "overloaded_error"}
+
+
+def anthropic_error(e: APIError) -> dict:
+    """Anthropic's error shape: {"type": "error", "error": {"type", "message"}}."""
+    kind = ANTHROPIC_TYPES.get(e.status, "api_error" if e.status >= 500 else
+                               "invalid_request_error")
+    return {"type": "error", "error": {"type": kind, "message": e.body()["error"]["message"]}}
+
+
+def error_json(path: str, e: APIError) -> dict:
+    """The error body in the shape the API at `path` speaks: Ollama's {"error": "..."} on
+    /api/*, Anthropic's on /v1/messages*, else OpenAI's."""
+    if path.startswith("/api/"):
+        return {"error": e.body()["error"]["message"]}
+    if path.startswith("/v1/messages"):
+        return anthropic_error(e)
+    return e.body()
+
+
 def install_error_handlers(app: FastAPI) -> None:
-    """Every exception a route lets through is answered in OpenAI's error shape."""
+    """Every exception a route lets through is answered in its API's error shape (error_json)."""
 
     @app.exception_handler(APIError)
     async def _api_error(request: Request, e: APIError):
-        return JSONResponse(e.body(), status_code=e.status, headers=e.headers)
+        return JSONResponse(error_json(request.url.path, e), status_code=e.status,
+                            headers=e.headers)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, e: StarletteHTTPException):
         msg = (f"Unknown request URL: {request.method} {request.url.path}. See /v1/models, "
                f"/v1/embeddings, /v1/chat/completions, /v1/completions." if e.status_code == 404
                else str(e.detail))
-        return JSONResponse(error_body(msg, code="not_found" if e.status_code == 404 else None),
-                            status_code=e.status_code)
+        err = APIError(e.status_code, msg, code="not_found" if e.status_code == 404 else None)
+        return JSONResponse(error_json(request.url.path, err), status_code=e.status_code)
 
     @app.exception_handler(ModelLoadFailed)
     @app.exception_handler(DeviceOutOfMemory)
     @app.exception_handler(WorkerStopped)
     async def _known(request: Request, e: Exception):
         err = as_api_error(e)
-        return JSONResponse(err.body(), status_code=err.status, headers=err.headers)
+        return JSONResponse(error_json(request.url.path, err), status_code=err.status,
+                            headers=err.headers)
 
     @app.exception_handler(Exception)
     async def _internal(request: Request, e: Exception):
         err = as_api_error(e)
-        return JSONResponse(err.body(), status_code=err.status, headers=err.headers)
+        return JSONResponse(error_json(request.url.path, err), status_code=err.status,
+                            headers=err.headers)

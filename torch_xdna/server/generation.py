@@ -249,6 +249,19 @@ class GenerationRun:
             else:
                 raise as_api_error(_event_error(ev))
 
+    async def text(self) -> tuple[str, Any]:
+        """A one-sample run to its end: (the whole text, its GenerationResult)."""
+        parts: list[str] = []
+        try:
+            async for ev in self.events_until_end():
+                if ev[0] == "delta":
+                    parts.append(ev[2])
+                else:
+                    result = ev[1][0]
+        finally:
+            self.close("done")
+        return "".join(parts), result
+
     def _count(self, results: list) -> None:
         m, eid = self.srv.metrics, self.entry.id
         m.add_tokens(eid, "prompt", results[0].prompt_tokens if results else 0)
@@ -257,3 +270,94 @@ class GenerationRun:
     def close(self, reason: str = "client") -> None:
         self.cancel.set(reason)
         self.stop_watching()
+
+
+# --- the chat path every API surface shares -------------------------------------------------------
+def chat_plan(messages: list[dict], tools: list[dict], choice: Any, params: GenerationParams,
+              max_tokens: int | None, parallel: bool = True, template_vars: dict | None = None,
+              param: str = "messages") -> GenerationPlan:
+    """OpenAI-shaped messages and tools -> the plan of one chat request, for every API (OpenAI
+    chat, Responses, Anthropic Messages, Ollama). `choice`: "none" | "auto" | "required" | the
+    name of the one function to call. The model's tool convention, the grammar of a forced call,
+    the template variables (enable_thinking, ...) and whether the prompt opened a think block
+    are settled on the worker, where the model is; `info` carries them to the response side."""
+    tools = tools if choice != "none" else []
+    if choice in ("none", "auto", "required"):
+        forced = tools if choice == "required" else []
+    else:
+        forced = [t for t in tools if t["function"]["name"] == choice]
+    info: dict = {"convention": None, "names": {t["function"]["name"] for t in tools},
+                  "opened": False}
+    extra_vars = dict(template_vars or {})
+
+    def setup(model, params: GenerationParams) -> list[int]:
+        from torch_xdna.server.tools import call_grammar, convention_of, render_messages
+        template = getattr(model, "chat_template", None)
+        conv = convention_of(template) if tools else None
+        info["convention"] = conv
+        msgs, extra = render_messages(messages, tools or None, conv or "prompt")
+        if forced:
+            from torch_xdna.engine.llm.constrained import Grammar
+            from torch_xdna.server.tools import MAX_PARALLEL_CALLS
+            params.grammar = Grammar("lark", call_grammar(
+                forced, conv, MAX_PARALLEL_CALLS if choice == "required" and parallel else 1))
+            info["grammar_param"] = "tool_choice"
+        extra.update(extra_vars)
+        ids = model.chat_prompt(msgs, **extra) if extra else model.chat_prompt(msgs)
+        text_of = getattr(model, "token_text", None)
+        if template and "<think>" in template and text_of and ids:
+            tail = "".join(text_of(t) for t in ids[-4:])
+            info["opened"] = tail.rstrip().endswith("<think>")
+        return ids
+
+    return GenerationPlan(setup, params, max_tokens, param, info)
+
+
+class OutputSplit:
+    """One sample's text -> reasoning, content and tool calls, as it streams: the think block
+    first (engine/llm/text_stream.py's ThinkSplit), then the model's tool-call convention over
+    the content (server/tools.py's ToolStream)."""
+
+    def __init__(self, info: dict):
+        from torch_xdna.engine.llm.text_stream import ThinkSplit
+        from torch_xdna.server.tools import ToolStream
+        self.think = ThinkSplit(info.get("opened", False))
+        conv = info.get("convention")
+        self.tools = ToolStream(conv, info["names"]) if conv else None
+
+    def feed(self, text: str) -> tuple[str, str]:
+        """New text -> (reasoning, content) to emit now."""
+        reasoning, content = self.think.feed(text)
+        return reasoning, (self.tools.feed(content) if self.tools else content)
+
+    def finish(self) -> tuple[str, str, list]:
+        """(reasoning, content still to emit, tool calls)."""
+        reasoning, content = self.think.flush()
+        if self.tools is None:
+            return reasoning, content, []
+        content = self.tools.feed(content)
+        rest, calls = self.tools.finish()
+        return reasoning, content + rest, calls
+
+    @classmethod
+    def whole(cls, info: dict, text: str) -> tuple[str, str, list]:
+        """A complete output -> (reasoning, content, tool calls)."""
+        split = cls(info)
+        r1, c1 = split.feed(text)
+        r2, c2, calls = split.finish()
+        return r1 + r2, c1 + c2, calls
+
+
+def fim_setup(prefix: str, suffix: str):
+    """A plan's setup for fill-in-the-middle (`suffix` on /v1/completions and /api/generate):
+    the model's FIM prompt, or a 400 when its tokenizer has no FIM tokens."""
+    def setup(model, params: GenerationParams) -> list[int]:
+        fim = getattr(model, "fim_prompt", None)
+        ids = fim(prefix, suffix) if fim else None
+        if ids is None:
+            raise APIError(400, "this model has no fill-in-the-middle tokens, so 'suffix' cannot "
+                                "be used (coder models such as Qwen2.5-Coder, StarCoder and "
+                                "DeepSeek-Coder have them); drop 'suffix'", param="suffix",
+                           code="unsupported_parameter")
+        return ids
+    return setup

@@ -1,6 +1,11 @@
 """The ASGI guard around the app: refuses what must not reach a route (shutdown, a missing or
 wrong API key, an over-long or trickled body) and times every request for the metrics; plus the
-CORS middleware for the browser origins the user allows."""
+CORS middleware for the browser origins the user allows.
+
+The key is read from `Authorization: Bearer KEY` (OpenAI, Ollama clients) or `x-api-key: KEY`
+(Anthropic clients). A CORS preflight (OPTIONS with Access-Control-Request-Method) never needs the
+key: browsers never send credentials on one. Refusals are answered in the shape of the API the
+path belongs to (errors.error_json)."""
 from __future__ import annotations
 
 import asyncio
@@ -12,6 +17,7 @@ from typing import TYPE_CHECKING
 from fastapi import FastAPI
 
 from torch_xdna.server.config import ServerConfig
+from torch_xdna.server.errors import error_json
 from torch_xdna.server.metrics import Metrics
 from torch_xdna.server.schemas import APIError
 
@@ -21,7 +27,9 @@ if TYPE_CHECKING:
 ROUTES = ("/health", "/metrics", "/v1/models", "/v1/embeddings", "/v1/chat/completions",
           "/v1/completions", "/api/chat", "/api/generate", "/api/embed", "/api/embeddings",
           "/api/tags", "/api/show", "/api/ps", "/api/version", "/v1/rerank", "/rerank",
-          "/v1/audio/transcriptions", "/v1/audio/translations")   # metrics labels
+          "/v1/audio/transcriptions", "/v1/audio/translations", "/v1/messages",
+          "/v1/messages/count_tokens", "/v1/responses", "/", "/ui")   # metrics labels
+OPEN_PATHS = ("/health", "/", "/ui")      # never need the key (the chat page asks for it)
 
 
 class Guard:
@@ -55,7 +63,7 @@ class Guard:
             if error is None and scope.get("method") in ("POST", "PUT", "PATCH"):
                 body, error = await self._read_body(scope, receive, t0)
             if error is not None:
-                await _send_json(send_wrapped, error)
+                await _send_json(send_wrapped, error, path, self._cors_origin(scope))
                 return
             if body is not None:
                 replayed = {"done": False}
@@ -72,19 +80,30 @@ class Guard:
             self.metrics.observe_request(scope.get("method", ""), route, status["code"],
                                          time.perf_counter() - t0)
 
+    def _cors_origin(self, scope) -> str | None:
+        """The request's Origin when CORS allows it: the guard's own refusals (401, 413...) are
+        answered before the CORS middleware, and a browser reads them only with this header."""
+        origin = dict(scope.get("headers") or []).get(b"origin", b"").decode("latin-1")
+        allowed = self.config.cors_origins
+        return origin if origin and ("*" in allowed or origin in allowed) else None
+
     def _check_auth(self, scope, path: str) -> APIError | None:
         key = self.config.api_key
-        if not key or path == "/health":
+        if not key or path in OPEN_PATHS or path.startswith("/ui/"):
             return None
         headers = dict(scope.get("headers") or [])
+        if scope.get("method") == "OPTIONS" and b"access-control-request-method" in headers:
+            return None                   # a CORS preflight: browsers never send the key on it
         # compare bytes: ASGI hands over the raw header bytes (a UTF-8 key arrives as its UTF-8
         # bytes; decoding them as latin-1 and re-encoding as UTF-8 would never match)
         auth = headers.get(b"authorization", b"")
         given = auth[7:].strip() if auth[:7].lower() == b"bearer " else b""
+        given = given or headers.get(b"x-api-key", b"").strip()
         if not given:
             self.metrics.reject("auth")
             return APIError(401, "You didn't provide an API key. Send it as 'Authorization: "
-                                 "Bearer KEY' (the --api-key given to xdna serve).",
+                                 "Bearer KEY' or 'x-api-key: KEY' (the --api-key given to "
+                                 "xdna serve).",
                             type="invalid_request_error", code="invalid_api_key")
         if not hmac.compare_digest(given, key.encode("utf-8")):
             self.metrics.reject("auth")
@@ -130,9 +149,11 @@ class Guard:
                 return b"".join(chunks), None
 
 
-async def _send_json(send, err: APIError) -> None:
-    body = json.dumps(err.body()).encode()
+async def _send_json(send, err: APIError, path: str = "", origin: str | None = None) -> None:
+    body = json.dumps(error_json(path, err)).encode()
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    if origin:
+        headers += [(b"access-control-allow-origin", origin.encode("latin-1")), (b"vary", b"Origin")]
     if err.status == 401:
         headers.append((b"www-authenticate", b"Bearer"))
     for k, v in (err.headers or {}).items():
@@ -147,7 +168,9 @@ def install_guard(app: FastAPI, config: ServerConfig, srv: "Server") -> None:
         # browser-based clients on other origins (web UIs, editor webviews) need CORS; off by
         # default so a web page cannot call a local server unless the user allows its origin
         from fastapi.middleware.cors import CORSMiddleware
+        # any request header: the official SDKs send their own (openai's x-stainless-*,
+        # anthropic's anthropic-version, x-api-key, anthropic-dangerous-direct-browser-access)
         app.add_middleware(CORSMiddleware, allow_origins=config.cors_origins,
-                           allow_methods=["GET", "POST", "OPTIONS"],
-                           allow_headers=["Authorization", "Content-Type"])
+                           allow_methods=["GET", "POST", "DELETE", "OPTIONS"],
+                           allow_headers=["*"], max_age=600)
     app.add_middleware(Guard, config=config, metrics=srv.metrics, server=srv)

@@ -91,6 +91,9 @@ class ModelRegistry:
             from torch_xdna.models.loader import read_model
             read_model(path)                  # a broken file fails before the server binds
         kind = "chat" if gguf_file else model_kind(path)
+        if name is not None and self.find(name) is not None:
+            raise ModelDirError(f"the model name {name!r} is given twice; give each --model its "
+                                f"own NAME (NAME=DIR)")
         name = self._unique(name or (path.stem if gguf_file else path.resolve().name))
         if kind == "embedding":
             from torch_xdna.engine.embed.embedder import Embedder
@@ -138,7 +141,38 @@ class ModelRegistry:
             self.loaded[name] = model
         return entry
 
+    def add_alias(self, alias: str, model_id: str) -> None:
+        """Serve `model_id` under another name too (--alias text-embedding-3-small=MODEL)."""
+        entry = self.find(model_id)
+        if entry is None:
+            raise ValueError(f"--alias {alias}={model_id}: no served model is called "
+                             f"{model_id!r} (served: {', '.join(self.entries)})")
+        if self.find(alias) is not None:
+            raise ValueError(f"--alias {alias}={model_id}: the name {alias!r} is taken already")
+        entry.aliases = (*entry.aliases, alias)
+
+    def context_length(self, entry: ModelEntry) -> int | None:
+        """The one context length reported for a chat model: the resident model's KV capacity
+        (what requests are checked against), else what it will be at most (--max-context, the
+        config's max_position_embeddings)."""
+        model = self.loaded.get(entry.id)
+        if model is not None and getattr(model, "context_length", None):
+            return int(model.context_length)
+        if entry.kind != "chat" or entry.path is None or not entry.path.is_dir():
+            return None
+        try:
+            limit = int(read_config(entry.path).get("max_position_embeddings") or 0) or None
+        except (ValueError, OSError, TypeError):
+            limit = None
+        caps = [c for c in (limit, self.max_context) if c]
+        return min(caps) if caps else None
+
     # --- lookup -------------------------------------------------------------------------------
+    def find(self, name: str) -> ModelEntry | None:
+        """The entry called `name` (its id or an alias), else None."""
+        return self.entries.get(name) or next(
+            (e for e in self.entries.values() if name in e.aliases), None)
+
     def resolve(self, model_id: str | None, kind: str | tuple[str, ...]) -> ModelEntry:
         """The entry a request names (or the first of `kind` when it names none); `kind` may be
         a tuple of accepted kinds (/v1/embeddings takes text and image embedders)."""
@@ -150,8 +184,7 @@ class ModelRegistry:
                     return e
             raise APIError(400, f"no {kind} model is being served; start the server with "
                                 f"--model DIR", param="model", code="model_not_found")
-        entry = self.entries.get(model_id) or next(
-            (e for e in self.entries.values() if model_id in e.aliases), None)
+        entry = self.find(model_id)
         if entry is None:
             raise APIError(404, f"The model '{model_id}' does not exist or you do not have access "
                                 f"to it. Served models: {', '.join(self.entries)}",
@@ -192,6 +225,16 @@ class ModelRegistry:
         while len(self.loaded) > self.max_models and self._evict_one(keep=entry.id):
             pass
         return model
+
+    def unload(self, entry_id: str) -> bool:
+        """Unload one resident model now (device worker thread); False if it is not resident
+        or pinned (Ollama's keep_alive)."""
+        with self._lock:
+            if entry_id not in self.loaded or self.entries[entry_id].pinned:
+                return False
+            model = self.loaded.pop(entry_id)
+        _close(model)
+        return True
 
     def _evict_one(self, keep: str | None = None) -> bool:
         """Unload the least recently used unpinned model (never `keep`); False if none."""

@@ -1,19 +1,24 @@
 """Request models of the OpenAI-compatible API, their parsing (parse: body -> model, or a 400
 in OpenAI's words) and its error JSON shape.
 
-Unknown request fields are rejected (extra="forbid") rather than ignored, so a client relying on a
-parameter this server does not implement learns it at once instead of getting a silently different
-answer. Parameters OpenAI defines but we cannot honor are accepted only at their neutral value.
+Unknown request fields are ignored, as llama.cpp's server and vLLM do (LiteLLM, LangChain and Open
+WebUI send extras such as `metadata`, `store`, `typical_p`): parse() drops them and logs one warning
+per field name. Known fields keep strict types and bounds (a wrong type is a 400). Parameters
+OpenAI defines but we cannot honor are accepted only at their neutral value.
 """
 from __future__ import annotations
 
 import json
+import logging
 import re
 from typing import Any, Literal
 
 from fastapi import Request
 from pydantic import (BaseModel, ConfigDict, Field, ValidationError, field_validator,
                       model_validator)
+
+
+log = logging.getLogger("torch_xdna.server")
 
 
 class APIError(Exception):
@@ -89,6 +94,10 @@ class _Sampling(_Strict):
     presence_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
     frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
     logit_bias: dict[str, float] | None = None
+    # sampling extras llama.cpp's server and vLLM take (openai clients send them in extra_body)
+    top_k: int = Field(default=0, ge=0)
+    min_p: float = Field(default=0.0, ge=0.0, le=1.0)
+    repetition_penalty: float = Field(default=1.0, gt=0.0, le=10.0)
 
     @field_validator("stop")
     @classmethod
@@ -211,15 +220,21 @@ class ChatCompletionRequest(_Sampling):
     max_completion_tokens: int | None = Field(default=None, ge=1)
     logprobs: bool | None = None
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
-    tools: list[Tool] | None = Field(default=None, min_length=1)
+    tools: list[Tool] | None = None                  # [] is no tools (LangChain sends it)
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = None
     response_format: ResponseFormat | None = None
+    # chat-template variables (vLLM / llama.cpp): {"enable_thinking": false} switches Qwen3's off
+    chat_template_kwargs: dict[str, Any] | None = None
 
     @model_validator(mode="after")
     def _consistent(self):
         if self.top_logprobs is not None and not self.logprobs:
             raise ValueError("'top_logprobs' needs 'logprobs': true")
+        if self.tools == []:
+            self.tools = None
+            if self.tool_choice == "auto":
+                self.tool_choice = None
         choice = self.tool_choice
         names = {t.function.name for t in self.tools or []}
         if choice is not None and choice != "none" and not self.tools:
@@ -241,11 +256,12 @@ class ChatCompletionRequest(_Sampling):
 
 
 class CompletionRequest(_Sampling):
-    """POST /v1/completions (one prompt; no echo or suffix)."""
+    """POST /v1/completions (one prompt; `suffix`: fill-in-the-middle; no echo)."""
 
     prompt: str | list[str]
     max_tokens: int | None = Field(default=16, ge=1)
     echo: Literal[False] = False
+    suffix: str | None = None         # fill-in-the-middle, for models with FIM tokens
     logprobs: int | None = Field(default=None, ge=0, le=5)
 
     def top_k_logprobs(self) -> int | None:
@@ -315,7 +331,38 @@ async def parse(request: Request, model: type[BaseModel]) -> Any:
     try:
         return model.model_validate(data)
     except ValidationError as e:
+        unknown = [x["loc"] for x in e.errors() if x["type"] == "extra_forbidden"]
+        if not unknown:
+            raise validation_error(e) from None
+    for loc in unknown:                 # ignored, as llama.cpp's server does: warn, drop, retry
+        _drop(data, loc)
+    try:
+        return model.model_validate(data)
+    except ValidationError as e:
         raise validation_error(e) from None
+
+
+WARNED: set[str] = set()                 # unknown field names warned about (once each)
+
+
+def _drop(data: Any, loc: tuple) -> None:
+    """Remove the unknown field at `loc` from the request body (union-branch tags in the path,
+    such as 'list[TextPart]', are skipped); warn once per field name."""
+    *head, last = loc
+    names = []
+    for p in head:
+        if isinstance(data, list) and isinstance(p, int) and p < len(data):
+            data = data[p]
+        elif isinstance(data, dict) and p in data:
+            names.append(str(p))
+            data = data[p]
+    if not isinstance(data, dict) or last not in data:
+        return
+    data.pop(last)
+    name = ".".join(names + [str(last)])
+    if name not in WARNED:
+        WARNED.add(name)
+        log.warning("ignoring the unknown request field %r (warned once per field name)", name)
 
 
 def validation_error(e: ValidationError) -> APIError:

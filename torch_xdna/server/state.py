@@ -75,6 +75,11 @@ class Server:
             for spec in config.models:
                 name, path = parse_model_arg(spec)
                 self.registry.add_dir(path, name)
+        for spec in config.aliases:
+            alias, sep, target = spec.partition("=")
+            if not (sep and alias and target):
+                raise ValueError(f"--alias {spec!r}: write it as ALIAS=MODEL")
+            self.registry.add_alias(alias, target)
         if not self.registry.entries:
             raise ValueError("no models to serve: give --model DIR or keep the default model")
         self.worker = DeviceWorker(config.max_queue, gather_s=config.gather_ms / 1e3)

@@ -45,6 +45,9 @@ def register(subparsers) -> None:
     p.add_argument("--model", action="append", default=[], metavar="[NAME=]DIR",
                    help="serve a Hugging Face encoder (embeddings) or decoder (chat) directory; "
                         "repeatable")
+    p.add_argument("--alias", action="append", default=[], metavar="ALIAS=MODEL",
+                   help="serve MODEL under another name too, e.g. "
+                        "text-embedding-3-small=all-MiniLM-L6-v2; repeatable")
     p.add_argument("--no-default-model", action="store_true",
                    help="do not serve the bundled all-MiniLM-L6-v2")
     p.add_argument("--max-queue", type=positive_int, default=64,
@@ -140,7 +143,8 @@ def run(args: argparse.Namespace) -> int:
                         graceful_timeout_s=args.graceful_timeout,
                         write_timeout_s=args.write_timeout)
     config = ServerConfig(host=args.host, port=args.port, api_key=args.api_key or None,
-                          models=args.model, default_model=not args.no_default_model,
+                          models=args.model, aliases=args.alias,
+                          default_model=not args.no_default_model,
                           max_queue=args.max_queue, gather_ms=args.gather_ms,
                           host_threads=args.host_threads,
                           max_models=args.max_models,

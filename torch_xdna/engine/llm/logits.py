@@ -67,6 +67,27 @@ class LogitBias:
         pass
 
 
+class MinP:
+    """min_p sampling (llama.cpp's and vLLM's request parameter): tokens whose probability is
+    below min_p times the most likely token's are dropped. Run with the processors, i.e. before
+    temperature, as llama.cpp's default sampler chain orders it (top_k, top_p, min_p, temp)."""
+
+    def __init__(self, min_p: float):
+        if not 0.0 <= min_p <= 1.0:
+            raise ValueError(f"min_p must be in [0, 1], got {min_p}")
+        self.min_p = float(min_p)
+
+    def __call__(self, logits: torch.Tensor) -> torch.Tensor:
+        if self.min_p <= 0.0:
+            return logits
+        # p_i >= min_p * p_max  <=>  logit_i >= logit_max + log(min_p)
+        floor = logits.max() + torch.log(torch.tensor(self.min_p, dtype=logits.dtype))
+        return logits.masked_fill(logits < floor, float("-inf"))
+
+    def accept(self, token: int) -> None:
+        pass
+
+
 def make_processors(factories: Sequence[ProcessorFactory], presence: float = 0.0,
                     frequency: float = 0.0, logit_bias: Mapping[int, float] | None = None,
                     vocab: int = 0) -> list[LogitsProcessor]:

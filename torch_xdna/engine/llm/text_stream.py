@@ -110,3 +110,63 @@ class TextStream:
         out = self._pending, self._pending_lp
         self._pending, self._pending_lp = [], []
         return out
+
+
+class ThinkSplit:
+    """Reasoning split out of a thinking model's text as it streams: `<think>...</think>` at the
+    start of the output (Qwen3, DeepSeek-R1, ...) is reasoning, the rest is content. `opened`: the
+    prompt already opened the block (templates that end the generation prompt with `<think>`).
+    Text that could still be a tag is held; whitespace around each part of a split output is
+    dropped (an output without a think block passes unchanged)."""
+
+    OPEN, CLOSE = "<think>", "</think>"
+
+    def __init__(self, opened: bool = False):
+        self.state = "think" if opened else "start"      # start | think | content
+        self.buf = ""
+        self.fresh = True                  # no text of the current part emitted yet
+
+    def feed(self, text: str) -> tuple[str, str]:
+        """New text -> (reasoning, content) safe to emit now."""
+        self.buf += text
+        reasoning = content = ""
+        while True:
+            if self.state == "start":
+                head = self.buf.lstrip()
+                if head.startswith(self.OPEN):
+                    self.buf, self.state, self.fresh = head[len(self.OPEN):], "think", True
+                    continue
+                if self.OPEN.startswith(head):          # empty, or a tag still arriving
+                    return reasoning, content
+                self.state, self.fresh = "content", False   # no think block: text as it came
+            elif self.state == "think":
+                i = self.buf.find(self.CLOSE)
+                if i >= 0:
+                    reasoning += self._part(self.buf[:i].rstrip())
+                    self.buf, self.state, self.fresh = self.buf[i + len(self.CLOSE):], "content", True
+                    continue
+                keep = next((k for k in range(min(len(self.CLOSE) - 1, len(self.buf)), 0, -1)
+                             if self.buf.endswith(self.CLOSE[:k])), 0)
+                cut = len(self.buf) - keep
+                while cut and self.buf[cut - 1].isspace():     # may be the block's last
+                    cut -= 1
+                reasoning += self._part(self.buf[:cut])
+                self.buf = self.buf[cut:]
+                return reasoning, content
+            else:
+                content += self._part(self.buf)
+                self.buf = ""
+                return reasoning, content
+
+    def _part(self, text: str) -> str:
+        if self.fresh:
+            text = text.lstrip()
+            self.fresh = not text
+        return text
+
+    def flush(self) -> tuple[str, str]:
+        """What is held at the end: (reasoning, content)."""
+        rest, self.buf = self.buf, ""
+        if self.state == "think":
+            return self._part(rest.rstrip()), ""
+        return "", self._part(rest)

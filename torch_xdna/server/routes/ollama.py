@@ -9,6 +9,7 @@ tag ("tiny-qwen3:latest" is "tiny-qwen3"). Sampling options follow Ollama's defa
 """
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
 import time
@@ -27,7 +28,7 @@ DEFAULTS = {"temperature": 0.8, "top_p": 0.9, "top_k": 40}
 
 
 class _Lenient(BaseModel):
-    # Ollama ignores fields it does not use (keep_alive, think, images...); so do we
+    # Ollama ignores fields it does not use (images on a text model, ...); so do we
     model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
 
 
@@ -35,6 +36,7 @@ class Options(_Lenient):
     temperature: float | None = Field(default=None, ge=0.0, le=2.0)
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
     top_k: int | None = Field(default=None, ge=0)
+    min_p: float | None = Field(default=None, ge=0.0, le=1.0)
     seed: int | None = None
     num_predict: int | None = None
     stop: list[str] | None = None
@@ -66,6 +68,8 @@ class _Gen(_Lenient):
     options: Options | None = None
     logprobs: bool | None = None
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
+    think: bool | None = None            # thinking models: enable_thinking in the template
+    keep_alive: str | int | float | None = None     # "5m", 300, 0 (unload now), -1 (never)
 
 
 class ChatBody(_Gen):
@@ -77,6 +81,7 @@ class GenerateBody(_Gen):
     prompt: str | None = None
     system: str | None = None
     raw: bool = False
+    suffix: str | None = None            # fill-in-the-middle (coder models with FIM tokens)
 
 
 class EmbedBody(_Lenient):
@@ -89,6 +94,29 @@ class EmbedBody(_Lenient):
 class EmbeddingsBody(_Lenient):
     model: str
     prompt: str = ""
+
+
+def keep_alive_s(value) -> float | None:
+    """Ollama's keep_alive -> seconds (None: the server's default, resident until evicted;
+    a negative value: never unload). Durations as Go writes them: "10s", "5m", "1h", "1h30m"."""
+    if value is None or value == "":
+        return None
+    if isinstance(value, (int, float)):
+        return float(value)
+    import re
+    text = value.strip()
+    try:
+        return float(text)
+    except ValueError:
+        pass
+    parts = re.fullmatch(r"(-?)((?:\d+(?:\.\d+)?(?:ms|h|m|s))+)", text)
+    if not parts:
+        raise APIError(400, f"invalid 'keep_alive' {value!r}: use a duration such as \"5m\", "
+                            f"seconds, 0 (unload now) or -1 (keep loaded)")
+    scale = {"ms": 1e-3, "s": 1, "m": 60, "h": 3600}
+    total = sum(float(n) * scale[u] for n, u in re.findall(r"(\d+(?:\.\d+)?)(ms|h|m|s)",
+                                                            parts.group(2)))
+    return -total if parts.group(1) else total
 
 
 def _now() -> str:
@@ -136,7 +164,7 @@ def params_from(body: _Gen) -> tuple[GenerationParams, int | None]:
         max_tokens=0, temperature=pick("temperature"), top_p=pick("top_p"), top_k=pick("top_k"),
         seed=o.seed, stop=list(o.stop or []), presence_penalty=o.presence_penalty or 0.0,
         frequency_penalty=o.frequency_penalty or 0.0,
-        repetition_penalty=o.repeat_penalty or 1.0,
+        repetition_penalty=o.repeat_penalty or 1.0, min_p=o.min_p or 0.0,
         logprobs=(body.top_logprobs or 0) if body.logprobs else None)
     if body.format == "json":
         params.grammar = Grammar("json_object")
@@ -174,9 +202,8 @@ def _lp(items: list[dict] | None) -> list[dict] | None:
 
 
 async def _generate(srv, request: Request, body: _Gen, entry, setup, limit, params, chat: bool,
-                    info: dict):
-    from torch_xdna.server.generation import GenerationPlan, GenerationRun
-    from torch_xdna.server.tools import ToolStream, parse_tool_calls
+                    info: dict, keep_alive=lambda: None):
+    from torch_xdna.server.generation import GenerationPlan, GenerationRun, OutputSplit
     t0 = time.perf_counter_ns()
     run = GenerationRun(srv, request, entry, GenerationPlan(setup, params, limit,
                                                             "messages" if chat else "prompt", info))
@@ -196,18 +223,20 @@ async def _generate(srv, request: Request, body: _Gen, entry, setup, limit, para
         return [{"function": {"name": c.name, "arguments": json.loads(c.arguments)}}
                 for c in calls]
 
-    def piece(text: str, lps=None) -> dict:
+    def piece(text: str, lps=None, thinking: str = "") -> dict:
         d = {"model": body.model, "created_at": _now()}
         if chat:
-            d["message"] = {"role": "assistant", "content": text}
+            d["message"] = {"role": "assistant", "content": text,
+                            **({"thinking": thinking} if thinking else {})}
         else:
             d["response"] = text
+            if thinking:
+                d["thinking"] = thinking
         d["done"] = False
         if lps:
             d["logprobs"] = _lp(lps)
         return d
 
-    conv = lambda: info.get("convention")  # noqa: E731 - set by setup on the worker
     if not body.stream:
         parts, lps, result = [], [], None
         try:
@@ -221,18 +250,19 @@ async def _generate(srv, request: Request, body: _Gen, entry, setup, limit, para
                     result = ev[1][0]
         finally:
             run.close("done")
-        text = "".join(parts)
+            keep_alive()
+        thinking, text, calls = OutputSplit.whole(info, "".join(parts))
         extra: dict[str, Any]
         if chat:
             message: dict[str, Any] = {"role": "assistant", "content": text}
-            if conv():
-                content, calls = parse_tool_calls(text, conv(), info["names"])
-                if calls:
-                    message = {"role": "assistant", "content": content or "",
-                               "tool_calls": tool_calls(calls)}
+            if calls:
+                message = {"role": "assistant", "content": text.strip(),
+                           "tool_calls": tool_calls(calls)}
+            if thinking:
+                message["thinking"] = thinking
             extra = {"message": message}
         else:
-            extra = {"response": text}
+            extra = {"response": text, **({"thinking": thinking} if thinking else {})}
         if lps:
             extra["logprobs"] = _lp(lps)
         return final(result, extra)
@@ -240,32 +270,32 @@ async def _generate(srv, request: Request, body: _Gen, entry, setup, limit, para
     run.stop_watching()
 
     async def ndjson() -> AsyncIterator[str]:
-        ts = ToolStream(conv(), info["names"]) if chat and conv() else None
+        split = OutputSplit(info)
         try:
             async for ev in run.events_until_end():
                 if ev[0] == "delta":
                     if not t_first:
                         t_first.append(time.perf_counter_ns())
-                    text = ts.feed(ev[2]) if ts else ev[2]
-                    if text or ev[3]:
-                        yield json.dumps(piece(text, ev[3])) + "\n"
+                    thinking, text = split.feed(ev[2])
+                    if text or thinking or ev[3]:
+                        yield json.dumps(piece(text, ev[3], thinking)) + "\n"
                     continue
                 result = ev[1][0]
                 extra: dict[str, Any] = ({"message": {"role": "assistant", "content": ""}}
                                          if chat else {"response": ""})
-                if ts:
-                    rest, calls = ts.finish()
-                    if rest:
-                        yield json.dumps(piece(rest)) + "\n"
-                    if calls:
-                        yield json.dumps({**piece(""), "message": {
-                            "role": "assistant", "content": "",
-                            "tool_calls": tool_calls(calls)}}) + "\n"
+                thinking, rest, calls = split.finish()
+                if (rest.strip() if calls else rest) or thinking:
+                    yield json.dumps(piece(rest, None, thinking)) + "\n"
+                if calls:
+                    yield json.dumps({**piece(""), "message": {
+                        "role": "assistant", "content": "",
+                        "tool_calls": tool_calls(calls)}}) + "\n"
                 yield json.dumps(final(result, extra)) + "\n"
         except APIError as e:                     # Ollama streams end with an error object
             yield json.dumps({"error": e.message}) + "\n"
         finally:
             run.close("client")
+            keep_alive()
 
     return StreamingResponse(ndjson(), media_type="application/x-ndjson")
 
@@ -284,46 +314,94 @@ def register(app: FastAPI, srv) -> None:
     async def version():
         return {"version": API_VERSION}
 
+    timers: dict[str, Any] = {}           # model id -> its pending keep_alive unload
+    expiry: dict[str, float] = {}         # model id -> when it unloads (epoch seconds)
+
+    def unload_now(entry_id: str) -> None:
+        from torch_xdna.server.worker import Job
+        timers.pop(entry_id, None)
+        expiry.pop(entry_id, None)
+        try:
+            srv.submit(Job(fn=lambda: srv.registry.unload(entry_id)))
+        except APIError:                   # queue full or shutting down: it stays loaded
+            pass
+
+    def keep_alive_for(entry, body: _Gen):
+        """What to do with the model after this request (Ollama's keep_alive)."""
+        seconds = keep_alive_s(body.keep_alive)
+
+        def after() -> None:
+            if seconds is None:
+                return
+            old = timers.pop(entry.id, None)
+            if old is not None:
+                old.cancel()
+            expiry.pop(entry.id, None)
+            if seconds == 0:
+                unload_now(entry.id)
+            elif seconds > 0:
+                timers[entry.id] = asyncio.get_running_loop().call_later(
+                    seconds, unload_now, entry.id)
+                expiry[entry.id] = time.time() + seconds
+        return after
+
+    async def load_or_unload(request: Request, body: _Gen, entry, empty: dict) -> dict:
+        """Ollama: a request without a prompt loads the model, or with keep_alive 0 unloads it."""
+        if keep_alive_s(body.keep_alive) == 0:
+            keep_alive_for(entry, body)()
+            return {"model": body.model, "created_at": _now(), **empty, "done": True,
+                    "done_reason": "unload"}
+        await srv.wait(srv.submit(_load_job(srv, entry)), request)
+        keep_alive_for(entry, body)()
+        return {"model": body.model, "created_at": _now(), **empty, "done": True,
+                "done_reason": "load"}
+
     @guarded
     async def chat(request: Request):
-        from torch_xdna.server.tools import convention_of, render_messages
+        from torch_xdna.server.generation import chat_plan
         body: ChatBody = await _body(request, ChatBody)
         entry = resolve(srv, body.model, "chat")
-        if not body.messages:            # Ollama: an empty chat loads the model
-            await srv.wait(srv.submit(_load_job(srv, entry)), request)
-            return {"model": body.model, "created_at": _now(),
-                    "message": {"role": "assistant", "content": ""}, "done": True,
-                    "done_reason": "load"}
+        if not body.messages:
+            return await load_or_unload(request, body, entry,
+                                        {"message": {"role": "assistant", "content": ""}})
         params, limit = params_from(body)
         tools = [t for t in body.tools or [] if isinstance(t.get("function"), dict)]
-        messages = openai_messages(body.messages)
-        info = {"convention": None, "names": {t["function"]["name"] for t in tools}}
-
-        def setup(model, p):
-            conv = convention_of(getattr(model, "chat_template", None)) if tools else None
-            info["convention"] = conv
-            msgs, extra = render_messages(messages, tools or None, conv or "prompt")
-            return model.chat_prompt(msgs, **extra) if extra else model.chat_prompt(msgs)
-        return await _generate(srv, request, body, entry, setup, limit, params, True, info)
+        plan = chat_plan(openai_messages(body.messages), tools, "auto" if tools else "none",
+                         params, limit, template_vars=None if body.think is None
+                         else {"enable_thinking": body.think})
+        return await _generate(srv, request, body, entry, plan.setup, limit, params, True,
+                               plan.info, keep_alive_for(entry, body))
 
     @guarded
     async def generate(request: Request):
+        from torch_xdna.server.generation import chat_plan, fim_setup
         body: GenerateBody = await _body(request, GenerateBody)
         entry = resolve(srv, body.model, "chat")
         if not body.prompt:
-            await srv.wait(srv.submit(_load_job(srv, entry)), request)
-            return {"model": body.model, "created_at": _now(), "response": "", "done": True,
-                    "done_reason": "load"}
+            return await load_or_unload(request, body, entry, {"response": ""})
         params, limit = params_from(body)
         msgs = ([{"role": "system", "content": body.system}] if body.system else []) + \
             [{"role": "user", "content": body.prompt}]
+        plan = chat_plan(msgs, [], "none", params, limit, template_vars=None
+                         if body.think is None else {"enable_thinking": body.think})
+        info: dict = {"names": set()}
 
         def setup(model, p):
+            if body.suffix:
+                return fim_setup(body.prompt, body.suffix)(model, p)
             if body.raw or not getattr(model, "chat_template", "x"):
                 return model.encode(body.prompt)
-            return model.chat_prompt(msgs)
-        return await _generate(srv, request, body, entry, setup, limit, params, False,
-                               {"names": set()})
+            ids = plan.setup(model, p)
+            info.update(plan.info)
+            return ids
+        return await _generate(srv, request, body, entry, setup, limit, params, False, info,
+                               keep_alive_for(entry, body))
+
+    @app.get("/")
+    @app.head("/")
+    async def root():                     # what Ollama answers (clients probe it)
+        from fastapi.responses import PlainTextResponse
+        return PlainTextResponse("Ollama is running")
 
     @guarded
     async def embed(request: Request):
@@ -354,7 +432,11 @@ def register(app: FastAPI, srv) -> None:
     @app.get("/api/ps")
     async def ps():
         loaded = set(srv.registry.loaded_ids())
-        return {"models": [{**_card(e), "expires_at": None, "size_vram": 0}
+
+        def expires(e) -> str | None:
+            at = expiry.get(e.id)
+            return None if at is None else datetime.fromtimestamp(at, timezone.utc).isoformat()
+        return {"models": [{**_card(e), "expires_at": expires(e), "size_vram": 0}
                            for e in srv.registry.entries.values() if e.id in loaded]}
 
     @guarded
@@ -431,6 +513,9 @@ def _show(srv, entry) -> dict:
                             ("num_hidden_layers", "block_count")):
         if k_cfg in cfg:
             info[f"{arch}.{k_ollama}"] = cfg[k_cfg]
+    ctx = srv.registry.context_length(entry)
+    if ctx:                               # the one the server holds requests to
+        info[f"{arch}.context_length"] = ctx
     template = ""
     caps = ["embedding"] if entry.kind == "embedding" else ["completion"]
     if entry.kind == "chat" and entry.path is not None:

@@ -12,12 +12,11 @@ from fastapi import FastAPI, Request
 from fastapi.responses import StreamingResponse
 
 from torch_xdna.server.chat import GenerationParams
-from torch_xdna.server.generation import GenerationPlan, GenerationRun
+from torch_xdna.server.generation import (GenerationPlan, GenerationRun, OutputSplit, chat_plan,
+                                          fim_setup)
 from torch_xdna.server.schemas import (APIError, ChatCompletionRequest, CompletionRequest,
                                        NamedToolChoice, ResponseFormat, parse)
 from torch_xdna.server.state import Server
-from torch_xdna.server.tools import (MAX_PARALLEL_CALLS, ToolStream, call_grammar, convention_of,
-                                     parse_tool_calls, render_messages)
 
 
 def register(app: FastAPI, srv: Server) -> None:
@@ -37,7 +36,9 @@ def base_params(req) -> GenerationParams:
                             seed=req.seed, stop=req.stop_list(),
                             presence_penalty=req.presence_penalty,
                             frequency_penalty=req.frequency_penalty,
-                            logit_bias=req.bias_pairs(), logprobs=req.top_k_logprobs(), n=req.n)
+                            logit_bias=req.bias_pairs(), logprobs=req.top_k_logprobs(), n=req.n,
+                            top_k=req.top_k, min_p=req.min_p,
+                            repetition_penalty=req.repetition_penalty)
 
 
 def response_grammar(fmt: ResponseFormat | None):
@@ -60,40 +61,25 @@ def response_grammar(fmt: ResponseFormat | None):
 async def chat_completion(srv: Server, request: Request):
     req: ChatCompletionRequest = await parse(request, ChatCompletionRequest)
     entry = srv.registry.resolve(req.model, "chat")
-    messages = [m.for_template() for m in req.messages]
     choice = req.tool_choice or ("auto" if req.tools else "none")
-    tools = [t.model_dump(exclude_none=True) for t in req.tools or []] if choice != "none" else []
     if isinstance(choice, NamedToolChoice):
-        forced = [t for t in tools if t["function"]["name"] == choice.function.name]
-    else:
-        forced = tools if choice == "required" else []
+        choice = choice.function.name
     params = base_params(req)
     params.grammar = response_grammar(req.response_format)
-    info: dict = {"convention": None, "names": {t["function"]["name"] for t in tools}}
-
-    def setup(model, params: GenerationParams) -> list[int]:
-        conv = convention_of(getattr(model, "chat_template", None)) if tools else None
-        info["convention"] = conv
-        msgs, extra = render_messages(messages, tools or None, conv or "prompt")
-        if forced:
-            from torch_xdna.engine.llm.constrained import Grammar
-            parallel = choice == "required" and req.parallel_tool_calls is not False
-            params.grammar = Grammar("lark", call_grammar(
-                forced, conv, MAX_PARALLEL_CALLS if parallel else 1))
-            info["grammar_param"] = "tool_choice"
-        return model.chat_prompt(msgs, **extra) if extra else model.chat_prompt(msgs)
-
-    run = GenerationRun(srv, request, entry, GenerationPlan(setup, params, req.token_limit(),
-                                                            "messages", info))
-    return await respond(run, req, chat=True)
+    plan = chat_plan([m.for_template() for m in req.messages],
+                     [t.model_dump(exclude_none=True) for t in req.tools or []], choice, params,
+                     req.token_limit(), parallel=req.parallel_tool_calls is not False,
+                     template_vars=req.chat_template_kwargs)
+    return await respond(GenerationRun(srv, request, entry, plan), req, chat=True)
 
 
 async def text_completion(srv: Server, request: Request):
     req: CompletionRequest = await parse(request, CompletionRequest)
     entry = srv.registry.resolve(req.model, "chat")
+    setup = (fim_setup(req.prompt, req.suffix) if req.suffix
+             else lambda model, p: model.encode(req.prompt))
     run = GenerationRun(srv, request, entry,
-                        GenerationPlan(lambda model, p: model.encode(req.prompt),
-                                       base_params(req), req.max_tokens, "prompt"))
+                        GenerationPlan(setup, base_params(req), req.max_tokens, "prompt"))
     return await respond(run, req, chat=False)
 
 
@@ -154,14 +140,15 @@ async def respond(run: GenerationRun, req, chat: bool):
             text = "".join(texts.get(i, []))
             lp = lps.get(i, []) if want_lp else None
             if chat:
-                message: dict[str, Any] = {"role": "assistant", "content": text}
+                reasoning, content, calls = OutputSplit.whole(info, text)
+                message: dict[str, Any] = {"role": "assistant", "content": content}
                 finish = r.finish_reason
-                if info.get("convention"):
-                    content, calls = parse_tool_calls(text, info["convention"], info["names"])
-                    if calls:
-                        message = {"role": "assistant", "content": content,
-                                   "tool_calls": [c.openai() for c in calls]}
-                        finish = "tool_calls"
+                if calls:
+                    message = {"role": "assistant", "content": content.strip() or None,
+                               "tool_calls": [c.openai() for c in calls]}
+                    finish = "tool_calls"
+                if reasoning:             # vLLM's and llama.cpp's field for the think block
+                    message["reasoning_content"] = reasoning
                 choices.append({"index": i, "message": message,
                                 "logprobs": chat_logprobs(lp) if lp is not None else None,
                                 "finish_reason": finish})
@@ -176,7 +163,7 @@ async def respond(run: GenerationRun, req, chat: bool):
     run.stop_watching()
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
     obj = "chat.completion.chunk" if chat else "text_completion"
-    streams: dict[int, ToolStream] = {}
+    streams: dict[int, OutputSplit] = {}
     offsets: dict[int, int] = {}
 
     def chunk(index: int, delta: dict | None = None, text: str | None = None,
@@ -200,13 +187,12 @@ async def respond(run: GenerationRun, req, chat: bool):
         if not chat:
             offsets[i] = offsets.get(i, 0) + len(text)
             return chunk(i, text=text, logprobs=lp)
-        conv = info.get("convention")
-        if conv:
-            ts = streams.setdefault(i, ToolStream(conv, info["names"]))
-            text = ts.feed(text)
-        if not text and lp is None:
+        reasoning, text = streams.setdefault(i, OutputSplit(info)).feed(text)
+        if not text and not reasoning and lp is None:
             return None
-        return chunk(i, {"content": text}, logprobs=lp)
+        return chunk(i, {"content": text} if not reasoning else
+                     {"reasoning_content": reasoning, **({"content": text} if text else {})},
+                     logprobs=lp)
 
     async def sse() -> AsyncIterator[str]:
         try:
@@ -229,9 +215,11 @@ async def respond(run: GenerationRun, req, chat: bool):
                     if chat and i not in started:
                         yield chunk(i, {"role": "assistant", "content": ""})
                     finish = r.finish_reason
-                    ts = streams.get(i)
-                    if ts is not None:
-                        rest, calls = ts.finish()
+                    split = streams.get(i)
+                    if split is not None:
+                        reasoning, rest, calls = split.finish()
+                        if reasoning:
+                            yield chunk(i, {"reasoning_content": reasoning})
                         if rest:
                             yield chunk(i, {"content": rest})
                         if calls:
