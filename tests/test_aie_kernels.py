@@ -102,7 +102,11 @@ def test_tile_defines_from_ir_shapes():
         {"DIM_M": 32, "DIM_K": 64, "DIM_N": 16}
     assert KERNELS["matmul_int4_bf16"].tile_defines([(32, 64), (640,), (64, 16), (32, 16), "i32",
                                                      "i32"]) == {"DIM_M": 32, "DIM_K": 64, "DIM_N": 16}
-    assert KERNELS["store_silu_f32_bf16"].tile_defines([(32, 16), (32, 16)]) == {"DIM_M": 32, "DIM_N": 16}
+    assert KERNELS["store_silu_f32_bf16"].tile_defines([(32, 16), (32, 16)]) == \
+        {"DIM_M": 32, "DIM_N": 16, "DIM_MC": 32}
+    # a decode GEMV's C element holds the token's row only (kernels/lower/gemm.py stored_rows)
+    assert KERNELS["store_none_f32_bf16"].tile_defines([(4, 8), (1, 8)]) == \
+        {"DIM_M": 4, "DIM_N": 8, "DIM_MC": 1}
     assert KERNELS["attn_pv_bf16_f32"].tile_defines([(8, 16), (16, 32), (8, 32)]) == \
         {"ATT_TQ": 8, "ATT_TKV": 16, "ATT_D": 32}
     assert KERNELS["attn_finalize_f32"].tile_defines([(8, 32), (8,), (8, 32)]) == \
@@ -818,3 +822,21 @@ def test_embed_rows_equal_golden_and_embed_design(precision, scale):
         if precision != "fp32" or scale == 1.0:
             assert_bits(out, want[r], f"embed {precision} row {r} vs EmbedDesign.reference")
     assert weight_tensors(precision) == len(tables)
+
+
+@pytest.mark.parametrize("sym", ["store_silu_f32_bf16", "store_none_f32_f32", "store_none_i32_i32"])
+def test_store_first_rows_only(sym):
+    """DIM_MC < DIM_M: the kernel writes the tile's first DIM_MC rows (the rows every tile holds
+    in a decode GEMV) and nothing past them."""
+    lib = Lib(["store.cc"], {"DIM_M": 4, "DIM_N": 16, "DIM_MC": 1})
+    gen = torch.Generator().manual_seed(5)
+    i32 = sym.endswith("i32_i32")
+    acc = torch.randint(-999, 999, (4, 16), dtype=torch.int32, generator=gen) if i32 else \
+        torch.randn(4, 16, generator=gen)
+    out_dt = torch.int32 if i32 else torch.bfloat16 if sym.endswith("bf16") else torch.float32
+    c = torch.full((2, 16), 7, dtype=out_dt)          # one row more than the kernel may write
+    getattr(lib, sym)(acc, c, 1.0)
+    act = sym.split("_")[1]
+    want = golden.store(acc[:1], 1.0, act, out_dt)
+    assert torch.equal(c[:1].float(), want.float()), sym
+    assert torch.equal(c[1:], torch.full((1, 16), 7, dtype=out_dt)), "wrote past DIM_MC rows"

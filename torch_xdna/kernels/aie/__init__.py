@@ -70,10 +70,10 @@ STORE_ACTS = ("none", "relu", "gelu", "gelu_tanh", "silu", "tanh", "sigmoid")
 for _act in STORE_ACTS:
     for _out in ("f32", "bf16"):
         _SPECS.append(_k(f"store_{_act}_f32_{_out}", "store.cc",
-                         ["acc:f32*", f"c:{_out}*", "alpha:f32"], ("DIM_M", "DIM_N"), "store",
+                         ["acc:f32*", f"c:{_out}*", "alpha:f32"], ("DIM_M", "DIM_N", "DIM_MC"), "store",
                          "gemm.GemmDesign (alpha, epilogue; activations.apply_epilogue)"))
 _SPECS.append(_k("store_none_i32_i32", "store.cc", ["acc:i32*", "c:i32*", "alpha:f32"],
-                 ("DIM_M", "DIM_N"), "store", "gemm.GemmDesign (dtype int8, int32 out)"))
+                 ("DIM_M", "DIM_N", "DIM_MC"), "store", "gemm.GemmDesign (dtype int8, int32 out)"))
 for _op in ("add", "sub", "max", "min"):
     _SPECS.append(_k(f"{_op}_f32", "eltwise.cc", ["a:f32*", "b:f32*", "out:f32*", "n:i32"],
                      golden=f"eltwise:{_op}", reference=_ELT_REF))
