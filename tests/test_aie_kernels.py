@@ -102,7 +102,11 @@ def test_tile_defines_from_ir_shapes():
         {"DIM_M": 32, "DIM_K": 64, "DIM_N": 16}
     assert KERNELS["matmul_int4_bf16"].tile_defines([(32, 64), (640,), (64, 16), (32, 16), "i32",
                                                      "i32"]) == {"DIM_M": 32, "DIM_K": 64, "DIM_N": 16}
-    assert KERNELS["store_silu_f32_bf16"].tile_defines([(32, 16), (32, 16)]) == {"DIM_M": 32, "DIM_N": 16}
+    assert KERNELS["store_silu_f32_bf16"].tile_defines([(32, 16), (32, 16)]) == \
+        {"DIM_M": 32, "DIM_N": 16, "DIM_MC": 32}
+    # a decode GEMV's C element holds the token's row only (kernels/lower/gemm.py stored_rows)
+    assert KERNELS["store_none_f32_bf16"].tile_defines([(4, 8), (1, 8)]) == \
+        {"DIM_M": 4, "DIM_N": 8, "DIM_MC": 1}
     assert KERNELS["attn_pv_bf16_f32"].tile_defines([(8, 16), (16, 32), (8, 32)]) == \
         {"ATT_TQ": 8, "ATT_TKV": 16, "ATT_D": 32}
     assert KERNELS["attn_finalize_f32"].tile_defines([(8, 32), (8,), (8, 32)]) == \
@@ -753,14 +757,16 @@ def test_every_kernel_states_its_fp32_multiply_model():
     for spec in KERNELS.values():
         assert spec.fp32_mul in FP32_MUL_MODELS, spec.symbol
         text = (root / spec.source).read_text()
-        if spec.fp32_mul == "none" and spec.source not in ("eltwise.cc", "binary.cc", "store.cc"):
+        if spec.fp32_mul == "none" and spec.source not in ("eltwise.cc", "binary.cc", "store.cc",
+                                                            "embed.cc"):
             assert "fmul(" not in text, spec.symbol
     expect = {"matmul_bf16_f32": "none", "matmul_int4_bf16": "none", "mul_bf16_f32": "none",
               "square_bf16_f32": "none", "mul_bf16_bf16": "none", "add_f32_f32": "none",
               "gate_mul_f32_f32": "bf16x3 emulation", "exp_bf16_f32": "bf16x3 emulation",
               "div_bf16_f32": "bf16x3 emulation", "softmax_bf16_f32": "bf16x3 emulation",
               "rms_norm_bf16_bf16": "bf16x3 emulation", "store_none_f32_f32": "bf16x3 emulation",
-              "attn_tile_bf16": "bf16x3 emulation", "store_none_i32_i32": "none"}
+              "attn_tile_bf16": "bf16x3 emulation", "store_none_i32_i32": "none",
+              "embed_fp32_f32": "bf16x3 emulation", "embed_int4_f32": "none"}
     assert {s: KERNELS[s].fp32_mul for s in expect} == expect
 
 
@@ -779,3 +785,58 @@ def test_host_emulation_computes_the_fp32_multiply_emulation(lib):
     x, y = a.to(torch.bfloat16), b.to(torch.bfloat16)
     lib.mul_bf16_f32(x, y, out, n)
     assert_bits(out, x.float() * y.float(), "mul (bf16 x bf16, exact)")
+
+
+# --- token embedding rows (embed.cc) ---------------------------------------------------------------
+@pytest.mark.parametrize("precision", ["fp32", "bf16", "int8", "int4"])
+@pytest.mark.parametrize("scale", [1.0, 33.941125])          # Gemma's sqrt(hidden) for 1152
+def test_embed_rows_equal_golden_and_embed_design(precision, scale):
+    """embed_<precision>_f32 on gathered rows: bit-exact with golden.embed_row, and with
+    EmbedDesign.reference (the functional level) where its multiply is exact (every precision
+    but fp32 with a scale, whose multiply is aie_api's FP32 emulation on the chip)."""
+    from torch_xdna.kernels.blocks.llm import EmbedDesign
+    from torch_xdna.kernels.blocks.weights import weight_tensors
+    h, g, vocab, rows = 128, 32, 40, 5
+    lib = Lib(["embed.cc"], {"EMB_H": h})
+    gen = torch.Generator().manual_seed(3)
+    w = torch.randn(vocab, h, generator=gen)
+    if precision in ("int8", "int4"):
+        q, s = quant.quantize_int8(w, g) if precision == "int8" else quant.quantize_int4(w, g)
+        tables = [q, s.to(torch.bfloat16)]
+    else:
+        tables = [w.to(torch.bfloat16) if precision == "bf16" else w]
+    ids = torch.tensor([3, 0, 39, 3, 17], dtype=torch.int32)
+    d = EmbedDesign(vocab, h, rows, precision, g, scale)
+    want = torch.zeros(rows, h)
+    d.reference(tables + [ids], [want])
+    fn = getattr(lib, f"embed_{precision}_f32")
+    for r, i in enumerate(ids.tolist()):
+        parts = [t[i] for t in tables]
+        if len(parts) > 1 or precision == "bf16":      # the fifo element: bytes of values, scales
+            row = torch.cat([p.contiguous().view(torch.uint8).reshape(-1) for p in parts])
+        else:
+            row = parts[0].contiguous()
+        out = torch.empty(h)
+        fn(row, out, g, scale)
+        assert_bits(out, golden.embed_row(parts, precision, g, scale), f"embed {precision} row {r}")
+        if precision != "fp32" or scale == 1.0:
+            assert_bits(out, want[r], f"embed {precision} row {r} vs EmbedDesign.reference")
+    assert weight_tensors(precision) == len(tables)
+
+
+@pytest.mark.parametrize("sym", ["store_silu_f32_bf16", "store_none_f32_f32", "store_none_i32_i32"])
+def test_store_first_rows_only(sym):
+    """DIM_MC < DIM_M: the kernel writes the tile's first DIM_MC rows (the rows every tile holds
+    in a decode GEMV) and nothing past them."""
+    lib = Lib(["store.cc"], {"DIM_M": 4, "DIM_N": 16, "DIM_MC": 1})
+    gen = torch.Generator().manual_seed(5)
+    i32 = sym.endswith("i32_i32")
+    acc = torch.randint(-999, 999, (4, 16), dtype=torch.int32, generator=gen) if i32 else \
+        torch.randn(4, 16, generator=gen)
+    out_dt = torch.int32 if i32 else torch.bfloat16 if sym.endswith("bf16") else torch.float32
+    c = torch.full((2, 16), 7, dtype=out_dt)          # one row more than the kernel may write
+    getattr(lib, sym)(acc, c, 1.0)
+    act = sym.split("_")[1]
+    want = golden.store(acc[:1], 1.0, act, out_dt)
+    assert torch.equal(c[:1].float(), want.float()), sym
+    assert torch.equal(c[1:], torch.full((1, 16), 7, dtype=out_dt)), "wrote past DIM_MC rows"

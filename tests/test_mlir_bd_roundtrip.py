@@ -170,6 +170,11 @@ UPSTREAM_ATTRIBUTES = {
     "alloc": "AIEX DMAConfigureTaskForOp", "buffer_sym_name": "AIEX NpuWriteRTPOp",
     "value": "arith.constant; AIEX NpuWriteRTPOp", "device": "AIE DeviceOp",
     "function_type": "func.func", "sym_visibility": "func.func", "callee": "func.call",
+    # mem-tile zero padding: ObjectFifoCreateOp padDimensions, a BDPadLayoutArrayAttr of
+    # BDPadLayoutAttr (const_pad_before, const_pad_after); printed as in Xilinx/mlir-aie
+    # test/objectFifo-stateful-transform/memtile_padding_test.mlir @ 49505269454190a06a9c52a2ef465c9e2d30c27d
+    "padDimensions": "AIE ObjectFifoCreateOp", "const_pad_before": "BDPadLayoutAttr",
+    "const_pad_after": "BDPadLayoutAttr",
 }
 
 

@@ -19,7 +19,9 @@ Types (all frozen dataclasses; only torch_xdna.hw is imported):
   ScalarArg      one launch-time scalar (patched per launch): (name, dtype)
   ObjectFifo     (name, producer Tile, consumers tuple[Tile], depth, elem TensorType,
                  dims_to_stream ((size, stride), ...) producer side, outermost first, <= 4-D;
-                 dims_from_stream: per consumer, same form, () = contiguous)
+                 dims_from_stream: per consumer, same form, () = contiguous,
+                 pad_dims ((before, after), ...) per dims_to_stream dim: zeros the mem-tile
+                 producer's MM2S adds (mlir-aie padDimensions))
   FifoLink       mem-tile split/join: (srcs, dsts, src_offsets, dst_offsets, emits) fifo names,
                  offsets in elements of the single (joined/split) fifo; 1:1 = plain forward;
                  emits > 1 (split/forward): each source element goes out as `emits` elements
@@ -140,6 +142,18 @@ class ObjectFifo:
     elem: TensorType
     dims_to_stream: Dims = ()
     dims_from_stream: tuple[Dims, ...] = ()
+    # zero padding the producer's DMA adds, ((before, after), ...) per dims_to_stream dim
+    # (mlir-aie objectfifo `padDimensions`: only a mem-tile producer, its MM2S BDs, pads)
+    pad_dims: tuple[tuple[int, int], ...] = ()
+
+    @property
+    def walked(self) -> int:
+        """Elements the producer's walk reads (dims_to_stream, else the whole element); with
+        pad_dims the element is the walk plus its zero padding."""
+        n = 1
+        for size, _ in self.dims_to_stream:
+            n *= size
+        return n if self.dims_to_stream else self.elem.numel
 
     @property
     def endpoints(self) -> tuple[Tile, ...]:

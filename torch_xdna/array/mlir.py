@@ -19,6 +19,10 @@ shim-BD zero padding (DmaTask.pad_after; upstream pads only on mem-tile MM2S BDs
 re-streaming a held element as several different elements (FifoLink.emits); a link that sends
 each destination element `emits` times prints as that fifo's `repeat_count` (IRON
 set_repeat_count).
+Edge tiles zero-padded on their way into the array pad on the mem tile: the shim sends the
+compact element, a mem-tile forward re-sends it with `padDimensions` on the mem tile's output
+fifo, as Xilinx/mlir-aie test/objectFifo-stateful-transform/memtile_padding_test.mlir @
+49505269454190a06a9c52a2ef465c9e2d30c27d does (ObjectFifo.pad_dims).
 `check_structure` is our own checker of the custom form (regions balanced, SSA values defined
 before use, symbols declared, ops known).
 """
@@ -40,7 +44,7 @@ PRINTED_ATTRIBUTES = frozenset({
     "repeat_count", "fifoIns", "fifoOuts", "src_offsets", "dst_offsets", "link_with",
     "function_type", "sym_visibility", "col", "row", "objFifo_name", "port", "size", "index",
     "callee", "value", "offset", "len", "dimensions", "bd_id", "issue_token", "alloc",
-    "buffer_sym_name", "device"})
+    "buffer_sym_name", "device", "padDimensions"})
 
 
 class MlirFormError(ValueError):
@@ -139,12 +143,14 @@ def emit(prog: ir.ArrayProgram, arch: str = "aie2p",
         attrs = [f'sym_name = "{f.name}"', f"elemNumber = {f.depth} : i32", f"elemType = {of_t}"]
         if to_stream:
             attrs.append(f"dimensionsToStream = #aie<bd_dim_layout_array{_dims(to_stream)}>")
-        rep_attr = f"repeat_count = {rep} : i32" if rep else ""
-        if rep_attr:
-            attrs.append(rep_attr)
+        extra = [f"repeat_count = {rep} : i32"] if rep else []
+        if f.pad_dims:               # memtile_padding_test.mlir's form (see the module doc)
+            extra.append("padDimensions = #aie<bd_pad_layout_array[" + ", ".join(
+                f"<const_pad_before = {a}, const_pad_after = {z}>" for a, z in f.pad_dims) + "]>")
+        attrs += extra
         operands = [tv[f.producer]] + [tv[c] for c in f.consumers]
         o.line(f"aie.objectfifo @{f.name}({prod}, {{{', '.join(cons)}}}, {f.depth} : i32)"
-               + (f" {{{rep_attr}}}" if rep_attr else "") + f" : {of_t}",
+               + (f" {{{', '.join(extra)}}}" if extra else "") + f" : {of_t}",
                f'"aie.objectfifo"({", ".join(operands)}) {{{", ".join(attrs)}}} : '
                f'({", ".join("index" for _ in operands)}) -> ()')
     for ln in prog.links:

@@ -340,12 +340,27 @@ def _channels(prog, ctx):
 
 
 # --- constructs only some tiles support -------------------------------------------------------------
-@rule("padding_memtile_mm2s", TASKS_TO_NPU + "; " + AIEX_DIALECT + " (NpuWriteBdOp::verify)",
-      "Padding is only supported by memtile dma bds. / ShimTile doesn't support zero padding.")
+@rule("padding_memtile_mm2s", TASKS_TO_NPU + "; " + AIEX_DIALECT + " (NpuWriteBdOp::verify); "
+      + AIE_DIALECT + " (DMABDOp::verify)",
+      "Padding is only supported by memtile dma bds. / ShimTile doesn't support zero padding. / "
+      "Inner-most padding-before count must result in padding in 32-bit words.")
 def _padding(prog, ctx):
     for t, _, where in _tasks(prog):
         if any(t.pad_after):
             yield where, f"zero padding {t.pad_after} on a shim BD; upstream pads on mem-tile MM2S only"
+    for f in prog.fifos:
+        if not f.pad_dims:
+            continue
+        where = f"fifo {f.name}"
+        if f.producer.kind != "mem":
+            yield where, f"padDimensions {f.pad_dims} on a {f.producer.kind} producer; only mem-tile MM2S BDs pad"
+        if len(f.pad_dims) != len(f.dims_to_stream):
+            yield where, (f"{len(f.pad_dims)} padding dims for {len(f.dims_to_stream)} dims "
+                          "(Mismatch number of dimensions between padding(s) and wrap(s) and stride(s).)")
+        bits = ir.DTYPE_BITS[f.elem.dtype]
+        lo, hi = f.pad_dims[-1]
+        if lo * bits % 32 or hi * bits % 32:
+            yield where, f"innermost padding ({lo}, {hi}) x {bits}-bit elements is not whole 32-bit words"
 
 
 @rule("repeat_count_not_on_shim", AIE_DIALECT + " (ObjectFifoCreateOp::verify)",

@@ -4,7 +4,8 @@ Counting rules (AIE-ML; Xilinx/mlir-aie lib/Dialect/AIE/Transforms/
 AIEObjectFifoStatefulTransform.cpp, index version, createObjectFifoElements / createDMA):
   memory  every fifo endpoint on a core or mem tile allocates depth x element bytes, except that
           at a mem-tile link only the single side allocates (a split's source, a join's
-          destination, a forward's source): the other side addresses it at offsets. Shim
+          destination, a forward's source, sized for the larger element): the other side
+          addresses it at offsets. Shim
           endpoints are DDR. Static buffers add their bytes.
   BDs     depth per fifo endpoint on a DMA tile (one BD per buffer, chained; with `repeats`,
           upstream's expansion of a repeat count, endpoint_bds); shim BDs are the
@@ -59,6 +60,17 @@ def allocating_sides(prog: ir.ArrayProgram) -> set[tuple[str, str]]:
     return skip
 
 
+def _link_elem_bytes(prog: ir.ArrayProgram, f: ir.ObjectFifo, tile: ir.Tile) -> int:
+    """Bytes of one buffer of `f` on `tile`: a forward's source buffer holds the larger of the
+    two elements (a padded forward sends more than it receives: Xilinx/mlir-aie test/objectFifo-
+    stateful-transform/memtile_padding_test.mlir @ 49505269454190a06a9c52a2ef465c9e2d30c27d
+    allocates its 56x56 -> 64x64 link's mem-tile buffers at 64x64)."""
+    ln = prog.link_of(f.name) if tile.kind == "mem" else None
+    if ln is None or ln.kind != "forward" or f.name not in ln.srcs:
+        return f.elem.nbytes
+    return max(f.elem.nbytes, prog.fifo(ln.dsts[0]).elem.nbytes)
+
+
 def endpoint_bds(prog: ir.ArrayProgram, f: ir.ObjectFifo, tile: ir.Tile) -> int:
     """BDs mlir-aie's stateful transform chains for one fifo endpoint: one per buffer, and on
     the producer of a fifo with a repeat count each BD repeat_count times, unless the depth is 1
@@ -83,7 +95,7 @@ def usage(prog: ir.ArrayProgram, repeats: bool = False) -> Usage:
             if t.kind == "shim":
                 continue
             if (f.name, t.name) not in skip:
-                mem[t.name] += f.depth * f.elem.nbytes
+                mem[t.name] += f.depth * _link_elem_bytes(prog, f, t)
             bds[t.name] += endpoint_bds(prog, f, t) if repeats else f.depth
             locks[t.name] += 2
     for b in prog.buffers:

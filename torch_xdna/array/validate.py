@@ -76,6 +76,16 @@ def _check_refs(prog: ir.ArrayProgram, gen: Generation) -> None:
             if prog.link_of(f.name) is None and reach > f.elem.numel:
                 raise ArrayIRError(f"array program {prog.name}: fifo {f.name}: access pattern "
                                    f"reaches element {reach}, buffer has {f.elem.numel}")
+        if f.pad_dims:
+            total = 1
+            for (size, _), (lo, hi) in zip(f.dims_to_stream, f.pad_dims):
+                total *= lo + size + hi
+            if f.producer.kind != "mem" or len(f.pad_dims) != len(f.dims_to_stream) \
+                    or total != f.elem.numel:
+                raise ArrayIRError(f"array program {prog.name}: fifo {f.name}: pad_dims "
+                                   f"{f.pad_dims} need a mem-tile producer and one (before, after) "
+                                   f"per dims_to_stream dim padding the walk to the element "
+                                   f"({total} != {f.elem.numel})")
     for ln in prog.links:
         for n in ln.srcs + ln.dsts:
             prog.fifo(n)

@@ -32,6 +32,8 @@ _FP32_MUL_OPS = ("div", "exp", "sigmoid", "silu", "tanh", "gelu", "gelu_tanh", "
 
 
 def _fp32_mul(symbol: str, source: str) -> str:
+    if source == "embed.cc":                   # only the fp32 row multiplies fp32 values
+        return FP32_MUL_MODELS[1 if symbol == "embed_fp32_f32" else 0]
     if source in _FP32_MUL_SOURCES and not symbol.startswith("store_none_i32"):
         return FP32_MUL_MODELS[1]
     op = symbol.split("_pk_")[0] if "_pk_" in symbol else symbol.rsplit("_", 2)[0]
@@ -68,10 +70,10 @@ STORE_ACTS = ("none", "relu", "gelu", "gelu_tanh", "silu", "tanh", "sigmoid")
 for _act in STORE_ACTS:
     for _out in ("f32", "bf16"):
         _SPECS.append(_k(f"store_{_act}_f32_{_out}", "store.cc",
-                         ["acc:f32*", f"c:{_out}*", "alpha:f32"], ("DIM_M", "DIM_N"), "store",
+                         ["acc:f32*", f"c:{_out}*", "alpha:f32"], ("DIM_M", "DIM_N", "DIM_MC"), "store",
                          "gemm.GemmDesign (alpha, epilogue; activations.apply_epilogue)"))
 _SPECS.append(_k("store_none_i32_i32", "store.cc", ["acc:i32*", "c:i32*", "alpha:f32"],
-                 ("DIM_M", "DIM_N"), "store", "gemm.GemmDesign (dtype int8, int32 out)"))
+                 ("DIM_M", "DIM_N", "DIM_MC"), "store", "gemm.GemmDesign (dtype int8, int32 out)"))
 for _op in ("add", "sub", "max", "min"):
     _SPECS.append(_k(f"{_op}_f32", "eltwise.cc", ["a:f32*", "b:f32*", "out:f32*", "n:i32"],
                      golden=f"eltwise:{_op}", reference=_ELT_REF))
@@ -197,6 +199,13 @@ _SPECS += [
         "tq:i32", "group:i32", "causal:i32", "window:i32", "softcap:f32", "mask_kind:i32"], _ATT,
        "attention_item", _IR_ATT + "; mask tile in the element", ("bf16", (4, 8, 8))),
 ]
+# token embedding rows (embed.cc): embed_<precision>_f32(row, out, group, scale), the row in the
+# stored precision (bytes of values then bf16 scales for int8 / int4), kernels/lower/dma.py
+EMBED_PRECISIONS = ("fp32", "bf16", "int8", "int4")
+for _p in EMBED_PRECISIONS:
+    _SPECS.append(_k(f"embed_{_p}_f32", "embed.cc",
+                     ["row:f32*" if _p == "fp32" else "row:u8*", "out:f32*", "group:i32", "scale:f32"],
+                     ("EMB_H",), "embed_row", "blocks.llm.EmbedDesign (weights.dequantize x bf16(scale))"))
 KERNELS: dict[str, KernelSpec] = {s.symbol: s for s in _SPECS}
 SOURCES: tuple[str, ...] = tuple(sorted({s.source for s in _SPECS}))
 

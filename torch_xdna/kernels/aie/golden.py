@@ -127,6 +127,24 @@ def gemv_q(a: torch.Tensor, q: torch.Tensor, scales: torch.Tensor, group: int,
     return c0.float() + tree_sum(acc)
 
 
+
+def embed_row(tensors, precision: str, group: int, scale: float) -> torch.Tensor:
+    """embed_<precision>_f32 on rows of the stored table (tensors: values[, scales]): the row
+    as the matmuls see it (bf16 values; bf16(q * scale) for int8 / int4) times bf16(scale),
+    an exact bf16 x bf16 product; an fp32 row is multiplied by aie_api's FP32 emulation
+    (fmul), or copied when scale is 1."""
+    w = tensors[0]
+    if precision == "fp32":
+        x = w.float()
+        return x.clone() if scale == 1.0 else fmul(x, _c(scale))
+    if precision == "bf16":
+        x = f32(w.to(torch.bfloat16))
+    else:
+        q = quant.unpack_int4(w) if precision == "int4" else w
+        g = group if group > 0 else q.shape[-1]
+        x = numerics.bf16_round(quant.dequantize(q, tensors[1], g))
+    return x * numerics.operand(_c(scale))
+
 # --- lanes -------------------------------------------------------------------------------------
 def tree_sum(t: torch.Tensor) -> torch.Tensor:
     while t.shape[-1] > 1:

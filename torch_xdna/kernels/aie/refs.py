@@ -75,7 +75,7 @@ def matmul_bfp16(a: torch.Tensor, bt: torch.Tensor, acc: torch.Tensor) -> None:
 
 def _store(act: str):
     def store(acc: torch.Tensor, c: torch.Tensor, alpha: float = 1.0) -> None:
-        r = acc
+        r = acc[:c.shape[0]]            # a C element of fewer rows holds the tile's first rows
         if alpha != 1.0:
             r = r * alpha
         r = apply_epilogue(act, r) if act != "none" else r

@@ -82,13 +82,20 @@ class Builder:
 
     # -- static configuration --------------------------------------------------------------
     def fifo(self, name: str, producer: ir.Tile, consumers, depth: int, elem: ir.TensorType,
-             dims=(), dims_from=()) -> ir.ObjectFifo:
+             dims=(), dims_from=(), pad_dims=()) -> ir.ObjectFifo:
+        """`pad_dims` ((before, after) per dim of `dims`): zeros the mem-tile producer's MM2S
+        adds around its walk (mlir-aie padDimensions); the element is the padded walk."""
         consumers = tuple(consumers) if isinstance(consumers, (list, tuple)) else (consumers,)
         bits, wrap = ir.DTYPE_BITS[elem.dtype], self.gen.dma_wrap_bits.value
-        dims = split_wide_innermost(tuple(dims), bits, (1 << wrap[producer.kind]) - 1)
+        split = split_wide_innermost(tuple(dims), bits, (1 << wrap[producer.kind]) - 1)
+        if pad_dims and split != tuple(dims):
+            raise LoweringError(f"{self.name}: fifo {name}: a padded walk's innermost run is wider "
+                                f"than the BD's size field")
+        dims = split
         dims_from = tuple(split_wide_innermost(tuple(d), bits, (1 << wrap[c.kind]) - 1)
                           for d, c in zip(dims_from, consumers))
-        f = ir.ObjectFifo(name, producer, consumers, depth, elem, tuple(dims), tuple(dims_from))
+        f = ir.ObjectFifo(name, producer, consumers, depth, elem, tuple(dims), tuple(dims_from),
+                          tuple(tuple(p) for p in pad_dims))
         self.fifos.append(f)
         for end, direction in ((producer, "MM2S"),) + tuple((c, "S2MM") for c in consumers):
             if end.kind == "shim":

@@ -16,7 +16,9 @@ Each core: forever { tiles_per_core x { zero acc; K/tk x { matmul(A, B, acc) }; 
 A round of the runtime sequence is one output block (p sub-blocks of every active core's
 tiles): its B feeds are queued first (held for the round), then per sub-block its C drains
 and A feeds. Edge tiles (M, N, K not multiples of the
-tile) are zero-padded in the stream and dropped on the way out (DmaTask.pad_after).
+tile) are zero-padded in the stream and dropped on the way out (DmaTask.pad_after), except rows
+the same in every tile (one M block shorter than a tile, a decode GEMV's token): those stream
+compact, the mem tile pads them (ObjectFifo.pad_dims) and the cores store only them.
 Bias and residual become an epilogue stage (kernels/lower/vector.py) after the GEMM stage.
 """
 from __future__ import annotations
@@ -26,7 +28,7 @@ import torch
 from torch_xdna.array import ir
 from torch_xdna.hw import Generation
 from torch_xdna.kernels.base import ceil_div
-from torch_xdna.kernels.ops.gemm import a_columns
+from torch_xdna.kernels.ops.gemm import a_columns, stored_rows
 from torch_xdna.kernels.lower.builder import Builder, LoweringError, acq, call, elem, flat, \
     forever, loop, rel, spread, tt
 from torch_xdna.kernels.lower.dispatch import rename_args
@@ -52,6 +54,11 @@ def gemm_program(d, gen: Generation, name: str | None = None, args=("A", "B", "C
     # round is an M2 = p x gm x tm block, its B panel streamed once and re-streamed p times
     pl = plan.notes["l2_factors"][0] if plan.notes.get("b_panel_resident") else 1
     mblocks, nblocks = ceil_div(mt, gm * pl), ceil_div(nt, gn)
+    # rows the same in every tile (one M block of fewer rows than a tile, e.g. a decode GEMV's
+    # one token): A streams them compact and the mem tile pads them to the tile (padDimensions,
+    # mlir-aie memtile_padding_test.mlir), the cores store only them (store's DIM_MC)
+    rows_u = stored_rows(m_total, gm, pl, tm) or 0
+    c_rows = rows_u or tm
     act = store_act if store_act is not None else d.epilogue
     b = Builder(name or f"{d.name}_{d.batch}x{d.m}x{d.k}x{d.n}", gen)
     b.notes.update({"design": d.name, "tile": plan.tile, "grid": (gm, gn), "columns": cols,
@@ -103,7 +110,7 @@ def gemm_program(d, gen: Generation, name: str | None = None, args=("A", "B", "C
     # -- kernels -----------------------------------------------------------------------------
     a_t = tt((tm, tk), a_dt)
     b_t = tt((tk, tn), b_dt)
-    acc_t, c_t = tt((tm, tn), acc_dt), tt((tm, tn), out_dt)
+    acc_t, c_t = tt((tm, tn), acc_dt), tt((c_rows, tn), out_dt)
     zero = b.kernel(f"zero_{acc_dt}", (acc_t,))
     if wo:
         b_t = tt((tile_b,), "u8")
@@ -117,14 +124,17 @@ def gemm_program(d, gen: Generation, name: str | None = None, args=("A", "B", "C
     store = b.kernel(f"store_{act}_{acc_dt}_{out_dt}", (acc_t, c_t, "f32"))
 
     # -- fifos -------------------------------------------------------------------------------
+    a_pad = bool(rows_u) and spc == 1 and kt * tk == K      # compact A, padded on the mem tile
     for ac in range(a_cols):
         src = f"A{ac}"
-        b.fifo(src, b.shim(ac), b.mem(ac), 2, tt((spc * tm, tk), a_dt))
+        b.fifo(src, b.shim(ac), b.mem(ac), 2, tt((rows_u if a_pad else spc * tm, tk), a_dt))
         outs = []
         for s in range(spc):
             i = ac * spc + s
             outs.append(f"A{ac}_{s}")
-            b.fifo(outs[-1], b.mem(ac), [cores[k] for k in sorted(cores) if k[0] == i], 2, a_t)
+            pads = dict(dims=((rows_u, tk), (tk, 1)), pad_dims=((0, tm - rows_u), (0, 0))) \
+                if a_pad else {}
+            b.fifo(outs[-1], b.mem(ac), [cores[k] for k in sorted(cores) if k[0] == i], 2, a_t, **pads)
         b.link([src], outs, (), tuple(s * tm * tk for s in range(spc)) if spc > 1 else ())
     for c in range(cols):
         pc = pcs[c]
@@ -154,8 +164,8 @@ def gemm_program(d, gen: Generation, name: str | None = None, args=("A", "B", "C
             for jj in range(pcs[c]):
                 ins.append(f"C{c}_{i}_{jj}")
                 b.fifo(ins[-1], cores[(i, c, jj)], b.mem(c), 2, c_t)
-                offs.append((i * pcs[c] + jj) * tm * tn)
-        b.fifo(f"C{c}", b.mem(c), b.shim(c), 2, tt((gm * pcs[c] * tm * tn,), out_dt))
+                offs.append((i * pcs[c] + jj) * c_rows * tn)
+        b.fifo(f"C{c}", b.mem(c), b.shim(c), 2, tt((gm * pcs[c] * c_rows * tn,), out_dt))
         b.link(ins, [f"C{c}"], tuple(offs) if len(ins) > 1 else (), ())
 
     # -- core programs -------------------------------------------------------------------------
@@ -199,12 +209,13 @@ def gemm_program(d, gen: Generation, name: str | None = None, args=("A", "B", "C
                     for c in range(cols):                 # then per sub-block: drains, A feeds
                         if pcs[c]:
                             _c_tasks(b, f"C{c}", c_name, bb * m_total * N, m0,
-                                     (bn * gn + c * per_col) * tn, gm, pcs[c], tm, tn, m_total, N)
+                                     (bn * gn + c * per_col) * tn, gm, pcs[c], c_rows, tn, m_total, N)
                     for ac in range(a_cols):
                         r0 = m0 + ac * spc * tm
                         mv = max(0, min(spc * tm, m_total - r0))
                         base = bb * m_total * K + min(r0, m_total) * K
-                        _k_tasks(b, f"A{ac}", a_name, base, kt, tk, k_last, mv, spc * tm, K)
+                        _k_tasks(b, f"A{ac}", a_name, base, kt, tk, k_last, mv,
+                                 mv if a_pad else spc * tm, K)
                 b.end_round()
     return b.build()
 

@@ -225,19 +225,20 @@ class GemmDesign(Design):
         sg = max(1, tk // self.w_group) * 2 if self.weight_only else 0
         return tn * (tk * eb + sg)
 
-    def _lowered_memtile(self, gen, tm, tk, tn, gm, gn, a_cols, b_steps) -> int:
+    def _lowered_memtile(self, gen, tm, tk, tn, gm, gn, a_cols, b_steps, c_rows=None) -> int:
         """Bytes of the fullest mem tile (an A column) in the lowered layout, with B held for
         `b_steps` K steps: 2 x A (gm / a_cols m-slices, one K step) + 2 x B (the column's
         n-slices) + 2 x the output join; kernels/lower/gemm.py allocates exactly this."""
         ea, _, _ = self._bytes()
         pc = min(gen.core_rows.value // gm, gn)
         return int(2 * (gm // a_cols) * tm * tk * ea + 2 * b_steps * pc * self._b_tile_bytes(tk, tn)
-                   + 2 * gm * pc * tm * tn * self.out_dtype.itemsize)
+                   + 2 * gm * pc * (c_rows or tm) * tn * self.out_dtype.itemsize)
 
-    def _l1(self, tm: int, tk: int, tn: int) -> int:
+    def _l1(self, tm: int, tk: int, tn: int, c_rows: int | None = None) -> int:
+        """L1 per core; `c_rows` the C rows a core stores (stored_rows), else the whole tile."""
         ea, eb, _ = self._bytes()
         out_b = self.out_dtype.itemsize
-        l1 = 2 * tm * tk * ea + 2 * tk * tn * eb + tm * tn * ACC_BYTES + 2 * tm * tn * out_b
+        l1 = 2 * tm * tk * ea + 2 * tk * tn * eb + tm * tn * ACC_BYTES + 2 * (c_rows or tm) * tn * out_b
         if self.weight_only:                       # dequantized bf16 tile + scales
             l1 += tk * tn * 2 + 2 * ceil_div(tk, self.w_group) * tn * 2
         return int(l1)
@@ -349,7 +350,8 @@ class GemmDesign(Design):
             t_chip_lb = onchip_time_s(gen, delivered, cols, delivered)
             if max(t_dram, t_chip_lb, t_comp_lb) + fill_lb > cutoff:
                 return None               # no score of this blocking can beat the best so far
-        memtile = self._lowered_memtile(gen, tm, tk, tn, gm, gn, a_cols, kt if p > 1 else 1)
+        memtile = self._lowered_memtile(gen, tm, tk, tn, gm, gn, a_cols, kt if p > 1 else 1,
+                                        stored_rows(m_total, gm, p, tm))
         # the lowered layouts (kernels/lower/gemm.py), per mem tile, exact: A one K step per
         # m-slice on the a_columns mem tiles (one channel per core), the column's B (one K
         # step, or with p M sub-blocks its whole K panel, held and re-streamed p times), the
@@ -417,7 +419,7 @@ class GemmDesign(Design):
         # the search compares scores only: the Plan is built for the winner (make_plan)
         return (score, cores, lambda: Plan(
             design="gemm", dtype=self.dtype, columns=cols, cores=cores, tile=(tm, tk, tn),
-            l1_bytes=self._l1(tm, tk, tn), memtile_bytes=memtile,
+            l1_bytes=self._l1(tm, tk, tn, stored_rows(m_total, gm, p, tm)), memtile_bytes=memtile,
             core_bds=2 * (3 + (1 if partial else 0)) + quant_bufs,
             memtile_bds=2 * (4 + gm + 1) + (4 if partial else 0) + 2 * quant_bufs,
             core_locks=2 * (3 + (1 if partial else 0)) + quant_bufs,
@@ -439,6 +441,13 @@ class GemmDesign(Design):
                    "core_dma": (2, 1), "memtile_dma": (2 + gm, 3), "shim_dma": (2, 1),
                    "steady_state_s": max(t_dram, t_sync, t_chip, t_comp)},
         ))
+
+
+def stored_rows(m_total: int, gm: int, p: int, tm: int) -> int | None:
+    """The C rows every core tile holds when they are the same in every tile (one M block of
+    fewer rows than a tile: a decode GEMV's token), else None: the lowering streams A compact
+    (padded to the tile on the mem tile) and the cores store only these rows."""
+    return m_total if gm == 1 and p == 1 and 0 < m_total < tm else None
 
 
 def a_columns(gm: int, cols: int) -> int:

@@ -14,7 +14,7 @@ import torch
 
 from torch_xdna.array import ir
 from torch_xdna.runtime.sim.txn_faults import LockDeadlock, PatternFault
-from torch_xdna.runtime.sim.txn_streams import TORCH_DTYPE, gather, scatter
+from torch_xdna.runtime.sim.txn_streams import TORCH_DTYPE, gather, pad_walk, scatter
 
 
 class FifoState:
@@ -91,7 +91,10 @@ class MemTileLink:
                 buf = self._layout(self.srcs[0], self.src_ci[0], ins[0])
                 offs = self.ln.dst_offsets or self.ln.src_offsets or (0,) * len(self.dsts)
                 for d, off in zip(self.dsts, offs):
-                    d.push(gather(buf, d.f.dims_to_stream, d.f.elem.numel, d.f.elem.dtype, off).clone())
+                    out = gather(buf, d.f.dims_to_stream, d.f.walked, d.f.elem.dtype, off)
+                    if d.f.pad_dims:          # the mem tile's MM2S BD pads (padDimensions)
+                        out = pad_walk(out, d.f.dims_to_stream, d.f.pad_dims, d.f.elem.dtype)
+                    d.push(out.clone())
             else:
                 d = self.dsts[0]
                 buf = torch.zeros(d.nbytes, dtype=torch.uint8)

@@ -102,6 +102,25 @@ def scatter(buf: torch.Tensor, stream: torch.Tensor, dims: ir.Dims, count: int, 
     buf[_pattern_bytes(dims, count, base, int(b))[0]] = stream
 
 
+def pad_walk(stream: torch.Tensor, dims: ir.Dims, pads, dtype: str) -> torch.Tensor:
+    """A mem-tile MM2S walk's bytes with its zero padding inserted (objectfifo padDimensions:
+    per dim, `before` and `after` units of zeros around the dim's run; a unit is the padded
+    extent of the dims inside it)."""
+    b = int(elem_bytes(dtype))
+    block = torch.zeros(1, dtype=torch.long)
+    n_data = 1
+    for (size, _), (lo, hi) in zip(reversed(tuple(dims)), reversed(tuple(pads))):
+        reps = torch.where((block >= 0).unsqueeze(0), block.unsqueeze(0)
+                           + (torch.arange(size) * n_data).unsqueeze(1), block.unsqueeze(0)).reshape(-1)
+        fill = lambda k: torch.full((k * block.numel(),), -1, dtype=torch.long)   # noqa: E731
+        block = torch.cat([fill(lo), reps, fill(hi)])
+        n_data *= size
+    out = torch.zeros(block.numel(), b, dtype=torch.uint8)
+    live = block >= 0
+    out[live] = stream.reshape(-1, b)[block[live]]
+    return out.reshape(-1)
+
+
 _PADS: dict = {}
 
 

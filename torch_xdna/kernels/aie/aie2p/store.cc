@@ -10,6 +10,12 @@
 #ifndef DIM_N
 #define DIM_N 32
 #endif
+// rows of C stored: the first DIM_MC of the tile's DIM_M (a tile whose other rows are padding,
+// kernels/lower/gemm.py: one M block shorter than a tile); the whole tile by default
+#ifndef DIM_MC
+#define DIM_MC DIM_M
+#endif
+static_assert(DIM_MC <= DIM_M, "store: more rows stored than the tile has");
 
 using xdna::L;
 using xdna::vf;
@@ -17,8 +23,8 @@ using xdna::vf;
 template <typename T, typename F>
 static inline void store_tile(const float *__restrict acc, T *__restrict c, float alpha, F act) {
   xdna::set_numerics();
-  for (int i = 0; i < DIM_M * DIM_N; i += L)
-    xdna::store_part(c, i, DIM_M * DIM_N, act(xdna::fmul(xdna::load_f32(acc, i, DIM_M * DIM_N), alpha)));
+  for (int i = 0; i < DIM_MC * DIM_N; i += L)
+    xdna::store_part(c, i, DIM_MC * DIM_N, act(xdna::fmul(xdna::load_f32(acc, i, DIM_MC * DIM_N), alpha)));
 }
 
 #define XDNA_STORE(act, expr)                                                                     \
@@ -34,6 +40,8 @@ XDNA_ACTIVATIONS(XDNA_STORE)
 
 void store_none_i32_i32(const int32 *acc, int32 *c, float alpha) {
   (void)alpha;                                  // integer GEMMs carry no alpha
-  for (int i = 0; i < DIM_M * DIM_N; i += 16) aie::store_v(c + i, aie::load_v<16>(acc + i));
+  int i = 0;
+  for (; i + 16 <= DIM_MC * DIM_N; i += 16) aie::store_v(c + i, aie::load_v<16>(acc + i));
+  for (; i < DIM_MC * DIM_N; ++i) c[i] = acc[i];
 }
 }
