@@ -32,7 +32,8 @@ from torch_xdna.runtime.xrt.session import release_devices
 
 pytestmark = pytest.mark.skipif(host_build.find_compiler() is None,
                                 reason="no host C++ compiler for the core kernels")
-CHECKS = (("add_one", "1024", None), ("gemm", "64x64x64", None), ("gemm", "64x64x64", "int8"))
+CHECKS = (("add_one", "1024", None), ("gemm", "64x64x64", None), ("gemm", "64x64x64", "int8"),
+          ("gemm", "1x256x256", None))          # a decode GEMV: mem-tile padding, first-rows store
 TO_DEV = emulated.xclBOSyncDirection.XCL_BO_SYNC_BO_TO_DEVICE
 FROM_DEV = emulated.xclBOSyncDirection.XCL_BO_SYNC_BO_FROM_DEVICE
 
@@ -100,7 +101,7 @@ def _normal(p: ir.ArrayProgram) -> ir.ArrayProgram:
 @pytest.mark.parametrize("name,shape,dtype", [
     ("add_one", "1024", None), ("gemm", "64x64x64", None), ("gemm", "256x128x64", "int8"),
     ("gemm_bias", "64x64x64", None), ("relu", "32x512", None), ("softmax", "32x512", "bfloat16"),
-    ("gelu", "1024", None)])
+    ("gelu", "1024", None), ("gemm", "1x256x256", None)])    # last: a decode GEMV (mem-tile padDimensions)
 def test_mlir_reads_back_into_the_same_program(name, shape, dtype):
     """The emulated 'compiler' reconstructs the whole ArrayProgram from the MLIR the chip build
     hands aiecc.py, shim channels and runtime-parameter buffers included."""

@@ -155,7 +155,8 @@ def _tile(st: _State, ln: str) -> None:
 
 def _fifo(st: _State, ln: str) -> None:
     m = re.match(r"aie\.objectfifo @(\w+)\((.*), \{(.*)\}, (\d+) : i32\)"
-                 r"(?: \{repeat_count = (\d+) : i32\})? : !aie\.objectfifo<(.*)>$", ln)
+                 r"(?: \{(?:repeat_count = (\d+) : i32)?(?:, )?(?:padDimensions = "
+                 r"#aie<bd_pad_layout_array\[(.*)\]>)?\})? : !aie\.objectfifo<(.*)>$", ln)
     if m is None:
         raise ProgramError(f"object fifo: {ln}")
     prod_text = m.group(2)
@@ -170,8 +171,17 @@ def _fifo(st: _State, ln: str) -> None:
         consumers.append(st.tiles[c.split()[0]])
         from_stream.append(_dims(c) if "dimensionsFromStream" in c else ())
     st.fifos.append(ir.ObjectFifo(m.group(1), producer, tuple(consumers), int(m.group(4)),
-                                  memref(m.group(6)), to_stream,
-                                  tuple(from_stream) if any(from_stream) else ()))
+                                  memref(m.group(7)), to_stream,
+                                  tuple(from_stream) if any(from_stream) else (),
+                                  _pads(m.group(6))))
+
+
+def _pads(text: str | None) -> tuple[tuple[int, int], ...]:
+    """padDimensions' (const_pad_before, const_pad_after) pairs, in dims_to_stream order."""
+    if not text:
+        return ()
+    return tuple((int(a), int(z)) for a, z in
+                 re.findall(r"<const_pad_before = (\d+), const_pad_after = (\d+)>", text))
 
 
 def _link(st: _State, ln: str) -> None:
