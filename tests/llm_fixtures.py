@@ -1,4 +1,4 @@
-"""Tiny random-weight Qwen3 / Llama / Gemma 3 directories for the LLM engine tests.
+"""Tiny random-weight Qwen3 / Llama / Gemma 3 / Qwen3-MoE directories for the LLM engine tests.
 
 Built with transformers (test-only reference) and saved with save_pretrained (safetensors), plus a
 byte-level BPE tokenizer trained locally on a small text and a chat template. Nothing downloads.
@@ -54,6 +54,13 @@ def _config(family: str, **overrides):
                            rope_parameters={"rope_type": "llama3", "factor": 8.0, "rope_theta": 50000.0,
                                             "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                                             "original_max_position_embeddings": 64}, **common)
+    if family == "qwen3_moe":          # 8 experts, 2 per token; layer 1 keeps the dense MLP
+        from transformers import Qwen3MoeConfig
+        return Qwen3MoeConfig(intermediate_size=128, moe_intermediate_size=32, num_experts=8,
+                              num_experts_per_tok=2, norm_topk_prob=True, mlp_only_layers=[1],
+                              num_hidden_layers=3, num_key_value_heads=2, tie_word_embeddings=False,
+                              rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+                              **common)
     if family == "gemma3":
         return Gemma3TextConfig(
             intermediate_size=128, num_hidden_layers=4, num_key_value_heads=1,

@@ -23,6 +23,10 @@ LLAMA_NAMES = WeightNames(
     down=_L + "mlp.down_proj.weight")
 QWEN3_NAMES = WeightNames(**{**LLAMA_NAMES.__dict__, "q_norm": _L + "self_attn.q_norm.weight",
                              "k_norm": _L + "self_attn.k_norm.weight"})
+QWEN3_MOE_NAMES = WeightNames(**{**QWEN3_NAMES.__dict__, "router": _L + "mlp.gate.weight",
+                                 "expert_gate": _L + "mlp.experts.{e}.gate_proj.weight",
+                                 "expert_up": _L + "mlp.experts.{e}.up_proj.weight",
+                                 "expert_down": _L + "mlp.experts.{e}.down_proj.weight"})
 GEMMA3_NAMES = WeightNames(**{**QWEN3_NAMES.__dict__,
                               "attn_post_norm": _L + "post_attention_layernorm.weight",
                               "mlp_norm": _L + "pre_feedforward_layernorm.weight",
@@ -35,10 +39,17 @@ def _refuse(family: str, feature: str, hint: str = "") -> None:
         + (f"; {hint}" if hint else ""))
 
 
-def _common_checks(family: str, cfg: dict) -> None:
-    for key in ("num_experts", "num_local_experts", "n_routed_experts", "moe_intermediate_size"):
+MOE_KEYS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_intermediate_size")
+
+
+def _common_checks(family: str, cfg: dict, moe: bool = False) -> None:
+    for key in (() if moe else MOE_KEYS):
         if cfg.get(key):
-            _refuse(family, f"{key}={cfg[key]} (mixture of experts)", "use a dense model")
+            _refuse(family, f"{key}={cfg[key]} (mixture of experts)",
+                    "mixture-of-experts families: " + ", ".join(MOE_FAMILIES))
+    for key in ("shared_expert_intermediate_size", "n_shared_experts"):
+        if cfg.get(key):
+            _refuse(family, f"{key}={cfg[key]} (shared experts)", "not implemented")
     if cfg.get("attention_bias"):
         _refuse(family, "attention_bias=true", "q/k/v/o projection biases are not implemented")
     if cfg.get("mlp_bias"):
@@ -148,7 +159,7 @@ def _classic_rope(cfg: dict) -> dict:
 
 
 def llama(cfg: dict, family: str = "llama", names: WeightNames = LLAMA_NAMES, **kw) -> DecoderSpec:
-    _common_checks(family, cfg)
+    _common_checks(family, cfg, moe=bool(kw.get("experts")))
     rope = _rope(family, _classic_rope(cfg), 10000.0, int(cfg.get("max_position_embeddings", 0)))
     layers = int(cfg["num_hidden_layers"])
     types = _layer_types(cfg, layers)
@@ -160,6 +171,29 @@ def llama(cfg: dict, family: str = "llama", names: WeightNames = LLAMA_NAMES, **
 
 def qwen3(cfg: dict) -> DecoderSpec:
     return llama(cfg, "qwen3", QWEN3_NAMES, qk_norm=True)
+
+
+def _moe_fields(family: str, cfg: dict) -> dict:
+    """The mixture-of-experts fields of a transformers MoE config (Qwen3-MoE style: every
+    `decoder_sparse_step`-th layer not in `mlp_only_layers` is a MoE layer)."""
+    experts = int(cfg.get("num_experts") or cfg.get("num_local_experts") or 0)
+    k = int(cfg.get("num_experts_per_tok") or 0)
+    width = int(cfg.get("moe_intermediate_size") or 0)
+    if experts < 1 or not 1 <= k <= experts or width < 1:
+        raise UnsupportedModelError(
+            f"{family}: config needs num_experts >= 1, 1 <= num_experts_per_tok <= num_experts "
+            f"and moe_intermediate_size >= 1 (got {experts}, {k}, {width})")
+    layers = int(cfg["num_hidden_layers"])
+    step = int(cfg.get("decoder_sparse_step") or 1)
+    dense = set(cfg.get("mlp_only_layers") or ())
+    return dict(experts=experts, experts_per_token=k, expert_intermediate=width,
+                norm_topk_prob=bool(cfg.get("norm_topk_prob", False)),
+                moe_layers=tuple(i not in dense and (i + 1) % step == 0 for i in range(layers)))
+
+
+def qwen3_moe(cfg: dict) -> DecoderSpec:
+    fields = _moe_fields("qwen3_moe", cfg)
+    return llama(cfg, "qwen3_moe", QWEN3_MOE_NAMES, qk_norm=True, **fields)
 
 
 def gemma3(cfg: dict) -> DecoderSpec:
@@ -201,12 +235,12 @@ def _replace(spec: DecoderSpec, **kw) -> DecoderSpec:
 
 
 FAMILIES: dict[str, Callable[[dict], DecoderSpec]] = {
-    "qwen3": qwen3, "llama": llama, "gemma3_text": gemma3,
+    "qwen3": qwen3, "llama": llama, "gemma3_text": gemma3, "qwen3_moe": qwen3_moe,
 }
+MOE_FAMILIES = ("qwen3_moe",)
 HINTS = {
     "gemma3": "this is the multimodal Gemma 3 config; only the text-only gemma3_text models "
               "(e.g. gemma-3-1b) are supported",
-    "qwen3_moe": "mixture-of-experts models are not supported",
 }
 
 
@@ -251,4 +285,12 @@ BUILTIN_CONFIGS: dict[str, dict] = {
         rope_local_base_freq=10000.0, sliding_window=512, sliding_window_pattern=6,
         query_pre_attn_scalar=256, hidden_activation="gelu_pytorch_tanh",
         tie_word_embeddings=True, bos_token_id=2, eos_token_id=[1, 106]),
+    # Qwen/Qwen3-30B-A3B config.json (Hugging Face model card): 128 experts, 8 per token
+    "qwen3-30b-a3b": dict(
+        model_type="qwen3_moe", hidden_size=2048, num_hidden_layers=48, num_attention_heads=32,
+        num_key_value_heads=4, head_dim=128, intermediate_size=6144, moe_intermediate_size=768,
+        num_experts=128, num_experts_per_tok=8, norm_topk_prob=True, decoder_sparse_step=1,
+        mlp_only_layers=[], vocab_size=151936, max_position_embeddings=40960, rms_norm_eps=1e-6,
+        rope_theta=1000000.0, tie_word_embeddings=False, hidden_act="silu",
+        bos_token_id=151643, eos_token_id=151645),
 }

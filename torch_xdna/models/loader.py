@@ -92,7 +92,11 @@ def site_names(spec: DecoderSpec) -> list[str]:
     out = ["embed"]
     for i in range(spec.layers):
         p = f"layers.{i}."
-        out += [p + "attn_norm", p + "qkv", p + "o", p + "mlp_norm", p + "gate_up", p + "down"]
+        out += [p + "attn_norm", p + "qkv", p + "o", p + "mlp_norm"]
+        if spec.is_moe(i):       # the router, then every expert stacked along N (expert-major)
+            out += [p + "router", p + "experts_gate_up", p + "experts_down"]
+        else:
+            out += [p + "gate_up", p + "down"]
         if spec.qk_norm:
             out += [p + "q_norm", p + "k_norm"]
         if spec.sandwich_norms:
@@ -213,6 +217,13 @@ def _site_tensor(spec: DecoderSpec, sd: dict[str, torch.Tensor], site: str, path
         return torch.cat([get(n.q, i), get(n.k, i), get(n.v, i)], dim=0)
     if part == "gate_up":
         return torch.cat([get(n.gate, i), get(n.up, i)], dim=0)
+    if part == "experts_gate_up":      # [E * 2I, H]: expert e's gate rows then its up rows
+        return torch.cat([torch.cat([get(n.expert_gate.replace("{e}", str(e)), i),
+                                     get(n.expert_up.replace("{e}", str(e)), i)])
+                          for e in range(spec.experts)], dim=0)
+    if part == "experts_down":         # [E * H, I]
+        return torch.cat([get(n.expert_down.replace("{e}", str(e)), i)
+                          for e in range(spec.experts)], dim=0)
     return get(getattr(n, part), i)
 
 

@@ -113,6 +113,10 @@ class WeightNames:
     k_norm: str = ""
     attn_post_norm: str = ""      # Gemma: post_attention_layernorm (before the residual add)
     mlp_post_norm: str = ""       # Gemma: post_feedforward_layernorm
+    router: str = ""              # mixture of experts: the router (gate) [experts, H]
+    expert_gate: str = ""         # per expert ('{e}'): gate_proj [I_e, H], up_proj, down_proj
+    expert_up: str = ""
+    expert_down: str = ""
 
 
 @dataclass(frozen=True)
@@ -144,6 +148,18 @@ class DecoderSpec:
     attn_softcap: float | None = None
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
+    # mixture of experts (0 experts: dense). A MoE layer's MLP is a router over `experts` gated
+    # MLPs of width `expert_intermediate`, of which `experts_per_token` run per token, their
+    # outputs weighted by the softmax router probabilities (renormalized over the chosen ones
+    # when norm_topk_prob). moe_layers: per layer, MoE (True) or the dense MLP (False).
+    experts: int = 0
+    experts_per_token: int = 0
+    expert_intermediate: int = 0
+    norm_topk_prob: bool = False
+    moe_layers: tuple[bool, ...] = ()
+
+    def is_moe(self, layer: int) -> bool:
+        return bool(self.moe_layers) and self.moe_layers[layer]
 
     @property
     def q_dim(self) -> int:
@@ -153,9 +169,13 @@ class DecoderSpec:
     def kv_dim(self) -> int:
         return self.kv_heads * self.head_dim
 
-    def params(self) -> int:
-        """Parameter count (embeddings counted once when tied)."""
-        per_layer = (self.hidden * (self.q_dim + 2 * self.kv_dim) + self.q_dim * self.hidden
-                     + 3 * self.hidden * self.intermediate)
+    def params(self, active: bool = False) -> int:
+        """Parameter count (embeddings counted once when tied). active=True: a MoE layer counts
+        only the experts one token runs (and its router)."""
+        attn = self.hidden * (self.q_dim + 2 * self.kv_dim) + self.q_dim * self.hidden
+        dense = 3 * self.hidden * self.intermediate
+        experts = self.experts_per_token if active else self.experts
+        moe = self.experts * self.hidden + experts * 3 * self.hidden * self.expert_intermediate
+        mlps = sum(moe if self.is_moe(i) else dense for i in range(self.layers))
         head = 0 if self.tie_embeddings else self.vocab * self.hidden
-        return self.layers * per_layer + self.vocab * self.hidden + head
+        return self.layers * attn + mlps + self.vocab * self.hidden + head

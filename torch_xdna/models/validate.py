@@ -243,8 +243,21 @@ def expected_shapes(spec: DecoderSpec) -> dict[str, tuple[tuple[int, ...], str]]
     if spec.sandwich_norms:
         per_layer[n.attn_post_norm] = ((h,), "hidden_size")
         per_layer[n.mlp_post_norm] = ((h,), "hidden_size")
+    dense = (n.gate, n.up, n.down)
+    moe: dict[str, tuple[tuple[int, ...], str]] = {}
+    if spec.experts:
+        ie, what = spec.expert_intermediate, "moe_intermediate_size"
+        moe[n.router] = ((spec.experts, h), "num_experts x hidden_size")
+        for e in range(spec.experts):
+            for tmpl, shape, why in ((n.expert_gate, (ie, h), f"{what} x hidden_size"),
+                                     (n.expert_up, (ie, h), f"{what} x hidden_size"),
+                                     (n.expert_down, (h, ie), f"hidden_size x {what}")):
+                moe[tmpl.replace("{e}", str(e))] = (shape, why)
     for i in range(spec.layers):
         for tmpl, v in per_layer.items():
+            if not (spec.is_moe(i) and tmpl in dense):
+                out[tmpl.format(i=i)] = v
+        for tmpl, v in (moe.items() if spec.is_moe(i) else ()):
             out[tmpl.format(i=i)] = v
     return out
 

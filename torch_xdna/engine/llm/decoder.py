@@ -25,6 +25,7 @@ from torch_xdna.kernels.base import Design
 from torch_xdna.kernels.blocks.llm import (
     AttentionBlockDesign, DecoderLayerDesign, EmbedDesign, HeadDesign, MlpBlockDesign,
 )
+from torch_xdna.kernels.blocks.moe import MoeBlockDesign, MoeLayerDesign
 from torch_xdna.kernels.blocks.weights import PRECISIONS, default_group, weight_bytes
 from torch_xdna.models.hf import ModelDirError
 from torch_xdna.models.spec import DecoderSpec
@@ -86,7 +87,9 @@ class PrecisionPolicy:
 
     def block_group(self, spec: DecoderSpec, kind: str) -> int:
         """The one group size all weights of a fused block (attention, mlp, head) share."""
-        ks = {"attention": (spec.hidden, spec.q_dim), "mlp": (spec.hidden, spec.intermediate),
+        ks = {"attention": (spec.hidden, spec.q_dim),
+              "mlp": (spec.hidden, spec.intermediate) + ((spec.expert_intermediate,)
+                                                          if spec.experts else ()),
               "head": (spec.hidden,)}[kind]
         return self.group_for(getattr(self, kind), *ks)
 
@@ -99,7 +102,8 @@ class PrecisionPolicy:
         """Loader transform: matmul weights to their stored format, norms to bf16 (fp32)."""
         from torch_xdna.engine.llm.quantize import quantize
         kinds = {"qkv": "attention", "o": "attention", "gate_up": "mlp", "down": "mlp",
-                 "embed": "head", "lm_head": "head"}
+                 "experts_gate_up": "mlp", "experts_down": "mlp", "embed": "head",
+                 "lm_head": "head"}       # the MoE router stays bf16 (fp32), like the norms
 
         def transform(site: str, w: torch.Tensor) -> tuple[torch.Tensor, ...]:
             kind = kinds.get(site.rsplit(".", 1)[-1])
@@ -121,17 +125,21 @@ def resident_bytes_estimate(spec: DecoderSpec, policy: PrecisionPolicy, capacity
     h, f = spec.hidden, spec.intermediate
     wb = weight_bytes
     ga, gm, gh = (policy.block_group(spec, k) for k in SITE_KINDS)
-    per_layer = (wb(spec.q_dim + 2 * spec.kv_dim, h, policy.attention, ga)
-                 + wb(h, spec.q_dim, policy.attention, ga)
-                 + wb(2 * f, h, policy.mlp, gm) + wb(h, f, policy.mlp, gm))
     norm = 4 if policy.exact else 2
+    attn = (wb(spec.q_dim + 2 * spec.kv_dim, h, policy.attention, ga)
+            + wb(h, spec.q_dim, policy.attention, ga))
+    dense = wb(2 * f, h, policy.mlp, gm) + wb(h, f, policy.mlp, gm)
+    fe = spec.expert_intermediate
+    moe = spec.experts * (h * norm + wb(2 * fe, h, policy.mlp, gm)
+                          + wb(h, fe, policy.mlp, gm)) if spec.experts else 0
+    mlps = sum(moe if spec.is_moe(i) else dense for i in range(spec.layers))
     norms = (2 + 2 * spec.sandwich_norms) * h + 2 * spec.qk_norm * spec.head_dim
     head = wb(spec.vocab, h, policy.head, gh) * (1 if spec.tie_embeddings else 2)
     kv = capacity * kv_bytes_per_token(spec.layers, spec.kv_heads, spec.head_dim, kv_dtype,
                                        policy.exact)
     rope = len(spec.ropes) * 2 * capacity * spec.head_dim * 4
-    acts = chunk * h * 4 + chunk * 4 + spec.vocab * 4
-    return spec.layers * (per_layer + norms * norm) + h * norm + head + kv + rope + acts
+    acts = chunk * h * 4 + chunk * 4 + spec.vocab * 4 + chunk * spec.experts_per_token * 4
+    return spec.layers * (attn + norms * norm) + mlps + h * norm + head + kv + rope + acts
 
 
 def per_token_bytes(spec: DecoderSpec, policy: PrecisionPolicy, kv_dtype: str = DEFAULT_KV_DTYPE) -> int:
@@ -197,6 +205,10 @@ def step_designs(spec: DecoderSpec, policy: PrecisionPolicy, rows: int, capacity
                                   spec.embed_scale))]
     mlp = MlpBlockDesign(precision=pm, group=gm, intermediate=spec.intermediate,
                          act=spec.act, post_norm=spec.sandwich_norms, **common)
+    moe = MoeBlockDesign(precision=pm, group=gm, experts=spec.experts,
+                         top_k=spec.experts_per_token, intermediate=spec.expert_intermediate,
+                         act=spec.act, norm_topk=spec.norm_topk_prob,
+                         **common) if spec.experts else None
     for i in range(spec.layers):
         attn = AttentionBlockDesign(
             precision=pa, group=ga, heads=spec.heads, kv_heads=spec.kv_heads,
@@ -204,7 +216,10 @@ def step_designs(spec: DecoderSpec, policy: PrecisionPolicy, rows: int, capacity
             post_norm=spec.sandwich_norms, window=spec.layer_window[i], scale=spec.attn_scale,
             softcap=spec.attn_softcap, cache_bytes=4 if policy.exact else 2, kv_dtype=kv_dtype,
             **common)
-        if layout == "layer":
+        if spec.is_moe(i):
+            out += ([("layer", i, MoeLayerDesign(attn, moe))] if layout == "layer"
+                    else [("attention", i, attn), ("moe", i, moe)])
+        elif layout == "layer":
             out.append(("layer", i, DecoderLayerDesign(attn, mlp)))
         else:
             out += [("attention", i, attn), ("mlp", i, mlp)]
@@ -266,6 +281,10 @@ class Decoder(ResidentDecoder):
             self.x = self.empty((self.chunk, spec.hidden), torch.float32)
             self.ids = self.empty((self.chunk,), torch.int32)
             self.logits = self.empty((1, spec.vocab), torch.float32)
+            # the experts each row of a chunk chose (written by the MoE blocks; the simulator
+            # charges each MoE launch for exactly these experts' weights)
+            self.route = (self.empty((self.chunk, spec.experts_per_token), torch.int32)
+                          if spec.experts else None)
         except BaseException:
             self.close()
             raise
@@ -296,10 +315,12 @@ class Decoder(ResidentDecoder):
                                        s, op="lm_head"))
             else:
                 kv = [x, *self.cache.layer_outputs(i)]
+                route = [self.rows_view(self.route, rows)] if spec.is_moe(i) else []
                 ins = {"attention": self.attention_inputs(x, i), "mlp": self.mlp_inputs(x, i),
+                       "moe": self.mlp_inputs(x, i),
                        "layer": self.attention_inputs(x, i) + self.mlp_inputs(x, i)[1:]}[role]
-                launches.append(Launch(design, ins, [x] if role == "mlp" else kv, s,
-                                       op=f"layer{i}.{role}"))
+                outs = {"attention": kv, "mlp": [x], "moe": [x, *route], "layer": kv + route}[role]
+                launches.append(Launch(design, ins, outs, s, op=f"layer{i}.{role}"))
         prog = Program(launches, name=f"{spec.family}.{'decode' if rows == 1 else 'prefill'}")
         self._programs[key] = prog
         return prog
@@ -318,6 +339,9 @@ class Decoder(ResidentDecoder):
     def mlp_inputs(self, x: TensorArg, i: int) -> list[TensorArg]:
         """Layer i's MLP-block operands, in the design's order (activations `x` first)."""
         spec, w, p = self.spec, self.w, f"layers.{i}."
+        if spec.is_moe(i):
+            return [x, *w[p + "mlp_norm"], *w[p + "router"], *w[p + "experts_gate_up"],
+                    *w[p + "experts_down"]]
         ins = [x, *w[p + "mlp_norm"], *w[p + "gate_up"], *w[p + "down"]]
         if spec.sandwich_norms:
             ins += [*w[p + "mlp_post_norm"]]
@@ -361,6 +385,7 @@ def estimate_step(spec: DecoderSpec, policy: PrecisionPolicy, cost, rows: int, p
             out["terms_us"][name] = out["terms_us"].get(name, 0.0) + v
     out["dram_bytes"] = sum(p.dram_read_bytes + p.dram_write_bytes for p in plans)
     out["weight_bytes"] = sum(p.notes.get("weight_bytes", 0) for p in plans)
+    out["expert_bytes"] = sum(p.notes.get("expert_bytes", 0) for p in plans)
     out["kv_bytes"] = sum(p.notes.get("kv_read_bytes", 0) + p.notes.get("kv_write_bytes", 0)
                           for p in plans)
     return out
