@@ -246,3 +246,18 @@ def test_served_like_the_dense_decoders(moe):
         o = ollama.Client(host=srv.url).chat(model=name, messages=msgs,
                                               options={"num_predict": 6, "temperature": 0})
         assert o.message.content == want
+
+
+def test_gpt_oss_20b_estimate_shapes_and_refused_at_load(tmp_path):
+    """gpt-oss is modeled from its config (shapes only) and refused at load, naming what is
+    missing; the estimate streams 4 of 32 experts per layer."""
+    _, spec = resolve_spec("gpt-oss-20b")
+    assert 20.5e9 < spec.params() < 21.5e9 and spec.experts == 32 and spec.experts_per_token == 4
+    assert spec.layer_window[:2] == (128, None) and spec.ropes["global"].type == "yarn"
+    r = estimate(spec, "int4", 1024)
+    per_expert = 3 * 2880 * 2880 * (0.5 + 2 / 32)
+    assert r["expert_mb_per_token"] * 1e6 == pytest.approx(24 * 4 * per_expert)
+    from torch_xdna.models.families import BUILTIN_CONFIGS
+    (tmp_path / "config.json").write_text(json.dumps(BUILTIN_CONFIGS["gpt-oss-20b"]))
+    with pytest.raises(UnsupportedModelError, match="attention sinks"):
+        load_decoder(tmp_path, quiet=True)

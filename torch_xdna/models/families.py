@@ -234,10 +234,34 @@ def _replace(spec: DecoderSpec, **kw) -> DecoderSpec:
     return replace(spec, **kw)
 
 
+GPT_OSS_MISSING = ("attention sinks, q/k/v/o and expert biases, the clamped SwiGLU "
+                   "(alpha 1.702, limit 7) and MXFP4 expert weights")
+
+
+def gpt_oss(cfg: dict) -> DecoderSpec:
+    """gpt-oss (OpenAI): every layer MoE (experts as wide as intermediate_size, top-k of the
+    router logits then a softmax over them), alternating sliding-window (128) and full layers,
+    YaRN RoPE. Shapes only: `xdna estimate` models it (biases and sinks are negligible bytes;
+    MXFP4 experts, 4.25 bits per weight, are charged as the int4 g32 format, 4.5 bits, when the
+    estimate asks for int4); running it needs GPT_OSS_MISSING, so loading is refused."""
+    family = "gpt_oss"
+    layers = int(cfg["num_hidden_layers"])
+    types = _layer_types(cfg, layers)
+    moe = _moe_fields(family, {**cfg, "moe_intermediate_size": cfg.get("intermediate_size")})
+    mp = int(cfg.get("max_position_embeddings", 0))
+    return _base(family, cfg, LLAMA_NAMES, ropes={"global": _rope(family, _classic_rope(cfg), 150000.0, mp)},
+                 layer_rope=("global",) * layers, layer_window=_windows(family, cfg, types),
+                 **{**moe, "norm_topk_prob": True},
+                 run_refusal=f"gpt_oss: the xdna decode engine models this family's shapes "
+                             f"(xdna estimate) but cannot run it yet: {GPT_OSS_MISSING} are not "
+                             f"implemented")
+
+
 FAMILIES: dict[str, Callable[[dict], DecoderSpec]] = {
     "qwen3": qwen3, "llama": llama, "gemma3_text": gemma3, "qwen3_moe": qwen3_moe,
+    "gpt_oss": gpt_oss,
 }
-MOE_FAMILIES = ("qwen3_moe",)
+MOE_FAMILIES = ("qwen3_moe", "gpt_oss (estimate only)")
 HINTS = {
     "gemma3": "this is the multimodal Gemma 3 config; only the text-only gemma3_text models "
               "(e.g. gemma-3-1b) are supported",
@@ -293,4 +317,16 @@ BUILTIN_CONFIGS: dict[str, dict] = {
         mlp_only_layers=[], vocab_size=151936, max_position_embeddings=40960, rms_norm_eps=1e-6,
         rope_theta=1000000.0, tie_word_embeddings=False, hidden_act="silu",
         bos_token_id=151643, eos_token_id=151645),
+    # openai/gpt-oss-20b config.json: 24 layers, 32 experts, 4 per token (transformers'
+    # GptOssConfig defaults are gpt-oss-120b's: 36 layers, 128 experts)
+    "gpt-oss-20b": dict(
+        model_type="gpt_oss", hidden_size=2880, num_hidden_layers=24, num_attention_heads=64,
+        num_key_value_heads=8, head_dim=64, intermediate_size=2880, num_local_experts=32,
+        num_experts_per_tok=4, vocab_size=201088, max_position_embeddings=131072,
+        rms_norm_eps=1e-5, sliding_window=128, attention_bias=True, tie_word_embeddings=False,
+        layer_types=["sliding_attention", "full_attention"] * 12, hidden_act="silu",
+        rope_parameters={"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
+                         "truncate": False, "original_max_position_embeddings": 4096,
+                         "rope_theta": 150000.0},
+        bos_token_id=199998, eos_token_id=200002),
 }

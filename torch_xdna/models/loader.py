@@ -23,7 +23,7 @@ import torch
 from torch_xdna.models.families import family_of, spec_from_config
 from torch_xdna.models import validate
 from torch_xdna.models.hf import ModelDirError, read_config, read_json, safetensors_files
-from torch_xdna.models.spec import DecoderSpec
+from torch_xdna.models.spec import DecoderSpec, UnsupportedModelError
 from torch_xdna.runtime.cachedir import CacheDir, sign, verify, warn_once
 
 CACHE_FORMAT = "xdna-decoder-weights-v2"     # v2: signed entries
@@ -65,6 +65,8 @@ def read_model(model_dir: str | Path) -> ModelFiles:
     family_of(cfg)                             # an unsupported family is named before field errors
     validate.check_config(d / "config.json", cfg)
     spec = spec_from_config(cfg)
+    if spec.run_refusal:
+        raise UnsupportedModelError(spec.run_refusal)
     gen_path = d / "generation_config.json"
     gen = read_json(gen_path) if gen_path.is_file() else None
     validate.check_decoder_dir(d, cfg, spec, gen)
@@ -79,7 +81,10 @@ def read_gguf(path: Path) -> ModelFiles:
     cfg = g.config()
     family_of(cfg)
     validate.check_config(path, cfg)
-    return ModelFiles(path, cfg, spec_from_config(cfg), {}, gguf=g)
+    spec = spec_from_config(cfg)
+    if spec.run_refusal:
+        raise UnsupportedModelError(spec.run_refusal)
+    return ModelFiles(path, cfg, spec, {}, gguf=g)
 
 
 def source_files(mf: ModelFiles) -> list[Path]:

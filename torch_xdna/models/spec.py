@@ -158,6 +158,10 @@ class DecoderSpec:
     norm_topk_prob: bool = False
     moe_layers: tuple[bool, ...] = ()
 
+    # non-empty: the engine models this family's shapes (`xdna estimate`) but cannot run it;
+    # the reason names what is missing (models/loader.read_model refuses with it)
+    run_refusal: str = ""
+
     def is_moe(self, layer: int) -> bool:
         return bool(self.moe_layers) and self.moe_layers[layer]
 
