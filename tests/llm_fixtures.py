@@ -1,4 +1,4 @@
-"""Tiny random-weight Qwen3 / Llama / Gemma 3 / Qwen3-MoE directories for the LLM engine tests.
+"""Tiny random-weight Qwen3 / Llama / Gemma 3 / Qwen3-MoE / OPT directories for the LLM engine tests.
 
 Built with transformers (test-only reference) and saved with save_pretrained (safetensors), plus a
 byte-level BPE tokenizer trained locally on a small text and a chat template. Nothing downloads.
@@ -61,6 +61,10 @@ def _config(family: str, **overrides):
                               num_hidden_layers=3, num_key_value_heads=2, tie_word_embeddings=False,
                               rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
                               **common)
+    if family == "opt":                # learned positions, pre-LayerNorm, ReLU MLP, biases
+        from transformers import OPTConfig
+        return OPTConfig(ffn_dim=128, num_hidden_layers=2, word_embed_proj_dim=64,
+                         **{k: v for k, v in common.items() if k not in ("head_dim", "rms_norm_eps")})
     if family == "gemma3":
         return Gemma3TextConfig(
             intermediate_size=128, num_hidden_layers=4, num_key_value_heads=1,
@@ -100,3 +104,38 @@ def hf_greedy(model, ids: list[int], n: int) -> list[int]:
         out = model.generate(torch.tensor([ids]), max_new_tokens=n, do_sample=False,
                              eos_token_id=None, pad_token_id=0, min_new_tokens=n)
     return out[0, len(ids):].tolist()
+
+
+def teacher_forced(engine, ids: list[int], split: int) -> list[torch.Tensor]:
+    """Engine logits after prefilling ids[:split], then after each following token."""
+    dec = engine.decoder
+    dec.reset()
+    out = [dec.forward(ids[:split])]
+    for t in ids[split:]:
+        out.append(dec.forward([t]))
+    return out
+
+
+def check_against_transformers(engine, model, prompt: list[int], tol: float,
+                               extra: tuple[int, ...] = (200, 150, 9, 31)) -> None:
+    """Teacher-forced logits of prompt + extra within `tol` x the logit scale of the fp32 HF
+    model (tol=None: within 1e-4, the fp32 verification mode; else they must also differ)."""
+    ids = list(prompt) + list(extra)
+    ref = hf_logits(model, ids)
+    scale = ref.abs().max().item()
+    for j, g in enumerate(teacher_forced(engine, ids, len(prompt))):
+        diff = (g - ref[len(prompt) - 1 + j]).abs().max().item()
+        if tol is None:
+            assert diff < 1e-4, f"step {j}: max |diff| {diff}"
+        else:
+            assert 0 < diff < tol * scale, f"step {j}: {diff} vs logit scale {scale}"
+
+
+def check_greedy_identical(engine, model, prompt: list[int], n: int = 32) -> None:
+    """fp32 mode: n greedy tokens identical to transformers', one dispatch and one launch per
+    layer (+ embed + head) per token."""
+    from torch_xdna.engine.llm.generate import GenerationConfig
+    r = engine.complete(prompt, GenerationConfig(max_tokens=n, stop_token_ids=()))
+    assert r.token_ids == hf_greedy(model, prompt, n)
+    assert r.stats.dispatches_per_token == 1.0
+    assert r.stats.launches_per_token == model.config.num_hidden_layers + 2

@@ -11,7 +11,18 @@ from typing import Callable
 from torch_xdna.models.spec import DecoderSpec, RopeSpec, UnsupportedModelError, WeightNames
 
 ROPE_TYPES = ("default", "linear", "llama3", "freq_factors", "yarn")
-ACTS = {"silu": "silu", "swish": "silu", "gelu_pytorch_tanh": "gelu_tanh", "gelu_tanh": "gelu_tanh"}
+ACTS = {"silu": "silu", "swish": "silu", "gelu_pytorch_tanh": "gelu_tanh", "gelu_tanh": "gelu_tanh",
+        "relu": "relu"}
+# config keys a family spells its own way -> the common spelling the checks and builders read
+CONFIG_ALIASES = {"opt": {"ffn_dim": "intermediate_size", "activation_function": "hidden_act"}}
+
+
+def common_config(cfg):
+    """`cfg` with its family's own key spellings (CONFIG_ALIASES) also under the common names."""
+    aliases = CONFIG_ALIASES.get(cfg.get("model_type")) if isinstance(cfg, dict) else None
+    if not aliases:
+        return cfg
+    return {**{dst: cfg[src] for src, dst in aliases.items() if src in cfg}, **cfg}
 
 _L = "model.layers.{i}."
 LLAMA_NAMES = WeightNames(
@@ -27,6 +38,19 @@ QWEN3_MOE_NAMES = WeightNames(**{**QWEN3_NAMES.__dict__, "router": _L + "mlp.gat
                                  "expert_gate": _L + "mlp.experts.{e}.gate_proj.weight",
                                  "expert_up": _L + "mlp.experts.{e}.up_proj.weight",
                                  "expert_down": _L + "mlp.experts.{e}.down_proj.weight"})
+_O = "model.decoder.layers.{i}."
+OPT_NAMES = WeightNames(
+    embed="model.decoder.embed_tokens.weight", final_norm="model.decoder.final_layer_norm.weight",
+    lm_head="lm_head.weight", attn_norm=_O + "self_attn_layer_norm.weight",
+    q=_O + "self_attn.q_proj.weight", k=_O + "self_attn.k_proj.weight",
+    v=_O + "self_attn.v_proj.weight", o=_O + "self_attn.out_proj.weight",
+    mlp_norm=_O + "final_layer_norm.weight", gate="", up=_O + "fc1.weight", down=_O + "fc2.weight",
+    pos_embed="model.decoder.embed_positions.weight",
+    attn_norm_bias=_O + "self_attn_layer_norm.bias", q_bias=_O + "self_attn.q_proj.bias",
+    k_bias=_O + "self_attn.k_proj.bias", v_bias=_O + "self_attn.v_proj.bias",
+    o_bias=_O + "self_attn.out_proj.bias", mlp_norm_bias=_O + "final_layer_norm.bias",
+    up_bias=_O + "fc1.bias", down_bias=_O + "fc2.bias",
+    final_norm_bias="model.decoder.final_layer_norm.bias")
 GEMMA3_NAMES = WeightNames(**{**QWEN3_NAMES.__dict__,
                               "attn_post_norm": _L + "post_attention_layernorm.weight",
                               "mlp_norm": _L + "pre_feedforward_layernorm.weight",
@@ -234,6 +258,39 @@ def _replace(spec: DecoderSpec, **kw) -> DecoderSpec:
     return replace(spec, **kw)
 
 
+OPT_POSITION_OFFSET = 2          # transformers' OPTLearnedPositionalEmbedding.offset
+
+
+def opt(cfg: dict) -> DecoderSpec:
+    """OPT (Meta): pre-LayerNorm blocks with biases everywhere, a ReLU MLP (fc1 -> relu -> fc2),
+    learned absolute positions (row = position + 2), full multi-head attention, tied lm_head."""
+    family = "opt"
+    cfg = common_config(cfg)
+    _common_checks(family, {k: v for k, v in cfg.items() if k not in ("attention_bias",)})
+    hidden = int(cfg["hidden_size"])
+    for key, ok, why in (
+            ("do_layer_norm_before", cfg.get("do_layer_norm_before", True) is True,
+             "post-LayerNorm blocks (OPT-350m) are not implemented"),
+            ("word_embed_proj_dim", int(cfg.get("word_embed_proj_dim") or hidden) == hidden,
+             "embedding projections (project_in/out) are not implemented"),
+            ("_remove_final_layer_norm", not cfg.get("_remove_final_layer_norm"),
+             "a decoder without its final LayerNorm is not implemented"),
+            ("enable_bias", cfg.get("enable_bias", True) is True, "bias-free OPT is not implemented"),
+            ("layer_norm_elementwise_affine", cfg.get("layer_norm_elementwise_affine", True) is True,
+             "LayerNorm without weights is not implemented")):
+        if not ok:
+            _refuse(family, f"{key}={cfg.get(key)!r}", why)
+    layers = int(cfg["num_hidden_layers"])
+    positions = int(cfg.get("max_position_embeddings", 2048))
+    return _base(family, {**cfg, "num_key_value_heads": cfg["num_attention_heads"],
+                          "rms_norm_eps": 1e-5, "hidden_act": cfg.get("hidden_act") or "relu"},
+                 OPT_NAMES, layer_rope=("",) * layers, layer_window=(None,) * layers,
+                 tie_embeddings=bool(cfg.get("tie_word_embeddings", True)), layer_norm=True,
+                 linear_bias=True, gated_mlp=False,
+                 learned_positions=positions + OPT_POSITION_OFFSET,
+                 position_offset=OPT_POSITION_OFFSET)
+
+
 GPT_OSS_MISSING = ("attention sinks, q/k/v/o and expert biases, the clamped SwiGLU "
                    "(alpha 1.702, limit 7) and MXFP4 expert weights")
 
@@ -259,7 +316,7 @@ def gpt_oss(cfg: dict) -> DecoderSpec:
 
 FAMILIES: dict[str, Callable[[dict], DecoderSpec]] = {
     "qwen3": qwen3, "llama": llama, "gemma3_text": gemma3, "qwen3_moe": qwen3_moe,
-    "gpt_oss": gpt_oss,
+    "gpt_oss": gpt_oss, "opt": opt,
 }
 MOE_FAMILIES = ("qwen3_moe", "gpt_oss (estimate only)")
 HINTS = {
@@ -317,6 +374,12 @@ BUILTIN_CONFIGS: dict[str, dict] = {
         mlp_only_layers=[], vocab_size=151936, max_position_embeddings=40960, rms_norm_eps=1e-6,
         rope_theta=1000000.0, tie_word_embeddings=False, hidden_act="silu",
         bos_token_id=151643, eos_token_id=151645),
+    # facebook/opt-125m config.json
+    "opt-125m": dict(
+        model_type="opt", hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
+        ffn_dim=3072, vocab_size=50272, max_position_embeddings=2048, word_embed_proj_dim=768,
+        do_layer_norm_before=True, activation_function="relu", enable_bias=True,
+        tie_word_embeddings=True, bos_token_id=2, eos_token_id=2),
     # openai/gpt-oss-20b config.json: 24 layers, 32 experts, 4 per token (transformers'
     # GptOssConfig defaults are gpt-oss-120b's: 36 layers, 128 experts)
     "gpt-oss-20b": dict(

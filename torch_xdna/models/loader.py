@@ -94,7 +94,8 @@ def source_files(mf: ModelFiles) -> list[Path]:
 
 def site_names(spec: DecoderSpec) -> list[str]:
     """Canonical weight sites in load order."""
-    out = ["embed"]
+    out = ["embed"] + (["pos_embed"] if spec.learned_positions else [])
+    bias = ("attn_norm_bias", "qkv_bias", "o_bias", "mlp_norm_bias", "gate_up_bias", "down_bias")
     for i in range(spec.layers):
         p = f"layers.{i}."
         out += [p + "attn_norm", p + "qkv", p + "o", p + "mlp_norm"]
@@ -102,11 +103,15 @@ def site_names(spec: DecoderSpec) -> list[str]:
             out += [p + "router", p + "experts_gate_up", p + "experts_down"]
         else:
             out += [p + "gate_up", p + "down"]
+        if spec.linear_bias:
+            out += [p + b for b in bias]
         if spec.qk_norm:
             out += [p + "q_norm", p + "k_norm"]
         if spec.sandwich_norms:
             out += [p + "attn_post_norm", p + "mlp_post_norm"]
     out.append("final_norm")
+    if spec.layer_norm:
+        out.append("final_norm_bias")
     if not spec.tie_embeddings:
         out.append("lm_head")
     return out
@@ -216,12 +221,18 @@ def _site_tensor(spec: DecoderSpec, sd: dict[str, torch.Tensor], site: str, path
         return get(n.final_norm)
     if site == "lm_head":
         return get(n.lm_head)
+    if site in ("pos_embed", "final_norm_bias"):
+        return get(getattr(n, site))
     i = int(site.split(".")[1])
     part = site.split(".")[2]
     if part == "qkv":
         return torch.cat([get(n.q, i), get(n.k, i), get(n.v, i)], dim=0)
-    if part == "gate_up":
-        return torch.cat([get(n.gate, i), get(n.up, i)], dim=0)
+    if part == "gate_up":            # gate rows then up rows (a non-gated MLP: up only)
+        return torch.cat([get(n.gate, i), get(n.up, i)], dim=0) if n.gate else get(n.up, i)
+    if part == "qkv_bias":
+        return torch.cat([get(n.q_bias, i), get(n.k_bias, i), get(n.v_bias, i)], dim=0)
+    if part == "gate_up_bias":
+        return get(n.up_bias, i)
     if part == "experts_gate_up":      # [E * 2I, H]: expert e's gate rows then its up rows
         return torch.cat([torch.cat([get(n.expert_gate.replace("{e}", str(e)), i),
                                      get(n.expert_up.replace("{e}", str(e)), i)])

@@ -117,6 +117,17 @@ class WeightNames:
     expert_gate: str = ""         # per expert ('{e}'): gate_proj [I_e, H], up_proj, down_proj
     expert_up: str = ""
     expert_down: str = ""
+    pos_embed: str = ""           # learned absolute positions (OPT) [positions + offset, H]
+    # biases (linear_bias / LayerNorm families); q/k/v biases are fused like their weights
+    attn_norm_bias: str = ""
+    q_bias: str = ""
+    k_bias: str = ""
+    v_bias: str = ""
+    o_bias: str = ""
+    mlp_norm_bias: str = ""
+    up_bias: str = ""
+    down_bias: str = ""
+    final_norm_bias: str = ""
 
 
 @dataclass(frozen=True)
@@ -158,6 +169,14 @@ class DecoderSpec:
     norm_topk_prob: bool = False
     moe_layers: tuple[bool, ...] = ()
 
+    # OPT-style blocks: LayerNorm with a bias instead of RMSNorm, biases on every projection,
+    # a non-gated MLP (up -> act -> down), learned absolute positions (table row = position +
+    # position_offset) instead of RoPE (then `ropes` is empty)
+    layer_norm: bool = False
+    linear_bias: bool = False
+    gated_mlp: bool = True
+    learned_positions: int = 0             # rows of the position table (0: RoPE)
+    position_offset: int = 0
     # non-empty: the engine models this family's shapes (`xdna estimate`) but cannot run it;
     # the reason names what is missing (models/loader.read_model refuses with it)
     run_refusal: str = ""
@@ -177,9 +196,10 @@ class DecoderSpec:
         """Parameter count (embeddings counted once when tied). active=True: a MoE layer counts
         only the experts one token runs (and its router)."""
         attn = self.hidden * (self.q_dim + 2 * self.kv_dim) + self.q_dim * self.hidden
-        dense = 3 * self.hidden * self.intermediate
+        dense = (3 if self.gated_mlp else 2) * self.hidden * self.intermediate
         experts = self.experts_per_token if active else self.experts
         moe = self.experts * self.hidden + experts * 3 * self.hidden * self.expert_intermediate
         mlps = sum(moe if self.is_moe(i) else dense for i in range(self.layers))
         head = 0 if self.tie_embeddings else self.vocab * self.hidden
-        return self.layers * attn + mlps + self.vocab * self.hidden + head
+        return (self.layers * attn + mlps + self.vocab * self.hidden + head
+                + self.learned_positions * self.hidden)

@@ -92,6 +92,8 @@ def check_config(path: Path, cfg: Any) -> None:
     if not isinstance(cfg, dict):
         raise ModelDirError(f"{path}: expected a JSON object, got {type(cfg).__name__}",
                             public=f"{path.name}: expected a JSON object, got {type(cfg).__name__}")
+    from torch_xdna.models.families import common_config
+    cfg = common_config(cfg)                  # e.g. OPT's ffn_dim is its intermediate_size
     c = _Checker(path, cfg)
     c.typed("model_type", str, "a string such as 'qwen3', 'llama' or 'gemma3_text'")
     for k in REQUIRED_INTS:
@@ -237,13 +239,25 @@ def expected_shapes(spec: DecoderSpec) -> dict[str, tuple[tuple[int, ...], str]]
         n.up: ((spec.intermediate, h), "intermediate_size x hidden_size"),
         n.down: ((h, spec.intermediate), "hidden_size x intermediate_size"),
     }
+    if not spec.gated_mlp:
+        del per_layer[n.gate]
+    if spec.learned_positions:
+        out[n.pos_embed] = ((spec.learned_positions, h), "max_position_embeddings + offset x hidden_size")
+    if spec.layer_norm:
+        out[n.final_norm_bias] = ((h,), "hidden_size")
+        per_layer[n.attn_norm_bias] = per_layer[n.mlp_norm_bias] = ((h,), "hidden_size")
+    if spec.linear_bias:
+        per_layer.update({n.q_bias: ((spec.q_dim,), hd), n.k_bias: ((spec.kv_dim,), kvd),
+                          n.v_bias: ((spec.kv_dim,), kvd), n.o_bias: ((h,), "hidden_size"),
+                          n.up_bias: ((spec.intermediate,), "intermediate_size"),
+                          n.down_bias: ((h,), "hidden_size")})
     if spec.qk_norm:
         per_layer[n.q_norm] = ((spec.head_dim,), "head_dim")
         per_layer[n.k_norm] = ((spec.head_dim,), "head_dim")
     if spec.sandwich_norms:
         per_layer[n.attn_post_norm] = ((h,), "hidden_size")
         per_layer[n.mlp_post_norm] = ((h,), "hidden_size")
-    dense = (n.gate, n.up, n.down)
+    dense = (n.gate, n.up, n.down, n.up_bias, n.down_bias)
     moe: dict[str, tuple[tuple[int, ...], str]] = {}
     if spec.experts:
         ie, what = spec.expert_intermediate, "moe_intermediate_size"

@@ -247,10 +247,9 @@ class BatchSession:
         for role, i, design in designs:
             if role == "embed":
                 launches.append(Launch(dataclasses.replace(design, rows=rows),
-                                       [*dec.w["embed"], ids], [x], s, op="embed"))
+                                       dec.embed_inputs(ids), [x], s, op="embed"))
             elif role == "head":
-                launches.append(Launch(BatchedHeadDesign(design, rows),
-                                       [x, *dec.w["final_norm"], *dec.w["lm_head"]],
+                launches.append(Launch(BatchedHeadDesign(design, rows), dec.head_inputs(x),
                                        [dec.rows_view(self.logits, rows)], s, op="lm_head"))
             else:
                 ins = dec.attention_inputs(x, i) + dec.mlp_inputs(x, i)[1:]

@@ -24,6 +24,7 @@ from torch_xdna.choices import DEFAULT_KV_DTYPE
 from torch_xdna.kernels.base import Design
 from torch_xdna.kernels.blocks.llm import (
     AttentionBlockDesign, DecoderLayerDesign, EmbedDesign, HeadDesign, MlpBlockDesign,
+    PosEmbedDesign,
 )
 from torch_xdna.kernels.blocks.moe import MoeBlockDesign, MoeLayerDesign
 from torch_xdna.kernels.blocks.weights import PRECISIONS, default_group, weight_bytes
@@ -128,7 +129,7 @@ def resident_bytes_estimate(spec: DecoderSpec, policy: PrecisionPolicy, capacity
     norm = 4 if policy.exact else 2
     attn = (wb(spec.q_dim + 2 * spec.kv_dim, h, policy.attention, ga)
             + wb(h, spec.q_dim, policy.attention, ga))
-    dense = wb(2 * f, h, policy.mlp, gm) + wb(h, f, policy.mlp, gm)
+    dense = wb((2 if spec.gated_mlp else 1) * f, h, policy.mlp, gm) + wb(h, f, policy.mlp, gm)
     fe = spec.expert_intermediate
     moe = spec.experts * (h * norm + wb(2 * fe, h, policy.mlp, gm)
                           + wb(h, fe, policy.mlp, gm)) if spec.experts else 0
@@ -139,6 +140,7 @@ def resident_bytes_estimate(spec: DecoderSpec, policy: PrecisionPolicy, capacity
                                        policy.exact)
     rope = len(spec.ropes) * 2 * capacity * spec.head_dim * 4
     acts = chunk * h * 4 + chunk * 4 + spec.vocab * 4 + chunk * spec.experts_per_token * 4
+    acts += spec.learned_positions * h * norm          # the learned position table
     return spec.layers * (attn + norms * norm) + mlps + h * norm + head + kv + rope + acts
 
 
@@ -200,11 +202,13 @@ def step_designs(spec: DecoderSpec, policy: PrecisionPolicy, rows: int, capacity
     pa, pm, ph = policy.attention, policy.mlp, policy.head
     ga, gm, gh = (policy.block_group(spec, k) for k in SITE_KINDS)
     common = dict(hidden=spec.hidden, rows=rows, eps=spec.rms_eps, norm_offset=spec.norm_offset)
-    out: list[tuple[str, int, Design]] = [
-        ("embed", -1, EmbedDesign(spec.vocab, spec.hidden, rows, ph, gh,
-                                  spec.embed_scale))]
+    embed = (PosEmbedDesign(spec.vocab, spec.hidden, rows, ph, gh, spec.embed_scale,
+                            offset=spec.position_offset) if spec.learned_positions else
+             EmbedDesign(spec.vocab, spec.hidden, rows, ph, gh, spec.embed_scale))
+    out: list[tuple[str, int, Design]] = [("embed", -1, embed)]
     mlp = MlpBlockDesign(precision=pm, group=gm, intermediate=spec.intermediate,
-                         act=spec.act, post_norm=spec.sandwich_norms, **common)
+                         act=spec.act, post_norm=spec.sandwich_norms, layer_norm=spec.layer_norm,
+                         bias=spec.linear_bias, gated=spec.gated_mlp, **common)
     moe = MoeBlockDesign(precision=pm, group=gm, experts=spec.experts,
                          top_k=spec.experts_per_token, intermediate=spec.expert_intermediate,
                          act=spec.act, norm_topk=spec.norm_topk_prob,
@@ -215,7 +219,7 @@ def step_designs(spec: DecoderSpec, policy: PrecisionPolicy, rows: int, capacity
             head_dim=spec.head_dim, capacity=capacity, qk_norm=spec.qk_norm,
             post_norm=spec.sandwich_norms, window=spec.layer_window[i], scale=spec.attn_scale,
             softcap=spec.attn_softcap, cache_bytes=4 if policy.exact else 2, kv_dtype=kv_dtype,
-            **common)
+            layer_norm=spec.layer_norm, bias=spec.linear_bias, rope=bool(spec.ropes), **common)
         if spec.is_moe(i):
             out += ([("layer", i, MoeLayerDesign(attn, moe))] if layout == "layer"
                     else [("attention", i, attn), ("moe", i, moe)])
@@ -224,8 +228,9 @@ def step_designs(spec: DecoderSpec, policy: PrecisionPolicy, rows: int, capacity
         else:
             out += [("attention", i, attn), ("mlp", i, mlp)]
     if with_head:
-        out.append(("head", -1, HeadDesign(precision=ph, group=gh,
-                                           vocab=spec.vocab, softcap=spec.final_softcap, **common)))
+        out.append(("head", -1, HeadDesign(precision=ph, group=gh, vocab=spec.vocab,
+                                           softcap=spec.final_softcap, layer_norm=spec.layer_norm,
+                                           **common)))
     return out
 
 
@@ -309,10 +314,9 @@ class Decoder(ResidentDecoder):
         for role, i, design in step_designs(spec, self.policy, rows, self.capacity, with_head,
                                             self.layout, self.kv_dtype):
             if role == "embed":
-                launches.append(Launch(design, [*w["embed"], ids], [x], s, op="embed"))
+                launches.append(Launch(design, self.embed_inputs(ids), [x], s, op="embed"))
             elif role == "head":
-                launches.append(Launch(design, [x, *w["final_norm"], *w["lm_head"]], [self.logits],
-                                       s, op="lm_head"))
+                launches.append(Launch(design, self.head_inputs(x), [self.logits], s, op="lm_head"))
             else:
                 kv = [x, *self.cache.layer_outputs(i)]
                 route = [self.rows_view(self.route, rows)] if spec.is_moe(i) else []
@@ -325,16 +329,29 @@ class Decoder(ResidentDecoder):
         self._programs[key] = prog
         return prog
 
+    def embed_inputs(self, ids: TensorArg) -> list[TensorArg]:
+        """The embedding launch's operands: the table, the ids (and the position table)."""
+        pos = [*self.w["pos_embed"]] if self.spec.learned_positions else []
+        return [*self.w["embed"], ids, *pos]
+
+    def head_inputs(self, x: TensorArg) -> list[TensorArg]:
+        """The head launch's operands: rows, final norm (and its bias), lm_head."""
+        bias = [*self.w["final_norm_bias"]] if self.spec.layer_norm else []
+        return [x, *self.w["final_norm"], *bias, *self.w["lm_head"]]
+
     def attention_inputs(self, x: TensorArg, i: int) -> list[TensorArg]:
         """Layer i's attention-block operands, in the design's order (activations `x` first)."""
         spec, w, p = self.spec, self.w, f"layers.{i}."
         ins = [x, *w[p + "attn_norm"]]
+        if spec.layer_norm:
+            ins += [*w[p + "attn_norm_bias"]]
         if spec.qk_norm:
             ins += [*w[p + "q_norm"], *w[p + "k_norm"]]
-        ins += [*w[p + "qkv"], *w[p + "o"]]
+        ins += [*w[p + "qkv"]] + ([*w[p + "qkv_bias"]] if spec.linear_bias else [])
+        ins += [*w[p + "o"]] + ([*w[p + "o_bias"]] if spec.linear_bias else [])
         if spec.sandwich_norms:
             ins += [*w[p + "attn_post_norm"]]
-        return ins + list(self.rope[spec.layer_rope[i]])
+        return ins + (list(self.rope[spec.layer_rope[i]]) if spec.ropes else [])
 
     def mlp_inputs(self, x: TensorArg, i: int) -> list[TensorArg]:
         """Layer i's MLP-block operands, in the design's order (activations `x` first)."""
@@ -342,7 +359,10 @@ class Decoder(ResidentDecoder):
         if spec.is_moe(i):
             return [x, *w[p + "mlp_norm"], *w[p + "router"], *w[p + "experts_gate_up"],
                     *w[p + "experts_down"]]
-        ins = [x, *w[p + "mlp_norm"], *w[p + "gate_up"], *w[p + "down"]]
+        b = spec.linear_bias
+        ins = [x, *w[p + "mlp_norm"]] + ([*w[p + "mlp_norm_bias"]] if spec.layer_norm else [])
+        ins += [*w[p + "gate_up"]] + ([*w[p + "gate_up_bias"]] if b else [])
+        ins += [*w[p + "down"]] + ([*w[p + "down_bias"]] if b else [])
         if spec.sandwich_norms:
             ins += [*w[p + "mlp_post_norm"]]
         return ins
