@@ -1,4 +1,4 @@
-"""Tiny random-weight Qwen3 / Llama / Gemma 3 / Qwen3-MoE / OPT directories for the LLM engine tests.
+"""Tiny random-weight Qwen3 / Llama / Gemma 3 / Qwen3-MoE / OPT / Qwen3.5 directories for the LLM engine tests.
 
 Built with transformers (test-only reference) and saved with save_pretrained (safetensors), plus a
 byte-level BPE tokenizer trained locally on a small text and a chat template. Nothing downloads.
@@ -61,6 +61,15 @@ def _config(family: str, **overrides):
                               num_hidden_layers=3, num_key_value_heads=2, tie_word_embeddings=False,
                               rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
                               **common)
+    if family == "qwen3_5":            # hybrid: 3 gated DeltaNet layers, then gated attention
+        from transformers import Qwen3_5TextConfig
+        return Qwen3_5TextConfig(
+            intermediate_size=128, num_hidden_layers=4, num_key_value_heads=2,
+            layer_types=["linear_attention"] * 3 + ["full_attention"], linear_num_key_heads=2,
+            linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=8,
+            linear_conv_kernel_dim=4, tie_word_embeddings=True,
+            rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                             "partial_rotary_factor": 0.5}, **common)
     if family == "opt":                # learned positions, pre-LayerNorm, ReLU MLP, biases
         from transformers import OPTConfig
         return OPTConfig(ffn_dim=128, num_hidden_layers=2, word_embed_proj_dim=64,
@@ -139,3 +148,23 @@ def check_greedy_identical(engine, model, prompt: list[int], n: int = 32) -> Non
     assert r.token_ids == hf_greedy(model, prompt, n)
     assert r.stats.dispatches_per_token == 1.0
     assert r.stats.launches_per_token == model.config.num_hidden_layers + 2
+
+
+def fake_quantized(model, engine, precision: str):
+    """A copy of the fp32 HF `model` whose matmul weights hold the values the engine's quantized
+    weights dequantize to (same group sizes per block kind); what stays float in the engine
+    (MoE router, learned positions, norms, convs) stays float here."""
+    from torch_xdna.engine.llm.quantize import quantize
+    from torch_xdna.kernels.blocks.weights import dequantize
+    fake = type(model)(model.config).eval()
+    fake.load_state_dict(model.state_dict())
+    policy, spec = engine.decoder.policy, engine.spec
+    with torch.no_grad():
+        for name, p in fake.named_parameters():
+            if p.dim() != 2 or name.endswith(("mlp.gate.weight", "embed_positions.weight")):
+                continue
+            kind = ("mlp" if ".mlp." in name or ".fc" in name else
+                    "attention" if "_attn." in name else "head")
+            g = policy.block_group(spec, kind)
+            p.copy_(dequantize(quantize(p, precision, g), precision, g))
+    return fake

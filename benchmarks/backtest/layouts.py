@@ -340,3 +340,10 @@ LAYOUTS["flm_gptoss_short"] = lambda g: _flm_short(g, "gpt-oss-20b")
 LAYOUTS["flm_gptoss_27k"] = lambda g: (lambda us, t: (1e6 / us, t, {}))(
     *_decode_us(g, "gpt-oss-20b", "int4", GPTOSS_CONTEXT))
 LAYOUTS["flm_gptoss_prefill_27k"] = _gptoss_prefill
+
+
+# --- hybrid linear attention: Qwen3.5 (FastFlowLM v0.9.38 benchmark page) -------------------------
+LAYOUTS["flm_qwen35_0p8b_decode"] = lambda g: _flm_decode(g, "qwen3.5-0.8b")
+LAYOUTS["flm_qwen35_2b_decode"] = lambda g: _flm_decode(g, "qwen3.5-2b")
+LAYOUTS["flm_qwen35_0p8b_prefill"] = lambda g: _flm_prefill(g, "qwen3.5-0.8b")
+LAYOUTS["flm_qwen35_2b_prefill"] = lambda g: _flm_prefill(g, "qwen3.5-2b")

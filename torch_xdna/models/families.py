@@ -17,8 +17,17 @@ ACTS = {"silu": "silu", "swish": "silu", "gelu_pytorch_tanh": "gelu_tanh", "gelu
 CONFIG_ALIASES = {"opt": {"ffn_dim": "intermediate_size", "activation_function": "hidden_act"}}
 
 
+NESTED_TEXT = ("qwen3_5",)       # vision-language configs whose decoder is their text_config
+
+
 def common_config(cfg):
-    """`cfg` with its family's own key spellings (CONFIG_ALIASES) also under the common names."""
+    """`cfg` with its family's own key spellings (CONFIG_ALIASES) also under the common names;
+    a vision-language config (NESTED_TEXT) as its text_config."""
+    if (isinstance(cfg, dict) and cfg.get("model_type") in NESTED_TEXT
+            and isinstance(cfg.get("text_config"), dict)):
+        tie = cfg.get("tie_word_embeddings", cfg["text_config"].get("tie_word_embeddings"))
+        return {**cfg["text_config"], "model_type": cfg["model_type"], "tie_word_embeddings": tie,
+                "vision_language": True}
     aliases = CONFIG_ALIASES.get(cfg.get("model_type")) if isinstance(cfg, dict) else None
     if not aliases:
         return cfg
@@ -38,6 +47,12 @@ QWEN3_MOE_NAMES = WeightNames(**{**QWEN3_NAMES.__dict__, "router": _L + "mlp.gat
                                  "expert_gate": _L + "mlp.experts.{e}.gate_proj.weight",
                                  "expert_up": _L + "mlp.experts.{e}.up_proj.weight",
                                  "expert_down": _L + "mlp.experts.{e}.down_proj.weight"})
+QWEN3_5_NAMES = WeightNames(**{**QWEN3_NAMES.__dict__, **{
+    k: _L + "linear_attn." + v for k, v in (
+        ("lin_qkv", "in_proj_qkv.weight"), ("lin_z", "in_proj_z.weight"),
+        ("lin_b", "in_proj_b.weight"), ("lin_a", "in_proj_a.weight"),
+        ("lin_conv", "conv1d.weight"), ("lin_dt", "dt_bias"), ("lin_alog", "A_log"),
+        ("lin_norm", "norm.weight"), ("lin_out", "out_proj.weight"))}})
 _O = "model.decoder.layers.{i}."
 OPT_NAMES = WeightNames(
     embed="model.decoder.embed_tokens.weight", final_norm="model.decoder.final_layer_norm.weight",
@@ -258,6 +273,48 @@ def _replace(spec: DecoderSpec, **kw) -> DecoderSpec:
     return replace(spec, **kw)
 
 
+def qwen3_5(cfg: dict) -> DecoderSpec:
+    """Qwen3.5 (text decoder): every `full_attention_interval`-th layer is gated full attention
+    (q_proj also gives a per-head output gate; q/k norm; partial RoPE), the others gated
+    DeltaNet linear attention (a recurrent state per layer instead of KV); (1+w) RMSNorms."""
+    family = "qwen3_5"
+    cfg = common_config(cfg)
+    _common_checks(family, cfg)
+    layers = int(cfg["num_hidden_layers"])
+    every = int(cfg.get("full_attention_interval") or 4)
+    types = cfg.get("layer_types") or ["full_attention" if (i + 1) % every == 0
+                                       else "linear_attention" for i in range(layers)]
+    types = _layer_types({"layer_types": types}, layers)
+    bad = sorted(set(types) - {"full_attention", "linear_attention"})
+    if bad:
+        _refuse(family, f"layer_types {bad}", "full_attention and linear_attention only")
+    rp = _classic_rope(cfg)
+    heads, hidden = int(cfg["num_attention_heads"]), int(cfg["hidden_size"])
+    head_dim = int(cfg.get("head_dim") or hidden // heads)
+    partial = float(rp.get("partial_rotary_factor") or cfg.get("partial_rotary_factor") or 1.0)
+    rotary = int(head_dim * partial)
+    spec = _base(
+        family, cfg, QWEN3_5_NAMES,
+        ropes={"global": _rope(family, rp, 10000.0, int(cfg.get("max_position_embeddings", 0)))},
+        layer_rope=("global",) * layers, layer_window=(None,) * layers, qk_norm=True,
+        norm_offset=1.0, tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+        layer_kinds=tuple("linear" if t == "linear_attention" else "attention" for t in types),
+        linear_k_heads=int(cfg["linear_num_key_heads"]),
+        linear_v_heads=int(cfg["linear_num_value_heads"]),
+        linear_k_dim=int(cfg["linear_key_head_dim"]), linear_v_dim=int(cfg["linear_value_head_dim"]),
+        linear_conv=int(cfg.get("linear_conv_kernel_dim") or 4), attn_output_gate=True,
+        rotary_dim=rotary if rotary < head_dim else 0)
+    if spec.linear_v_heads % spec.linear_k_heads:
+        raise UnsupportedModelError(f"{family}: linear_num_value_heads must be a multiple of "
+                                    f"linear_num_key_heads")
+    if cfg.get("vision_language"):
+        spec = _replace(spec, run_refusal=(
+            "qwen3_5: a vision-language checkpoint (Qwen3_5ForConditionalGeneration): the engine "
+            "runs the text decoder of a qwen3_5_text directory (image input is not implemented); "
+            "xdna estimate models its text decoder"))
+    return spec
+
+
 OPT_POSITION_OFFSET = 2          # transformers' OPTLearnedPositionalEmbedding.offset
 
 
@@ -316,7 +373,7 @@ def gpt_oss(cfg: dict) -> DecoderSpec:
 
 FAMILIES: dict[str, Callable[[dict], DecoderSpec]] = {
     "qwen3": qwen3, "llama": llama, "gemma3_text": gemma3, "qwen3_moe": qwen3_moe,
-    "gpt_oss": gpt_oss, "opt": opt,
+    "gpt_oss": gpt_oss, "opt": opt, "qwen3_5_text": qwen3_5, "qwen3_5": qwen3_5,
 }
 MOE_FAMILIES = ("qwen3_moe", "gpt_oss (estimate only)")
 HINTS = {
@@ -339,6 +396,14 @@ def spec_from_config(cfg: dict) -> DecoderSpec:
     """The DecoderSpec of a HF config dict; UnsupportedModelError names what is not supported."""
     return family_of(cfg)(cfg)
 
+
+_QWEN3_5 = dict(           # what the Qwen3.5 small models' text configs share
+    model_type="qwen3_5_text", num_hidden_layers=24, num_attention_heads=8, num_key_value_heads=2,
+    head_dim=256, vocab_size=248320, linear_num_key_heads=16, linear_num_value_heads=16,
+    linear_key_head_dim=128, linear_value_head_dim=128, linear_conv_kernel_dim=4,
+    full_attention_interval=4, max_position_embeddings=262144, rms_norm_eps=1e-6,
+    tie_word_embeddings=True, hidden_act="silu", eos_token_id=248044,
+    rope_parameters={"rope_type": "default", "rope_theta": 10000000.0, "partial_rotary_factor": 0.25})
 
 # Built-in configs (shapes only, no weights) for `xdna estimate` and the benchmark.
 BUILTIN_CONFIGS: dict[str, dict] = {
@@ -374,6 +439,11 @@ BUILTIN_CONFIGS: dict[str, dict] = {
         mlp_only_layers=[], vocab_size=151936, max_position_embeddings=40960, rms_norm_eps=1e-6,
         rope_theta=1000000.0, tie_word_embeddings=False, hidden_act="silu",
         bos_token_id=151643, eos_token_id=151645),
+    # Qwen/Qwen3.5-0.8B config.json's text_config (hybrid [3 linear, 1 full] x 6)
+    "qwen3.5-0.8b": {**_QWEN3_5, "hidden_size": 1024, "intermediate_size": 3584},
+    # Qwen3.5-2B: hidden_size 2048 as published; the other fields ASSUMED to follow 0.8B's
+    # pattern (not verified against its config.json): intermediate 6144, 24 layers
+    "qwen3.5-2b": {**_QWEN3_5, "hidden_size": 2048, "intermediate_size": 6144},
     # facebook/opt-125m config.json
     "opt-125m": dict(
         model_type="opt", hidden_size=768, num_hidden_layers=12, num_attention_heads=12,

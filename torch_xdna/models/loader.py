@@ -98,14 +98,18 @@ def site_names(spec: DecoderSpec) -> list[str]:
     bias = ("attn_norm_bias", "qkv_bias", "o_bias", "mlp_norm_bias", "gate_up_bias", "down_bias")
     for i in range(spec.layers):
         p = f"layers.{i}."
-        out += [p + "attn_norm", p + "qkv", p + "o", p + "mlp_norm"]
+        if spec.is_linear(i):    # gated DeltaNet: fused input projection, conv, gates, norm, out
+            out += [p + "attn_norm", p + "lin_in", p + "lin_conv", p + "lin_dt", p + "lin_alog",
+                    p + "lin_norm", p + "lin_out", p + "mlp_norm"]
+        else:
+            out += [p + "attn_norm", p + "qkv", p + "o", p + "mlp_norm"]
         if spec.is_moe(i):       # the router, then every expert stacked along N (expert-major)
             out += [p + "router", p + "experts_gate_up", p + "experts_down"]
         else:
             out += [p + "gate_up", p + "down"]
         if spec.linear_bias:
             out += [p + b for b in bias]
-        if spec.qk_norm:
+        if spec.qk_norm and not spec.is_linear(i):
             out += [p + "q_norm", p + "k_norm"]
         if spec.sandwich_norms:
             out += [p + "attn_post_norm", p + "mlp_post_norm"]
@@ -225,8 +229,16 @@ def _site_tensor(spec: DecoderSpec, sd: dict[str, torch.Tensor], site: str, path
         return get(getattr(n, site))
     i = int(site.split(".")[1])
     part = site.split(".")[2]
+    if part == "qkv" and spec.attn_output_gate:   # q_proj rows per head: [q | gate] -> q.., gate..
+        q = get(n.q, i).view(spec.heads, 2, spec.head_dim, -1)
+        return torch.cat([q[:, 0].reshape(spec.q_dim, -1), get(n.k, i), get(n.v, i),
+                          q[:, 1].reshape(spec.q_dim, -1)], dim=0)
     if part == "qkv":
         return torch.cat([get(n.q, i), get(n.k, i), get(n.v, i)], dim=0)
+    if part == "lin_in":                # [q k v | z | b | a] rows, one GEMM
+        return torch.cat([get(n.lin_qkv, i), get(n.lin_z, i), get(n.lin_b, i), get(n.lin_a, i)])
+    if part == "lin_conv":              # [C, 1, K] -> [C, K]
+        return get(n.lin_conv, i).reshape(spec.linear_conv_dim, -1)
     if part == "gate_up":            # gate rows then up rows (a non-gated MLP: up only)
         return torch.cat([get(n.gate, i), get(n.up, i)], dim=0) if n.gate else get(n.up, i)
     if part == "qkv_bias":

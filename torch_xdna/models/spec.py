@@ -128,6 +128,17 @@ class WeightNames:
     up_bias: str = ""
     down_bias: str = ""
     final_norm_bias: str = ""
+    # gated DeltaNet (linear attention) layers: the input projections (fused in load order
+    # qkv, z, b, a), the causal conv, dt bias, A_log, the gated norm, the output projection
+    lin_qkv: str = ""
+    lin_z: str = ""
+    lin_b: str = ""
+    lin_a: str = ""
+    lin_conv: str = ""
+    lin_dt: str = ""
+    lin_alog: str = ""
+    lin_norm: str = ""
+    lin_out: str = ""
 
 
 @dataclass(frozen=True)
@@ -177,9 +188,32 @@ class DecoderSpec:
     gated_mlp: bool = True
     learned_positions: int = 0             # rows of the position table (0: RoPE)
     position_offset: int = 0
+    # hybrid models (Qwen3.5): per layer "attention" or "linear" (gated DeltaNet: a recurrent
+    # state [v_heads, k_dim, v_dim] per layer, no KV cache); empty = every layer attention
+    layer_kinds: tuple[str, ...] = ()
+    linear_k_heads: int = 0
+    linear_v_heads: int = 0
+    linear_k_dim: int = 0
+    linear_v_dim: int = 0
+    linear_conv: int = 0                   # causal conv kernel over the q/k/v channels
+    attn_output_gate: bool = False         # attention output times sigmoid(gate) (Qwen3.5)
+    rotary_dim: int = 0                    # partial RoPE: the first rotary_dim dims (0: all)
     # non-empty: the engine models this family's shapes (`xdna estimate`) but cannot run it;
     # the reason names what is missing (models/loader.read_model refuses with it)
     run_refusal: str = ""
+
+    def is_linear(self, layer: int) -> bool:
+        return bool(self.layer_kinds) and self.layer_kinds[layer] == "linear"
+
+    @property
+    def attention_layers(self) -> tuple[int, ...]:
+        """The layers holding a KV cache (every layer but the linear-attention ones)."""
+        return tuple(i for i in range(self.layers) if not self.is_linear(i))
+
+    @property
+    def linear_conv_dim(self) -> int:
+        """Channels of the linear layers' causal conv: q, k (k_heads x k_dim each) and v."""
+        return 2 * self.linear_k_heads * self.linear_k_dim + self.linear_v_heads * self.linear_v_dim
 
     def is_moe(self, layer: int) -> bool:
         return bool(self.moe_layers) and self.moe_layers[layer]
@@ -195,11 +229,16 @@ class DecoderSpec:
     def params(self, active: bool = False) -> int:
         """Parameter count (embeddings counted once when tied). active=True: a MoE layer counts
         only the experts one token runs (and its router)."""
-        attn = self.hidden * (self.q_dim + 2 * self.kv_dim) + self.q_dim * self.hidden
+        attn = (self.hidden * (self.q_dim * (2 if self.attn_output_gate else 1) + 2 * self.kv_dim)
+                + self.q_dim * self.hidden)
+        vd, hv = self.linear_v_heads * self.linear_v_dim, self.linear_v_heads
+        lin = (self.hidden * (self.linear_conv_dim + vd + 2 * hv) + vd * self.hidden
+               + self.linear_conv_dim * self.linear_conv)
         dense = (3 if self.gated_mlp else 2) * self.hidden * self.intermediate
         experts = self.experts_per_token if active else self.experts
         moe = self.experts * self.hidden + experts * 3 * self.hidden * self.expert_intermediate
         mlps = sum(moe if self.is_moe(i) else dense for i in range(self.layers))
         head = 0 if self.tie_embeddings else self.vocab * self.hidden
-        return (self.layers * attn + mlps + self.vocab * self.hidden + head
+        mixers = sum(lin if self.is_linear(i) else attn for i in range(self.layers))
+        return (mixers + mlps + self.vocab * self.hidden + head
                 + self.learned_positions * self.hidden)

@@ -267,10 +267,26 @@ def expected_shapes(spec: DecoderSpec) -> dict[str, tuple[tuple[int, ...], str]]
                                      (n.expert_up, (ie, h), f"{what} x hidden_size"),
                                      (n.expert_down, (h, ie), f"hidden_size x {what}")):
                 moe[tmpl.replace("{e}", str(e))] = (shape, why)
+    attention = (n.q, n.k, n.v, n.o, n.q_norm, n.k_norm)
+    if spec.attn_output_gate:
+        per_layer[n.q] = ((2 * spec.q_dim, h), f"2 x {hd} x hidden_size (query and output gate)")
+    linear: dict[str, tuple[tuple[int, ...], str]] = {}
+    if spec.layer_kinds:
+        vd = spec.linear_v_heads * spec.linear_v_dim
+        hv, c = spec.linear_v_heads, spec.linear_conv_dim
+        linear = {n.lin_qkv: ((c, h), "(2 key + value dims) x hidden_size"),
+                  n.lin_z: ((vd, h), "value dim x hidden_size"), n.lin_b: ((hv, h), "v heads x hidden"),
+                  n.lin_a: ((hv, h), "v heads x hidden"), n.lin_conv: ((c, 1, spec.linear_conv),
+                                                                        "conv channels x 1 x kernel"),
+                  n.lin_dt: ((hv,), "linear_num_value_heads"), n.lin_alog: ((hv,), "linear_num_value_heads"),
+                  n.lin_norm: ((spec.linear_v_dim,), "linear_value_head_dim"),
+                  n.lin_out: ((h, vd), "hidden_size x value dim")}
     for i in range(spec.layers):
         for tmpl, v in per_layer.items():
-            if not (spec.is_moe(i) and tmpl in dense):
+            if not (spec.is_moe(i) and tmpl in dense) and not (spec.is_linear(i) and tmpl in attention):
                 out[tmpl.format(i=i)] = v
+        for tmpl, v in (linear.items() if spec.is_linear(i) else ()):
+            out[tmpl.format(i=i)] = v
         for tmpl, v in (moe.items() if spec.is_moe(i) else ()):
             out[tmpl.format(i=i)] = v
     return out

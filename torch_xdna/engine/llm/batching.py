@@ -53,6 +53,8 @@ def unsupported(engine: Engine, config: GenerationConfig) -> str | None:
     logits processors, the token history or several samples runs alone."""
     if getattr(engine.decoder, "kv_dtype", "bf16") != "bf16":
         return "kv_dtype"                       # slots hold bf16/fp32 KV (no int8 batch layer)
+    if getattr(engine.decoder, "states", None):
+        return "linear_attention"               # slots hold KV only, not recurrent states
     if config.n != 1:
         return "n"
     if config.repetition_penalty != 1.0:

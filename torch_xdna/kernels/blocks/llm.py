@@ -193,6 +193,8 @@ class AttentionBlockDesign(DecoderBlockDesign):
     layer_norm: bool = False
     bias: bool = False          # q/k/v bias [(Hq+2Hkv)D] after w_qkv, o bias [H] after w_o
     rope: bool = True           # False: positions come from the embedding (no cos/sin inputs)
+    output_gate: bool = False   # w_qkv also holds a gate [Hq*D] after v: o_proj(attn * sigmoid(gate))
+    rotary_dim: int = 0         # partial RoPE over each head's first rotary_dim dims (0: all)
     kind = "llm_attention"
     label = "attention"
 
@@ -237,7 +239,7 @@ class AttentionBlockDesign(DecoderBlockDesign):
         h = self.normalize(xs, ln, lnb, rnd)
         # every use of q, k and v takes them as operands: round the projection once
         qkv = matmul(h, wqkv, self.precision, self.group, rnd)
-        qkv = rnd(qkv.add_(bqkv) if self.bias else qkv).view(n, hq + 2 * hkv, d)
+        qkv = rnd(qkv.add_(bqkv) if self.bias else qkv).view(n, -1, d)
         qk, v = qkv.narrow(1, 0, hq + hkv), qkv.narrow(1, hq + hkv, hkv)
         if self.qk_norm:               # q and k heads normalized together (per-head weights)
             qk = rms_norm(qk, qk_w, self.eps, self.norm_offset, rnd, rounded=True, round_out=True)
@@ -245,9 +247,13 @@ class AttentionBlockDesign(DecoderBlockDesign):
             cos_t, sin_t = resident_operand(inputs[i], exact), signed_sin(inputs[i + 1], exact)
             cos = cos_t[pos:pos + n].unsqueeze(1)
             sin = sin_t[pos:pos + n].unsqueeze(1)
-            # the cache stores operand(k); attention takes operand(q)
-            r = host_gemv.rope(qk, cos, sin) if rnd is host_gemv.operand else None
-            qk = rnd(rope(qk, cos, sin)) if r is None else r
+            rd = self.rotary_dim or d
+            if rd < d:                   # partial RoPE: the other dims pass through
+                qk = torch.cat([rnd(rope(qk[..., :rd], cos, sin)), qk[..., rd:]], dim=-1)
+            else:
+                # the cache stores operand(k); attention takes operand(q)
+                r = host_gemv.rope(qk, cos, sin) if rnd is host_gemv.operand else None
+                qk = rnd(rope(qk, cos, sin)) if r is None else r
         k_new, v_new = qk.narrow(1, hq, hkv).transpose(0, 1), v.transpose(0, 1)
         end = pos + n
         tkv = self.tkv
@@ -277,6 +283,8 @@ class AttentionBlockDesign(DecoderBlockDesign):
                    softcap=self.softcap, exact=exact, rounded=True, tkv=tkv, splits=self.splits,
                    valid=valid, host=rnd is host_gemv.operand)
         a = a.transpose(0, 1).reshape(n, hq * d)
+        if self.output_gate:
+            a = a * torch.sigmoid(qkv.narrow(1, hq + 2 * hkv, hq).reshape(n, hq * d))
         o = matmul(a, wo, self.precision, self.group, rnd)
         if self.bias:
             o = o.add_(bo)
@@ -299,7 +307,7 @@ class AttentionBlockDesign(DecoderBlockDesign):
         items with no split-KV and a visit of every key per query tile)."""
         name = f"{self.name} rows={self.rows} kv={kv_len}"
         m, h, d = self.rows, self.hidden, self.head_dim
-        qkv_n = (self.heads + 2 * self.kv_heads) * d
+        qkv_n = (self.heads * (2 if self.output_gate else 1) + 2 * self.kv_heads) * d
         q = m // sequences
         keys = kv_len if self.window is None else min(kv_len, round_up(self.window + q, KV_TILE))
         splits = self.splits if sequences == 1 else decode_splits(self.kv_heads, q)
