@@ -170,29 +170,6 @@ def test_policy_groups_divide_the_expert_width(moe):
 
 
 
-def test_served_like_the_dense_decoders(moe):
-    """OpenAI chat and Ollama /api/chat on a Qwen3-MoE directory: the engine's greedy tokens."""
-    import ollama
-    import openai
-    from torch_xdna.server.app import ServerConfig, create_app
-    from torch_xdna.server.background import BackgroundServer
-    from torch_xdna.server.registry import ModelRegistry
-    path, _ = moe
-    msgs = [{"role": "user", "content": "hello world"}]
-    eng = load_decoder(path, "bf16", quiet=True, cache_dir=False)
-    want = eng.complete(msgs, GenerationConfig(max_tokens=6, stop_token_ids=())).text
-    eng.close()
-    reg = ModelRegistry(max_models=2)
-    name = reg.add_dir(path).id
-    with BackgroundServer(create_app(ServerConfig(default_model=False), registry=reg)) as srv:
-        client = openai.OpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0)
-        r = client.chat.completions.create(model=name, messages=msgs, max_tokens=6,
-                                           temperature=0)
-        assert r.choices[0].message.content == want
-        o = ollama.Client(host=srv.url).chat(model=name, messages=msgs,
-                                              options={"num_predict": 6, "temperature": 0})
-        assert o.message.content == want
-
 
 def test_gpt_oss_20b_estimate_shapes_and_refused_at_load(tmp_path):
     """gpt-oss is modeled from its config (shapes only) and refused at load, naming what is
