@@ -1,12 +1,17 @@
 """Fused decoder-LLM blocks: the few designs a token runs through (1 launch per layer by default).
 
   EmbedDesign           ids -> rows of the (possibly quantized) embedding table, times a scale
+  PosEmbedDesign        the same plus learned absolute positions (OPT)
   AttentionBlockDesign  input norm + QKV + optional QK-norm + RoPE + KV-cache write + attention over
                         the cache + o_proj (+ Gemma post-norm) + residual
   MlpBlockDesign        norm + gate/up + act*mul + down (+ Gemma post-norm) + residual
   HeadDesign            final norm + lm_head (+ logit soft-capping) for one row
   DecoderLayerDesign    attention block + MLP block as one launch (the default "layer" layout;
                         the "block" layout launches the two blocks separately)
+
+Family differences are fields: RMSNorm or LayerNorm + bias, projection biases, RoPE (whole or
+partial) or learned positions, a gated or plain MLP, an attention output gate (Qwen3.5). The
+mixture-of-experts and linear-attention blocks are in blocks/moe.py and blocks/linear_attn.py.
 
 Numerics (reference): the NPU's policy of kernels/numerics.py, i.e. bf16 operands and fp32
 accumulation; quantized weights are dequantized on the core to bf16 (`dequantize`). Precision
