@@ -1,4 +1,4 @@
-"""Tiny random-weight Qwen3 / Llama / Gemma 3 directories for the LLM engine tests.
+"""Tiny random-weight Qwen3 / Llama / Gemma 3 / Qwen3-MoE / OPT / Qwen3.5 directories for the LLM engine tests.
 
 Built with transformers (test-only reference) and saved with save_pretrained (safetensors), plus a
 byte-level BPE tokenizer trained locally on a small text and a chat template. Nothing downloads.
@@ -54,6 +54,26 @@ def _config(family: str, **overrides):
                            rope_parameters={"rope_type": "llama3", "factor": 8.0, "rope_theta": 50000.0,
                                             "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                                             "original_max_position_embeddings": 64}, **common)
+    if family == "qwen3_moe":          # 8 experts, 2 per token; layer 1 keeps the dense MLP
+        from transformers import Qwen3MoeConfig
+        return Qwen3MoeConfig(intermediate_size=128, moe_intermediate_size=32, num_experts=8,
+                              num_experts_per_tok=2, norm_topk_prob=True, mlp_only_layers=[1],
+                              num_hidden_layers=3, num_key_value_heads=2, tie_word_embeddings=False,
+                              rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+                              **common)
+    if family == "qwen3_5":            # hybrid: 3 gated DeltaNet layers, then gated attention
+        from transformers import Qwen3_5TextConfig
+        return Qwen3_5TextConfig(
+            intermediate_size=128, num_hidden_layers=4, num_key_value_heads=2,
+            layer_types=["linear_attention"] * 3 + ["full_attention"], linear_num_key_heads=2,
+            linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=8,
+            linear_conv_kernel_dim=4, tie_word_embeddings=True,
+            rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                             "partial_rotary_factor": 0.5}, **common)
+    if family == "opt":                # learned positions, pre-LayerNorm, ReLU MLP, biases
+        from transformers import OPTConfig
+        return OPTConfig(ffn_dim=128, num_hidden_layers=2, word_embed_proj_dim=64,
+                         **{k: v for k, v in common.items() if k not in ("head_dim", "rms_norm_eps")})
     if family == "gemma3":
         return Gemma3TextConfig(
             intermediate_size=128, num_hidden_layers=4, num_key_value_heads=1,
@@ -93,3 +113,58 @@ def hf_greedy(model, ids: list[int], n: int) -> list[int]:
         out = model.generate(torch.tensor([ids]), max_new_tokens=n, do_sample=False,
                              eos_token_id=None, pad_token_id=0, min_new_tokens=n)
     return out[0, len(ids):].tolist()
+
+
+def teacher_forced(engine, ids: list[int], split: int) -> list[torch.Tensor]:
+    """Engine logits after prefilling ids[:split], then after each following token."""
+    dec = engine.decoder
+    dec.reset()
+    out = [dec.forward(ids[:split])]
+    for t in ids[split:]:
+        out.append(dec.forward([t]))
+    return out
+
+
+def check_against_transformers(engine, model, prompt: list[int], tol: float,
+                               extra: tuple[int, ...] = (200, 150, 9, 31)) -> None:
+    """Teacher-forced logits of prompt + extra within `tol` x the logit scale of the fp32 HF
+    model (tol=None: within 1e-4, the fp32 verification mode; else they must also differ)."""
+    ids = list(prompt) + list(extra)
+    ref = hf_logits(model, ids)
+    scale = ref.abs().max().item()
+    for j, g in enumerate(teacher_forced(engine, ids, len(prompt))):
+        diff = (g - ref[len(prompt) - 1 + j]).abs().max().item()
+        if tol is None:
+            assert diff < 1e-4, f"step {j}: max |diff| {diff}"
+        else:
+            assert 0 < diff < tol * scale, f"step {j}: {diff} vs logit scale {scale}"
+
+
+def check_greedy_identical(engine, model, prompt: list[int], n: int = 32) -> None:
+    """fp32 mode: n greedy tokens identical to transformers', one dispatch and one launch per
+    layer (+ embed + head) per token."""
+    from torch_xdna.engine.llm.generate import GenerationConfig
+    r = engine.complete(prompt, GenerationConfig(max_tokens=n, stop_token_ids=()))
+    assert r.token_ids == hf_greedy(model, prompt, n)
+    assert r.stats.dispatches_per_token == 1.0
+    assert r.stats.launches_per_token == model.config.num_hidden_layers + 2
+
+
+def fake_quantized(model, engine, precision: str):
+    """A copy of the fp32 HF `model` whose matmul weights hold the values the engine's quantized
+    weights dequantize to (same group sizes per block kind); what stays float in the engine
+    (MoE router, learned positions, norms, convs) stays float here."""
+    from torch_xdna.engine.llm.quantize import quantize
+    from torch_xdna.kernels.blocks.weights import dequantize
+    fake = type(model)(model.config).eval()
+    fake.load_state_dict(model.state_dict())
+    policy, spec = engine.decoder.policy, engine.spec
+    with torch.no_grad():
+        for name, p in fake.named_parameters():
+            if p.dim() != 2 or name.endswith(("mlp.gate.weight", "embed_positions.weight")):
+                continue
+            kind = ("mlp" if ".mlp." in name or ".fc" in name else
+                    "attention" if "_attn." in name else "head")
+            g = policy.block_group(spec, kind)
+            p.copy_(dequantize(quantize(p, precision, g), precision, g))
+    return fake

@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from llm_fixtures import build_model, hf_logits
+from llm_fixtures import build_model, hf_logits, teacher_forced
 from torch_xdna.engine.llm.decoder import DEFAULT_LAYOUT, LAYOUTS
 from torch_xdna.engine.llm.generate import GenerationConfig, load_decoder
 from torch_xdna.engine.llm.quantize import quantize
@@ -33,14 +33,7 @@ def _engine(path, precision, layout=DEFAULT_LAYOUT):
                         cache_dir=False, layout=layout)
 
 
-def _teacher_forced(engine, ids: list[int], split: int) -> list[torch.Tensor]:
-    """Engine logits after prefilling ids[:split], then after each following token."""
-    dec = engine.decoder
-    dec.reset()
-    out = [dec.forward(ids[:split])]
-    for t in ids[split:]:
-        out.append(dec.forward([t]))
-    return out
+_teacher_forced = teacher_forced
 
 
 def _hf_greedy(model, ids: list[int], n: int) -> list[int]:

@@ -22,6 +22,14 @@ FLM_LLAMA3_PAGE = ("docs.fastflowlm.com/benchmarks/llama3_results.html, 'Decodin
 FLM_LLAMA1B_BY_CONTEXT: dict[int, float] = {1024: 36.7, 2048: 35.8, 4096: 33.2, 8192: 29.6,
                                             16384: 24.0, 32768: 17.7, 65536: 11.5,
                                             131072: 6.8}
+GPTOSS_REPORT = ("gpt-oss-20b on the Strix Halo NPU via FastFlowLM, user report (r/LocalLLaMA, "
+                 "2026-03), as recorded in shared/docs/xdna2-facts.md 'Added 2026-12'")
+GPTOSS_NOTE = ("user report, closed source: layout assumed (one fused launch per layer, the "
+               "router and top-4 experts streamed per token); MXFP4 experts (4.25 bits) charged "
+               "as int4 g32 (4.5 bits, +6% expert bytes); attention sinks and biases not "
+               "charged; modeled on npu4 (hw npu5 = Strix Halo is today a copy of npu4)")
+QWEN35_NOTE = ("closed source: layout assumed (the project's hybrid layout: one fused launch per "
+               "layer, gated DeltaNet layers reading and writing their fp32 state, int4 g32)")
 FLM_0922 = ("ROCm/FastFlowLM release v0.9.22 notes (github.com/ROCm/FastFlowLM/releases/tag/v0.9.22: "
             "'qwen3:0.6b (reasoning) reaching 80 tps', 'qwen3:1.7b (reasoning) reaching 43 tps')")
 
@@ -104,6 +112,35 @@ FIGURES: tuple[Figure, ...] = (
              "read as the short-context speed")
       for k, model, v, layout in (("flm_qwen3_short", "Qwen3-0.6B", 80.0, "flm_qwen3_short"),
                                   ("flm_qwen3_1p7b_short", "Qwen3-1.7B", 43.0, "flm_qwen3_1p7b_short"))),
+    # --- end to end: mixture of experts (gpt-oss-20b, Strix Halo, user report) --------------
+    *(Figure(k, what, v, unit, "FastFlowLM (user report)", "Ryzen AI Max (Strix Halo, XDNA2)",
+             "FastFlowLM (version not stated)", "gpt-oss-20b", ctx, "MXFP4 experts",
+             GPTOSS_REPORT, layout, held_out=True, note=GPTOSS_NOTE)
+      for k, what, v, unit, ctx, layout in (
+        ("flm_gptoss20b_short", "gpt-oss-20b decode, short prompt", 19.5, "tok/s",
+         "short prompt (assumed 128 tokens)", "flm_gptoss_short"),
+        ("flm_gptoss20b_27k", "gpt-oss-20b decode at ~27K context", 17.8, "tok/s", "27000",
+         "flm_gptoss_27k"),
+        ("flm_gptoss20b_prefill_27k", "gpt-oss-20b prefill of a ~27K prompt (413-450 tok/s at "
+         "27K-54K; the 27K end)", 413.0, "tok/s", "27000", "flm_gptoss_prefill_27k"),
+    )),
+    # --- end to end: hybrid linear attention (Qwen3.5, FastFlowLM v0.9.38, Kraken Point) -----
+    *(Figure(k, what, v, "tok/s", "FastFlowLM", "Ryzen AI 7 350 (Kraken Point, XDNA2)",
+             "FastFlowLM v0.9.38", model, "1024", "int4 groups (q4nx-like)",
+             FLM_PREFILL_TABLE_SOURCE + "; shared/docs/xdna2-facts.md 'Added 2026-12'", layout,
+             held_out=True, note=note)
+      for k, what, v, model, layout, note in (
+        ("flm_qwen35_0p8b_decode", "Qwen3.5-0.8B decode at 1k context", 39.2, "Qwen3.5-0.8B",
+         "flm_qwen35_0p8b_decode", QWEN35_NOTE),
+        ("flm_qwen35_2b_decode", "Qwen3.5-2B decode at 1k context", 26.8, "Qwen3.5-2B",
+         "flm_qwen35_2b_decode", QWEN35_NOTE + "; Qwen3.5-2B shapes partly assumed (hidden 2048 "
+         "published, the rest as 0.8B's pattern)"),
+        ("flm_qwen35_0p8b_prefill", "Qwen3.5-0.8B prefill of a 1k prompt", 983.0, "Qwen3.5-0.8B",
+         "flm_qwen35_0p8b_prefill", QWEN35_NOTE + "; not independent: FastFlowLM's fixed "
+         "per-prompt time (flm_prompt_overhead_s) is the intercept of this very table"),
+        ("flm_qwen35_2b_prefill", "Qwen3.5-2B prefill of a 1k prompt", 803.0, "Qwen3.5-2B",
+         "flm_qwen35_2b_prefill", QWEN35_NOTE + "; not independent (as the 0.8B prefill)"),
+    )),
     # --- end to end: mlir-air Llama-3.2-1B bf16 (open source; per-kernel profile published) ---
     *(Figure(k, what, v, "ms", "mlir-air (Xilinx)", "Strix (NPU2)", "mlir-air llama32_1b example",
              "Llama-3.2-1B", ctx, "bf16", AIR_DOC, layout, held_out=not fits, note=note, fits=fits)

@@ -318,3 +318,32 @@ def _flm_short(gen: Generation, model: str):
 FLM_SHORT_CONTEXT = 128     # ASSUMED: the release notes do not state the context
 LAYOUTS["flm_qwen3_short"] = lambda g: _flm_short(g, "qwen3-0.6b")
 LAYOUTS["flm_qwen3_1p7b_short"] = lambda g: _flm_short(g, "qwen3-1.7b")
+
+
+# --- mixture of experts: gpt-oss-20b (FastFlowLM user report, Strix Halo) -------------------------
+GPTOSS_CONTEXT = 27000      # "~27K tokens" in the report
+
+
+def _gptoss_prefill(gen: Generation):
+    """ASSUMED: the project's MoE layout (engine/llm: one fused launch per layer, 128-row chunks,
+    each chunk streaming the experts its rows hit, expected under uniform routing), int4 g32
+    standing in for MXFP4, plus FastFlowLM's fixed per-prompt time (flm_prompt_overhead_s)."""
+    _, spec = resolve_spec("gpt-oss-20b")
+    r = estimate(spec, "int4", GPTOSS_CONTEXT, gen=gen)
+    npu_s, fixed_s = r["modeled_prefill_ms"] / 1e3, flm_prompt_overhead_s()
+    return GPTOSS_CONTEXT / (npu_s + fixed_s), {"prefill_npu": npu_s * 1e6,
+                                                "flm_prompt_overhead": fixed_s * 1e6}, \
+        {"npu_only_tok_s": r["modeled_prefill_tok_s"]}
+
+
+LAYOUTS["flm_gptoss_short"] = lambda g: _flm_short(g, "gpt-oss-20b")
+LAYOUTS["flm_gptoss_27k"] = lambda g: (lambda us, t: (1e6 / us, t, {}))(
+    *_decode_us(g, "gpt-oss-20b", "int4", GPTOSS_CONTEXT))
+LAYOUTS["flm_gptoss_prefill_27k"] = _gptoss_prefill
+
+
+# --- hybrid linear attention: Qwen3.5 (FastFlowLM v0.9.38 benchmark page) -------------------------
+LAYOUTS["flm_qwen35_0p8b_decode"] = lambda g: _flm_decode(g, "qwen3.5-0.8b")
+LAYOUTS["flm_qwen35_2b_decode"] = lambda g: _flm_decode(g, "qwen3.5-2b")
+LAYOUTS["flm_qwen35_0p8b_prefill"] = lambda g: _flm_prefill(g, "qwen3.5-0.8b")
+LAYOUTS["flm_qwen35_2b_prefill"] = lambda g: _flm_prefill(g, "qwen3.5-2b")

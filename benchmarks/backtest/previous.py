@@ -37,3 +37,9 @@ PREVIOUS: dict[str, tuple[float, float]] = {
     "read_bw": (5.20668e+10, 0.9880),
     "configure_point": (56, 1.0000),
 }
+
+# figures added after PREVIOUS_VERSION: no "before" (their layouts did not exist then)
+ADDED_SINCE: tuple[str, ...] = ("flm_gptoss20b_short", "flm_gptoss20b_27k",
+                                "flm_gptoss20b_prefill_27k", "flm_qwen35_0p8b_decode",
+                                "flm_qwen35_2b_decode", "flm_qwen35_0p8b_prefill",
+                                "flm_qwen35_2b_prefill")

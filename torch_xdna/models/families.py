@@ -11,7 +11,27 @@ from typing import Callable
 from torch_xdna.models.spec import DecoderSpec, RopeSpec, UnsupportedModelError, WeightNames
 
 ROPE_TYPES = ("default", "linear", "llama3", "freq_factors", "yarn")
-ACTS = {"silu": "silu", "swish": "silu", "gelu_pytorch_tanh": "gelu_tanh", "gelu_tanh": "gelu_tanh"}
+ACTS = {"silu": "silu", "swish": "silu", "gelu_pytorch_tanh": "gelu_tanh", "gelu_tanh": "gelu_tanh",
+        "relu": "relu"}
+# config keys a family spells its own way -> the common spelling the checks and builders read
+CONFIG_ALIASES = {"opt": {"ffn_dim": "intermediate_size", "activation_function": "hidden_act"}}
+
+
+NESTED_TEXT = ("qwen3_5",)       # vision-language configs whose decoder is their text_config
+
+
+def common_config(cfg):
+    """`cfg` with its family's own key spellings (CONFIG_ALIASES) also under the common names;
+    a vision-language config (NESTED_TEXT) as its text_config."""
+    if (isinstance(cfg, dict) and cfg.get("model_type") in NESTED_TEXT
+            and isinstance(cfg.get("text_config"), dict)):
+        tie = cfg.get("tie_word_embeddings", cfg["text_config"].get("tie_word_embeddings"))
+        return {**cfg["text_config"], "model_type": cfg["model_type"], "tie_word_embeddings": tie,
+                "vision_language": True}
+    aliases = CONFIG_ALIASES.get(cfg.get("model_type")) if isinstance(cfg, dict) else None
+    if not aliases:
+        return cfg
+    return {**{dst: cfg[src] for src, dst in aliases.items() if src in cfg}, **cfg}
 
 _L = "model.layers.{i}."
 LLAMA_NAMES = WeightNames(
@@ -23,6 +43,29 @@ LLAMA_NAMES = WeightNames(
     down=_L + "mlp.down_proj.weight")
 QWEN3_NAMES = WeightNames(**{**LLAMA_NAMES.__dict__, "q_norm": _L + "self_attn.q_norm.weight",
                              "k_norm": _L + "self_attn.k_norm.weight"})
+QWEN3_MOE_NAMES = WeightNames(**{**QWEN3_NAMES.__dict__, "router": _L + "mlp.gate.weight",
+                                 "expert_gate": _L + "mlp.experts.{e}.gate_proj.weight",
+                                 "expert_up": _L + "mlp.experts.{e}.up_proj.weight",
+                                 "expert_down": _L + "mlp.experts.{e}.down_proj.weight"})
+QWEN3_5_NAMES = WeightNames(**{**QWEN3_NAMES.__dict__, **{
+    k: _L + "linear_attn." + v for k, v in (
+        ("lin_qkv", "in_proj_qkv.weight"), ("lin_z", "in_proj_z.weight"),
+        ("lin_b", "in_proj_b.weight"), ("lin_a", "in_proj_a.weight"),
+        ("lin_conv", "conv1d.weight"), ("lin_dt", "dt_bias"), ("lin_alog", "A_log"),
+        ("lin_norm", "norm.weight"), ("lin_out", "out_proj.weight"))}})
+_O = "model.decoder.layers.{i}."
+OPT_NAMES = WeightNames(
+    embed="model.decoder.embed_tokens.weight", final_norm="model.decoder.final_layer_norm.weight",
+    lm_head="lm_head.weight", attn_norm=_O + "self_attn_layer_norm.weight",
+    q=_O + "self_attn.q_proj.weight", k=_O + "self_attn.k_proj.weight",
+    v=_O + "self_attn.v_proj.weight", o=_O + "self_attn.out_proj.weight",
+    mlp_norm=_O + "final_layer_norm.weight", gate="", up=_O + "fc1.weight", down=_O + "fc2.weight",
+    pos_embed="model.decoder.embed_positions.weight",
+    attn_norm_bias=_O + "self_attn_layer_norm.bias", q_bias=_O + "self_attn.q_proj.bias",
+    k_bias=_O + "self_attn.k_proj.bias", v_bias=_O + "self_attn.v_proj.bias",
+    o_bias=_O + "self_attn.out_proj.bias", mlp_norm_bias=_O + "final_layer_norm.bias",
+    up_bias=_O + "fc1.bias", down_bias=_O + "fc2.bias",
+    final_norm_bias="model.decoder.final_layer_norm.bias")
 GEMMA3_NAMES = WeightNames(**{**QWEN3_NAMES.__dict__,
                               "attn_post_norm": _L + "post_attention_layernorm.weight",
                               "mlp_norm": _L + "pre_feedforward_layernorm.weight",
@@ -35,10 +78,17 @@ def _refuse(family: str, feature: str, hint: str = "") -> None:
         + (f"; {hint}" if hint else ""))
 
 
-def _common_checks(family: str, cfg: dict) -> None:
-    for key in ("num_experts", "num_local_experts", "n_routed_experts", "moe_intermediate_size"):
+MOE_KEYS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_intermediate_size")
+
+
+def _common_checks(family: str, cfg: dict, moe: bool = False) -> None:
+    for key in (() if moe else MOE_KEYS):
         if cfg.get(key):
-            _refuse(family, f"{key}={cfg[key]} (mixture of experts)", "use a dense model")
+            _refuse(family, f"{key}={cfg[key]} (mixture of experts)",
+                    "mixture-of-experts families: " + ", ".join(MOE_FAMILIES))
+    for key in ("shared_expert_intermediate_size", "n_shared_experts"):
+        if cfg.get(key):
+            _refuse(family, f"{key}={cfg[key]} (shared experts)", "not implemented")
     if cfg.get("attention_bias"):
         _refuse(family, "attention_bias=true", "q/k/v/o projection biases are not implemented")
     if cfg.get("mlp_bias"):
@@ -148,7 +198,7 @@ def _classic_rope(cfg: dict) -> dict:
 
 
 def llama(cfg: dict, family: str = "llama", names: WeightNames = LLAMA_NAMES, **kw) -> DecoderSpec:
-    _common_checks(family, cfg)
+    _common_checks(family, cfg, moe=bool(kw.get("experts")))
     rope = _rope(family, _classic_rope(cfg), 10000.0, int(cfg.get("max_position_embeddings", 0)))
     layers = int(cfg["num_hidden_layers"])
     types = _layer_types(cfg, layers)
@@ -160,6 +210,29 @@ def llama(cfg: dict, family: str = "llama", names: WeightNames = LLAMA_NAMES, **
 
 def qwen3(cfg: dict) -> DecoderSpec:
     return llama(cfg, "qwen3", QWEN3_NAMES, qk_norm=True)
+
+
+def _moe_fields(family: str, cfg: dict) -> dict:
+    """The mixture-of-experts fields of a transformers MoE config (Qwen3-MoE style: every
+    `decoder_sparse_step`-th layer not in `mlp_only_layers` is a MoE layer)."""
+    experts = int(cfg.get("num_experts") or cfg.get("num_local_experts") or 0)
+    k = int(cfg.get("num_experts_per_tok") or 0)
+    width = int(cfg.get("moe_intermediate_size") or 0)
+    if experts < 1 or not 1 <= k <= experts or width < 1:
+        raise UnsupportedModelError(
+            f"{family}: config needs num_experts >= 1, 1 <= num_experts_per_tok <= num_experts "
+            f"and moe_intermediate_size >= 1 (got {experts}, {k}, {width})")
+    layers = int(cfg["num_hidden_layers"])
+    step = int(cfg.get("decoder_sparse_step") or 1)
+    dense = set(cfg.get("mlp_only_layers") or ())
+    return dict(experts=experts, experts_per_token=k, expert_intermediate=width,
+                norm_topk_prob=bool(cfg.get("norm_topk_prob", False)),
+                moe_layers=tuple(i not in dense and (i + 1) % step == 0 for i in range(layers)))
+
+
+def qwen3_moe(cfg: dict) -> DecoderSpec:
+    fields = _moe_fields("qwen3_moe", cfg)
+    return llama(cfg, "qwen3_moe", QWEN3_MOE_NAMES, qk_norm=True, **fields)
 
 
 def gemma3(cfg: dict) -> DecoderSpec:
@@ -200,13 +273,112 @@ def _replace(spec: DecoderSpec, **kw) -> DecoderSpec:
     return replace(spec, **kw)
 
 
+def qwen3_5(cfg: dict) -> DecoderSpec:
+    """Qwen3.5 (text decoder): every `full_attention_interval`-th layer is gated full attention
+    (q_proj also gives a per-head output gate; q/k norm; partial RoPE), the others gated
+    DeltaNet linear attention (a recurrent state per layer instead of KV); (1+w) RMSNorms."""
+    family = "qwen3_5"
+    cfg = common_config(cfg)
+    _common_checks(family, cfg)
+    layers = int(cfg["num_hidden_layers"])
+    every = int(cfg.get("full_attention_interval") or 4)
+    types = cfg.get("layer_types") or ["full_attention" if (i + 1) % every == 0
+                                       else "linear_attention" for i in range(layers)]
+    types = _layer_types({"layer_types": types}, layers)
+    bad = sorted(set(types) - {"full_attention", "linear_attention"})
+    if bad:
+        _refuse(family, f"layer_types {bad}", "full_attention and linear_attention only")
+    rp = _classic_rope(cfg)
+    heads, hidden = int(cfg["num_attention_heads"]), int(cfg["hidden_size"])
+    head_dim = int(cfg.get("head_dim") or hidden // heads)
+    partial = float(rp.get("partial_rotary_factor") or cfg.get("partial_rotary_factor") or 1.0)
+    rotary = int(head_dim * partial)
+    spec = _base(
+        family, cfg, QWEN3_5_NAMES,
+        ropes={"global": _rope(family, rp, 10000.0, int(cfg.get("max_position_embeddings", 0)))},
+        layer_rope=("global",) * layers, layer_window=(None,) * layers, qk_norm=True,
+        norm_offset=1.0, tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+        layer_kinds=tuple("linear" if t == "linear_attention" else "attention" for t in types),
+        linear_k_heads=int(cfg["linear_num_key_heads"]),
+        linear_v_heads=int(cfg["linear_num_value_heads"]),
+        linear_k_dim=int(cfg["linear_key_head_dim"]), linear_v_dim=int(cfg["linear_value_head_dim"]),
+        linear_conv=int(cfg.get("linear_conv_kernel_dim") or 4), attn_output_gate=True,
+        rotary_dim=rotary if rotary < head_dim else 0)
+    if spec.linear_v_heads % spec.linear_k_heads:
+        raise UnsupportedModelError(f"{family}: linear_num_value_heads must be a multiple of "
+                                    f"linear_num_key_heads")
+    if cfg.get("vision_language"):
+        spec = _replace(spec, run_refusal=(
+            "qwen3_5: a vision-language checkpoint (Qwen3_5ForConditionalGeneration): the engine "
+            "runs the text decoder of a qwen3_5_text directory (image input is not implemented); "
+            "xdna estimate models its text decoder"))
+    return spec
+
+
+OPT_POSITION_OFFSET = 2          # transformers' OPTLearnedPositionalEmbedding.offset
+
+
+def opt(cfg: dict) -> DecoderSpec:
+    """OPT (Meta): pre-LayerNorm blocks with biases everywhere, a ReLU MLP (fc1 -> relu -> fc2),
+    learned absolute positions (row = position + 2), full multi-head attention, tied lm_head."""
+    family = "opt"
+    cfg = common_config(cfg)
+    _common_checks(family, {k: v for k, v in cfg.items() if k not in ("attention_bias",)})
+    hidden = int(cfg["hidden_size"])
+    for key, ok, why in (
+            ("do_layer_norm_before", cfg.get("do_layer_norm_before", True) is True,
+             "post-LayerNorm blocks (OPT-350m) are not implemented"),
+            ("word_embed_proj_dim", int(cfg.get("word_embed_proj_dim") or hidden) == hidden,
+             "embedding projections (project_in/out) are not implemented"),
+            ("_remove_final_layer_norm", not cfg.get("_remove_final_layer_norm"),
+             "a decoder without its final LayerNorm is not implemented"),
+            ("enable_bias", cfg.get("enable_bias", True) is True, "bias-free OPT is not implemented"),
+            ("layer_norm_elementwise_affine", cfg.get("layer_norm_elementwise_affine", True) is True,
+             "LayerNorm without weights is not implemented")):
+        if not ok:
+            _refuse(family, f"{key}={cfg.get(key)!r}", why)
+    layers = int(cfg["num_hidden_layers"])
+    positions = int(cfg.get("max_position_embeddings", 2048))
+    return _base(family, {**cfg, "num_key_value_heads": cfg["num_attention_heads"],
+                          "rms_norm_eps": 1e-5, "hidden_act": cfg.get("hidden_act") or "relu"},
+                 OPT_NAMES, layer_rope=("",) * layers, layer_window=(None,) * layers,
+                 tie_embeddings=bool(cfg.get("tie_word_embeddings", True)), layer_norm=True,
+                 linear_bias=True, gated_mlp=False,
+                 learned_positions=positions + OPT_POSITION_OFFSET,
+                 position_offset=OPT_POSITION_OFFSET)
+
+
+GPT_OSS_MISSING = ("attention sinks, q/k/v/o and expert biases, the clamped SwiGLU "
+                   "(alpha 1.702, limit 7) and MXFP4 expert weights")
+
+
+def gpt_oss(cfg: dict) -> DecoderSpec:
+    """gpt-oss (OpenAI): every layer MoE (experts as wide as intermediate_size, top-k of the
+    router logits then a softmax over them), alternating sliding-window (128) and full layers,
+    YaRN RoPE. Shapes only: `xdna estimate` models it (biases and sinks are negligible bytes;
+    MXFP4 experts, 4.25 bits per weight, are charged as the int4 g32 format, 4.5 bits, when the
+    estimate asks for int4); running it needs GPT_OSS_MISSING, so loading is refused."""
+    family = "gpt_oss"
+    layers = int(cfg["num_hidden_layers"])
+    types = _layer_types(cfg, layers)
+    moe = _moe_fields(family, {**cfg, "moe_intermediate_size": cfg.get("intermediate_size")})
+    mp = int(cfg.get("max_position_embeddings", 0))
+    return _base(family, cfg, LLAMA_NAMES, ropes={"global": _rope(family, _classic_rope(cfg), 150000.0, mp)},
+                 layer_rope=("global",) * layers, layer_window=_windows(family, cfg, types),
+                 **{**moe, "norm_topk_prob": True},
+                 run_refusal=f"gpt_oss: the xdna decode engine models this family's shapes "
+                             f"(xdna estimate) but cannot run it yet: {GPT_OSS_MISSING} are not "
+                             f"implemented")
+
+
 FAMILIES: dict[str, Callable[[dict], DecoderSpec]] = {
-    "qwen3": qwen3, "llama": llama, "gemma3_text": gemma3,
+    "qwen3": qwen3, "llama": llama, "gemma3_text": gemma3, "qwen3_moe": qwen3_moe,
+    "gpt_oss": gpt_oss, "opt": opt, "qwen3_5_text": qwen3_5, "qwen3_5": qwen3_5,
 }
+MOE_FAMILIES = ("qwen3_moe", "gpt_oss (estimate only)")
 HINTS = {
     "gemma3": "this is the multimodal Gemma 3 config; only the text-only gemma3_text models "
               "(e.g. gemma-3-1b) are supported",
-    "qwen3_moe": "mixture-of-experts models are not supported",
 }
 
 
@@ -224,6 +396,14 @@ def spec_from_config(cfg: dict) -> DecoderSpec:
     """The DecoderSpec of a HF config dict; UnsupportedModelError names what is not supported."""
     return family_of(cfg)(cfg)
 
+
+_QWEN3_5 = dict(           # what the Qwen3.5 small models' text configs share
+    model_type="qwen3_5_text", num_hidden_layers=24, num_attention_heads=8, num_key_value_heads=2,
+    head_dim=256, vocab_size=248320, linear_num_key_heads=16, linear_num_value_heads=16,
+    linear_key_head_dim=128, linear_value_head_dim=128, linear_conv_kernel_dim=4,
+    full_attention_interval=4, max_position_embeddings=262144, rms_norm_eps=1e-6,
+    tie_word_embeddings=True, hidden_act="silu", eos_token_id=248044,
+    rope_parameters={"rope_type": "default", "rope_theta": 10000000.0, "partial_rotary_factor": 0.25})
 
 # Built-in configs (shapes only, no weights) for `xdna estimate` and the benchmark.
 BUILTIN_CONFIGS: dict[str, dict] = {
@@ -251,4 +431,35 @@ BUILTIN_CONFIGS: dict[str, dict] = {
         rope_local_base_freq=10000.0, sliding_window=512, sliding_window_pattern=6,
         query_pre_attn_scalar=256, hidden_activation="gelu_pytorch_tanh",
         tie_word_embeddings=True, bos_token_id=2, eos_token_id=[1, 106]),
+    # Qwen/Qwen3-30B-A3B config.json (Hugging Face model card): 128 experts, 8 per token
+    "qwen3-30b-a3b": dict(
+        model_type="qwen3_moe", hidden_size=2048, num_hidden_layers=48, num_attention_heads=32,
+        num_key_value_heads=4, head_dim=128, intermediate_size=6144, moe_intermediate_size=768,
+        num_experts=128, num_experts_per_tok=8, norm_topk_prob=True, decoder_sparse_step=1,
+        mlp_only_layers=[], vocab_size=151936, max_position_embeddings=40960, rms_norm_eps=1e-6,
+        rope_theta=1000000.0, tie_word_embeddings=False, hidden_act="silu",
+        bos_token_id=151643, eos_token_id=151645),
+    # Qwen/Qwen3.5-0.8B config.json's text_config (hybrid [3 linear, 1 full] x 6)
+    "qwen3.5-0.8b": {**_QWEN3_5, "hidden_size": 1024, "intermediate_size": 3584},
+    # Qwen3.5-2B: hidden_size 2048 as published; the other fields ASSUMED to follow 0.8B's
+    # pattern (not verified against its config.json): intermediate 6144, 24 layers
+    "qwen3.5-2b": {**_QWEN3_5, "hidden_size": 2048, "intermediate_size": 6144},
+    # facebook/opt-125m config.json
+    "opt-125m": dict(
+        model_type="opt", hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
+        ffn_dim=3072, vocab_size=50272, max_position_embeddings=2048, word_embed_proj_dim=768,
+        do_layer_norm_before=True, activation_function="relu", enable_bias=True,
+        tie_word_embeddings=True, bos_token_id=2, eos_token_id=2),
+    # openai/gpt-oss-20b config.json: 24 layers, 32 experts, 4 per token (transformers'
+    # GptOssConfig defaults are gpt-oss-120b's: 36 layers, 128 experts)
+    "gpt-oss-20b": dict(
+        model_type="gpt_oss", hidden_size=2880, num_hidden_layers=24, num_attention_heads=64,
+        num_key_value_heads=8, head_dim=64, intermediate_size=2880, num_local_experts=32,
+        num_experts_per_tok=4, vocab_size=201088, max_position_embeddings=131072,
+        rms_norm_eps=1e-5, sliding_window=128, attention_bias=True, tie_word_embeddings=False,
+        layer_types=["sliding_attention", "full_attention"] * 12, hidden_act="silu",
+        rope_parameters={"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
+                         "truncate": False, "original_max_position_embeddings": 4096,
+                         "rope_theta": 150000.0},
+        bos_token_id=199998, eos_token_id=200002),
 }

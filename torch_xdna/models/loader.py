@@ -23,7 +23,7 @@ import torch
 from torch_xdna.models.families import family_of, spec_from_config
 from torch_xdna.models import validate
 from torch_xdna.models.hf import ModelDirError, read_config, read_json, safetensors_files
-from torch_xdna.models.spec import DecoderSpec
+from torch_xdna.models.spec import DecoderSpec, UnsupportedModelError
 from torch_xdna.runtime.cachedir import CacheDir, sign, verify, warn_once
 
 CACHE_FORMAT = "xdna-decoder-weights-v2"     # v2: signed entries
@@ -65,6 +65,8 @@ def read_model(model_dir: str | Path) -> ModelFiles:
     family_of(cfg)                             # an unsupported family is named before field errors
     validate.check_config(d / "config.json", cfg)
     spec = spec_from_config(cfg)
+    if spec.run_refusal:
+        raise UnsupportedModelError(spec.run_refusal)
     gen_path = d / "generation_config.json"
     gen = read_json(gen_path) if gen_path.is_file() else None
     validate.check_decoder_dir(d, cfg, spec, gen)
@@ -79,7 +81,10 @@ def read_gguf(path: Path) -> ModelFiles:
     cfg = g.config()
     family_of(cfg)
     validate.check_config(path, cfg)
-    return ModelFiles(path, cfg, spec_from_config(cfg), {}, gguf=g)
+    spec = spec_from_config(cfg)
+    if spec.run_refusal:
+        raise UnsupportedModelError(spec.run_refusal)
+    return ModelFiles(path, cfg, spec, {}, gguf=g)
 
 
 def source_files(mf: ModelFiles) -> list[Path]:
@@ -89,15 +94,28 @@ def source_files(mf: ModelFiles) -> list[Path]:
 
 def site_names(spec: DecoderSpec) -> list[str]:
     """Canonical weight sites in load order."""
-    out = ["embed"]
+    out = ["embed"] + (["pos_embed"] if spec.learned_positions else [])
+    bias = ("attn_norm_bias", "qkv_bias", "o_bias", "mlp_norm_bias", "gate_up_bias", "down_bias")
     for i in range(spec.layers):
         p = f"layers.{i}."
-        out += [p + "attn_norm", p + "qkv", p + "o", p + "mlp_norm", p + "gate_up", p + "down"]
-        if spec.qk_norm:
+        if spec.is_linear(i):    # gated DeltaNet: fused input projection, conv, gates, norm, out
+            out += [p + "attn_norm", p + "lin_in", p + "lin_conv", p + "lin_dt", p + "lin_alog",
+                    p + "lin_norm", p + "lin_out", p + "mlp_norm"]
+        else:
+            out += [p + "attn_norm", p + "qkv", p + "o", p + "mlp_norm"]
+        if spec.is_moe(i):       # the router, then every expert stacked along N (expert-major)
+            out += [p + "router", p + "experts_gate_up", p + "experts_down"]
+        else:
+            out += [p + "gate_up", p + "down"]
+        if spec.linear_bias:
+            out += [p + b for b in bias]
+        if spec.qk_norm and not spec.is_linear(i):
             out += [p + "q_norm", p + "k_norm"]
         if spec.sandwich_norms:
             out += [p + "attn_post_norm", p + "mlp_post_norm"]
     out.append("final_norm")
+    if spec.layer_norm:
+        out.append("final_norm_bias")
     if not spec.tie_embeddings:
         out.append("lm_head")
     return out
@@ -207,12 +225,33 @@ def _site_tensor(spec: DecoderSpec, sd: dict[str, torch.Tensor], site: str, path
         return get(n.final_norm)
     if site == "lm_head":
         return get(n.lm_head)
+    if site in ("pos_embed", "final_norm_bias"):
+        return get(getattr(n, site))
     i = int(site.split(".")[1])
     part = site.split(".")[2]
+    if part == "qkv" and spec.attn_output_gate:   # q_proj rows per head: [q | gate] -> q.., gate..
+        q = get(n.q, i).view(spec.heads, 2, spec.head_dim, -1)
+        return torch.cat([q[:, 0].reshape(spec.q_dim, -1), get(n.k, i), get(n.v, i),
+                          q[:, 1].reshape(spec.q_dim, -1)], dim=0)
     if part == "qkv":
         return torch.cat([get(n.q, i), get(n.k, i), get(n.v, i)], dim=0)
-    if part == "gate_up":
-        return torch.cat([get(n.gate, i), get(n.up, i)], dim=0)
+    if part == "lin_in":                # [q k v | z | b | a] rows, one GEMM
+        return torch.cat([get(n.lin_qkv, i), get(n.lin_z, i), get(n.lin_b, i), get(n.lin_a, i)])
+    if part == "lin_conv":              # [C, 1, K] -> [C, K]
+        return get(n.lin_conv, i).reshape(spec.linear_conv_dim, -1)
+    if part == "gate_up":            # gate rows then up rows (a non-gated MLP: up only)
+        return torch.cat([get(n.gate, i), get(n.up, i)], dim=0) if n.gate else get(n.up, i)
+    if part == "qkv_bias":
+        return torch.cat([get(n.q_bias, i), get(n.k_bias, i), get(n.v_bias, i)], dim=0)
+    if part == "gate_up_bias":
+        return get(n.up_bias, i)
+    if part == "experts_gate_up":      # [E * 2I, H]: expert e's gate rows then its up rows
+        return torch.cat([torch.cat([get(n.expert_gate.replace("{e}", str(e)), i),
+                                     get(n.expert_up.replace("{e}", str(e)), i)])
+                          for e in range(spec.experts)], dim=0)
+    if part == "experts_down":         # [E * H, I]
+        return torch.cat([get(n.expert_down.replace("{e}", str(e)), i)
+                          for e in range(spec.experts)], dim=0)
     return get(getattr(n, part), i)
 
 

@@ -113,6 +113,32 @@ class WeightNames:
     k_norm: str = ""
     attn_post_norm: str = ""      # Gemma: post_attention_layernorm (before the residual add)
     mlp_post_norm: str = ""       # Gemma: post_feedforward_layernorm
+    router: str = ""              # mixture of experts: the router (gate) [experts, H]
+    expert_gate: str = ""         # per expert ('{e}'): gate_proj [I_e, H], up_proj, down_proj
+    expert_up: str = ""
+    expert_down: str = ""
+    pos_embed: str = ""           # learned absolute positions (OPT) [positions + offset, H]
+    # biases (linear_bias / LayerNorm families); q/k/v biases are fused like their weights
+    attn_norm_bias: str = ""
+    q_bias: str = ""
+    k_bias: str = ""
+    v_bias: str = ""
+    o_bias: str = ""
+    mlp_norm_bias: str = ""
+    up_bias: str = ""
+    down_bias: str = ""
+    final_norm_bias: str = ""
+    # gated DeltaNet (linear attention) layers: the input projections (fused in load order
+    # qkv, z, b, a), the causal conv, dt bias, A_log, the gated norm, the output projection
+    lin_qkv: str = ""
+    lin_z: str = ""
+    lin_b: str = ""
+    lin_a: str = ""
+    lin_conv: str = ""
+    lin_dt: str = ""
+    lin_alog: str = ""
+    lin_norm: str = ""
+    lin_out: str = ""
 
 
 @dataclass(frozen=True)
@@ -144,6 +170,53 @@ class DecoderSpec:
     attn_softcap: float | None = None
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
+    # mixture of experts (0 experts: dense). A MoE layer's MLP is a router over `experts` gated
+    # MLPs of width `expert_intermediate`, of which `experts_per_token` run per token, their
+    # outputs weighted by the softmax router probabilities (renormalized over the chosen ones
+    # when norm_topk_prob). moe_layers: per layer, MoE (True) or the dense MLP (False).
+    experts: int = 0
+    experts_per_token: int = 0
+    expert_intermediate: int = 0
+    norm_topk_prob: bool = False
+    moe_layers: tuple[bool, ...] = ()
+
+    # OPT-style blocks: LayerNorm with a bias instead of RMSNorm, biases on every projection,
+    # a non-gated MLP (up -> act -> down), learned absolute positions (table row = position +
+    # position_offset) instead of RoPE (then `ropes` is empty)
+    layer_norm: bool = False
+    linear_bias: bool = False
+    gated_mlp: bool = True
+    learned_positions: int = 0             # rows of the position table (0: RoPE)
+    position_offset: int = 0
+    # hybrid models (Qwen3.5): per layer "attention" or "linear" (gated DeltaNet: a recurrent
+    # state [v_heads, k_dim, v_dim] per layer, no KV cache); empty = every layer attention
+    layer_kinds: tuple[str, ...] = ()
+    linear_k_heads: int = 0
+    linear_v_heads: int = 0
+    linear_k_dim: int = 0
+    linear_v_dim: int = 0
+    linear_conv: int = 0                   # causal conv kernel over the q/k/v channels
+    attn_output_gate: bool = False         # attention output times sigmoid(gate) (Qwen3.5)
+    rotary_dim: int = 0                    # partial RoPE: the first rotary_dim dims (0: all)
+    # non-empty: the engine models this family's shapes (`xdna estimate`) but cannot run it;
+    # the reason names what is missing (models/loader.read_model refuses with it)
+    run_refusal: str = ""
+
+    def is_linear(self, layer: int) -> bool:
+        return bool(self.layer_kinds) and self.layer_kinds[layer] == "linear"
+
+    @property
+    def attention_layers(self) -> tuple[int, ...]:
+        """The layers holding a KV cache (every layer but the linear-attention ones)."""
+        return tuple(i for i in range(self.layers) if not self.is_linear(i))
+
+    @property
+    def linear_conv_dim(self) -> int:
+        """Channels of the linear layers' causal conv: q, k (k_heads x k_dim each) and v."""
+        return 2 * self.linear_k_heads * self.linear_k_dim + self.linear_v_heads * self.linear_v_dim
+
+    def is_moe(self, layer: int) -> bool:
+        return bool(self.moe_layers) and self.moe_layers[layer]
 
     @property
     def q_dim(self) -> int:
@@ -153,9 +226,19 @@ class DecoderSpec:
     def kv_dim(self) -> int:
         return self.kv_heads * self.head_dim
 
-    def params(self) -> int:
-        """Parameter count (embeddings counted once when tied)."""
-        per_layer = (self.hidden * (self.q_dim + 2 * self.kv_dim) + self.q_dim * self.hidden
-                     + 3 * self.hidden * self.intermediate)
+    def params(self, active: bool = False) -> int:
+        """Parameter count (embeddings counted once when tied). active=True: a MoE layer counts
+        only the experts one token runs (and its router)."""
+        attn = (self.hidden * (self.q_dim * (2 if self.attn_output_gate else 1) + 2 * self.kv_dim)
+                + self.q_dim * self.hidden)
+        vd, hv = self.linear_v_heads * self.linear_v_dim, self.linear_v_heads
+        lin = (self.hidden * (self.linear_conv_dim + vd + 2 * hv) + vd * self.hidden
+               + self.linear_conv_dim * self.linear_conv)
+        dense = (3 if self.gated_mlp else 2) * self.hidden * self.intermediate
+        experts = self.experts_per_token if active else self.experts
+        moe = self.experts * self.hidden + experts * 3 * self.hidden * self.expert_intermediate
+        mlps = sum(moe if self.is_moe(i) else dense for i in range(self.layers))
         head = 0 if self.tie_embeddings else self.vocab * self.hidden
-        return self.layers * per_layer + self.vocab * self.hidden + head
+        mixers = sum(lin if self.is_linear(i) else attn for i in range(self.layers))
+        return (mixers + mlps + self.vocab * self.hidden + head
+                + self.learned_positions * self.hidden)

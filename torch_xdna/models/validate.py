@@ -92,6 +92,8 @@ def check_config(path: Path, cfg: Any) -> None:
     if not isinstance(cfg, dict):
         raise ModelDirError(f"{path}: expected a JSON object, got {type(cfg).__name__}",
                             public=f"{path.name}: expected a JSON object, got {type(cfg).__name__}")
+    from torch_xdna.models.families import common_config
+    cfg = common_config(cfg)                  # e.g. OPT's ffn_dim is its intermediate_size
     c = _Checker(path, cfg)
     c.typed("model_type", str, "a string such as 'qwen3', 'llama' or 'gemma3_text'")
     for k in REQUIRED_INTS:
@@ -237,14 +239,55 @@ def expected_shapes(spec: DecoderSpec) -> dict[str, tuple[tuple[int, ...], str]]
         n.up: ((spec.intermediate, h), "intermediate_size x hidden_size"),
         n.down: ((h, spec.intermediate), "hidden_size x intermediate_size"),
     }
+    if not spec.gated_mlp:
+        del per_layer[n.gate]
+    if spec.learned_positions:
+        out[n.pos_embed] = ((spec.learned_positions, h), "max_position_embeddings + offset x hidden_size")
+    if spec.layer_norm:
+        out[n.final_norm_bias] = ((h,), "hidden_size")
+        per_layer[n.attn_norm_bias] = per_layer[n.mlp_norm_bias] = ((h,), "hidden_size")
+    if spec.linear_bias:
+        per_layer.update({n.q_bias: ((spec.q_dim,), hd), n.k_bias: ((spec.kv_dim,), kvd),
+                          n.v_bias: ((spec.kv_dim,), kvd), n.o_bias: ((h,), "hidden_size"),
+                          n.up_bias: ((spec.intermediate,), "intermediate_size"),
+                          n.down_bias: ((h,), "hidden_size")})
     if spec.qk_norm:
         per_layer[n.q_norm] = ((spec.head_dim,), "head_dim")
         per_layer[n.k_norm] = ((spec.head_dim,), "head_dim")
     if spec.sandwich_norms:
         per_layer[n.attn_post_norm] = ((h,), "hidden_size")
         per_layer[n.mlp_post_norm] = ((h,), "hidden_size")
+    dense = (n.gate, n.up, n.down, n.up_bias, n.down_bias)
+    moe: dict[str, tuple[tuple[int, ...], str]] = {}
+    if spec.experts:
+        ie, what = spec.expert_intermediate, "moe_intermediate_size"
+        moe[n.router] = ((spec.experts, h), "num_experts x hidden_size")
+        for e in range(spec.experts):
+            for tmpl, shape, why in ((n.expert_gate, (ie, h), f"{what} x hidden_size"),
+                                     (n.expert_up, (ie, h), f"{what} x hidden_size"),
+                                     (n.expert_down, (h, ie), f"hidden_size x {what}")):
+                moe[tmpl.replace("{e}", str(e))] = (shape, why)
+    attention = (n.q, n.k, n.v, n.o, n.q_norm, n.k_norm)
+    if spec.attn_output_gate:
+        per_layer[n.q] = ((2 * spec.q_dim, h), f"2 x {hd} x hidden_size (query and output gate)")
+    linear: dict[str, tuple[tuple[int, ...], str]] = {}
+    if spec.layer_kinds:
+        vd = spec.linear_v_heads * spec.linear_v_dim
+        hv, c = spec.linear_v_heads, spec.linear_conv_dim
+        linear = {n.lin_qkv: ((c, h), "(2 key + value dims) x hidden_size"),
+                  n.lin_z: ((vd, h), "value dim x hidden_size"), n.lin_b: ((hv, h), "v heads x hidden"),
+                  n.lin_a: ((hv, h), "v heads x hidden"), n.lin_conv: ((c, 1, spec.linear_conv),
+                                                                        "conv channels x 1 x kernel"),
+                  n.lin_dt: ((hv,), "linear_num_value_heads"), n.lin_alog: ((hv,), "linear_num_value_heads"),
+                  n.lin_norm: ((spec.linear_v_dim,), "linear_value_head_dim"),
+                  n.lin_out: ((h, vd), "hidden_size x value dim")}
     for i in range(spec.layers):
         for tmpl, v in per_layer.items():
+            if not (spec.is_moe(i) and tmpl in dense) and not (spec.is_linear(i) and tmpl in attention):
+                out[tmpl.format(i=i)] = v
+        for tmpl, v in (linear.items() if spec.is_linear(i) else ()):
+            out[tmpl.format(i=i)] = v
+        for tmpl, v in (moe.items() if spec.is_moe(i) else ()):
             out[tmpl.format(i=i)] = v
     return out
 

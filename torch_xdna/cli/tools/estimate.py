@@ -92,6 +92,12 @@ def run(args: argparse.Namespace) -> int:
           f"at {rows[0]['dram_bps'] / 1e9:.1f} GB/s; prefill tok/s = a whole prompt of that "
           f"many tokens)")
     print(table(rows))
+    if spec.experts:
+        print(f"mixture of experts: {spec.experts} experts, {spec.experts_per_token} per token, "
+              f"{spec.params(active=True) / 1e6:.0f}M active params; MB/tok counts the router and "
+              f"the chosen experts only: " + ", ".join(
+                  f"{r['precision']}@{r['context']} experts {r['expert_mb_per_token']:.1f} MB"
+                  for r in rows))
     beyond = sorted({r["context"] for r in rows if r["beyond_model_max"]})
     if beyond:
         print(f"note: context {', '.join(map(str, beyond))} exceeds the model's maximum "

@@ -53,6 +53,8 @@ def unsupported(engine: Engine, config: GenerationConfig) -> str | None:
     logits processors, the token history or several samples runs alone."""
     if getattr(engine.decoder, "kv_dtype", "bf16") != "bf16":
         return "kv_dtype"                       # slots hold bf16/fp32 KV (no int8 batch layer)
+    if getattr(engine.decoder, "states", None):
+        return "linear_attention"               # slots hold KV only, not recurrent states
     if config.n != 1:
         return "n"
     if config.repetition_penalty != 1.0:
@@ -247,10 +249,9 @@ class BatchSession:
         for role, i, design in designs:
             if role == "embed":
                 launches.append(Launch(dataclasses.replace(design, rows=rows),
-                                       [*dec.w["embed"], ids], [x], s, op="embed"))
+                                       dec.embed_inputs(ids), [x], s, op="embed"))
             elif role == "head":
-                launches.append(Launch(BatchedHeadDesign(design, rows),
-                                       [x, *dec.w["final_norm"], *dec.w["lm_head"]],
+                launches.append(Launch(BatchedHeadDesign(design, rows), dec.head_inputs(x),
                                        [dec.rows_view(self.logits, rows)], s, op="lm_head"))
             else:
                 ins = dec.attention_inputs(x, i) + dec.mlp_inputs(x, i)[1:]

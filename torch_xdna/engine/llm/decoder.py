@@ -24,7 +24,10 @@ from torch_xdna.choices import DEFAULT_KV_DTYPE
 from torch_xdna.kernels.base import Design
 from torch_xdna.kernels.blocks.llm import (
     AttentionBlockDesign, DecoderLayerDesign, EmbedDesign, HeadDesign, MlpBlockDesign,
+    PosEmbedDesign,
 )
+from torch_xdna.kernels.blocks.linear_attn import DeltaNetBlockDesign, DeltaNetLayerDesign
+from torch_xdna.kernels.blocks.moe import MoeBlockDesign, MoeLayerDesign
 from torch_xdna.kernels.blocks.weights import PRECISIONS, default_group, weight_bytes
 from torch_xdna.models.hf import ModelDirError
 from torch_xdna.models.spec import DecoderSpec
@@ -86,7 +89,10 @@ class PrecisionPolicy:
 
     def block_group(self, spec: DecoderSpec, kind: str) -> int:
         """The one group size all weights of a fused block (attention, mlp, head) share."""
-        ks = {"attention": (spec.hidden, spec.q_dim), "mlp": (spec.hidden, spec.intermediate),
+        lin = (spec.linear_v_heads * spec.linear_v_dim,) if spec.layer_kinds else ()
+        ks = {"attention": (spec.hidden, spec.q_dim) + lin,
+              "mlp": (spec.hidden, spec.intermediate) + ((spec.expert_intermediate,)
+                                                          if spec.experts else ()),
               "head": (spec.hidden,)}[kind]
         return self.group_for(getattr(self, kind), *ks)
 
@@ -98,11 +104,15 @@ class PrecisionPolicy:
     def transform_for(self, spec: DecoderSpec):
         """Loader transform: matmul weights to their stored format, norms to bf16 (fp32)."""
         from torch_xdna.engine.llm.quantize import quantize
-        kinds = {"qkv": "attention", "o": "attention", "gate_up": "mlp", "down": "mlp",
-                 "embed": "head", "lm_head": "head"}
+        kinds = {"qkv": "attention", "o": "attention", "lin_in": "attention",
+                 "lin_out": "attention", "gate_up": "mlp", "down": "mlp",
+                 "experts_gate_up": "mlp", "experts_down": "mlp", "embed": "head",
+                 "lm_head": "head"}       # the MoE router stays bf16 (fp32), like the norms
 
         def transform(site: str, w: torch.Tensor) -> tuple[torch.Tensor, ...]:
             kind = kinds.get(site.rsplit(".", 1)[-1])
+            if site.endswith((".lin_alog", ".lin_dt", ".lin_conv")):   # fp32 gate parameters
+                return (w.to(torch.float32).contiguous(),)
             if kind is None:
                 return (w.to(torch.float32 if self.exact else torch.bfloat16).contiguous(),)
             return quantize(w, getattr(self, kind), self.block_group(spec, kind))
@@ -121,23 +131,35 @@ def resident_bytes_estimate(spec: DecoderSpec, policy: PrecisionPolicy, capacity
     h, f = spec.hidden, spec.intermediate
     wb = weight_bytes
     ga, gm, gh = (policy.block_group(spec, k) for k in SITE_KINDS)
-    per_layer = (wb(spec.q_dim + 2 * spec.kv_dim, h, policy.attention, ga)
-                 + wb(h, spec.q_dim, policy.attention, ga)
-                 + wb(2 * f, h, policy.mlp, gm) + wb(h, f, policy.mlp, gm))
     norm = 4 if policy.exact else 2
+    attn = (wb(spec.q_dim * (2 if spec.attn_output_gate else 1) + 2 * spec.kv_dim, h,
+               policy.attention, ga) + wb(h, spec.q_dim, policy.attention, ga))
+    vd, hv, c = spec.linear_v_heads * spec.linear_v_dim, spec.linear_v_heads, spec.linear_conv_dim
+    lin = (wb(c + vd + 2 * hv, h, policy.attention, ga) + wb(h, vd, policy.attention, ga)
+           + 4 * (c * spec.linear_conv + 2 * hv) + norm * spec.linear_v_dim
+           + 4 * (hv * spec.linear_k_dim * spec.linear_v_dim + c * (spec.linear_conv - 1))
+           ) if spec.layer_kinds else 0
+    mixers = sum(lin if spec.is_linear(i) else attn for i in range(spec.layers))
+    dense = wb((2 if spec.gated_mlp else 1) * f, h, policy.mlp, gm) + wb(h, f, policy.mlp, gm)
+    fe = spec.expert_intermediate
+    moe = spec.experts * (h * norm + wb(2 * fe, h, policy.mlp, gm)
+                          + wb(h, fe, policy.mlp, gm)) if spec.experts else 0
+    mlps = sum(moe if spec.is_moe(i) else dense for i in range(spec.layers))
     norms = (2 + 2 * spec.sandwich_norms) * h + 2 * spec.qk_norm * spec.head_dim
     head = wb(spec.vocab, h, policy.head, gh) * (1 if spec.tie_embeddings else 2)
-    kv = capacity * kv_bytes_per_token(spec.layers, spec.kv_heads, spec.head_dim, kv_dtype,
-                                       policy.exact)
-    rope = len(spec.ropes) * 2 * capacity * spec.head_dim * 4
-    acts = chunk * h * 4 + chunk * 4 + spec.vocab * 4
-    return spec.layers * (per_layer + norms * norm) + h * norm + head + kv + rope + acts
+    kv = capacity * kv_bytes_per_token(len(spec.attention_layers), spec.kv_heads, spec.head_dim,
+                                       kv_dtype, policy.exact)
+    rope = len(spec.ropes) * 2 * capacity * (spec.rotary_dim or spec.head_dim) * 4
+    acts = chunk * h * 4 + chunk * 4 + spec.vocab * 4 + chunk * spec.experts_per_token * 4
+    acts += spec.learned_positions * h * norm          # the learned position table
+    return spec.layers * norms * norm + mixers + mlps + h * norm + head + kv + rope + acts
 
 
 def per_token_bytes(spec: DecoderSpec, policy: PrecisionPolicy, kv_dtype: str = DEFAULT_KV_DTYPE) -> int:
     """Device bytes one more context position costs: its KV entries and RoPE table rows."""
-    return (kv_bytes_per_token(spec.layers, spec.kv_heads, spec.head_dim, kv_dtype, policy.exact)
-            + len(spec.ropes) * 2 * spec.head_dim * 4)
+    return (kv_bytes_per_token(len(spec.attention_layers), spec.kv_heads, spec.head_dim, kv_dtype,
+                               policy.exact)
+            + len(spec.ropes) * 2 * (spec.rotary_dim or spec.head_dim) * 4)
 
 
 def resolve_capacity(spec: DecoderSpec, policy: PrecisionPolicy, dev: Device,
@@ -192,25 +214,43 @@ def step_designs(spec: DecoderSpec, policy: PrecisionPolicy, rows: int, capacity
     pa, pm, ph = policy.attention, policy.mlp, policy.head
     ga, gm, gh = (policy.block_group(spec, k) for k in SITE_KINDS)
     common = dict(hidden=spec.hidden, rows=rows, eps=spec.rms_eps, norm_offset=spec.norm_offset)
-    out: list[tuple[str, int, Design]] = [
-        ("embed", -1, EmbedDesign(spec.vocab, spec.hidden, rows, ph, gh,
-                                  spec.embed_scale))]
+    embed = (PosEmbedDesign(spec.vocab, spec.hidden, rows, ph, gh, spec.embed_scale,
+                            offset=spec.position_offset) if spec.learned_positions else
+             EmbedDesign(spec.vocab, spec.hidden, rows, ph, gh, spec.embed_scale))
+    out: list[tuple[str, int, Design]] = [("embed", -1, embed)]
     mlp = MlpBlockDesign(precision=pm, group=gm, intermediate=spec.intermediate,
-                         act=spec.act, post_norm=spec.sandwich_norms, **common)
+                         act=spec.act, post_norm=spec.sandwich_norms, layer_norm=spec.layer_norm,
+                         bias=spec.linear_bias, gated=spec.gated_mlp, **common)
+    moe = MoeBlockDesign(precision=pm, group=gm, experts=spec.experts,
+                         top_k=spec.experts_per_token, intermediate=spec.expert_intermediate,
+                         act=spec.act, norm_topk=spec.norm_topk_prob,
+                         **common) if spec.experts else None
     for i in range(spec.layers):
+        if spec.is_linear(i):
+            dn = DeltaNetBlockDesign(
+                precision=pa, group=ga, k_heads=spec.linear_k_heads, v_heads=spec.linear_v_heads,
+                k_dim=spec.linear_k_dim, v_dim=spec.linear_v_dim, conv=spec.linear_conv, **common)
+            out += ([("layer", i, DeltaNetLayerDesign(dn, mlp))] if layout == "layer"
+                    else [("linear", i, dn), ("mlp", i, mlp)])
+            continue
         attn = AttentionBlockDesign(
             precision=pa, group=ga, heads=spec.heads, kv_heads=spec.kv_heads,
             head_dim=spec.head_dim, capacity=capacity, qk_norm=spec.qk_norm,
             post_norm=spec.sandwich_norms, window=spec.layer_window[i], scale=spec.attn_scale,
             softcap=spec.attn_softcap, cache_bytes=4 if policy.exact else 2, kv_dtype=kv_dtype,
-            **common)
-        if layout == "layer":
+            layer_norm=spec.layer_norm, bias=spec.linear_bias, rope=bool(spec.ropes),
+            output_gate=spec.attn_output_gate, rotary_dim=spec.rotary_dim, **common)
+        if spec.is_moe(i):
+            out += ([("layer", i, MoeLayerDesign(attn, moe))] if layout == "layer"
+                    else [("attention", i, attn), ("moe", i, moe)])
+        elif layout == "layer":
             out.append(("layer", i, DecoderLayerDesign(attn, mlp)))
         else:
             out += [("attention", i, attn), ("mlp", i, mlp)]
     if with_head:
-        out.append(("head", -1, HeadDesign(precision=ph, group=gh,
-                                           vocab=spec.vocab, softcap=spec.final_softcap, **common)))
+        out.append(("head", -1, HeadDesign(precision=ph, group=gh, vocab=spec.vocab,
+                                           softcap=spec.final_softcap, layer_norm=spec.layer_norm,
+                                           **common)))
     return out
 
 
@@ -256,9 +296,16 @@ class Decoder(ResidentDecoder):
                 self.w["lm_head"] = self.w["embed"]
             self.rope = {}
             for name, rope in spec.ropes.items():
-                cos, sin = rope.tables(spec.head_dim, self.capacity)
+                cos, sin = rope.tables(spec.rotary_dim or spec.head_dim, self.capacity)
                 self.rope[name] = (self.upload(cos), self.upload(sin))
-            self.cache = KVCache.allocate(dev, spec.layers, spec.kv_heads, spec.head_dim,
+            # KV only for the attention layers; a linear-attention layer keeps its conv and
+            # recurrent states instead (fp32, device-resident)
+            self.kv_index = {layer: j for j, layer in enumerate(spec.attention_layers)}
+            self.states = {i: (self.empty((spec.linear_conv_dim, spec.linear_conv - 1), torch.float32),
+                               self.empty((spec.linear_v_heads, spec.linear_k_dim, spec.linear_v_dim),
+                                          torch.float32))
+                           for i in range(spec.layers) if spec.is_linear(i)}
+            self.cache = KVCache.allocate(dev, len(spec.attention_layers), spec.kv_heads, spec.head_dim,
                                           self.capacity,
                                           torch.float32 if policy.exact else torch.bfloat16,
                                           kv_dtype)
@@ -266,6 +313,10 @@ class Decoder(ResidentDecoder):
             self.x = self.empty((self.chunk, spec.hidden), torch.float32)
             self.ids = self.empty((self.chunk,), torch.int32)
             self.logits = self.empty((1, spec.vocab), torch.float32)
+            # the experts each row of a chunk chose (written by the MoE blocks; the simulator
+            # charges each MoE launch for exactly these experts' weights)
+            self.route = (self.empty((self.chunk, spec.experts_per_token), torch.int32)
+                          if spec.experts else None)
         except BaseException:
             self.close()
             raise
@@ -290,35 +341,83 @@ class Decoder(ResidentDecoder):
         for role, i, design in step_designs(spec, self.policy, rows, self.capacity, with_head,
                                             self.layout, self.kv_dtype):
             if role == "embed":
-                launches.append(Launch(design, [*w["embed"], ids], [x], s, op="embed"))
+                launches.append(Launch(design, self.embed_inputs(ids), [x], s, op="embed"))
             elif role == "head":
-                launches.append(Launch(design, [x, *w["final_norm"], *w["lm_head"]], [self.logits],
-                                       s, op="lm_head"))
+                launches.append(Launch(design, self.head_inputs(x), [self.logits], s, op="lm_head"))
             else:
-                kv = [x, *self.cache.layer_outputs(i)]
+                if spec.is_linear(i):          # outputs: rows, conv state, recurrent state
+                    if role == "mlp":
+                        ins, outs = self.mlp_inputs(x, i), [x]
+                    else:
+                        ins = self.linear_inputs(x, i) + (
+                            self.mlp_inputs(x, i)[1:] if role == "layer" else [])
+                        outs = [x, *self.states[i]]
+                    launches.append(Launch(design, ins, outs, s, op=f"layer{i}.{role}"))
+                    continue
+                kv = [x, *self.cache.layer_outputs(self.kv_index[i])]
+                route = [self.rows_view(self.route, rows)] if spec.is_moe(i) else []
                 ins = {"attention": self.attention_inputs(x, i), "mlp": self.mlp_inputs(x, i),
+                       "moe": self.mlp_inputs(x, i),
                        "layer": self.attention_inputs(x, i) + self.mlp_inputs(x, i)[1:]}[role]
-                launches.append(Launch(design, ins, [x] if role == "mlp" else kv, s,
-                                       op=f"layer{i}.{role}"))
+                outs = {"attention": kv, "mlp": [x], "moe": [x, *route], "layer": kv + route}[role]
+                launches.append(Launch(design, ins, outs, s, op=f"layer{i}.{role}"))
         prog = Program(launches, name=f"{spec.family}.{'decode' if rows == 1 else 'prefill'}")
         self._programs[key] = prog
         return prog
+
+    def linear_inputs(self, x: TensorArg, i: int) -> list[TensorArg]:
+        """Layer i's DeltaNet-block operands, in the design's order (activations `x` first)."""
+        w, p = self.w, f"layers.{i}."
+        return [x, *w[p + "attn_norm"], *w[p + "lin_in"], *w[p + "lin_conv"], *w[p + "lin_dt"],
+                *w[p + "lin_alog"], *w[p + "lin_norm"], *w[p + "lin_out"]]
+
+    def snapshot_state(self) -> list[torch.Tensor] | None:
+        """Host copies of the recurrent states (linear attention), so several samples can start
+        from one prefill; None when the model has none (rewinding the KV length suffices)."""
+        if not self.states:
+            return None
+        return [self.dev.download(a).clone() for pair in self.states.values() for a in pair]
+
+    def restore_state(self, snap: list[torch.Tensor] | None) -> None:
+        if snap is None:
+            return
+        for a, t in zip((a for pair in self.states.values() for a in pair), snap):
+            self.dev.write(a.buffer, t, a.offset)
+
+    def embed_inputs(self, ids: TensorArg) -> list[TensorArg]:
+        """The embedding launch's operands: the table, the ids (and the position table)."""
+        pos = [*self.w["pos_embed"]] if self.spec.learned_positions else []
+        return [*self.w["embed"], ids, *pos]
+
+    def head_inputs(self, x: TensorArg) -> list[TensorArg]:
+        """The head launch's operands: rows, final norm (and its bias), lm_head."""
+        bias = [*self.w["final_norm_bias"]] if self.spec.layer_norm else []
+        return [x, *self.w["final_norm"], *bias, *self.w["lm_head"]]
 
     def attention_inputs(self, x: TensorArg, i: int) -> list[TensorArg]:
         """Layer i's attention-block operands, in the design's order (activations `x` first)."""
         spec, w, p = self.spec, self.w, f"layers.{i}."
         ins = [x, *w[p + "attn_norm"]]
+        if spec.layer_norm:
+            ins += [*w[p + "attn_norm_bias"]]
         if spec.qk_norm:
             ins += [*w[p + "q_norm"], *w[p + "k_norm"]]
-        ins += [*w[p + "qkv"], *w[p + "o"]]
+        ins += [*w[p + "qkv"]] + ([*w[p + "qkv_bias"]] if spec.linear_bias else [])
+        ins += [*w[p + "o"]] + ([*w[p + "o_bias"]] if spec.linear_bias else [])
         if spec.sandwich_norms:
             ins += [*w[p + "attn_post_norm"]]
-        return ins + list(self.rope[spec.layer_rope[i]])
+        return ins + (list(self.rope[spec.layer_rope[i]]) if spec.ropes else [])
 
     def mlp_inputs(self, x: TensorArg, i: int) -> list[TensorArg]:
         """Layer i's MLP-block operands, in the design's order (activations `x` first)."""
         spec, w, p = self.spec, self.w, f"layers.{i}."
-        ins = [x, *w[p + "mlp_norm"], *w[p + "gate_up"], *w[p + "down"]]
+        if spec.is_moe(i):
+            return [x, *w[p + "mlp_norm"], *w[p + "router"], *w[p + "experts_gate_up"],
+                    *w[p + "experts_down"]]
+        b = spec.linear_bias
+        ins = [x, *w[p + "mlp_norm"]] + ([*w[p + "mlp_norm_bias"]] if spec.layer_norm else [])
+        ins += [*w[p + "gate_up"]] + ([*w[p + "gate_up_bias"]] if b else [])
+        ins += [*w[p + "down"]] + ([*w[p + "down_bias"]] if b else [])
         if spec.sandwich_norms:
             ins += [*w[p + "mlp_post_norm"]]
         return ins
@@ -363,6 +462,7 @@ def estimate_step(spec: DecoderSpec, policy: PrecisionPolicy, cost, rows: int, p
             out["terms_us"][name] = out["terms_us"].get(name, 0.0) + v
     out["dram_bytes"] = sum(p.dram_read_bytes + p.dram_write_bytes for p in plans)
     out["weight_bytes"] = sum(p.notes.get("weight_bytes", 0) for p in plans)
+    out["expert_bytes"] = sum(p.notes.get("expert_bytes", 0) for p in plans)
     out["kv_bytes"] = sum(p.notes.get("kv_read_bytes", 0) + p.notes.get("kv_write_bytes", 0)
                           for p in plans)
     return out

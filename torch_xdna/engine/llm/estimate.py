@@ -96,6 +96,7 @@ def estimate(spec: DecoderSpec, precision="bf16", context: int = 1024, *, group:
         "kv_dtype": kv_dtype, "max_positions": spec.max_positions,
         "beyond_model_max": context > spec.max_positions,
         "params_m": spec.params() / 1e6, "layers": spec.layers,
+        "active_params_m": spec.params(active=True) / 1e6,
         "modeled_decode_ms_per_token": decode_us / 1e3,
         "modeled_decode_tok_s": 1e6 / decode_us,
         "dispatches_per_token": step["dispatches"], "launches_per_token": step["launches"],
@@ -105,6 +106,7 @@ def estimate(spec: DecoderSpec, precision="bf16", context: int = 1024, *, group:
         "mb_per_token": step["dram_bytes"] / 1e6,
         "weight_mb_per_token": step["weight_bytes"] / 1e6,
         "kv_mb_per_token": step["kv_bytes"] / 1e6,
+        "expert_mb_per_token": step["expert_bytes"] / 1e6,     # MoE: the chosen experts only
         "floor_ms_per_token": floor_us / 1e3, "floor_ratio": decode_us / floor_us,
         "decode_terms_ms": {k: v / 1e3 for k, v in step["terms_us"].items()},
         "modeled_prefill_ms": prefill_us / 1e3,

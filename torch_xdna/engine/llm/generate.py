@@ -234,6 +234,7 @@ class Engine:
         budget = min(config.max_tokens, dec.capacity - len(prompt))
         logits = dec.forward(prompt[reused:]) if budget > 0 and not cancelled() else None
         modeled_prefill_us = counters.take()["modeled_us"]
+        snap = dec.snapshot_state() if config.n > 1 else None    # linear attention: the states
         for index in range(config.n):
             seed = config.seed
             if seed is not None and index:                 # distinct, reproducible samples
@@ -243,6 +244,7 @@ class Engine:
                               processors(), config.logprobs)
             if index:
                 dec.cache.length = len(prompt)
+                dec.restore_state(snap)
                 t0 = time.perf_counter()
                 counters.take()
             yield from self._sample(prompt, config, sampler, logits, budget, cancelled,
@@ -401,7 +403,8 @@ def load_decoder(model_dir: str | Path, precision: str | Mapping[str, str] = "au
                       prefill_chunk=prefill_chunk, device=device, layout=layout, kv_dtype=kv_dtype)
     engine = Engine(files, decoder, tok)
     size = default_max_bytes(device) if prefix_cache is None else int(prefix_cache)
-    if size > 0 and kv_dtype == "bf16":     # blocks hold K/V rows only, not int8 KV's scales
+    # blocks hold K/V rows only: not int8 KV's scales, nor a linear-attention layer's state
+    if size > 0 and kv_dtype == "bf16" and not files.spec.layer_kinds:
         engine.prefix_cache = PrefixCache(size)
     return engine
 

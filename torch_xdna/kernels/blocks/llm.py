@@ -1,12 +1,17 @@
 """Fused decoder-LLM blocks: the few designs a token runs through (1 launch per layer by default).
 
   EmbedDesign           ids -> rows of the (possibly quantized) embedding table, times a scale
+  PosEmbedDesign        the same plus learned absolute positions (OPT)
   AttentionBlockDesign  input norm + QKV + optional QK-norm + RoPE + KV-cache write + attention over
                         the cache + o_proj (+ Gemma post-norm) + residual
   MlpBlockDesign        norm + gate/up + act*mul + down (+ Gemma post-norm) + residual
   HeadDesign            final norm + lm_head (+ logit soft-capping) for one row
   DecoderLayerDesign    attention block + MLP block as one launch (the default "layer" layout;
                         the "block" layout launches the two blocks separately)
+
+Family differences are fields: RMSNorm or LayerNorm + bias, projection biases, RoPE (whole or
+partial) or learned positions, a gated or plain MLP, an attention output gate (Qwen3.5). The
+mixture-of-experts and linear-attention blocks are in blocks/moe.py and blocks/linear_attn.py.
 
 Numerics (reference): the NPU's policy of kernels/numerics.py, i.e. bf16 operands and fp32
 accumulation; quantized weights are dequantized on the core to bf16 (`dequantize`). Precision
@@ -37,7 +42,7 @@ from torch_xdna.kernels.blocks import llm_stages
 from torch_xdna.kernels.blocks.operands import KV_MIRROR
 from torch_xdna.kernels.blocks.toolkit import (
     KV_TILE, attend, combine_plans, fused_plan, gemm_plan, inference_mode, kv_bucket, kv_launch_plan,
-    matmul, operand_rounding, prologue, qk_norm_weight, resident_operand, rms_norm, rope,
+    layer_norm, matmul, operand_rounding, prologue, qk_norm_weight, resident_operand, rms_norm, rope,
     signed_sin, take_inputs, vector_plan,
 )
 from torch_xdna.kernels.blocks.weights import (  # noqa: F401  (PRECISIONS: named from here by callers)
@@ -114,6 +119,30 @@ class EmbedDesign(Design):
 
 
 @dataclass(frozen=True)
+class PosEmbedDesign(EmbedDesign):
+    """x[:n] = table[ids[:n]] + positions[pos + offset ...] (learned absolute positions, OPT).
+    inputs: *table, ids int32 [rows], positions [P, H] (bf16; fp32 in verification mode).
+    scalars: pos (first position; batched decode: one position per row, a tuple)."""
+
+    offset: int = 0
+    tables_per_row = 2
+
+    @property
+    def name(self) -> str:
+        return f"{self.family}.pos_embed[{self.precision}]"
+
+    @inference_mode
+    def reference(self, inputs, outputs, pos=0, n: int | None = None, **_: Any) -> None:
+        n = self.rows if n is None else n
+        nt = weight_tensors(self.precision)
+        ids = inputs[nt][:n].long()
+        rows = dequantize([t[ids] for t in inputs[:nt]], self.precision, self.group)
+        at = (torch.tensor(pos[:n]) if isinstance(pos, tuple) else torch.arange(pos, pos + n))
+        table = resident_operand(inputs[nt + 1], self.precision == "fp32")
+        outputs[0][:n].copy_(rows + table[at + self.offset])
+
+
+@dataclass(frozen=True)
 class DecoderBlockDesign(Design):
     """What the decoder blocks share: rows of width `hidden` in, an RMSNorm (eps, weight
     offset) first, weights stored in `precision` (scale groups of `group`). Named
@@ -126,10 +155,22 @@ class DecoderBlockDesign(Design):
     eps: float
     norm_offset: float
     label = "block"
+    layer_norm = False      # LayerNorm + bias instead of RMSNorm (a field where a block has it)
+    bias = False            # biases on the projections
 
     @property
     def name(self) -> str:
         return f"llm.{self.label}[{self.precision}]"
+
+    def norm_bias(self, inputs, exact: bool) -> tuple[torch.Tensor | None, int]:
+        """The input norm's bias (LayerNorm blocks) and the index of the next input."""
+        return (resident_operand(inputs[2], exact), 3) if self.layer_norm else (None, 2)
+
+    def normalize(self, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, rnd) -> torch.Tensor:
+        """The block's input norm: RMSNorm, or LayerNorm with its bias."""
+        if self.layer_norm:
+            return layer_norm(x, w, b, self.eps, rnd)
+        return rms_norm(x, w, self.eps, self.norm_offset, rnd)
 
 
 @dataclass(frozen=True)
@@ -159,6 +200,11 @@ class AttentionBlockDesign(DecoderBlockDesign):
     cache_bytes: int = 2        # per cached element (bf16; 4 in the fp32 verification mode)
     kv_dtype: str = DEFAULT_KV_DTYPE   # bf16 (fp32 in verification mode) or int8 + scales
     kv_tile: int = 0            # keys per K/V tile (0: kv_tile_for(head_dim))
+    layer_norm: bool = False
+    bias: bool = False          # q/k/v bias [(Hq+2Hkv)D] after w_qkv, o bias [H] after w_o
+    rope: bool = True           # False: positions come from the embedding (no cos/sin inputs)
+    output_gate: bool = False   # w_qkv also holds a gate [Hq*D] after v: o_proj(attn * sigmoid(gate))
+    rotary_dim: int = 0         # partial RoPE over each head's first rotary_dim dims (0: all)
     kind = "llm_attention"
     label = "attention"
 
@@ -185,29 +231,39 @@ class AttentionBlockDesign(DecoderBlockDesign):
         n, exact, rnd, x, ln = prologue(self, inputs, n)
         nt = weight_tensors(self.precision)
         hq, hkv, d = self.heads, self.kv_heads, self.head_dim
-        i = 2
+        lnb, i = self.norm_bias(inputs, exact)
         if self.qk_norm:
-            qk_w = qk_norm_weight(inputs[2], inputs[3], hq, hkv, exact)
-            i = 4
+            qk_w = qk_norm_weight(inputs[i], inputs[i + 1], hq, hkv, exact)
+            i += 2
         wqkv, i = take_inputs(inputs, i, nt)
+        if self.bias:
+            bqkv, i = resident_operand(inputs[i], exact), i + 1
         wo, i = take_inputs(inputs, i, nt)
+        if self.bias:
+            bo, i = resident_operand(inputs[i], exact), i + 1
         if self.post_norm:
             pn = resident_operand(inputs[i], exact)
             i += 1
-        cos_t, sin_t = resident_operand(inputs[i], exact), signed_sin(inputs[i + 1], exact)
         out, kc, vc = outputs[:3]
         xs = x if n == x.shape[0] else x[:n]
-        h = rms_norm(xs, ln, self.eps, self.norm_offset, rnd)
+        h = self.normalize(xs, ln, lnb, rnd)
         # every use of q, k and v takes them as operands: round the projection once
-        qkv = rnd(matmul(h, wqkv, self.precision, self.group, rnd)).view(n, hq + 2 * hkv, d)
+        qkv = matmul(h, wqkv, self.precision, self.group, rnd)
+        qkv = rnd(qkv.add_(bqkv) if self.bias else qkv).view(n, -1, d)
         qk, v = qkv.narrow(1, 0, hq + hkv), qkv.narrow(1, hq + hkv, hkv)
         if self.qk_norm:               # q and k heads normalized together (per-head weights)
             qk = rms_norm(qk, qk_w, self.eps, self.norm_offset, rnd, rounded=True, round_out=True)
-        cos = cos_t[pos:pos + n].unsqueeze(1)
-        sin = sin_t[pos:pos + n].unsqueeze(1)
-        # the cache stores operand(k); attention takes operand(q)
-        r = host_gemv.rope(qk, cos, sin) if rnd is host_gemv.operand else None
-        qk = rnd(rope(qk, cos, sin)) if r is None else r
+        if self.rope:
+            cos_t, sin_t = resident_operand(inputs[i], exact), signed_sin(inputs[i + 1], exact)
+            cos = cos_t[pos:pos + n].unsqueeze(1)
+            sin = sin_t[pos:pos + n].unsqueeze(1)
+            rd = self.rotary_dim or d
+            if rd < d:                   # partial RoPE: the other dims pass through
+                qk = torch.cat([rnd(rope(qk[..., :rd], cos, sin)), qk[..., rd:]], dim=-1)
+            else:
+                # the cache stores operand(k); attention takes operand(q)
+                r = host_gemv.rope(qk, cos, sin) if rnd is host_gemv.operand else None
+                qk = rnd(rope(qk, cos, sin)) if r is None else r
         k_new, v_new = qk.narrow(1, hq, hkv).transpose(0, 1), v.transpose(0, 1)
         end = pos + n
         tkv = self.tkv
@@ -237,7 +293,11 @@ class AttentionBlockDesign(DecoderBlockDesign):
                    softcap=self.softcap, exact=exact, rounded=True, tkv=tkv, splits=self.splits,
                    valid=valid, host=rnd is host_gemv.operand)
         a = a.transpose(0, 1).reshape(n, hq * d)
+        if self.output_gate:
+            a = a * torch.sigmoid(qkv.narrow(1, hq + 2 * hkv, hq).reshape(n, hq * d))
         o = matmul(a, wo, self.precision, self.group, rnd)
+        if self.bias:
+            o = o.add_(bo)
         if self.post_norm:
             o = rms_norm(o, pn, self.eps, self.norm_offset, rnd)
         (out if n == out.shape[0] else out[:n]).copy_(o.add_(xs))   # x + o (IEEE: commutes)
@@ -260,7 +320,7 @@ class AttentionBlockDesign(DecoderBlockDesign):
         items with no split-KV and a visit of every key per query tile)."""
         name = f"{self.name} rows={self.rows} kv={kv_len}"
         m, h, d = self.rows, self.hidden, self.head_dim
-        qkv_n = (self.heads + 2 * self.kv_heads) * d
+        qkv_n = (self.heads * (2 if self.output_gate else 1) + 2 * self.kv_heads) * d
         q = m // sequences
         keys = kv_len if self.window is None else min(kv_len, round_up(self.window + q, KV_TILE))
         splits = self.splits if sequences == 1 else decode_splits(self.kv_heads, q)
@@ -276,10 +336,12 @@ class AttentionBlockDesign(DecoderBlockDesign):
                 vector_plan(gen, "mul", m, qkv_n, 2),
                 gemm_plan(gen, m, self.heads * d, h, self.precision, group=self.group))
         norm, qkv, rope, o_proj = fixed[gen.name]
-        stages = [norm, qkv, rope, attn, o_proj]
+        stages = [norm, qkv, rope, attn, o_proj] if self.rope else [norm, qkv, attn, o_proj]
         w = (weight_bytes(qkv_n, h, self.precision, self.group)
              + weight_bytes(h, self.heads * d, self.precision, self.group))
-        small = (h + (2 * d if self.qk_norm else 0) + (h if self.post_norm else 0)) * 2 + 2 * m * d * 4
+        small = (h + (2 * d if self.qk_norm else 0) + (h if self.post_norm else 0)
+                 + (h if self.layer_norm else 0) + (qkv_n + h if self.bias else 0)) * 2
+        small += 2 * m * d * 4 if self.rope else 0
         kv_read = int(2 * self.kv_heads * keys * d * self.kv_elem_bytes)
         kv_write = int(2 * self.kv_heads * m * d * self.kv_elem_bytes)
         read = w + small + kv_read + m * h * 4
@@ -313,6 +375,9 @@ class MlpBlockDesign(DecoderBlockDesign):
     intermediate: int
     act: str = "silu"
     post_norm: bool = False
+    layer_norm: bool = False
+    bias: bool = False          # up (or gate_up) bias after w_gate_up, down bias after w_down
+    gated: bool = True          # False: down(act(up(h))), w_gate_up holds up only [I, H]
     kind = "llm_mlp"
     label = "mlp"
 
@@ -320,15 +385,25 @@ class MlpBlockDesign(DecoderBlockDesign):
     def reference(self, inputs, outputs, pos: int = 0, n: int | None = None, **_: Any) -> None:
         n, exact, rnd, x, ln = prologue(self, inputs, n)
         nt = weight_tensors(self.precision)
-        wgu, i = take_inputs(inputs, 2, nt)
+        lnb, i = self.norm_bias(inputs, exact)
+        wgu, i = take_inputs(inputs, i, nt)
+        if self.bias:
+            bgu, i = resident_operand(inputs[i], exact), i + 1
         wd, i = take_inputs(inputs, i, nt)
+        if self.bias:
+            bd, i = resident_operand(inputs[i], exact), i + 1
         xs = x if n == x.shape[0] else x[:n]
-        h = rms_norm(xs, ln, self.eps, self.norm_offset, rnd)
-        gu = rnd(matmul(h, wgu, self.precision, self.group, rnd))
+        h = self.normalize(xs, ln, lnb, rnd)
+        gu = matmul(h, wgu, self.precision, self.group, rnd)
+        gu = rnd(gu.add_(bgu) if self.bias else gu)
         f = self.intermediate
-        g, u = gu.narrow(1, 0, f), gu.narrow(1, f, f)
-        a = apply_epilogue(self.act, g) * u
+        if self.gated:
+            a = apply_epilogue(self.act, gu.narrow(1, 0, f)) * gu.narrow(1, f, f)
+        else:
+            a = apply_epilogue(self.act, gu)
         y = matmul(a, wd, self.precision, self.group, rnd)
+        if self.bias:
+            y = y.add_(bd)
         if self.post_norm:
             y = rms_norm(y, resident_operand(inputs[i], exact), self.eps, self.norm_offset, rnd)
         out = outputs[0]
@@ -340,13 +415,16 @@ class MlpBlockDesign(DecoderBlockDesign):
     def plan(self, gen: Generation) -> Plan:
         name = f"{self.name} rows={self.rows}"
         m, h, f = self.rows, self.hidden, self.intermediate
-        stages = [vector_plan(gen, "rms_norm", m, h),
-                  gemm_plan(gen, m, h, 2 * f, self.precision, group=self.group),
-                  vector_plan(gen, self.act, m, f), vector_plan(gen, "mul", m, f, 2),
-                  gemm_plan(gen, m, f, h, self.precision, group=self.group)]
-        w = (weight_bytes(2 * f, h, self.precision, self.group)
+        up = (2 if self.gated else 1) * f
+        stages = [vector_plan(gen, "layer_norm" if self.layer_norm else "rms_norm", m, h),
+                  gemm_plan(gen, m, h, up, self.precision, group=self.group),
+                  vector_plan(gen, self.act, m, f)]
+        stages += [vector_plan(gen, "mul", m, f, 2)] if self.gated else []
+        stages += [gemm_plan(gen, m, f, h, self.precision, group=self.group)]
+        w = (weight_bytes(up, h, self.precision, self.group)
              + weight_bytes(h, f, self.precision, self.group))
-        read = w + h * 2 * (2 if self.post_norm else 1) + m * h * 4
+        small = h * (1 + self.post_norm + self.layer_norm) + (up + h if self.bias else 0)
+        read = w + small * 2 + m * h * 4
         return fused_plan(name, self.kind, self.precision, gen, stages, read, m * h * 4, m,
                            max(h, f), {"weight_bytes": w})
 
@@ -360,14 +438,16 @@ class HeadDesign(DecoderBlockDesign):
 
     vocab: int
     softcap: float | None = None
+    layer_norm: bool = False    # final LayerNorm: its bias is the input after final_norm
     kind = "llm_head"
     label = "head"
 
     @inference_mode
     def reference(self, inputs, outputs, pos: int = 0, n: int | None = None, **_: Any) -> None:
-        n, _, rnd, x, ln = prologue(self, inputs, n)
-        w = inputs[2:2 + weight_tensors(self.precision)]
-        h = rms_norm(x[n - 1:n], ln, self.eps, self.norm_offset, rnd)
+        n, exact, rnd, x, ln = prologue(self, inputs, n)
+        lnb, i = self.norm_bias(inputs, exact)
+        w = inputs[i:i + weight_tensors(self.precision)]
+        h = self.normalize(x[n - 1:n], ln, lnb, rnd)
         logits = matmul(h, w, self.precision, self.group, rnd)
         if self.softcap:
             logits = torch.tanh(logits / self.softcap) * self.softcap
@@ -421,7 +501,8 @@ class DecoderLayerDesign(Design):
     @property
     def n_attention_inputs(self) -> int:
         a = self.attention
-        return 2 + (2 if a.qk_norm else 0) + 2 * weight_tensors(a.precision) + (1 if a.post_norm else 0) + 2
+        return (2 + a.layer_norm + (2 if a.qk_norm else 0) + 2 * weight_tensors(a.precision)
+                + 2 * a.bias + (1 if a.post_norm else 0) + 2 * a.rope)
 
     def reference(self, inputs, outputs, **scalars: Any) -> None:
         if numerics.layer_order() == "plan":        # the stage programs' order (txn-identical)

@@ -78,6 +78,8 @@ def unsupported(layer, n: int | None = None) -> str | None:
         (not a.qk_norm, "no q/k norm (the qk stage kernel normalizes; rope-only not lowered)"),
         (a.post_norm or m.post_norm, "post-norms"),
         (m.act != "silu", f"MLP activation {m.act} (silu only)"),
+        (a.layer_norm or a.bias or not a.rope or not getattr(m, "gated", True),
+         "LayerNorm, biases, learned positions or a non-gated MLP (OPT-style blocks)"),
         (not 0 < rows <= a.rows, f"{rows} valid rows of {a.rows}"),
     )
     for bad, why in checks:

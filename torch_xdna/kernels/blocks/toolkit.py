@@ -97,6 +97,13 @@ def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float, offset: float, rnd,
     return rnd(y) if round_out else y
 
 
+def layer_norm(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, eps: float, rnd) -> torch.Tensor:
+    """LayerNorm of operand(x) (mean and variance in fp32) times w plus b; `w` and `b` are
+    operands already (resident_operand). OPT-style blocks."""
+    x = rnd(x)
+    return torch.nn.functional.layer_norm(x, (x.shape[-1],), w, b, eps)
+
+
 def linear(x: torch.Tensor, w: torch.Tensor, rnd, precision: str = "") -> torch.Tensor:
     x = rnd(x)
     if precision == "bfp16":                     # the bfp16 mmul takes both operands as blocks

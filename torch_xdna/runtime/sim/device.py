@@ -98,7 +98,14 @@ class SimDevice(Device):
             with order.using(self.gen), launch_threads(plan.macs):
                 design.reference(ins, outs, **launch.scalars)
         host_us = (time.perf_counter() - t0) * 1e6 if self.trace is not None else 0.0
-        self._charge(launch, plan, chained, program, stream, host_us)
+        self._charge(launch, self._routed(launch, plan, outs), chained, program, stream, host_us)
+
+    def _routed(self, launch: Launch, plan: Plan, outs) -> Plan:
+        """A design whose traffic depends on the data it just computed (a mixture-of-experts
+        block streams only the experts its router chose) is charged after its reference,
+        through its `routed_plan(gen, outputs, **scalars)`."""
+        routed = getattr(launch.design, "routed_plan", None)
+        return plan if routed is None else routed(self.gen, outs, **launch.scalars)
 
     def _charge(self, launch: Launch, plan: Plan, chained: bool, program: str = "",
                 stream=None, host_us: float = 0.0) -> None:
@@ -165,13 +172,14 @@ class SimDevice(Device):
                     [sum(pl.macs for pl in ps) for ps in plans])
             finally:
                 torch.set_num_threads(threads)
-            for p, ps, err in zip(programs, plans, errors):
+            for p, ps, v, err in zip(programs, plans, views, errors):
                 if err is not None:            # as run_program: the failing program is not charged
                     raise err
                 self.submission_context = p.key
                 try:
-                    for i, (launch, plan) in enumerate(zip(p.launches, ps)):
-                        self._charge(launch, plan, chained=i > 0, program=p.name)
+                    for i, (launch, plan, (_, outs)) in enumerate(zip(p.launches, ps, v)):
+                        self._charge(launch, self._routed(launch, plan, outs), chained=i > 0,
+                                     program=p.name)
                 finally:
                     self.submission_context = None
                 self._count_program(p)
