@@ -68,6 +68,8 @@ class Stage:
 def unsupported(layer, n: int | None = None) -> str | None:
     """Why this layer does not run as stages (None: it does)."""
     a, m = layer.attention, layer.mlp
+    if a.kind != "llm_attention":
+        return f"{type(a).__name__} token mixer (only softmax attention is lowered as stages)"
     rows = a.rows if n is None else n
     checks = (
         (a.precision not in STAGED_PRECISIONS or m.precision != a.precision or m.group != a.group,
