@@ -43,8 +43,10 @@ def register(subparsers) -> None:
                    help="require 'Authorization: Bearer KEY' on /v1 and /metrics "
                         "(default: $XDNA_API_KEY, else no key)")
     p.add_argument("--model", action="append", default=[], metavar="[NAME=]DIR",
-                   help="serve a Hugging Face encoder (embeddings) or decoder (chat) directory; "
-                        "repeatable")
+                   help="serve a Hugging Face encoder (embeddings) or decoder (chat) directory, a "
+                        "GGUF file (FILE.gguf,tokenizer=DIR: with the original tokenizer), a "
+                        "CTranslate2 Whisper directory or a packaged checkpoint's name; each is "
+                        "checked at startup; repeatable")
     p.add_argument("--no-default-model", action="store_true",
                    help="do not serve the bundled all-MiniLM-L6-v2")
     p.add_argument("--max-queue", type=positive_int, default=64,
