@@ -186,14 +186,14 @@ def test_q4_k_m_dequantized_and_said(tmp_path, tok_dir, spm_dir):
     auto.close()
 
 
-@pytest.mark.parametrize("pre", ("qwen2", "llama-bpe", "default"))
+@pytest.mark.parametrize("pre", ("qwen2", "llama-bpe", "gpt-2"))
 def test_gpt2_tokenizer_and_template_rebuilt(models, tmp_path, tok_dir, spm_dir, pre):
     from tokenizers import Tokenizer
     from torch_xdna.models.gguf import gguf_tokenizer
     from torch_xdna.models.tokenizer import Tokenizer as DirTokenizer
     path = _write(tmp_path, "qwen3", models["qwen3"], "F16", tok_dir, spm_dir, pre)
     tok = gguf_tokenizer(open_gguf(path))
-    if pre == "default":                 # the vocabulary was trained with GPT-2's split
+    if pre == "gpt-2":                   # the vocabulary was trained with GPT-2's split
         orig = Tokenizer.from_file(str(tok_dir / "tokenizer.json"))
         want = lambda s: orig.encode(s).ids                  # noqa: E731
     else:                                # other splits: transformers' own GGUF tokenizer rebuild

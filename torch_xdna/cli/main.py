@@ -14,7 +14,8 @@ from torch_xdna.runtime import settings
 COMMANDS = {"info": "npu", "demo": "tools", "doctor": "npu", "serve": "jobs", "embed": "jobs",
             "generate": "jobs", "estimate": "tools", "profile": "npu", "design": "npu",
             "kernels": "npu", "selftest": "npu", "conformance": "tools", "transcribe": "jobs",
-            "upscale": "jobs", "rerank": "jobs", "bench": "tools", "pull": "jobs"}
+            "upscale": "jobs", "rerank": "jobs", "bench": "tools", "pull": "jobs",
+            "accuracy": "tools"}
 
 EPILOG = """\
 examples:

@@ -4,9 +4,10 @@ Read with the `gguf` package (PyPI gguf, ggml-org/llama.cpp gguf-py). What a fil
 into the same things a HF directory gives the engine:
   - a HF-style config dict from the `{arch}.*` keys (qwen3, llama, gemma3), so models/families.py
     builds the DecoderSpec and refuses unsupported features by name, as for config.json;
-  - a `tokenizers` tokenizer from `tokenizer.ggml.*`: "gpt2" byte-level BPE (Qwen3, Llama 3) and
-    "llama" SentencePiece BPE (Gemma, Llama 2), special tokens, BOS rule, chat template; any other
-    tokenizer model is refused with the fix (--tokenizer DIR);
+  - a `tokenizers` tokenizer from `tokenizer.ggml.*`: "gpt2" byte-level BPE with every
+    pre-tokenizer split llama.cpp names (models/gguf_pre.py) and "llama" SentencePiece BPE
+    (Gemma, Llama 2), special tokens, BOS rule, chat template; any other tokenizer model is
+    refused with the fix (--tokenizer DIR);
   - HF-named fp32 tensors, undoing what llama.cpp's convert_hf_to_gguf.py did on the way in:
     llama-arch Q/K rows permuted for its interleaved RoPE (LlamaModel.permute), Gemma norm weights
     stored as 1 + w (Gemma3Model.norm_shift), Llama 3 RoPE scaling as a `rope_freqs` tensor;
@@ -25,6 +26,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from torch_xdna.models import gguf_pre
 from torch_xdna.models.hf import ModelDirError
 
 log = logging.getLogger("torch_xdna.gguf")
@@ -34,15 +36,6 @@ QK = 32                                   # block size of Q8_0 / Q4_0 (ggml-comm
 # tokenizer.ggml.token_type values (llama.cpp llama-vocab.h / gguf TokenType)
 TT_NORMAL, TT_UNKNOWN, TT_CONTROL, TT_USER_DEFINED, TT_UNUSED, TT_BYTE = 1, 2, 3, 4, 5, 6
 
-# Pre-tokenizer split regexes by tokenizer.ggml.pre, as in the models' tokenizer.json files
-# (Meta Llama 3 / Qwen2 tokenizers; also listed in transformers integrations/gguf).
-_LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
-                 r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
-_QWEN2_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
-                r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
-PRE_SPLITS = {"llama3": _LLAMA3_SPLIT, "llama-v3": _LLAMA3_SPLIT, "llama-bpe": _LLAMA3_SPLIT,
-              "smaug-bpe": _LLAMA3_SPLIT, "qwen2": _QWEN2_SPLIT, "deepseek-r1-qwen": _QWEN2_SPLIT}
-GPT2_PRES = ("gpt-2", "default", "gpt2")
 
 
 def is_gguf(path: str | Path) -> bool:
@@ -371,8 +364,7 @@ def _merges_from_scores(vocab: dict[str, int], scores: dict[str, float]) -> list
 
 def build_tokenizer(g: GGUFModel):
     """(tokenizers.Tokenizer, {bos_token, eos_token, chat_template}) from tokenizer.ggml.*."""
-    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers
-    from tokenizers import pre_tokenizers, processors
+    from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, processors
     m = g.meta
     kind = m.get("tokenizer.ggml.model")
     tokens = m.get("tokenizer.ggml.tokens")
@@ -386,20 +378,13 @@ def build_tokenizer(g: GGUFModel):
         merges = [tuple(x.split(" ", 1)) for x in (m.get("tokenizer.ggml.merges") or [])]
         if not merges:
             raise _err(g.path, "gpt2 tokenizer without tokenizer.ggml.merges; pass --tokenizer DIR")
-        tok = Tokenizer(models.BPE(vocab, merges, ignore_merges=False))
-        pre = m.get("tokenizer.ggml.pre", "default")
-        if pre in PRE_SPLITS:
-            tok.pre_tokenizer = pre_tokenizers.Sequence([
-                pre_tokenizers.Split(Regex(PRE_SPLITS[pre]), behavior="isolated"),
-                pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
-        elif pre in GPT2_PRES:
-            tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-        else:
-            raise _err(g.path, f"tokenizer.ggml.pre {pre!r} (the pre-tokenizer split) is not known "
-                               f"here (known: {', '.join([*PRE_SPLITS, *GPT2_PRES])}); pass "
-                               "--tokenizer DIR with the original tokenizer.json")
+        rule = gguf_pre.lookup(m.get("tokenizer.ggml.pre"))
+        if isinstance(rule, str):
+            raise _err(g.path, rule)
+        regexes, ignore_merges, add_bos_default = rule
+        tok = Tokenizer(models.BPE(vocab, merges, ignore_merges=ignore_merges))
+        tok.pre_tokenizer = gguf_pre.pre_tokenizer(regexes)
         tok.decoder = decoders.ByteLevel()
-        add_bos_default = False
     else:
         scores = list(m.get("tokenizer.ggml.scores") or [0.0] * len(tokens))
         if g.arch == "gemma3":

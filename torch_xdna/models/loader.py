@@ -51,8 +51,10 @@ class ModelFiles:
 
 def read_model(model_dir: str | Path) -> ModelFiles:
     """The validated description of a decoder directory (models/validate.py: config, generation
-    config, tokenizer + chat template, weight shapes), before any weight is read."""
-    d = Path(model_dir)
+    config, tokenizer + chat template, weight shapes), before any weight is read.
+    A packaged checkpoint's name (models/packaged.py) stands for its file."""
+    from torch_xdna.models.packaged import resolve
+    d = resolve(model_dir)
     if d.is_file():
         return read_gguf(d)
     if d.suffix.lower() == ".gguf":

@@ -111,9 +111,9 @@ def _specials(model_dir: Path) -> dict[str, int]:
             if isinstance(t, dict) and "content" in t and "id" in t}
 
 
-def read_decoding_tokens(model_dir: Path, cfg: dict) -> DecodingTokens:
+def read_decoding_tokens(model_dir: Path, cfg: dict, gen: dict | None = None) -> DecodingTokens:
     gpath = model_dir / "generation_config.json"
-    g = read_json(gpath) if gpath.is_file() else {}
+    g = read_json(gpath) if gpath.is_file() else (gen or {})
     sp = _specials(model_dir)
     start = g.get("decoder_start_token_id", cfg.get("decoder_start_token_id",
                                                     sp.get("<|startoftranscript|>")))
@@ -149,10 +149,18 @@ class WhisperFiles:
     path: Path
     spec: WhisperSpec
     tokens: DecodingTokens
+    weights: dict[str, torch.Tensor] | None = None     # a CTranslate2 directory's, already read
 
 
 def read_whisper(model_dir: str | Path) -> WhisperFiles:
-    path = Path(model_dir).expanduser()
+    """A HF Whisper directory, or a CTranslate2 one (faster-whisper's; models/ct2.py)."""
+    from torch_xdna.models import ct2
+    from torch_xdna.models.packaged import resolve
+    path = resolve(model_dir)
+    if path.is_dir() and ct2.is_ct2_dir(path):
+        cfg, gen, sd = ct2.read_ct2_whisper(path)
+        spec = WhisperSpec.from_config(cfg, path / "model.bin", name=path.resolve().name)
+        return WhisperFiles(path, spec, read_decoding_tokens(path, cfg, gen), sd)
     cfg = read_config(path)
     if cfg.get("model_type") != "whisper":
         raise ModelDirError(f"{path / 'config.json'}: model_type {cfg.get('model_type')!r} is not "
@@ -163,7 +171,7 @@ def read_whisper(model_dir: str | Path) -> WhisperFiles:
 
 def load_whisper_weights(files: WhisperFiles) -> dict[str, torch.Tensor]:
     """The state dict with the "model." prefix removed; proj_out tied to embed_tokens if absent."""
-    sd = load_state_dict(files.path)
+    sd = files.weights if files.weights is not None else load_state_dict(files.path)
     out = {(k[6:] if k.startswith("model.") else k): v for k, v in sd.items()}
     out.setdefault("proj_out.weight", out.get("decoder.embed_tokens.weight"))
     spec = files.spec

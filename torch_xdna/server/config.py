@@ -43,8 +43,9 @@ class ServerConfig:
 
 
 def parse_model_arg(spec: str) -> tuple[str | None, str]:
-    """"DIR" or "NAME=DIR" -> (name or None, dir); an existing directory is never split."""
-    if "=" not in spec or Path(spec).expanduser().is_dir():
+    """"DIR" or "NAME=DIR" -> (name or None, dir); an existing directory is never split, nor
+    a ",tokenizer=DIR" suffix (server/registry.py)."""
+    if "=" not in spec.split(",tokenizer=")[0] or Path(spec).expanduser().is_dir():
         return None, spec
     name, _, path = spec.partition("=")
     return name or None, path

@@ -17,7 +17,7 @@ log = logging.getLogger("torch_xdna.server")
 
 
 class ModelLoadFailed(Exception):
-    """A served model could not be made resident (details in the server log, not the client's)."""
+    """A served model could not be made resident: (model id, the client's one-line cause)."""
 
 
 def client_gone() -> APIError:
@@ -43,9 +43,9 @@ def as_api_error(e: BaseException) -> APIError:
                              "fewer or shorter inputs.", type="server_error",
                         code="device_out_of_memory")
     if isinstance(e, ModelLoadFailed):
-        return APIError(500, f"The model '{e.args[0]}' could not be loaded on the server; the "
-                             f"server log has the details.", type="server_error",
-                        code="model_load_failed")
+        why = e.args[1] if len(e.args) > 1 else (f"The model '{e.args[0]}' could not be "
+                                                  "loaded; the server log has the details.")
+        return APIError(500, why, type="server_error", code="model_load_failed")
     if isinstance(e, ValueError):           # the engine's verdict on this request's input
         code = "context_length_exceeded" if type(e).__name__ == "ContextOverflow" else None
         return APIError(400, getattr(e, "public_message", None) or str(e), code=code)

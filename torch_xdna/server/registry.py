@@ -37,12 +37,41 @@ class ModelEntry:
     tokenizer: EncoderTokenizer | None = None
 
 
+TOKENIZER_SUFFIX = ",tokenizer="
+
+
+def split_tokenizer(spec: str | Path) -> tuple[str, str | None]:
+    """"PATH,tokenizer=DIR" -> (PATH, DIR): a GGUF file served with the original tokenizer."""
+    text = str(spec)
+    if TOKENIZER_SUFFIX in text and not Path(text).expanduser().exists():
+        path, _, tok = text.rpartition(TOKENIZER_SUFFIX)
+        return path, tok or None
+    return text, None
+
+
+def load_failure(model_id: str, e: BaseException) -> str:
+    """One line for an API client: which model failed to load, why (no server paths) and what
+    the operator does about it."""
+    if isinstance(e, ModelDirError):
+        why = e.public_message
+    elif isinstance(e, (ModuleNotFoundError, ValueError)) and str(e):
+        why = getattr(e, "public_message", None) or str(e)
+    else:
+        why = f"{type(e).__name__} (the server log has the details)"
+    why = " ".join(why.split()).rstrip(".")
+    return (f"The model '{model_id}' could not be loaded: {why}. The server operator must fix "
+            f"or replace the files given to `xdna serve --model`; other served models still work.")
+
+
 def model_kind(model_dir: Path) -> str:
     """'rerank' for BERT-family cross-encoders (*ForSequenceClassification), 'embedding' for
     other BERT-family encoders (incl. sentence-transformers folders), 'image' for ViT/DINOv2 image
-    encoders, 'asr' for Whisper, else 'chat'."""
+    encoders, 'asr' for Whisper (HF or CTranslate2 directories), else 'chat'."""
+    from torch_xdna.models.ct2 import is_ct2_dir
     from torch_xdna.models.cross_encoder import is_cross_encoder
     from torch_xdna.models.vision import IMAGE_TYPES
+    if is_ct2_dir(model_dir):
+        return "asr"
     cfg = read_config(transformer_dir(model_dir))
     if cfg.get("model_type") == "whisper":
         return "asr"
@@ -51,6 +80,19 @@ def model_kind(model_dir: Path) -> str:
     if cfg.get("model_type") in ENCODER_TYPES:
         return "rerank" if is_cross_encoder(cfg) else "embedding"
     return "chat"
+
+
+def check_gguf(path: Path, tokenizer_dir: str | None) -> None:
+    """The quick startup check of a GGUF chat model: header and config, and the tokenizer it
+    will use (rebuilt from the file's metadata, or the given directory's tokenizer.json)."""
+    from torch_xdna.models.gguf import gguf_tokenizer
+    from torch_xdna.models.loader import read_model
+    from torch_xdna.models.tokenizer import Tokenizer
+    files = read_model(path)
+    if tokenizer_dir is None:
+        gguf_tokenizer(files.gguf)
+    else:
+        Tokenizer(Path(tokenizer_dir).expanduser())
 
 
 class ModelRegistry:
@@ -80,16 +122,24 @@ class ModelRegistry:
     def add_dir(self, model_dir: str | Path, name: str | None = None,
                 aliases: tuple[str, ...] = (), max_context: int | None = None,
                 kv_dtype: str | None = None) -> ModelEntry:
-        """Offer a HF directory; kind detected from config.json. Raises ModelDirError early."""
-        path = Path(model_dir).expanduser()
+        """Offer a HF directory, a GGUF file ("FILE.gguf,tokenizer=DIR" to use the original
+        tokenizer), a CTranslate2 Whisper directory or a packaged checkpoint's name; the kind is
+        detected from the files. Every file is checked here (config, GGUF header and tokenizer),
+        so a bad one raises ModelDirError before the server binds."""
         from torch_xdna.models.gguf import is_gguf
+        from torch_xdna.models.packaged import resolve
+        spec, tokenizer_dir = split_tokenizer(model_dir)
+        path = resolve(spec)
         gguf_file = is_gguf(path)
         if not path.is_dir() and not gguf_file:
-            raise ModelDirError(f"{model_dir}: not a directory or .gguf file; pass a Hugging Face "
-                                "model directory or a llama.cpp GGUF file")
+            raise ModelDirError(f"{spec}: not a directory or .gguf file; pass a Hugging Face "
+                                "model directory, a llama.cpp GGUF file or a CTranslate2 Whisper "
+                                "directory")
+        if tokenizer_dir is not None and not gguf_file:
+            raise ModelDirError(f"{model_dir}: ',tokenizer=DIR' is for GGUF files only; a model "
+                                "directory's own tokenizer.json is used")
         if gguf_file:
-            from torch_xdna.models.loader import read_model
-            read_model(path)                  # a broken file fails before the server binds
+            check_gguf(path, tokenizer_dir)   # a broken file fails before the server binds
         kind = "chat" if gguf_file else model_kind(path)
         if name is not None and self.find(name) is not None:
             raise ModelDirError(f"the model name {name!r} is given twice; give each --model its "
@@ -119,7 +169,8 @@ class ModelRegistry:
         else:
             from torch_xdna.server.chat import load_chat_model
             ctx, kvd = max_context or self.max_context, kv_dtype or self.kv_dtype
-            entry = ModelEntry(name, kind, lambda: load_chat_model(path, ctx, kvd), path, aliases)
+            entry = ModelEntry(name, kind, lambda: load_chat_model(path, ctx, kvd, tokenizer_dir),
+                               path, aliases)
         self.entries[name] = entry
         return entry
 

@@ -16,7 +16,7 @@ from torch_xdna.server.batching import Batcher
 from torch_xdna.server.config import ServerConfig, parse_model_arg
 from torch_xdna.server.errors import ModelLoadFailed, client_gone, shutting_down
 from torch_xdna.server.metrics import Metrics
-from torch_xdna.server.registry import ModelEntry, ModelRegistry
+from torch_xdna.server.registry import ModelEntry, ModelRegistry, load_failure
 from torch_xdna.server.schemas import APIError
 from torch_xdna.server.worker import DeviceWorker, Job, QueueFull, WorkerStopped
 
@@ -146,14 +146,14 @@ class Server:
 
     def load(self, entry: ModelEntry) -> Any:
         """The resident model of `entry` (worker thread). A load failure is logged here in full;
-        the client learns only that the model could not be loaded (no server paths)."""
+        the client learns which model, why (without server paths) and what to do."""
         try:
             return self.registry.get(entry)
         except DeviceOutOfMemory:
             raise
         except Exception as e:
             log.error("loading model %r failed: %s: %s", entry.id, type(e).__name__, e)
-            raise ModelLoadFailed(entry.id) from e
+            raise ModelLoadFailed(entry.id, load_failure(entry.id, e)) from e
 
     # -- shutdown --
     def track(self, cancel: Cancel, end_request: Callable[[], None]) -> None:

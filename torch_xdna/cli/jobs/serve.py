@@ -43,8 +43,10 @@ def register(subparsers) -> None:
                    help="require 'Authorization: Bearer KEY' on /v1 and /metrics "
                         "(default: $XDNA_API_KEY, else no key)")
     p.add_argument("--model", action="append", default=[], metavar="[NAME=]DIR",
-                   help="serve a Hugging Face encoder (embeddings) or decoder (chat) directory; "
-                        "repeatable")
+                   help="serve a Hugging Face encoder (embeddings) or decoder (chat) directory, a "
+                        "GGUF file (FILE.gguf,tokenizer=DIR: with the original tokenizer), a "
+                        "CTranslate2 Whisper directory or a packaged checkpoint's name; each is "
+                        "checked at startup; repeatable")
     p.add_argument("--alias", action="append", default=[], metavar="ALIAS=MODEL",
                    help="serve MODEL under another name too, e.g. "
                         "text-embedding-3-small=all-MiniLM-L6-v2; repeatable")
