@@ -176,10 +176,6 @@ class DeltaNetLayerDesign(DecoderLayerDesign):
     kind = "llm_deltanet_layer"
 
     @property
-    def name(self) -> str:
-        return f"llm.deltanet_layer[{self.attention.precision}/{self.mlp.precision}]"
-
-    @property
     def n_attention_inputs(self) -> int:
         return 2 + 2 * weight_tensors(self.attention.precision) + 4
 

@@ -496,7 +496,8 @@ class DecoderLayerDesign(Design):
 
     @property
     def name(self) -> str:
-        return f"llm.layer[{self.attention.precision}/{self.mlp.precision}]"
+        """llm.layer / llm.moe_layer / llm.deltanet_layer [attention/mlp precision] (from kind)."""
+        return f"llm.{self.kind.removeprefix('llm_')}[{self.attention.precision}/{self.mlp.precision}]"
 
     @property
     def n_attention_inputs(self) -> int:

@@ -191,10 +191,6 @@ class MoeLayerDesign(DecoderLayerDesign):
     kind = "llm_moe_layer"
 
     @property
-    def name(self) -> str:
-        return f"llm.moe_layer[{self.attention.precision}/{self.mlp.precision}]"
-
-    @property
     def n_kv_outputs(self) -> int:
         return 5 if self.attention.kv_dtype == "int8" else 3
 
