@@ -1,8 +1,11 @@
-"""BERT-family encoders (MiniLM, BGE, E5) as data: spec, weights and tokenizer from a HF directory.
+"""BERT-family encoders (MiniLM, BGE; XLM-R / RoBERTa: multilingual E5) as data: spec, weights
+and tokenizer from a HF directory.
 
-A sentence-transformers folder adds three facts the plain HF config lacks: the max sequence length
-and lowercasing (sentence_bert_config.json), the pooling (1_Pooling/config.json) and whether the
-output is L2-normalized (modules.json). We honor them so results match sentence-transformers.
+A sentence-transformers folder adds what the plain HF config lacks: the max sequence length and
+lowercasing, the pooling, whether the output is L2-normalized and the named prompts
+(models/st_config.py reads them). We honor them so results match sentence-transformers.
+XLM-R / RoBERTa differ from BERT in data only: position ids start after the padding id
+(`position_offset`; the table's first pad_token_id + 1 rows are never read) and one token type.
 """
 from __future__ import annotations
 
@@ -12,12 +15,14 @@ from pathlib import Path
 import torch
 
 from torch_xdna.models.hf import ModelDirError, iter_tensors, read_config, read_json
+from torch_xdna.models.st_config import SentenceConfig, read_sentence_config, transformer_dir
 
-ENCODER_TYPES = ("bert",)
+ENCODER_TYPES = ("bert", "xlm-roberta", "roberta")
+# RoBERTa-style position ids: pad_token_id + 1 + index (transformers create_position_ids_from_input_ids)
+_OFFSET_POSITIONS = ("xlm-roberta", "roberta")
 # HF hidden_act -> the epilogue name the GEMM designs know
 ACTIVATION_NAMES = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh",
                     "gelu_fast": "gelu_tanh", "relu": "relu"}
-POOLING_MODES = ("mean", "cls")
 
 
 @dataclass(frozen=True)
@@ -37,8 +42,11 @@ class EncoderSpec:
     pad_token_id: int
     max_seq_length: int      # tokens per input incl. special tokens (longer inputs are truncated)
     do_lower_case: bool      # lowercase text before tokenizing (sentence-transformers option)
-    pooling: str             # "mean" | "cls"
+    pooling: str             # one of st_config.POOLING_MODES
     normalize: bool          # L2-normalize the pooled vector
+    model_type: str = "bert"
+    position_offset: int = 0  # position ids start here (XLM-R / RoBERTa: pad_token_id + 1)
+    sentence: SentenceConfig = SentenceConfig()   # prompts, include_prompt (sentence-transformers)
 
     @property
     def head_dim(self) -> int:
@@ -55,44 +63,6 @@ def _read_json(path: Path) -> dict | list | None:
     return read_json(path)
 
 
-def transformer_dir(model_dir: str | Path) -> Path:
-    """The folder holding config.json: the root, or the Transformer module's path in modules.json."""
-    root = Path(model_dir)
-    modules = _read_json(root / "modules.json") or []
-    for m in modules if isinstance(modules, list) else []:
-        if str(m.get("type", "")).endswith("models.Transformer") and m.get("path"):
-            sub = root / m["path"]
-            if (sub / "config.json").is_file():
-                return sub
-    return root
-
-
-def _pooling_and_normalize(root: Path) -> tuple[str, bool]:
-    modules = _read_json(root / "modules.json")
-    pooling, normalize = "mean", True          # plain HF dir: the common sentence-embedding recipe
-    if isinstance(modules, list):
-        types = [str(m.get("type", "")) for m in modules]
-        normalize = any(t.endswith("models.Normalize") for t in types)
-        for m in modules:
-            if str(m.get("type", "")).endswith("models.Pooling"):
-                cfg = _read_json(root / m.get("path", "") / "config.json") or {}
-                pooling = _pooling_mode(cfg, root / m.get("path", "") / "config.json")
-    elif (root / "1_Pooling" / "config.json").is_file():
-        pooling = _pooling_mode(_read_json(root / "1_Pooling" / "config.json") or {},
-                                root / "1_Pooling" / "config.json")
-    return pooling, normalize
-
-
-def _pooling_mode(cfg: dict, path: Path) -> str:
-    if cfg.get("pooling_mode_cls_token"):
-        return "cls"
-    if cfg.get("pooling_mode_mean_tokens", True) and not any(
-            cfg.get(k) for k in ("pooling_mode_max_tokens", "pooling_mode_mean_sqrt_len_tokens",
-                                 "pooling_mode_weightedmean_tokens", "pooling_mode_lasttoken")):
-        return "mean"
-    raise ModelDirError(f"{path}: pooling mode not supported (supported: mean, cls tokens)")
-
-
 def load_spec(model_dir: str | Path, name: str | None = None) -> EncoderSpec:
     """Read an encoder spec from a HF (optionally sentence-transformers) model directory."""
     root = Path(model_dir)
@@ -101,7 +71,8 @@ def load_spec(model_dir: str | Path, name: str | None = None) -> EncoderSpec:
     mtype = cfg.get("model_type", "")
     if mtype not in ENCODER_TYPES:
         raise ModelDirError(f"{tdir}/config.json: model_type {mtype!r} is not a supported encoder "
-                            f"(supported: {', '.join(ENCODER_TYPES)}: BERT, MiniLM, BGE, E5)")
+                            f"(supported: {', '.join(ENCODER_TYPES)}: BERT, MiniLM, BGE, E5, "
+                            "multilingual E5)")
     if cfg.get("position_embedding_type", "absolute") != "absolute":
         raise ModelDirError(f"{tdir}/config.json: position_embedding_type "
                             f"{cfg['position_embedding_type']!r} not supported (only 'absolute')")
@@ -120,18 +91,24 @@ def load_spec(model_dir: str | Path, name: str | None = None) -> EncoderSpec:
     if hidden % heads:
         raise ModelDirError(f"{tdir}/config.json: hidden_size {hidden} is not a multiple of "
                             f"num_attention_heads {heads}")
-    st_cfg = _read_json(root / "sentence_bert_config.json") or {}
+    pad = int(cfg.get("pad_token_id") or 0)
+    offset = pad + 1 if mtype in _OFFSET_POSITIONS else 0
+    if offset >= max_pos:
+        raise ModelDirError(f"{tdir}/config.json: pad_token_id {pad} leaves no positions in "
+                            f"max_position_embeddings {max_pos} ({mtype} positions start at "
+                            "pad_token_id + 1)")
+    positions = max_pos - offset
+    st = read_sentence_config(root)
     tok_cfg = _read_json(tdir / "tokenizer_config.json") or {}
-    max_len = st_cfg.get("max_seq_length") or tok_cfg.get("model_max_length") or max_pos
-    max_len = min(int(max_len) if int(max_len) < 10**9 else max_pos, max_pos)
-    pooling, normalize = _pooling_and_normalize(root)
+    max_len = st.max_seq_length or tok_cfg.get("model_max_length") or positions
+    max_len = min(int(max_len) if int(max_len) < 10**9 else positions, positions)
     return EncoderSpec(
         name=name or root.resolve().name, hidden=hidden, layers=layers, heads=heads,
-        intermediate=inter, vocab=vocab, max_position=max_pos,
+        intermediate=inter, vocab=vocab, max_position=positions,
         type_vocab=int(cfg.get("type_vocab_size", 2)), eps=float(cfg.get("layer_norm_eps", 1e-12)),
-        act=act, pad_token_id=int(cfg.get("pad_token_id") or 0), max_seq_length=max_len,
-        do_lower_case=bool(st_cfg.get("do_lower_case", False)), pooling=pooling,
-        normalize=normalize)
+        act=act, pad_token_id=pad, max_seq_length=max_len, do_lower_case=st.do_lower_case,
+        pooling=st.pooling, normalize=st.normalize, model_type=mtype, position_offset=offset,
+        sentence=st)
 
 
 # --- weights -----------------------------------------------------------------------------------
@@ -159,7 +136,7 @@ def _hf_names(spec: EncoderSpec) -> dict[str, str]:
 
 def _expected_shape(spec: EncoderSpec, key: str) -> tuple[int, ...]:
     h, i = spec.hidden, spec.intermediate
-    fixed = {"word_emb": (spec.vocab, h), "pos_emb": (spec.max_position, h),
+    fixed = {"word_emb": (spec.vocab, h), "pos_emb": (spec.max_position + spec.position_offset, h),
              "type_emb": (spec.type_vocab, h), "emb_ln_w": (h,), "emb_ln_b": (h,)}
     if key in fixed:
         return fixed[key]
@@ -169,11 +146,12 @@ def _expected_shape(spec: EncoderSpec, key: str) -> tuple[int, ...]:
 
 
 def load_encoder_weights(model_dir: str | Path, spec: EncoderSpec) -> dict[str, torch.Tensor]:
-    """HF tensors under canonical names, shape-checked. Linear weights stay [out, in] as stored."""
+    """HF tensors under canonical names, shape-checked. Linear weights stay [out, in] as stored;
+    the position table starts at the spec's first position (RoBERTa: after pad_token_id + 1 rows)."""
     wanted = {hf: key for key, hf in _hf_names(spec).items()}
     found: dict[str, torch.Tensor] = {}
     for name, t in iter_tensors(transformer_dir(model_dir)):
-        for prefix in ("", "bert.", "model.", "encoder_model."):
+        for prefix in ("", "bert.", "roberta.", "model.", "encoder_model."):
             if name.startswith(prefix) and name[len(prefix):] in wanted:
                 found[wanted[name[len(prefix):]]] = t
                 break
@@ -186,6 +164,7 @@ def load_encoder_weights(model_dir: str | Path, spec: EncoderSpec) -> dict[str, 
         if tuple(t.shape) != exp:
             raise ModelDirError(f"{model_dir}: tensor {_hf_names(spec)[key]} has shape "
                                 f"{tuple(t.shape)}, config.json implies {exp}")
+    found["pos_emb"] = found["pos_emb"][spec.position_offset:]
     return found
 
 
@@ -212,6 +191,9 @@ class EncoderTokenizer:
         self.spec = spec
         self.cls_id = self._special("[CLS]", "<s>")
         self.sep_id = self._special("[SEP]", "</s>")
+        self.special_ids = frozenset(
+            {i for i in (self.cls_id, self.sep_id) if i is not None}
+            | {i for i, t in tok.get_added_tokens_decoder().items() if t.special})
 
     def _special(self, *names: str) -> int | None:
         for n in names:
@@ -226,6 +208,14 @@ class EncoderTokenizer:
     def encode(self, texts: list[str]) -> list[list[int]]:
         """Ids with special tokens, NOT truncated (the caller decides: truncate or reject)."""
         return [e.ids for e in self._tok.encode_batch([self._prep(t) for t in texts])]
+
+    def prompt_length(self, prefix: str) -> int:
+        """Tokens of a prompt as sentence-transformers counts them for include_prompt=False:
+        the prompt encoded alone, without a trailing special token."""
+        if not prefix:
+            return 0
+        ids = self.encode([prefix])[0]
+        return len(ids) - (1 if ids and ids[-1] in self.special_ids else 0)
 
     def wrap(self, ids: list[int]) -> list[int]:
         """Raw vocabulary ids (no special tokens) -> a model input with [CLS] ... [SEP]."""

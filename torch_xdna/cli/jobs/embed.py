@@ -28,6 +28,14 @@ def register(subparsers) -> None:
                                                        "a JSON summary)")
     p.add_argument("--image", nargs="+", metavar="FILE", help="embed images with an image model "
                    "(--model DIR: a ViT or DINOv2 Hugging Face directory)")
+    p.add_argument("--prompt-name", metavar="NAME", help="one of the model's named prompts "
+                   "(config_sentence_transformers.json, e.g. E5's query / passage; default: the "
+                   "model's default_prompt_name)")
+    p.add_argument("--prompt", metavar="TEXT", help="a prefix to prepend instead of a named prompt "
+                   "('' for none)")
+    p.add_argument("--precision", choices=("bf16", "fp32"), default="bf16",
+                   help="bf16: the NPU's numerics (default); fp32: the verification mode (nothing "
+                        "rounded; not what the NPU computes)")
     g = p.add_argument_group("corpus jobs")
     g.add_argument("--input", metavar="FILE", help="corpus: .jsonl (one object per line), .txt "
                                                    "(one text per line) or .parquet")
@@ -140,14 +148,19 @@ def run(args: argparse.Namespace) -> int:
     texts = with_stdin(args.texts)
     if not texts or any(not t for t in texts):
         raise CliError("give non-empty texts (or '-' with lines on stdin)")
-    emb = Embedder.load(args.model)
-    ids = emb.tokenize(texts, truncate=False)
+    emb = Embedder.load(args.model, precision=args.precision)
+    try:
+        inputs, skip = emb.with_prompt(texts, args.prompt_name, args.prompt)
+    except ValueError as e:
+        emb.close()
+        raise CliError(str(e)) from None
+    ids = emb.tokenize(inputs, truncate=False)
     cut = [i for i, x in enumerate(ids) if len(x) > emb.spec.max_seq_length]
     for i in cut:
         print(f"xdna embed: text {i + 1} has {len(ids[i])} tokens; truncated to "
               f"{emb.spec.max_seq_length} (the model's max_seq_length)", file=sys.stderr)
     stats = EmbedStats()
-    vecs = emb.embed_ids([emb.tokenizer.truncate(x) for x in ids], stats)
+    vecs = emb.embed_ids([emb.tokenizer.truncate(x) for x in ids], stats, pool_skip=skip)
     if args.json:
         print(json.dumps({
             "model": emb.name, "dimensions": emb.dim, "backend": emb.dev.backend,
