@@ -101,6 +101,10 @@ class ModelRegistry:
             from torch_xdna.engine.embed.reranker import Reranker
             from torch_xdna.models.cross_encoder import PairTokenizer, load_head_spec
             spec = load_spec(path, name=name)
+            if spec.arch is not None:
+                raise ModelDirError(f"{path}: {spec.model_type} cross-encoders (reranking) are not "
+                                    "supported; BERT / XLM-R ones are (serve its encoder for "
+                                    "embeddings instead)")
             load_head_spec(path)                       # a bad head fails before the server binds
             entry = ModelEntry(name, kind, lambda: Reranker.load(path, name=name), path, aliases,
                                spec=spec, tokenizer=PairTokenizer(path, spec))

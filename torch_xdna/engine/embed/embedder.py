@@ -26,8 +26,9 @@ import torch
 from torch_xdna.engine.counters import CounterDelta
 from torch_xdna.kernels.blocks.encoder import (EncoderAttentionDesign, EncoderEmbeddingDesign,
                                                EncoderFFNDesign, EncoderPoolDesign)
+from torch_xdna.engine.embed import prenorm
 from torch_xdna.models.encoder import (EncoderSpec, EncoderTokenizer, load_encoder_weights,
-                                       load_spec)
+                                       load_prenorm_weights, load_spec)
 from torch_xdna.models.st_config import prompt_text
 from torch_xdna.runtime import Device, Launch, Program, TensorArg, get_device
 
@@ -120,6 +121,8 @@ class Workspace:
     program: Program
     # the attention mask minus prompt tokens the pooling leaves out (text embedders only)
     pool_mask: TensorArg | None = field(default=None, kw_only=True)
+    hidden: TensorArg | None = field(default=None, kw_only=True)      # final token states
+    row_scale: TensorArg | None = field(default=None, kw_only=True)   # pre-norm embedding scale
 
 
 class SpecNamed:
@@ -161,13 +164,16 @@ class Embedder(SpecNamed):
         spec = load_spec(model_dir, name=name or (None if model_dir != default_model_dir()
                                                   else "all-MiniLM-L6-v2"))
         tok = EncoderTokenizer(model_dir, spec)
-        return cls(spec, load_encoder_weights(model_dir, spec), tok, device, **kw)
+        load = load_prenorm_weights if spec.arch is not None else load_encoder_weights
+        return cls(spec, load(model_dir, spec), tok, device, **kw)
 
     # --- weights ---------------------------------------------------------------------------
     def _upload(self, w: dict[str, torch.Tensor]) -> dict[str, TensorArg]:
         """Weights in the array's operand format (bf16; fp32 in the verification mode), GEMM
         weights pre-transposed to [K, N]."""
         bf = torch.float32 if self.precision == "fp32" else torch.bfloat16
+        if self.spec.arch is not None:
+            return self._upload_host(prenorm.host_weights(self.spec, w, bf))
         host: dict[str, torch.Tensor] = {k: w[k].to(bf) for k in
                                          ("word_emb", "pos_emb", "type_emb", "emb_ln_w", "emb_ln_b")}
         for i in range(self.spec.layers):
@@ -179,6 +185,9 @@ class Embedder(SpecNamed):
             for ln in ("attn_ln", "ffn_ln"):
                 host[f"{i}.{ln}.w"] = w[f"{i}.{ln}.w"].to(bf)
                 host[f"{i}.{ln}.b"] = w[f"{i}.{ln}.b"].to(bf)
+        return self._upload_host(host)
+
+    def _upload_host(self, host: dict[str, torch.Tensor]) -> dict[str, TensorArg]:
         uploaded: dict[str, TensorArg] = {}
         try:
             for k, t in host.items():
@@ -230,6 +239,8 @@ class Embedder(SpecNamed):
         ids = dev.empty((rows,), torch.int32)
         mask = dev.empty((b, s), torch.float32)
         pool_mask = dev.empty((b, s), torch.float32)
+        if sp.arch is not None:
+            return self._build_prenorm(b, s, ids, mask, pool_mask)
         xa = dev.empty((rows, sp.hidden), torch.float32)
         xb = dev.empty((rows, sp.hidden), torch.float32)
         out = dev.empty((b, sp.hidden), torch.float32)
@@ -253,7 +264,20 @@ class Embedder(SpecNamed):
         launches.append(Launch(pool, [xa, pool_mask], [out], op="pool"))
         return Workspace(ids, mask, out, [ids, mask, pool_mask, xa, xb, out],
                          Program(launches, name=f"{sp.name}.embed[{b}x{s}]"),
-                         pool_mask=pool_mask)
+                         pool_mask=pool_mask, hidden=xa)
+
+    def _build_prenorm(self, b: int, s: int, ids: TensorArg, mask: TensorArg,
+                       pool_mask: TensorArg) -> Workspace:
+        sp, dev = self.spec, self.dev
+        scale = dev.empty((b * s,), torch.float32)
+        xa = dev.empty((b * s, sp.hidden), torch.float32)
+        xb = dev.empty((b * s, sp.hidden), torch.float32)
+        out = dev.empty((b, sp.hidden), torch.float32)
+        run, hidden = prenorm.launches(sp, self.w, b, s, ids, scale, mask, pool_mask, xa, xb, out,
+                                       self.precision)
+        return Workspace(ids, mask, out, [ids, mask, pool_mask, scale, xa, xb, out],
+                         Program(run, name=f"{sp.name}.embed[{b}x{s}]"), pool_mask=pool_mask,
+                         hidden=hidden, row_scale=scale)
 
     # --- tokens ----------------------------------------------------------------------------
     def tokenize(self, texts: list[str], truncate: bool = True) -> list[list[int]]:
@@ -342,6 +366,9 @@ class Embedder(SpecNamed):
                       pool_skip: int) -> None:
         self.dev.write(ws.ids.buffer, ids)
         self.dev.write(ws.mask.buffer, mask)
+        if ws.row_scale is not None:
+            lengths = (mask == 0).sum(1).tolist()
+            self.dev.write(ws.row_scale.buffer, prenorm.row_scale(self.spec, ids, lengths))
         if ws.pool_mask is None:
             return
         if pool_skip:
@@ -382,6 +409,30 @@ class Embedder(SpecNamed):
         stats.run(self.dev, ws.program, (b, s))
         stats.processed_tokens += b * s
         return self.dev.download(ws.out)[:n]
+
+    def token_states(self, texts: list[str], stats: EmbedStats | None = None) -> list[torch.Tensor]:
+        """Per-token outputs (ESM-2's per-residue representations; transformers'
+        last_hidden_state): one [tokens, hidden] fp32 tensor per text, special tokens included,
+        inputs longer than max_seq_length truncated. No prompt is prepended."""
+        stats = stats if stats is not None else EmbedStats()
+        seqs = self.tokenize(texts)
+        out: list[torch.Tensor] = [torch.empty(0)] * len(seqs)
+        t0 = time.perf_counter()
+        with self._lock:
+            for idx in self.plan_batches([len(x) for x in seqs]):
+                ids, mask = self._inputs([seqs[i] for i in idx])
+                b, s = ids.shape
+                ws = self._workspace(b, s)
+                self._write_inputs(ws, ids, mask, 0)
+                stats.run(self.dev, ws.program, (b, s))
+                stats.processed_tokens += b * s
+                hidden = self.dev.download(ws.hidden).view(b, s, self.spec.hidden)
+                for j, i in enumerate(idx):
+                    out[i] = hidden[j, :len(seqs[i])].clone()
+        stats.inputs += len(seqs)
+        stats.tokens += sum(len(x) for x in seqs)
+        stats.host_s += time.perf_counter() - t0
+        return out
 
     def prompt(self, prompt_name: str | None = None, prompt: str | None = None) -> str:
         """The prefix sentence-transformers' encode(prompt_name=, prompt=) prepends: an explicit

@@ -158,7 +158,7 @@ def scatter_rows(out: torch.Tensor, rows: torch.Tensor, y: torch.Tensor) -> None
     out.index_copy_(0, rows, y.to(out.dtype))
 
 
-class _Fused(Design):
+class FusedBlock(Design):
     """Shared plan logic: subclasses list their component designs."""
 
     def components(self) -> list[Design]:
@@ -169,7 +169,7 @@ class _Fused(Design):
 
 
 @dataclass(frozen=True)
-class EncoderEmbeddingDesign(_Fused):
+class EncoderEmbeddingDesign(FusedBlock):
     """x = LayerNorm(word[ids] + pos[0..S) + type[t]) for a [batch, seq] id tensor.
 
     inputs: word [V,H], pos [P,H], type [T,H], ln_w [H], ln_b [H], ids int32 [B*S], and with
@@ -232,7 +232,7 @@ class EncoderEmbeddingDesign(_Fused):
 
 
 @dataclass(frozen=True)
-class EncoderAttentionDesign(_Fused):
+class EncoderAttentionDesign(FusedBlock):
     """out = LayerNorm(x + (softmax(QK^T/sqrt(D) + mask) V) Wo + bo), QKV = x Wqkv + bqkv.
 
     inputs: x [B*S,H], w_qkv [H,3H], b_qkv [3H], mask [B,S] (additive: 0 or -inf), w_o [H,H],
@@ -325,7 +325,7 @@ class EncoderAttentionDesign(_Fused):
 
 
 @dataclass(frozen=True)
-class EncoderFFNDesign(_Fused):
+class EncoderFFNDesign(FusedBlock):
     """out = LayerNorm(x + act(x W1 + b1) W2 + b2).
 
     inputs: x [R,H], w1 [H,I], b1 [I], w2 [I,H], b2 [H], ln_w [H], ln_b [H]; output [R,H] fp32.
@@ -390,7 +390,7 @@ POOL_MODES = ("mean", "cls", "max", "mean_sqrt_len_tokens", "weightedmean", "las
 
 
 @dataclass(frozen=True)
-class EncoderPoolDesign(_Fused):
+class EncoderPoolDesign(FusedBlock):
     """Sentence vector, as sentence-transformers' Pooling computes it over the kept tokens: mean,
     first (cls), max, sum / sqrt(n), position-weighted mean or last token; then L2-normalized.
 
@@ -467,7 +467,7 @@ class EncoderPoolDesign(_Fused):
 
 
 @dataclass(frozen=True)
-class EncoderClassifierHeadDesign(_Fused):
+class EncoderClassifierHeadDesign(FusedBlock):
     """Sequence-classification head (BertForSequenceClassification): the first token's hidden
     state, the pooler tanh(h W_p + b_p), then the classifier logits = pooled W_c + b_c.
 
