@@ -184,3 +184,25 @@ def test_served_modernbert_and_esm(modernbert_dir, esm_dir):
         for name, (texts, vecs) in want.items():
             r = httpx.post(srv.url + "/v1/embeddings", json={"model": name, "input": texts})
             assert torch.equal(torch.tensor([x["embedding"] for x in r.json()["data"]]), vecs)
+
+
+def test_estimate_equals_what_the_simulator_charges(esm_dir):
+    """engine/embed/estimate.py charges the Embedder's own Program: a 14-residue protein runs in
+    the (1, 16) bucket, and the sim's modeled time of that run equals the estimate's."""
+    from torch_xdna.engine.embed.embedder import EmbedStats
+    from torch_xdna.engine.embed.estimate import estimate_encoder, modeled_ms
+    d, _, _ = esm_dir
+    emb = Embedder.load(d)
+    try:
+        stats = EmbedStats()
+        emb.embed(["MKTAYIAKQRQI"], stats)               # 12 residues + <cls> + <eos>
+        assert stats.shapes == [(1, 16)]
+        want = modeled_ms(emb.spec, 16)
+        assert want["launches"] == len(emb._workspace(1, 16).program.launches)
+        assert abs(stats.modeled_us / 1e3 - want["modeled_npu_ms"]) <= 0.05 * want["modeled_npu_ms"]
+    finally:
+        emb.close()
+    r = estimate_encoder("esm2-35m", [64, 4096], cpu=False)
+    assert [x["seq"] for x in r["results"]] == [64, 1024]          # capped at max_seq_length
+    assert 0 < r["results"][0]["modeled_npu_ms"] < r["results"][1]["modeled_npu_ms"]
+    assert estimate_encoder("qwen3-0.6b", [64], cpu=False) is None

@@ -183,7 +183,9 @@ def _prenorm_spec(cfg: dict, tdir: Path, root: Path, name: str | None) -> Encode
                            first_attn_norm=True, emb_norm=bool(cfg.get("emb_layer_norm_before")),
                            token_dropout=bool(cfg.get("token_dropout")),
                            mask_token_id=int(mask_id) if isinstance(mask_id, int) else None)
-        eps, max_pos = float(cfg.get("layer_norm_eps", 1e-12)), _int(cfg, "max_position_embeddings", tdir, 1026)
+        # fair-esm positions start after padding_idx + 1 (1026 -> 1,024 tokens: ESM-2's crops)
+        eps = float(cfg.get("layer_norm_eps", 1e-12))
+        max_pos = _int(cfg, "max_position_embeddings", tdir, 1026) - (int(cfg.get("pad_token_id") or 0) + 1)
     act = ACTIVATION_NAMES.get(act_name)
     if act is None:
         raise ModelDirError(f"{tdir}/config.json: activation {act_name!r} not supported "

@@ -70,6 +70,18 @@ def batch_bucket(n: int, max_batch: int) -> int:
     return min(b, max_batch)
 
 
+def bert_designs(sp: EncoderSpec, b: int, s: int, precision: str = "bf16",
+                 table_dtype: torch.dtype = torch.bfloat16) -> tuple:
+    """A BERT-family Program's designs for one (batch, seq) bucket: embedding, attention, FFN
+    (each layer runs the same two), pooling."""
+    return (EncoderEmbeddingDesign(sp.vocab, sp.max_position, sp.hidden, b, s, sp.eps,
+                                   table_dtype=table_dtype, precision=precision),
+            EncoderAttentionDesign(b, s, sp.hidden, sp.heads, sp.eps, precision=precision),
+            EncoderFFNDesign(b * s, sp.hidden, sp.intermediate, sp.eps, act=sp.act, chunk=s,
+                             masked=True, precision=precision),
+            EncoderPoolDesign(b, s, sp.hidden, sp.pooling, sp.normalize, precision=precision))
+
+
 @dataclass
 class EmbedStats:
     """What one embed call cost: host wall time (measured) and NPU time (modeled on sim)."""
@@ -244,13 +256,7 @@ class Embedder(SpecNamed):
         xa = dev.empty((rows, sp.hidden), torch.float32)
         xb = dev.empty((rows, sp.hidden), torch.float32)
         out = dev.empty((b, sp.hidden), torch.float32)
-        pr = self.precision
-        emb = EncoderEmbeddingDesign(sp.vocab, sp.max_position, sp.hidden, b, s, sp.eps,
-                                     table_dtype=w["word_emb"].dtype, precision=pr)
-        attn = EncoderAttentionDesign(b, s, sp.hidden, sp.heads, sp.eps, precision=pr)
-        ffn = EncoderFFNDesign(rows, sp.hidden, sp.intermediate, sp.eps, act=sp.act, chunk=s,
-                               masked=True, precision=pr)
-        pool = EncoderPoolDesign(b, s, sp.hidden, sp.pooling, sp.normalize, precision=pr)
+        emb, attn, ffn, pool = bert_designs(sp, b, s, self.precision, w["word_emb"].dtype)
         launches = [Launch(emb, [w["word_emb"], w["pos_emb"], w["type_emb"], w["emb_ln_w"],
                                  w["emb_ln_b"], ids], [xa], op="embeddings")]
         for i in range(sp.layers):

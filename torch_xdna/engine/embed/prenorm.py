@@ -52,22 +52,37 @@ def row_scale(spec: EncoderSpec, ids: torch.Tensor, lengths: list[int]) -> torch
     return scale.view(-1)
 
 
+def designs(spec: EncoderSpec, b: int, s: int, precision: str = "bf16",
+            table_dtype: torch.dtype = torch.bfloat16) -> list:
+    """The Program's designs for one (batch, seq) bucket, in launch order: embedding, per layer
+    attention then FFN, final norm, pooling (the estimator charges exactly these)."""
+    arch = spec.arch
+    ffn = PreNormFFNDesign(b, s, spec.hidden, spec.intermediate, spec.eps, act=spec.act,
+                           gated=arch.gated, precision=precision)
+    out: list = [PreNormEmbeddingDesign(spec.vocab, spec.hidden, b, s, spec.eps,
+                                        norm=arch.emb_norm, table_dtype=table_dtype,
+                                        precision=precision)]
+    for i in range(spec.layers):
+        out += [PreNormAttentionDesign(b, s, spec.hidden, spec.heads, spec.eps,
+                                       window=arch.windows[i],
+                                       norm=i > 0 or arch.first_attn_norm, precision=precision),
+                ffn]
+    return out + [EncoderNormDesign(b, s, spec.hidden, spec.eps, precision=precision),
+                  EncoderPoolDesign(b, s, spec.hidden, spec.pooling, spec.normalize,
+                                    precision=precision)]
+
+
 def launches(spec: EncoderSpec, w: dict[str, TensorArg], b: int, s: int, ids: TensorArg,
              scale: TensorArg, mask: TensorArg, pool_mask: TensorArg, xa: TensorArg,
              xb: TensorArg, out: TensorArg, precision: str) -> tuple[list[Launch], TensorArg]:
     """The Program's launches for one (batch, seq) bucket, and the buffer holding the final
     token states (per-residue outputs)."""
     arch = spec.arch
-    emb = PreNormEmbeddingDesign(spec.vocab, spec.hidden, b, s, spec.eps, norm=arch.emb_norm,
-                                 table_dtype=w["word_emb"].dtype, precision=precision)
-    ffn = PreNormFFNDesign(b, s, spec.hidden, spec.intermediate, spec.eps, act=spec.act,
-                           gated=arch.gated, precision=precision)
+    emb, *layers, norm, pool = designs(spec, b, s, precision, w["word_emb"].dtype)
     run = [Launch(emb, [w["word_emb"], w["emb_ln.w"], w["emb_ln.b"], ids, scale], [xa],
                   op="embeddings")]
     for i in range(spec.layers):
-        attn = PreNormAttentionDesign(b, s, spec.hidden, spec.heads, spec.eps,
-                                      window=arch.windows[i],
-                                      norm=i > 0 or arch.first_attn_norm, precision=precision)
+        attn, ffn = layers[2 * i], layers[2 * i + 1]
         rope = f"rope{arch.thetas[i]}"
         run.append(Launch(attn, [xa, w[f"{i}.attn_ln.w"], w[f"{i}.attn_ln.b"], w[f"{i}.qkv.w"],
                                  w[f"{i}.qkv.b"], mask, w[f"{i}.o.w"], w[f"{i}.o.b"],
@@ -76,8 +91,6 @@ def launches(spec: EncoderSpec, w: dict[str, TensorArg], b: int, s: int, ids: Te
         run.append(Launch(ffn, [xb, w[f"{i}.ffn_ln.w"], w[f"{i}.ffn_ln.b"], w[f"{i}.up.w"],
                                 w[f"{i}.up.b"], w[f"{i}.down.w"], w[f"{i}.down.b"], mask], [xa],
                           op=f"layer{i}.ffn"))
-    norm = EncoderNormDesign(b, s, spec.hidden, spec.eps, precision=precision)
     run.append(Launch(norm, [xa, w["final_ln.w"], w["final_ln.b"], mask], [xb], op="final_norm"))
-    pool = EncoderPoolDesign(b, s, spec.hidden, spec.pooling, spec.normalize, precision=precision)
     run.append(Launch(pool, [xb, pool_mask], [out], op="pool"))
     return run, xb
