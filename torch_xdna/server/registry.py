@@ -20,7 +20,7 @@ from torch_xdna.models.hf import ModelDirError, read_config
 from torch_xdna.runtime.errors import DeviceOutOfMemory
 from torch_xdna.server.schemas import APIError
 
-KINDS = ("embedding", "chat", "rerank", "image", "asr")   # image: ViT/DINOv2 embedders
+KINDS = ("embedding", "chat", "rerank", "image", "asr")   # image: ViT/DINOv2/ResNet embedders
 DEFAULT_EMBEDDING_ID = "all-MiniLM-L6-v2"
 
 
@@ -39,7 +39,7 @@ class ModelEntry:
 
 def model_kind(model_dir: Path) -> str:
     """'rerank' for BERT-family cross-encoders (*ForSequenceClassification), 'embedding' for
-    other BERT-family encoders (incl. sentence-transformers folders), 'image' for ViT/DINOv2 image
+    other BERT-family encoders (incl. sentence-transformers folders), 'image' for ViT/DINOv2/ResNet image
     encoders, 'asr' for Whisper, else 'chat'."""
     from torch_xdna.models.cross_encoder import is_cross_encoder
     from torch_xdna.models.vision import IMAGE_TYPES

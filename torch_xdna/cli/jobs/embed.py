@@ -27,7 +27,7 @@ def register(subparsers) -> None:
     p.add_argument("--json", action="store_true", help="print full vectors as JSON (corpus job: "
                                                        "a JSON summary)")
     p.add_argument("--image", nargs="+", metavar="FILE", help="embed images with an image model "
-                   "(--model DIR: a ViT or DINOv2 Hugging Face directory)")
+                   "(--model DIR: a ViT, DINOv2 or ResNet Hugging Face directory)")
     p.add_argument("--prompt-name", metavar="NAME", help="one of the model's named prompts "
                    "(config_sentence_transformers.json, e.g. E5's query / passage; default: the "
                    "model's default_prompt_name)")
@@ -107,10 +107,10 @@ def run_images(args: argparse.Namespace) -> int:
     if args.texts or args.input:
         raise CliError("give either --image FILE... or texts/--input, not both")
     if not args.model:
-        raise CliError("--image needs --model DIR (a ViT or DINOv2 Hugging Face directory)")
+        raise CliError("--image needs --model DIR (a ViT, DINOv2 or ResNet Hugging Face directory)")
     if not is_image_model(args.model):
-        raise CliError(f"{args.model} is not an image model (config.json model_type vit or "
-                       f"dinov2); text models embed TEXT arguments")
+        raise CliError(f"{args.model} is not an image model (config.json model_type vit, dinov2 "
+                       f"or resnet); text models embed TEXT arguments")
     images = []
     for f in args.image:
         p = Path(f)
