@@ -7,6 +7,7 @@ call, modeled us per call (simulator figures are modeled, not measured).
 """
 from __future__ import annotations
 
+import copy
 import functools
 import logging
 import time
@@ -53,6 +54,7 @@ class CompileStats:
 
 
 HISTORY: list[CompileStats] = []     # every graph compiled in this process (tests, benchmarks)
+MAX_HOST_RETRIES = 8          # nodes a graph may put on the host to partition around them
 _counter = iter(range(1 << 30))
 
 
@@ -82,22 +84,30 @@ def wrap_host_nodes(gm: torch.fx.GraphModule) -> Counter:
 
 
 def compile_graph(gm: torch.fx.GraphModule, example_inputs, options: CompileOptions,
-                  static: set[int] | None = None, training: bool = False):
+                  static: set[int] | None = None, training: bool = False,
+                  _retry: tuple[frozenset[str], str] | None = None):
     """Lower one static graph. `static`: indices of inputs that are the same tensors every
     call (parameters), for the modeled figure; by default aot_autograd's record of them.
     `training`: a forward or backward graph of a training step, which alternates with the other
-    pass (and the eager loss), so each call switches into its first program's context."""
+    pass (and the eager loss), so each call switches into its first program's context.
+    A node whose lowering fails for its shapes (Unlowerable naming it) never sends its whole
+    partition to the host: the graph is partitioned again with that node on the host (up to
+    MAX_HOST_RETRIES nodes), so the NPU partitions form around it (`_retry`: the excluded
+    nodes and the original graph's cache key)."""
     from torch_xdna.runtime import get_device
     static = costing.static_input_indices() if static is None else static
     t0 = time.perf_counter()
     name = f"graph{next(_counter)}"
     gen = get_device().gen
     stats = CompileStats()
-    key = cache.graph_key(gm, f"gen={gen.name};{options.cache_key_part()}")
-    fold.fold_constants(gm)        # deterministic: the key of the unfolded graph still fits
-    views.rewrite_views(gm)        # split/unbind/narrow pieces -> slice/select views
-    views.rewrite_reductions(gm)   # leading-dim sums (bias gradients) -> trailing-dim sums
-    views.rewrite_layer_norm_stats(gm)   # training: LayerNorm's saved mean/rstd as chain ops
+    exclude, key = _retry if _retry else (
+        frozenset(), cache.graph_key(gm, f"gen={gen.name};{options.cache_key_part()}"))
+    if _retry is None:
+        fold.fold_constants(gm)    # deterministic: the key of the unfolded graph still fits
+        views.rewrite_views(gm)    # split/unbind/narrow pieces -> slice/select views
+        views.rewrite_reductions(gm)   # leading-dim sums (bias gradients) -> trailing-dim sums
+        views.rewrite_layer_norm_stats(gm)   # training: LayerNorm's saved mean/rstd as chain ops
+    pristine = torch.fx.GraphModule(gm, copy.deepcopy(gm.graph))   # split() rewrites gm
     entry = cache.load(options.cache_dir, key) if options.cache else None
     lowered: list[Lowered | None] = []
     parts = None
@@ -112,7 +122,7 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs, options: CompileOpti
             log.warning("xdna compile cache entry %s does not fit this graph (%s); rebuilding", key, e)
             parts, lowered = None, []
     if parts is None:
-        parts = partition.propose(gm, options.min_partition_size)
+        parts = partition.propose(gm, options.min_partition_size, exclude)
         stats.cache = "miss" if options.cache else "off"
     assign = partition.assignment(gm, parts)
     stats.nodes_npu = sum(partition.is_compute(n) for ns in parts for n in ns)
@@ -128,6 +138,10 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs, options: CompileOpti
             try:
                 lowered.append(lower(sub, gen, options, f"{name}.{node.target}"))
             except Unlowerable as e:
+                if e.node and e.node not in exclude and len(exclude) < MAX_HOST_RETRIES:
+                    log.info("xdna: %s runs on the host, partitioning around it: %s", e.node, e)
+                    return compile_graph(pristine, example_inputs, options, static, training,
+                                         (exclude | {e.node}, key))
                 log.info("xdna: partition %s runs on the host: %s", node.target, e)
                 lowered.append(None)
         low = lowered[i]

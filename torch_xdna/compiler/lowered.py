@@ -14,7 +14,13 @@ from torch_xdna.kernels.base import Design
 
 
 class Unlowerable(Exception):
-    """A node no design can hold (after splitting): the partition runs on the host instead."""
+    """A node no design can hold (after splitting). `node`: that node's name when known, so the
+    backend re-partitions with it on the host (compiler/backend.py); else the partition runs on
+    the host."""
+
+    def __init__(self, message: str, node: str | None = None):
+        super().__init__(message)
+        self.node = node
 
 
 def dname(dtype: torch.dtype) -> str:

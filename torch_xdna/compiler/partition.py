@@ -119,8 +119,15 @@ def _why_gather(node: Node) -> str | None:
 
 
 class XdnaSupport(OperatorSupport):
+    """Nodes with an NPU lowering, minus `exclude` (names of nodes whose lowering failed for
+    their shapes: they run on the host and the partitions form around them)."""
+
+    def __init__(self, exclude: frozenset[str] = frozenset()):
+        super().__init__()
+        self.exclude = exclude
+
     def is_node_supported(self, submodules, node: Node) -> bool:
-        return why_unsupported(node) is None
+        return node.name not in self.exclude and why_unsupported(node) is None
 
 
 NON_COMPUTE = [torch.fx.node._get_qualified_name(op) if not isinstance(op, torch._ops.OpOverload)
@@ -133,9 +140,10 @@ def is_compute(node: Node) -> bool:
             and node.target not in fusion.VIEW_OPS)
 
 
-def propose(gm: GraphModule, min_size: int) -> list[list[Node]]:
-    """Supported nodes grouped into partitions (each a list in graph order)."""
-    part = CapabilityBasedPartitioner(gm, XdnaSupport(), allows_single_node_partition=True,
+def propose(gm: GraphModule, min_size: int,
+            exclude: frozenset[str] = frozenset()) -> list[list[Node]]:
+    """Supported nodes (not in `exclude`) grouped into partitions (each a list in graph order)."""
+    part = CapabilityBasedPartitioner(gm, XdnaSupport(exclude), allows_single_node_partition=True,
                                       non_compute_ops=NON_COMPUTE)
     order = {n: i for i, n in enumerate(gm.graph.nodes)}
     out = []

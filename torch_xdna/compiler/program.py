@@ -31,6 +31,10 @@ from torch_xdna.runtime import PlanError
 
 aten = torch.ops.aten
 log = logging.getLogger("torch_xdna.compiler")
+# nodes lowered by a design family of their own (Lowerer.lower_own), in dispatch order
+_OWN_LOWERING = (set(fusion.GEMM_OPS) | set(fusion.SDPA_OPS) | set(fusion.EMBEDDING_OPS)
+                 | set(fusion.GATHER_OPS) | (set(lower_conv.OPS) - set(fusion.VIEW_OPS)))
+
 
 class Lowerer:
     def __init__(self, gm: GraphModule, gen: Generation, options: CompileOptions, name: str):
@@ -232,6 +236,20 @@ class Lowerer:
             self.flush()
 
     # -- node kinds ----------------------------------------------------------------------------
+    def lower_own(self, n: Node) -> None:
+        """A node with a design family of its own (GEMM, attention, embedding, gather, conv)."""
+        if n.target in fusion.GEMM_OPS:
+            lower_gemm.lower(self, n)       # GEMM family: compiler/lower_gemm.py
+        elif n.target in fusion.SDPA_OPS:
+            self.lower_sdpa(n)
+        elif n.target in fusion.EMBEDDING_OPS:
+            self.lower_embedding(n)
+        elif n.target in fusion.GATHER_OPS:
+            self.lower_gather(n)
+        else:
+            lower_conv.lower(self, n)       # conv family: compiler/lower_conv.py
+
+    # -- node kinds ----------------------------------------------------------------------------
     def run(self) -> Lowered:
         placeholders = [n for n in self.gm.graph.nodes if n.op == "placeholder"]
         others = [n for n in self.gm.graph.nodes if n.op != "placeholder"]
@@ -251,18 +269,14 @@ class Lowerer:
                 self.refs[n] = Ref(s, tuple(t.shape), contiguous(t.shape), 0)
             elif n.op == "output":
                 self.finish(n)
-            elif n.target in fusion.GEMM_OPS:
-                lower_gemm.lower(self, n)   # GEMM family: compiler/lower_gemm.py
-            elif n.target in fusion.SDPA_OPS:
-                self.lower_sdpa(n)
-            elif n.target in fusion.EMBEDDING_OPS:
-                self.lower_embedding(n)
-            elif n.target in fusion.GATHER_OPS:
-                self.lower_gather(n)
+            elif n.target in _OWN_LOWERING:
+                try:
+                    self.lower_own(n)
+                except Unlowerable as e:           # this node alone cannot be lowered
+                    e.node = e.node or n.name
+                    raise
             elif n.target in fusion.VIEW_OPS:
                 self.lower_view(n)
-            elif n.target in lower_conv.OPS:       # conv family: compiler/lower_conv.py
-                lower_conv.lower(self, n)
             elif n.target is operator.getitem:
                 raise Unlowerable(f"{n.name}: getitem of an unsupported op")
             else:

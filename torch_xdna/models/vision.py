@@ -20,7 +20,7 @@ import numpy as np
 
 from torch_xdna.models.hf import ModelDirError, read_config
 
-IMAGE_TYPES = ("vit", "dinov2")               # model_type values served as image embedders
+IMAGE_TYPES = ("vit", "dinov2", "resnet")     # model_type values served as image embedders
 IMAGENET_MEAN = (0.485, 0.456, 0.406)         # transformers' IMAGENET_DEFAULT_MEAN / STD
 IMAGENET_STD = (0.229, 0.224, 0.225)
 MAX_IMAGE_PIXELS = 64_000_000                 # refuse decompression bombs (Pillow warns at 89M)
@@ -32,7 +32,7 @@ def is_image_model(model_dir: str | Path) -> bool:
 
 @dataclass(frozen=True)
 class ImagePreprocessor:
-    """The fields of preprocessor_config.json that ViT/DINOv2 processors use."""
+    """The fields of preprocessor_config.json that ViT/DINOv2/ResNet processors use."""
 
     size: dict
     resample: int = 2                     # PIL.Image.BILINEAR (ViT); DINOv2 dirs say 3 (BICUBIC)
@@ -51,6 +51,8 @@ class ImagePreprocessor:
         import json
         p = Path(model_dir) / "preprocessor_config.json"
         if not p.is_file():                   # the processor defaults of the model family
+            if model_type == "resnet":        # microsoft/resnet-50's ConvNextImageProcessor
+                return cls.convnext({"shortest_edge": 224}, 0.875, 3, IMAGENET_MEAN, IMAGENET_STD)
             if model_type == "dinov2":
                 return cls(size={"shortest_edge": 256}, resample=3, do_center_crop=True,
                            crop_size={"height": image_size, "width": image_size},
@@ -63,6 +65,13 @@ class ImagePreprocessor:
         size = c.get("size", {"height": image_size, "width": image_size})
         if isinstance(size, int):
             size = {"height": size, "width": size}
+        if c.get("crop_pct") is not None or "ConvNext" in str(c.get("image_processor_type", "")):
+            return cls.convnext(size, float(c.get("crop_pct") or 224 / 256),
+                                int(c.get("resample", 3)),
+                                tuple(c.get("image_mean", (0.5, 0.5, 0.5))),
+                                tuple(c.get("image_std", (0.5, 0.5, 0.5))),
+                                rescale_factor=float(c.get("rescale_factor", 1 / 255)),
+                                do_normalize=bool(c.get("do_normalize", True)))
         crop = c.get("crop_size")
         if isinstance(crop, int):
             crop = {"height": crop, "width": crop}
@@ -75,6 +84,23 @@ class ImagePreprocessor:
                    image_mean=tuple(c.get("image_mean", (0.5, 0.5, 0.5))),
                    image_std=tuple(c.get("image_std", (0.5, 0.5, 0.5))),
                    do_convert_rgb=bool(c.get("do_convert_rgb", True)))
+
+    @classmethod
+    def convnext(cls, size: dict, crop_pct: float, resample: int, mean: tuple, std: tuple,
+                 **kw) -> "ImagePreprocessor":
+        """ConvNextImageProcessor (ResNet's): below 384 px, resize the short edge to
+        int(shortest_edge / crop_pct) then center-crop shortest_edge square; from 384, warp to
+        the square (transformers 5.x image_processing_pil_convnext.py)."""
+        se = size.get("shortest_edge")
+        if not se:
+            raise ModelDirError(f"ConvNext-style preprocessor size {size} has no shortest_edge")
+        se = int(se)
+        if se < 384:
+            return cls(size={"shortest_edge": int(se / crop_pct)}, resample=resample,
+                       do_center_crop=True, crop_size={"height": se, "width": se},
+                       image_mean=mean, image_std=std, **kw)
+        return cls(size={"height": se, "width": se}, resample=resample, image_mean=mean,
+                   image_std=std, **kw)
 
     def output_size(self) -> tuple[int, int] | None:
         """(H, W) of every processed image, when fixed by the config (crop or fixed resize)."""

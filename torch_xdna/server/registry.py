@@ -20,7 +20,7 @@ from torch_xdna.models.hf import ModelDirError, read_config
 from torch_xdna.runtime.errors import DeviceOutOfMemory
 from torch_xdna.server.schemas import APIError
 
-KINDS = ("embedding", "chat", "rerank", "image", "asr")   # image: ViT/DINOv2 embedders
+KINDS = ("embedding", "chat", "rerank", "image", "asr")   # image: ViT/DINOv2/ResNet embedders
 DEFAULT_EMBEDDING_ID = "all-MiniLM-L6-v2"
 
 
@@ -65,8 +65,8 @@ def load_failure(model_id: str, e: BaseException) -> str:
 
 def model_kind(model_dir: Path) -> str:
     """'rerank' for BERT-family cross-encoders (*ForSequenceClassification), 'embedding' for
-    other BERT-family encoders (incl. sentence-transformers folders), 'image' for ViT/DINOv2 image
-    encoders, 'asr' for Whisper (HF or CTranslate2 directories), else 'chat'."""
+    other BERT-family encoders (incl. sentence-transformers folders), 'image' for ViT/DINOv2/ResNet
+    image encoders, 'asr' for Whisper (HF or CTranslate2 directories), else 'chat'."""
     from torch_xdna.models.ct2 import is_ct2_dir
     from torch_xdna.models.cross_encoder import is_cross_encoder
     from torch_xdna.models.vision import IMAGE_TYPES
@@ -154,6 +154,10 @@ class ModelRegistry:
             from torch_xdna.engine.embed.reranker import Reranker
             from torch_xdna.models.cross_encoder import PairTokenizer, load_head_spec
             spec = load_spec(path, name=name)
+            if spec.arch is not None:
+                raise ModelDirError(f"{path}: {spec.model_type} cross-encoders (reranking) are not "
+                                    "supported; BERT / XLM-R ones are (serve its encoder for "
+                                    "embeddings instead)")
             load_head_spec(path)                       # a bad head fails before the server binds
             entry = ModelEntry(name, kind, lambda: Reranker.load(path, name=name), path, aliases,
                                spec=spec, tokenizer=PairTokenizer(path, spec))

@@ -27,7 +27,15 @@ def register(subparsers) -> None:
     p.add_argument("--json", action="store_true", help="print full vectors as JSON (corpus job: "
                                                        "a JSON summary)")
     p.add_argument("--image", nargs="+", metavar="FILE", help="embed images with an image model "
-                   "(--model DIR: a ViT or DINOv2 Hugging Face directory)")
+                   "(--model DIR: a ViT, DINOv2 or ResNet Hugging Face directory)")
+    p.add_argument("--prompt-name", metavar="NAME", help="one of the model's named prompts "
+                   "(config_sentence_transformers.json, e.g. E5's query / passage; default: the "
+                   "model's default_prompt_name)")
+    p.add_argument("--prompt", metavar="TEXT", help="a prefix to prepend instead of a named prompt "
+                   "('' for none)")
+    p.add_argument("--precision", choices=("bf16", "fp32"), default="bf16",
+                   help="bf16: the NPU's numerics (default); fp32: the verification mode (nothing "
+                        "rounded; not what the NPU computes)")
     g = p.add_argument_group("corpus jobs")
     g.add_argument("--input", metavar="FILE", help="corpus: .jsonl (one object per line), .txt "
                                                    "(one text per line) or .parquet")
@@ -99,10 +107,10 @@ def run_images(args: argparse.Namespace) -> int:
     if args.texts or args.input:
         raise CliError("give either --image FILE... or texts/--input, not both")
     if not args.model:
-        raise CliError("--image needs --model DIR (a ViT or DINOv2 Hugging Face directory)")
+        raise CliError("--image needs --model DIR (a ViT, DINOv2 or ResNet Hugging Face directory)")
     if not is_image_model(args.model):
-        raise CliError(f"{args.model} is not an image model (config.json model_type vit or "
-                       f"dinov2); text models embed TEXT arguments")
+        raise CliError(f"{args.model} is not an image model (config.json model_type vit, dinov2 "
+                       f"or resnet); text models embed TEXT arguments")
     images = []
     for f in args.image:
         p = Path(f)
@@ -140,14 +148,19 @@ def run(args: argparse.Namespace) -> int:
     texts = with_stdin(args.texts)
     if not texts or any(not t for t in texts):
         raise CliError("give non-empty texts (or '-' with lines on stdin)")
-    emb = Embedder.load(args.model)
-    ids = emb.tokenize(texts, truncate=False)
+    emb = Embedder.load(args.model, precision=args.precision)
+    try:
+        inputs, skip = emb.with_prompt(texts, args.prompt_name, args.prompt)
+    except ValueError as e:
+        emb.close()
+        raise CliError(str(e)) from None
+    ids = emb.tokenize(inputs, truncate=False)
     cut = [i for i, x in enumerate(ids) if len(x) > emb.spec.max_seq_length]
     for i in cut:
         print(f"xdna embed: text {i + 1} has {len(ids[i])} tokens; truncated to "
               f"{emb.spec.max_seq_length} (the model's max_seq_length)", file=sys.stderr)
     stats = EmbedStats()
-    vecs = emb.embed_ids([emb.tokenizer.truncate(x) for x in ids], stats)
+    vecs = emb.embed_ids([emb.tokenizer.truncate(x) for x in ids], stats, pool_skip=skip)
     if args.json:
         print(json.dumps({
             "model": emb.name, "dimensions": emb.dim, "backend": emb.dev.backend,

@@ -75,6 +75,11 @@ def run(args: argparse.Namespace) -> int:
     done = maybe_run(args)                   # Whisper shapes / directories
     if done is not None:
         return done
+    from torch_xdna.engine.embed.estimate import describe, estimate_encoder
+    enc = estimate_encoder(args.model, args.context if args.context != [1024] else [128, 512])
+    if enc is not None:                      # text / protein encoders (engine/embed/estimate.py)
+        print(json.dumps({"modeled": True, **enc}, indent=2) if args.json else describe(enc))
+        return 0
     from torch_xdna.engine.llm.estimate import estimate, resolve_spec
     from torch_xdna.engine.vision.estimate import is_vision_dir
     if is_vision_dir(args.model):

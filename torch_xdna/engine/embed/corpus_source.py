@@ -205,11 +205,12 @@ def embed_chunk(embedder, source: Source, c: Chunk):
     import pyarrow as pa
     from torch_xdna.engine.embed.embedder import EmbedStats
     ids, texts = source.read(c)
+    texts, skip = embedder.with_prompt(texts)        # the model's default prompt, if any
     full = embedder.tokenize(texts, truncate=False) if texts else []
     limit = embedder.spec.max_seq_length
     seqs = [embedder.tokenizer.truncate(x) for x in full]
     stats = EmbedStats()
-    vecs = (embedder.embed_ids(seqs, stats).numpy().astype(np.float32) if seqs
+    vecs = (embedder.embed_ids(seqs, stats, pool_skip=skip).numpy().astype(np.float32) if seqs
             else np.zeros((0, embedder.dim), np.float32))
     flat = pa.array(vecs.reshape(-1), pa.float32())
     return pa.table({

@@ -26,8 +26,10 @@ import torch
 from torch_xdna.engine.counters import CounterDelta
 from torch_xdna.kernels.blocks.encoder import (EncoderAttentionDesign, EncoderEmbeddingDesign,
                                                EncoderFFNDesign, EncoderPoolDesign)
+from torch_xdna.engine.embed import prenorm
 from torch_xdna.models.encoder import (EncoderSpec, EncoderTokenizer, load_encoder_weights,
-                                       load_spec)
+                                       load_prenorm_weights, load_spec)
+from torch_xdna.models.st_config import prompt_text
 from torch_xdna.runtime import Device, Launch, Program, TensorArg, get_device
 
 SEQ_STEP = 8                   # seq bucket granularity (tokens): a multiple of the GEMM row tile
@@ -35,6 +37,8 @@ MAX_BATCH = 32                 # sequences per Program (padded up to a power of 
 MAX_BATCH_TOKENS = 4096        # padded batch x seq per Program: bounds host memory of the sim
 MAX_WORKSPACES = 24            # (batch, seq) buckets kept allocated
 BATCH_OVERHEAD_TOKENS = 64     # planning: one more batch costs about this many padded tokens
+# "bf16": the NPU's numerics; "fp32": the blocks' verification mode (kernels/blocks/encoder_exact.py)
+EMBED_PRECISIONS = ("bf16", "fp32")
 
 
 def default_model_dir() -> Path:
@@ -64,6 +68,18 @@ def batch_bucket(n: int, max_batch: int) -> int:
     while b < n:
         b *= 2
     return min(b, max_batch)
+
+
+def bert_designs(sp: EncoderSpec, b: int, s: int, precision: str = "bf16",
+                 table_dtype: torch.dtype = torch.bfloat16) -> tuple:
+    """A BERT-family Program's designs for one (batch, seq) bucket: embedding, attention, FFN
+    (each layer runs the same two), pooling."""
+    return (EncoderEmbeddingDesign(sp.vocab, sp.max_position, sp.hidden, b, s, sp.eps,
+                                   table_dtype=table_dtype, precision=precision),
+            EncoderAttentionDesign(b, s, sp.hidden, sp.heads, sp.eps, precision=precision),
+            EncoderFFNDesign(b * s, sp.hidden, sp.intermediate, sp.eps, act=sp.act, chunk=s,
+                             masked=True, precision=precision),
+            EncoderPoolDesign(b, s, sp.hidden, sp.pooling, sp.normalize, precision=precision))
 
 
 @dataclass
@@ -115,6 +131,10 @@ class Workspace:
     out: TensorArg
     buffers: list[TensorArg]
     program: Program
+    # the attention mask minus prompt tokens the pooling leaves out (text embedders only)
+    pool_mask: TensorArg | None = field(default=None, kw_only=True)
+    hidden: TensorArg | None = field(default=None, kw_only=True)      # final token states
+    row_scale: TensorArg | None = field(default=None, kw_only=True)   # pre-norm embedding scale
 
 
 class SpecNamed:
@@ -136,8 +156,12 @@ class Embedder(SpecNamed):
 
     def __init__(self, spec: EncoderSpec, weights: dict[str, torch.Tensor],
                  tokenizer: EncoderTokenizer, device: Device | None = None,
-                 max_batch: int = MAX_BATCH, max_batch_tokens: int = MAX_BATCH_TOKENS):
-        self.spec, self.tokenizer = spec, tokenizer
+                 max_batch: int = MAX_BATCH, max_batch_tokens: int = MAX_BATCH_TOKENS,
+                 precision: str = "bf16"):
+        if precision not in EMBED_PRECISIONS:
+            raise ValueError(f"unknown embedding precision {precision!r}; use one of "
+                             f"{', '.join(EMBED_PRECISIONS)}")
+        self.spec, self.tokenizer, self.precision = spec, tokenizer, precision
         self.dev = device or get_device()
         self.max_batch, self.max_batch_tokens = max_batch, max_batch_tokens
         self.buckets = seq_buckets(min(spec.max_seq_length, spec.max_position))
@@ -152,12 +176,16 @@ class Embedder(SpecNamed):
         spec = load_spec(model_dir, name=name or (None if model_dir != default_model_dir()
                                                   else "all-MiniLM-L6-v2"))
         tok = EncoderTokenizer(model_dir, spec)
-        return cls(spec, load_encoder_weights(model_dir, spec), tok, device, **kw)
+        load = load_prenorm_weights if spec.arch is not None else load_encoder_weights
+        return cls(spec, load(model_dir, spec), tok, device, **kw)
 
     # --- weights ---------------------------------------------------------------------------
     def _upload(self, w: dict[str, torch.Tensor]) -> dict[str, TensorArg]:
-        """Weights in the array's operand format (bf16), GEMM weights pre-transposed to [K, N]."""
-        bf = torch.bfloat16
+        """Weights in the array's operand format (bf16; fp32 in the verification mode), GEMM
+        weights pre-transposed to [K, N]."""
+        bf = torch.float32 if self.precision == "fp32" else torch.bfloat16
+        if self.spec.arch is not None:
+            return self._upload_host(prenorm.host_weights(self.spec, w, bf))
         host: dict[str, torch.Tensor] = {k: w[k].to(bf) for k in
                                          ("word_emb", "pos_emb", "type_emb", "emb_ln_w", "emb_ln_b")}
         for i in range(self.spec.layers):
@@ -169,6 +197,9 @@ class Embedder(SpecNamed):
             for ln in ("attn_ln", "ffn_ln"):
                 host[f"{i}.{ln}.w"] = w[f"{i}.{ln}.w"].to(bf)
                 host[f"{i}.{ln}.b"] = w[f"{i}.{ln}.b"].to(bf)
+        return self._upload_host(host)
+
+    def _upload_host(self, host: dict[str, torch.Tensor]) -> dict[str, TensorArg]:
         uploaded: dict[str, TensorArg] = {}
         try:
             for k, t in host.items():
@@ -219,14 +250,13 @@ class Embedder(SpecNamed):
         sp, dev, w, rows = self.spec, self.dev, self.w, b * s
         ids = dev.empty((rows,), torch.int32)
         mask = dev.empty((b, s), torch.float32)
+        pool_mask = dev.empty((b, s), torch.float32)
+        if sp.arch is not None:
+            return self._build_prenorm(b, s, ids, mask, pool_mask)
         xa = dev.empty((rows, sp.hidden), torch.float32)
         xb = dev.empty((rows, sp.hidden), torch.float32)
         out = dev.empty((b, sp.hidden), torch.float32)
-        emb = EncoderEmbeddingDesign(sp.vocab, sp.max_position, sp.hidden, b, s, sp.eps)
-        attn = EncoderAttentionDesign(b, s, sp.hidden, sp.heads, sp.eps)
-        ffn = EncoderFFNDesign(rows, sp.hidden, sp.intermediate, sp.eps, act=sp.act, chunk=s,
-                               masked=True)
-        pool = EncoderPoolDesign(b, s, sp.hidden, sp.pooling, sp.normalize)
+        emb, attn, ffn, pool = bert_designs(sp, b, s, self.precision, w["word_emb"].dtype)
         launches = [Launch(emb, [w["word_emb"], w["pos_emb"], w["type_emb"], w["emb_ln_w"],
                                  w["emb_ln_b"], ids], [xa], op="embeddings")]
         for i in range(sp.layers):
@@ -237,9 +267,23 @@ class Embedder(SpecNamed):
                                          w[f"{i}.down.b"], w[f"{i}.ffn_ln.w"], w[f"{i}.ffn_ln.b"],
                                          mask],
                                    [xa], op=f"layer{i}.ffn"))
-        launches.append(Launch(pool, [xa, mask], [out], op="pool"))
-        return Workspace(ids, mask, out, [ids, mask, xa, xb, out],
-                          Program(launches, name=f"{sp.name}.embed[{b}x{s}]"))
+        launches.append(Launch(pool, [xa, pool_mask], [out], op="pool"))
+        return Workspace(ids, mask, out, [ids, mask, pool_mask, xa, xb, out],
+                         Program(launches, name=f"{sp.name}.embed[{b}x{s}]"),
+                         pool_mask=pool_mask, hidden=xa)
+
+    def _build_prenorm(self, b: int, s: int, ids: TensorArg, mask: TensorArg,
+                       pool_mask: TensorArg) -> Workspace:
+        sp, dev = self.spec, self.dev
+        scale = dev.empty((b * s,), torch.float32)
+        xa = dev.empty((b * s, sp.hidden), torch.float32)
+        xb = dev.empty((b * s, sp.hidden), torch.float32)
+        out = dev.empty((b, sp.hidden), torch.float32)
+        run, hidden = prenorm.launches(sp, self.w, b, s, ids, scale, mask, pool_mask, xa, xb, out,
+                                       self.precision)
+        return Workspace(ids, mask, out, [ids, mask, pool_mask, scale, xa, xb, out],
+                         Program(run, name=f"{sp.name}.embed[{b}x{s}]"), pool_mask=pool_mask,
+                         hidden=hidden, row_scale=scale)
 
     # --- tokens ----------------------------------------------------------------------------
     def tokenize(self, texts: list[str], truncate: bool = True) -> list[list[int]]:
@@ -282,8 +326,10 @@ class Embedder(SpecNamed):
                    for b in self.plan_batches(lengths))
 
     # --- embedding -------------------------------------------------------------------------
-    def embed_ids(self, seqs: list[list[int]], stats: EmbedStats | None = None) -> torch.Tensor:
-        """[len(seqs), dim] fp32 vectors for model inputs (already wrapped in special tokens)."""
+    def embed_ids(self, seqs: list[list[int]], stats: EmbedStats | None = None,
+                  pool_skip: int = 0) -> torch.Tensor:
+        """[len(seqs), dim] fp32 vectors for model inputs (already wrapped in special tokens).
+        pool_skip: leading tokens (a prompt) the pooling leaves out; they are still attended."""
         stats = stats if stats is not None else EmbedStats()
         limit = self.buckets[-1]
         for j, s in enumerate(seqs):
@@ -298,11 +344,11 @@ class Embedder(SpecNamed):
             plan = self.plan_batches([len(s) for s in seqs])
             if len(plan) > 1 and getattr(self.dev, "host_lanes", 1) > 1:
                 for idx, vecs in zip(plan, self._run_batches([[seqs[i] for i in idx]
-                                                              for idx in plan], stats)):
+                                                              for idx in plan], stats, pool_skip)):
                     out[idx] = vecs
             else:
                 for idx in plan:
-                    out[idx] = self._run_batch([seqs[i] for i in idx], stats)
+                    out[idx] = self._run_batch([seqs[i] for i in idx], stats, pool_skip)
         stats.inputs += len(seqs)
         stats.tokens += sum(len(s) for s in seqs)
         stats.host_s += time.perf_counter() - t0
@@ -322,7 +368,22 @@ class Embedder(SpecNamed):
             raise ValueError(f"token id out of range [0, {self.spec.vocab}) for {self.name}")
         return ids, mask
 
-    def _run_batches(self, batches: list[list[list[int]]], stats: EmbedStats) -> list[torch.Tensor]:
+    def _write_inputs(self, ws: Workspace, ids: torch.Tensor, mask: torch.Tensor,
+                      pool_skip: int) -> None:
+        self.dev.write(ws.ids.buffer, ids)
+        self.dev.write(ws.mask.buffer, mask)
+        if ws.row_scale is not None:
+            lengths = (mask == 0).sum(1).tolist()
+            self.dev.write(ws.row_scale.buffer, prenorm.row_scale(self.spec, ids, lengths))
+        if ws.pool_mask is None:
+            return
+        if pool_skip:
+            mask = mask.clone()
+            mask[:, :pool_skip] = float("-inf")
+        self.dev.write(ws.pool_mask.buffer, mask)
+
+    def _run_batches(self, batches: list[list[list[int]]], stats: EmbedStats,
+                     pool_skip: int = 0) -> list[torch.Tensor]:
         """Several batches as one run_programs call: the device charges them in this order
         (the modeled time of sequential runs) and the sim may execute them on its host lanes
         at once, so each batch gets its own workspace (a repeated shape: another copy)."""
@@ -336,8 +397,7 @@ class Embedder(SpecNamed):
         keep = frozenset(keys)
         spaces = [self._workspace(*k, keep=keep) for k in keys]
         for ws, (ids, mask) in zip(spaces, inputs):
-            self.dev.write(ws.ids.buffer, ids)
-            self.dev.write(ws.mask.buffer, mask)
+            self._write_inputs(ws, ids, mask, pool_skip)
         stats.run_all(self.dev, [ws.program for ws in spaces], [k[:2] for k in keys])
         out = []
         for ws, seqs, k in zip(spaces, batches, keys):
@@ -345,17 +405,57 @@ class Embedder(SpecNamed):
             out.append(self.dev.download(ws.out)[:len(seqs)])
         return out
 
-    def _run_batch(self, seqs: list[list[int]], stats: EmbedStats) -> torch.Tensor:
+    def _run_batch(self, seqs: list[list[int]], stats: EmbedStats,
+                   pool_skip: int = 0) -> torch.Tensor:
         n = len(seqs)
         ids, mask = self._inputs(seqs)
         b, s = ids.shape
         ws = self._workspace(b, s)
-        self.dev.write(ws.ids.buffer, ids)
-        self.dev.write(ws.mask.buffer, mask)
+        self._write_inputs(ws, ids, mask, pool_skip)
         stats.run(self.dev, ws.program, (b, s))
         stats.processed_tokens += b * s
         return self.dev.download(ws.out)[:n]
 
-    def embed(self, texts: list[str], stats: EmbedStats | None = None) -> torch.Tensor:
-        """Texts -> [len(texts), dim] vectors (inputs longer than max_seq_length are truncated)."""
-        return self.embed_ids(self.tokenize(texts), stats)
+    def token_states(self, texts: list[str], stats: EmbedStats | None = None) -> list[torch.Tensor]:
+        """Per-token outputs (ESM-2's per-residue representations; transformers'
+        last_hidden_state): one [tokens, hidden] fp32 tensor per text, special tokens included,
+        inputs longer than max_seq_length truncated. No prompt is prepended."""
+        stats = stats if stats is not None else EmbedStats()
+        seqs = self.tokenize(texts)
+        out: list[torch.Tensor] = [torch.empty(0)] * len(seqs)
+        t0 = time.perf_counter()
+        with self._lock:
+            for idx in self.plan_batches([len(x) for x in seqs]):
+                ids, mask = self._inputs([seqs[i] for i in idx])
+                b, s = ids.shape
+                ws = self._workspace(b, s)
+                self._write_inputs(ws, ids, mask, 0)
+                stats.run(self.dev, ws.program, (b, s))
+                stats.processed_tokens += b * s
+                hidden = self.dev.download(ws.hidden).view(b, s, self.spec.hidden)
+                for j, i in enumerate(idx):
+                    out[i] = hidden[j, :len(seqs[i])].clone()
+        stats.inputs += len(seqs)
+        stats.tokens += sum(len(x) for x in seqs)
+        stats.host_s += time.perf_counter() - t0
+        return out
+
+    def prompt(self, prompt_name: str | None = None, prompt: str | None = None) -> str:
+        """The prefix sentence-transformers' encode(prompt_name=, prompt=) prepends: an explicit
+        prompt, else the named one, else the model's default prompt (E5: 'query: ')."""
+        return prompt_text(self.spec.sentence, prompt_name, prompt, self.name)
+
+    def embed(self, texts: list[str], stats: EmbedStats | None = None,
+              prompt_name: str | None = None, prompt: str | None = None) -> torch.Tensor:
+        """Texts -> [len(texts), dim] vectors (inputs longer than max_seq_length are truncated).
+        The model's prompt (see `prompt`) is prepended; a pooling with include_prompt=False
+        leaves its tokens out of the vector, as sentence-transformers does."""
+        texts, skip = self.with_prompt(texts, prompt_name, prompt)
+        return self.embed_ids(self.tokenize(texts), stats, pool_skip=skip)
+
+    def with_prompt(self, texts: list[str], prompt_name: str | None = None,
+                    prompt: str | None = None) -> tuple[list[str], int]:
+        """(texts with the model's prompt prepended, the embed_ids pool_skip that goes with it)."""
+        prefix = self.prompt(prompt_name, prompt)
+        skip = 0 if self.spec.sentence.include_prompt else self.tokenizer.prompt_length(prefix)
+        return ([prefix + t for t in texts] if prefix else list(texts)), skip

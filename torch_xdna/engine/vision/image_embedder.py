@@ -1,9 +1,10 @@
-"""Image embeddings on the NPU: a ViT / DINOv2 Hugging Face directory (transformers' own model
-code) compiled with torch.compile(backend="xdna") and run under strict(), so every op of the
+"""Image embeddings on the NPU: a ViT / DINOv2 / ResNet Hugging Face directory (transformers' own
+model code) compiled with torch.compile(backend="xdna") and run under strict(), so every op of the
 network is an NPU launch; preprocessing on the host (models/vision.py).
 
 The embedding is the model's pooled output: DINOv2's pooler_output (final-layernormed CLS);
-ViT's pooler (dense + tanh on CLS) when the checkpoint has one, else the final-layernormed CLS.
+ViT's pooler (dense + tanh on CLS) when the checkpoint has one, else the final-layernormed CLS;
+ResNet's pooler_output (global average pool of the last stage), flattened to [n, channels].
 Images run in batches padded to a power of two (<= max_batch), so few shapes are compiled; the
 images of a batch do not interact (attention and layer norm are per image), so padding rows
 never change a vector.
@@ -45,7 +46,9 @@ class ImageSpec:
     pooling: str                      # "pooler" | "cls"
 
 
-class _Pooled(torch.nn.Module):
+class PooledImageModel(torch.nn.Module):
+    """The model's pooled vector for a pixel batch (the module the embedder compiles)."""
+
     def __init__(self, model: torch.nn.Module, interpolate: bool):
         super().__init__()
         self.model, self.interpolate = model, interpolate
@@ -53,16 +56,20 @@ class _Pooled(torch.nn.Module):
     def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
         kw = {"interpolate_pos_encoding": True} if self.interpolate else {}
         out = self.model(pixel_values=pixel_values, **kw)
-        return out.pooler_output if out.pooler_output is not None else out.last_hidden_state[:, 0]
+        if out.pooler_output is not None:
+            return out.pooler_output.flatten(1)      # ResNet: [n, C, 1, 1]
+        return out.last_hidden_state[:, 0]
 
 
 def load_hf_image_model(model_dir: Path, model_type: str) -> tuple[torch.nn.Module, bool]:
     """(transformers model in fp32 eval mode, whether it has a pooler head)."""
     try:
-        from transformers import Dinov2Model, ViTModel
+        from transformers import Dinov2Model, ResNetModel, ViTModel
     except ImportError:
-        raise ModuleNotFoundError("image embeddings run transformers' ViT/DINOv2 code: "
+        raise ModuleNotFoundError("image embeddings run transformers' ViT/DINOv2/ResNet code: "
                                   "pip install transformers") from None
+    if model_type == "resnet":
+        return ResNetModel.from_pretrained(model_dir, dtype=torch.float32).eval(), True
     if model_type == "vit":
         pooler = has_pooler_weights(model_dir)
         m = ViTModel.from_pretrained(model_dir, add_pooling_layer=pooler, dtype=torch.float32)
@@ -73,7 +80,7 @@ def load_hf_image_model(model_dir: Path, model_type: str) -> tuple[torch.nn.Modu
 
 
 class ImageEmbedder(SpecNamed):
-    """A ViT/DINOv2 encoder resident on the device. A lock serializes calls."""
+    """A ViT/DINOv2/ResNet encoder resident on the device. A lock serializes calls."""
 
     kind = "image"
 
@@ -88,14 +95,17 @@ class ImageEmbedder(SpecNamed):
                                 f"(supported: {', '.join(IMAGE_TYPES)})")
         model, pooler = load_hf_image_model(d, mtype)
         size = int(cfg.get("image_size", 224))
-        self.spec = ImageSpec(name or d.resolve().name, mtype, int(cfg["hidden_size"]), size,
-                              int(cfg.get("patch_size", 16)), "pooler" if pooler else "cls")
+        dim = int(cfg["hidden_sizes"][-1]) if mtype == "resnet" else int(cfg["hidden_size"])
+        # ResNet: one "token" per position of the last stage's 32x-downsampled feature map
+        patch = 32 if mtype == "resnet" else int(cfg.get("patch_size", 16))
+        self.spec = ImageSpec(name or d.resolve().name, mtype, dim, size, patch,
+                              "pooler" if pooler else "cls")
         self.pre = ImagePreprocessor.from_dir(d, mtype, size)
         out = self.pre.output_size()
         self.max_batch = max_batch
         self.dev = get_device()
         self._lock = threading.Lock()
-        self.module = _Pooled(model, mtype == "vit" and out not in (None, (size, size))).to("xdna")
+        self.module = PooledImageModel(model, mtype == "vit" and out not in (None, (size, size))).to("xdna")
         opts = {"cache_dir": str(cache_dir)} if cache_dir else {}
         allow_recompiles()
         self.fn = torch.compile(self.module, backend="xdna", dynamic=False, options=opts)
@@ -105,9 +115,11 @@ class ImageEmbedder(SpecNamed):
         return cls(model_dir, name, **kw)
 
     def tokens(self, pixels: np.ndarray) -> int:
-        """Sequence length of one image: its patches + CLS (reported as usage tokens)."""
+        """Sequence length of one image: its patches + CLS (ResNet: the final feature map's
+        positions), reported as usage tokens."""
         p = self.spec.patch_size
-        return (pixels.shape[-2] // p) * (pixels.shape[-1] // p) + 1
+        cls_token = 0 if self.spec.model_type == "resnet" else 1
+        return max(1, (pixels.shape[-2] // p) * (pixels.shape[-1] // p)) + cls_token
 
     def preprocess(self, images: list) -> list[np.ndarray]:
         return [self.pre(img) for img in images]

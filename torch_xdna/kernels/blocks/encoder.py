@@ -6,7 +6,8 @@ VectorDesign/EmbeddingDesign references, attention runs attention_reference's op
 components' plans combined: DRAM bytes and compute add up (the intermediates between components
 are counted as spilled to DRAM, a conservative choice), and the capacity checks are the
 components' own, so an oversized shape raises their PlanError. Weights are bf16 (the operand
-format), so the GEMMs here are bf16 GEMMs.
+format), so the GEMMs here are bf16 GEMMs. `precision="fp32"` is the verification mode
+(kernels/blocks/encoder_exact.py: nothing rounded; planned as the bf16 blocks).
 """
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ from torch_xdna.kernels.activations import apply_epilogue_
 from torch_xdna.kernels.ops.attention import attention_reference
 from torch_xdna.kernels.base import Design
 from torch_xdna.kernels.ops.gemm import GemmDesign
+from torch_xdna.kernels.blocks import encoder_exact as exact
 from torch_xdna.kernels.blocks.operands import OPERANDS
 from torch_xdna.kernels.blocks.toolkit import combine_plans
 from torch_xdna.kernels.ops.vector import OPS as VECTOR_OPS, EmbeddingDesign, VectorDesign
@@ -156,7 +158,7 @@ def scatter_rows(out: torch.Tensor, rows: torch.Tensor, y: torch.Tensor) -> None
     out.index_copy_(0, rows, y.to(out.dtype))
 
 
-class _Fused(Design):
+class FusedBlock(Design):
     """Shared plan logic: subclasses list their component designs."""
 
     def components(self) -> list[Design]:
@@ -167,7 +169,7 @@ class _Fused(Design):
 
 
 @dataclass(frozen=True)
-class EncoderEmbeddingDesign(_Fused):
+class EncoderEmbeddingDesign(FusedBlock):
     """x = LayerNorm(word[ids] + pos[0..S) + type[t]) for a [batch, seq] id tensor.
 
     inputs: word [V,H], pos [P,H], type [T,H], ln_w [H], ln_b [H], ids int32 [B*S], and with
@@ -184,6 +186,7 @@ class EncoderEmbeddingDesign(_Fused):
     table_dtype: torch.dtype = torch.bfloat16
     typed: bool = False
     type_vocab: int = 2
+    precision: str = "bf16"
     kind = "encoder_embedding"
 
     def plan(self, gen: Generation) -> Plan:
@@ -210,6 +213,11 @@ class EncoderEmbeddingDesign(_Fused):
     def reference(self, inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor],
                   **scalars: Any) -> None:
         word, pos, typ, ln_w, ln_b, ids, *types = inputs
+        if self.precision == "fp32":
+            outputs[0].copy_(exact.embedding(word, pos, typ, ln_w, ln_b, ids,
+                                             types[0] if self.typed else None, self.batch,
+                                             self.seq, self.eps))
+            return
         rows, h = self.batch * self.seq, self.hidden
         x = torch.empty(rows, h)
         self._word.reference([word, ids], [x])
@@ -224,7 +232,7 @@ class EncoderEmbeddingDesign(_Fused):
 
 
 @dataclass(frozen=True)
-class EncoderAttentionDesign(_Fused):
+class EncoderAttentionDesign(FusedBlock):
     """out = LayerNorm(x + (softmax(QK^T/sqrt(D) + mask) V) Wo + bo), QKV = x Wqkv + bqkv.
 
     inputs: x [B*S,H], w_qkv [H,3H], b_qkv [3H], mask [B,S] (additive: 0 or -inf), w_o [H,H],
@@ -236,6 +244,7 @@ class EncoderAttentionDesign(_Fused):
     hidden: int
     heads: int
     eps: float
+    precision: str = "bf16"
     kind = "encoder_attention"
 
     def __post_init__(self):
@@ -271,6 +280,10 @@ class EncoderAttentionDesign(_Fused):
                   **scalars: Any) -> None:
         x, w_qkv, b_qkv, mask, w_o, b_o, ln_w, ln_b = inputs
         b, s, h, nh, d = self.batch, self.seq, self.hidden, self.heads, self.head_dim
+        if self.precision == "fp32":
+            outputs[0].copy_(exact.attention(x, w_qkv, b_qkv, mask, w_o, b_o, ln_w, ln_b, b, s,
+                                             nh, self.eps))
+            return
         lengths = prefix_lengths(mask.view(b, s))
         if lengths is None:                  # a general additive mask: the padded layout
             qkv = linear_rows(x, w_qkv, b_qkv)
@@ -312,7 +325,7 @@ class EncoderAttentionDesign(_Fused):
 
 
 @dataclass(frozen=True)
-class EncoderFFNDesign(_Fused):
+class EncoderFFNDesign(FusedBlock):
     """out = LayerNorm(x + act(x W1 + b1) W2 + b2).
 
     inputs: x [R,H], w1 [H,I], b1 [I], w2 [I,H], b2 [H], ln_w [H], ln_b [H]; output [R,H] fp32.
@@ -328,6 +341,7 @@ class EncoderFFNDesign(_Fused):
     act: str = "gelu"
     chunk: int = 0
     masked: bool = False
+    precision: str = "bf16"
     kind = "encoder_ffn"
 
     def __post_init__(self):
@@ -354,6 +368,9 @@ class EncoderFFNDesign(_Fused):
     def reference(self, inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor],
                   **scalars: Any) -> None:
         x, w1, b1, w2, b2, ln_w, ln_b = inputs[:7]
+        if self.precision == "fp32":
+            outputs[0].copy_(exact.ffn(x, w1, b1, w2, b2, ln_w, ln_b, self.act, self.eps))
+            return
         lengths = None
         if self.masked:
             lengths = prefix_lengths(inputs[7].view(self.rows // self.chunk, self.chunk))
@@ -369,67 +386,88 @@ class EncoderFFNDesign(_Fused):
         scatter_rows(outputs[0], rows, ln)
 
 
-@dataclass(frozen=True)
-class EncoderPoolDesign(_Fused):
-    """Sentence vector: mean over unmasked tokens (or the first token), then L2-normalized.
+POOL_MODES = ("mean", "cls", "max", "mean_sqrt_len_tokens", "weightedmean", "lasttoken")
 
-    inputs: x [B*S,H], mask [B,S] (additive: 0 keeps a token); output [B,H] fp32. Rows with no
-    tokens (batch padding) give zeros.
+
+@dataclass(frozen=True)
+class EncoderPoolDesign(FusedBlock):
+    """Sentence vector, as sentence-transformers' Pooling computes it over the kept tokens: mean,
+    first (cls), max, sum / sqrt(n), position-weighted mean or last token; then L2-normalized.
+
+    inputs: x [B*S,H], mask [B,S] (additive: 0 keeps a token; the embedder drops prompt tokens
+    here when the model's pooling excludes them); output [B,H] fp32. Rows with no tokens (batch
+    padding) give zeros. Each row is pooled over its own kept tokens only (batch invariance).
     """
 
     batch: int
     seq: int
     hidden: int
-    mode: str = "mean"           # "mean" | "cls"
+    mode: str = "mean"
     normalize: bool = True
+    precision: str = "bf16"
     kind = "encoder_pool"
 
     def __post_init__(self):
-        if self.mode not in ("mean", "cls"):
-            raise ValueError(f"{self.kind}: pooling {self.mode!r} not supported (mean, cls)")
+        if self.mode not in POOL_MODES:
+            raise ValueError(f"{self.kind}: pooling {self.mode!r} not supported "
+                             f"({', '.join(POOL_MODES)})")
 
     def components(self) -> list[Design]:
         b, s, h, f32 = self.batch, self.seq, self.hidden, torch.float32
         parts: list[Design] = []
-        if self.mode == "mean":
-            parts.append(VectorDesign("sum", ((b, s, h),), (f32,), (b, h), f32,
-                                      (("dims", (1,)), ("keepdim", False))))
-        else:
+        if self.mode in ("cls", "lasttoken"):
             parts.append(VectorDesign("copy", ((b, h),), (f32,), (b, h), f32))
+        else:
+            op = "amax" if self.mode == "max" else "sum"
+            parts.append(VectorDesign(op, ((b, s, h),), (f32,), (b, h), f32,
+                                      (("dims", (1,)), ("keepdim", False))))
         if self.normalize:
             parts.append(VectorDesign("rms_norm", ((b, h),), (f32,), (b, h), f32,
                                       (("eps", 0.0), ("has_weight", False))))
         return parts
+
+    def _pool_row(self, xi: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+        # sums and counts run on the fp32 accumulator path, max is a comparison: exact
+        n, mode = xi.shape[0], self.mode
+        if mode == "mean":
+            return xi.sum(0) / n
+        if mode == "mean_sqrt_len_tokens":
+            return xi.sum(0) / math.sqrt(n)
+        if mode == "max":
+            return xi.amax(0)
+        if mode == "cls":
+            return xi[0]
+        if mode == "lasttoken":
+            return xi[-1]
+        w = (idx + 1).to(torch.float32).unsqueeze(1)           # weightedmean: 1-based positions
+        return (xi * w).sum(0) / w.sum()
 
     def reference(self, inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor],
                   **scalars: Any) -> None:
         x, mask = inputs
         b, s, h = self.batch, self.seq, self.hidden
         x = x.view(b, s, h).float()
-        lengths = prefix_lengths(mask.view(b, s))
-        if lengths is not None:
-            # each sequence's sum runs over its own tokens only (a reduction over the padded
-            # length would group them by the batch's shape); masked sum and count are additions:
-            # fp32 accumulator path
-            pooled = torch.zeros(b, h)
-            for i, n in enumerate(lengths):
-                if n:
-                    pooled[i] = x[i, :n].sum(0) / n if self.mode == "mean" else x[i, 0]
-        else:
-            keep = (mask.view(b, s) == 0).float()
-            if self.mode == "mean":
-                pooled = (x * keep.unsqueeze(-1)).sum(1) / keep.sum(1, keepdim=True).clamp(min=1.0)
+        keep = mask.view(b, s) == 0
+        pooled = torch.zeros(b, h)
+        for i in range(b):
+            lengths = prefix_lengths(mask.view(b, s)[i:i + 1])
+            if lengths is not None:            # a prefix: the contiguous rows (no gather copy)
+                idx = torch.arange(lengths[0])
+                xi = x[i, :lengths[0]]
             else:
-                pooled = x[:, 0] * keep[:, :1]
+                idx = keep[i].nonzero().squeeze(1)
+                xi = x[i].index_select(0, idx)
+            if len(idx):
+                pooled[i] = self._pool_row(xi, idx)
         if self.normalize:
-            p = numerics.operand(pooled)
+            p = pooled if self.precision == "fp32" else numerics.operand(pooled)
             norm = (p * p).sum(-1, keepdim=True).sqrt().clamp(min=1e-12)
             pooled = p / norm
         numerics.store(pooled, outputs[0])
 
 
 @dataclass(frozen=True)
-class EncoderClassifierHeadDesign(_Fused):
+class EncoderClassifierHeadDesign(FusedBlock):
     """Sequence-classification head (BertForSequenceClassification): the first token's hidden
     state, the pooler tanh(h W_p + b_p), then the classifier logits = pooled W_c + b_c.
 

@@ -56,16 +56,18 @@ async def text_embeddings(srv: Server, request: Request, req: EmbeddingRequest,
                             f"{entry.spec.dim}-dimensional vectors.", param="dimensions",
                        code="invalid_value")
     seqs = await run_in_threadpool(tokenize_inputs, entry, req.input, srv.config)
+    skip = prompt_skip(entry, req.input)
 
     def run_batch(payloads: list[list[list[int]]]) -> list[tuple[torch.Tensor, dict]]:
         from torch_xdna.engine.embed.embedder import EmbedStats
         model = srv.load(entry)
         stats = EmbedStats()
-        vecs = model.embed_ids([s for p in payloads for s in p], stats)
+        vecs = model.embed_ids([s for p in payloads for s in p], stats, pool_skip=skip)
         return [(v, {"modeled_us": stats.modeled_us, "merged": len(payloads)})
                 for v, in unmerge([len(p) for p in payloads], vecs)]
 
-    job = Job(batch_key=("embed", entry.id), batch_fn=srv.npu_job(run_batch), payload=seqs,
+    # requests merge only with others whose pooling leaves out the same prompt tokens
+    job = Job(batch_key=("embed", entry.id, skip), batch_fn=srv.npu_job(run_batch), payload=seqs,
               size=len(seqs))
     vecs, info = await srv.wait(srv.submit(job), request)
     return embedding_response(srv, req, entry, vecs, sum(len(s) for s in seqs), info)
@@ -114,6 +116,23 @@ def embedding_response(srv: Server, req: EmbeddingRequest, entry: ModelEntry,
                         headers=headers)
 
 
+def default_prompt(entry: ModelEntry) -> str:
+    """The model's default prompt (config_sentence_transformers.json default_prompt_name), which
+    sentence-transformers prepends to every text input; '' for none."""
+    st = getattr(entry.spec, "sentence", None)
+    return dict(st.prompts).get(st.default_prompt_name, "") if st and st.default_prompt_name else ""
+
+
+def prompt_skip(entry: ModelEntry, inp) -> int:
+    """Prompt tokens the pooling leaves out (include_prompt=False) for this request's inputs:
+    text inputs carry the default prompt; token-id inputs carry none."""
+    st = getattr(entry.spec, "sentence", None)
+    texts = isinstance(inp, str) or (isinstance(inp, list) and inp and isinstance(inp[0], str))
+    if not texts or st is None or st.include_prompt:
+        return 0
+    return entry.tokenizer.prompt_length(default_prompt(entry))
+
+
 def tokenize_inputs(entry: ModelEntry, inp, config: ServerConfig) -> list[list[int]]:
     """Request input -> model inputs with special tokens, length-checked (400 on violations)."""
     tok, spec = entry.tokenizer, entry.spec
@@ -132,7 +151,8 @@ def tokenize_inputs(entry: ModelEntry, inp, config: ServerConfig) -> list[list[i
             if not t:
                 raise APIError(400, f"'input[{i}]' is an empty string; every input must contain "
                                     f"text.", param="input", code="invalid_value")
-        seqs = tok.encode(inp)
+        prefix = default_prompt(entry)
+        seqs = tok.encode([prefix + t for t in inp] if prefix else inp)
     else:
         seqs = []
         for i, ids in enumerate(inp):

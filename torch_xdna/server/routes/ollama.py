@@ -460,14 +460,14 @@ def _load_job(srv, entry):
 
 async def _embed(srv, request, entry, inp, truncate: bool):
     from torch_xdna.engine.embed.embedder import EmbedStats
-    from torch_xdna.server.routes.embeddings import tokenize_inputs
+    from torch_xdna.server.routes.embeddings import prompt_skip, tokenize_inputs
     from torch_xdna.server.worker import Job
     config = dataclasses.replace(srv.config, truncate=truncate)
     from starlette.concurrency import run_in_threadpool
     seqs = await run_in_threadpool(tokenize_inputs, entry, inp, config)
 
     def work():
-        return srv.load(entry).embed_ids(seqs, EmbedStats())
+        return srv.load(entry).embed_ids(seqs, EmbedStats(), pool_skip=prompt_skip(entry, inp))
     vecs = await srv.wait(srv.submit(Job(fn=srv.npu_job(work))), request)
     n = sum(len(s) for s in seqs)
     srv.metrics.add_tokens(entry.id, "prompt", n)
