@@ -13,7 +13,7 @@ import torch
 from torch_xdna.engine.embed.embedder import Embedder
 from torch_xdna.models.encoder import load_spec
 from torch_xdna.models.hf import ModelDirError
-from torch_xdna.models.st_config import pooling_mode, read_sentence_config
+from torch_xdna.models.formats.st_config import pooling_mode, read_sentence_config
 
 TEXTS = ["hello world", "the quick brown fox is a fox!", "query: a passage",
          "Zebra 42, quick quick brown; the world?", "a"]

@@ -17,7 +17,7 @@ from gguf_fixtures import (add_gpt2_tokenizer, add_spm_tokenizer, dequantized_li
 from llm_fixtures import CHAT_TEMPLATE, TEXT, VOCAB, _config, hf_logits, save_tokenizer
 from torch_xdna.engine.llm.generate import GenerationConfig, load_decoder
 from torch_xdna.kernels.quant import unpack_int4
-from torch_xdna.models.gguf import open_gguf
+from torch_xdna.models.formats.gguf import open_gguf
 from torch_xdna.models.hf import ModelDirError
 
 PROMPT = [5, 17, 33, 101, 7, 250, 64, 12, 99, 3, 42, 77]
@@ -189,7 +189,7 @@ def test_q4_k_m_dequantized_and_said(tmp_path, tok_dir, spm_dir):
 @pytest.mark.parametrize("pre", ("qwen2", "llama-bpe", "gpt-2"))
 def test_gpt2_tokenizer_and_template_rebuilt(models, tmp_path, tok_dir, spm_dir, pre):
     from tokenizers import Tokenizer
-    from torch_xdna.models.gguf import gguf_tokenizer
+    from torch_xdna.models.formats.gguf import gguf_tokenizer
     from torch_xdna.models.tokenizer import Tokenizer as DirTokenizer
     path = _write(tmp_path, "qwen3", models["qwen3"], "F16", tok_dir, spm_dir, pre)
     tok = gguf_tokenizer(open_gguf(path))
@@ -208,7 +208,7 @@ def test_gpt2_tokenizer_and_template_rebuilt(models, tmp_path, tok_dir, spm_dir,
 
 def test_spm_tokenizer_rebuilt(models, tmp_path, tok_dir, spm_dir):
     from tokenizers import Tokenizer
-    from torch_xdna.models.gguf import gguf_tokenizer
+    from torch_xdna.models.formats.gguf import gguf_tokenizer
     path = _write(tmp_path, "gemma3", models["gemma3"], "F16", tok_dir, spm_dir)
     tok = gguf_tokenizer(open_gguf(path))
     orig = Tokenizer.from_file(str(spm_dir / "tokenizer.json"))

@@ -1,4 +1,4 @@
-"""Every pre-tokenizer name llama.cpp knows (models/gguf_pre.py, extracted from llama.cpp's
+"""Every pre-tokenizer name llama.cpp knows (models/formats/gguf_pre.py, extracted from llama.cpp's
 src/llama-vocab.cpp at 4227c9be) splits text the way llama.cpp's unicode_regex_split does.
 
 Reference: the same regex list run through the `regex` package with llama.cpp's semantics
@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import regex
 
-from torch_xdna.models import gguf_pre
+from torch_xdna.models.formats import gguf_pre
 
 SAMPLES = [
     "Hello, world! It's 2025 and we're testing 1234567 digits.",

@@ -1,6 +1,6 @@
 """Real checkpoints from registry packages, token-identical to transformers in fp32.
 
-- whisper-base: faster-whisper's CTranslate2 conversion loaded directly (models/ct2.py); the same
+- whisper-base: faster-whisper's CTranslate2 conversion loaded directly (models/formats/ct2.py); the same
   tokens as the HF-converted directory in this engine and as transformers' generate on it, on
   synthesized speech (tests/data/speech), with and without timestamps.
 - SmolLM2-135M-Instruct (GGUF Q4_1, pre-tokenizer 'smollm') and gemma-3-270m (GGUF Q4_K_M):
@@ -79,7 +79,7 @@ def _greedy_pair(name: str, prompts: list):
 
 def test_smollm2_gguf_greedy_identical_to_transformers_raw_and_chat():
     from transformers import AutoTokenizer
-    from torch_xdna.models.gguf import gguf_tokenizer, open_gguf
+    from torch_xdna.models.formats.gguf import gguf_tokenizer, open_gguf
     path = _greedy_pair("smollm2-135m-instruct", [RAW, CHAT])
     ours = gguf_tokenizer(open_gguf(path))
     ref = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)

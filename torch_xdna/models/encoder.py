@@ -3,7 +3,7 @@ and tokenizer from a HF directory.
 
 A sentence-transformers folder adds what the plain HF config lacks: the max sequence length and
 lowercasing, the pooling, whether the output is L2-normalized and the named prompts
-(models/st_config.py reads them). We honor them so results match sentence-transformers.
+(models/formats/st_config.py reads them). We honor them so results match sentence-transformers.
 XLM-R / RoBERTa differ from BERT in data only: position ids start after the padding id
 (`position_offset`; the table's first pad_token_id + 1 rows are never read) and one token type.
 """
@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 from torch_xdna.models.hf import ModelDirError, iter_tensors, read_config, read_json
-from torch_xdna.models.st_config import SentenceConfig, read_sentence_config, transformer_dir
+from torch_xdna.models.formats.st_config import SentenceConfig, read_sentence_config, transformer_dir
 
 ENCODER_TYPES = ("bert", "xlm-roberta", "roberta", "modernbert", "esm")
 PRENORM_TYPES = ("modernbert", "esm")     # pre-norm rotary encoders (PreNormArch)

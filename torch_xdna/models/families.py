@@ -125,7 +125,7 @@ def _rope(family: str, params: dict | None, theta_default: float,
     factor = float(params["factor"]) if params.get("factor") is not None else 1.0
     if rtype == "linear":
         return RopeSpec(theta, "linear", factor)
-    if rtype == "freq_factors":                  # GGUF rope_freqs (models/gguf.py)
+    if rtype == "freq_factors":                  # GGUF rope_freqs (models/formats/gguf.py)
         return RopeSpec(theta, "freq_factors",
                         freq_factors=tuple(float(x) for x in params.get("freq_factors", ())))
     if rtype == "yarn":

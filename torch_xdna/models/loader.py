@@ -76,9 +76,9 @@ def read_model(model_dir: str | Path) -> ModelFiles:
 
 
 def read_gguf(path: Path) -> ModelFiles:
-    """The description of a llama.cpp GGUF file (models/gguf.py): its metadata as a config,
+    """The description of a llama.cpp GGUF file (models/formats/gguf.py): its metadata as a config,
     validated like a config.json, before any weight is read."""
-    from torch_xdna.models.gguf import open_gguf
+    from torch_xdna.models.formats.gguf import open_gguf
     g = open_gguf(path)
     cfg = g.config()
     family_of(cfg)
@@ -203,7 +203,7 @@ def _write_cache(cd: CacheDir, name: str, key: str, tensors: dict[str, torch.Ten
 def _hf_tensors(mf: ModelFiles) -> dict[str, torch.Tensor]:
     from torch_xdna.models.hf import iter_tensors
     if mf.gguf is not None:
-        from torch_xdna.models.gguf import hf_state_dict
+        from torch_xdna.models.formats.gguf import hf_state_dict
         return hf_state_dict(mf.gguf, mf.config)
     sd = {}
     for name, t in iter_tensors(mf.path):

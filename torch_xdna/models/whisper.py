@@ -153,8 +153,8 @@ class WhisperFiles:
 
 
 def read_whisper(model_dir: str | Path) -> WhisperFiles:
-    """A HF Whisper directory, or a CTranslate2 one (faster-whisper's; models/ct2.py)."""
-    from torch_xdna.models import ct2
+    """A HF Whisper directory, or a CTranslate2 one (faster-whisper's; models/formats/ct2.py)."""
+    from torch_xdna.models.formats import ct2
     from torch_xdna.models.packaged import resolve
     path = resolve(model_dir)
     if path.is_dir() and ct2.is_ct2_dir(path):

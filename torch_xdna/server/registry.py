@@ -67,7 +67,7 @@ def model_kind(model_dir: Path) -> str:
     """'rerank' for BERT-family cross-encoders (*ForSequenceClassification), 'embedding' for
     other BERT-family encoders (incl. sentence-transformers folders), 'image' for ViT/DINOv2/ResNet
     image encoders, 'asr' for Whisper (HF or CTranslate2 directories), else 'chat'."""
-    from torch_xdna.models.ct2 import is_ct2_dir
+    from torch_xdna.models.formats.ct2 import is_ct2_dir
     from torch_xdna.models.cross_encoder import is_cross_encoder
     from torch_xdna.models.vision import IMAGE_TYPES
     if is_ct2_dir(model_dir):
@@ -85,7 +85,7 @@ def model_kind(model_dir: Path) -> str:
 def check_gguf(path: Path, tokenizer_dir: str | None) -> None:
     """The quick startup check of a GGUF chat model: header and config, and the tokenizer it
     will use (rebuilt from the file's metadata, or the given directory's tokenizer.json)."""
-    from torch_xdna.models.gguf import gguf_tokenizer
+    from torch_xdna.models.formats.gguf import gguf_tokenizer
     from torch_xdna.models.loader import read_model
     from torch_xdna.models.tokenizer import Tokenizer
     files = read_model(path)
@@ -126,7 +126,7 @@ class ModelRegistry:
         tokenizer), a CTranslate2 Whisper directory or a packaged checkpoint's name; the kind is
         detected from the files. Every file is checked here (config, GGUF header and tokenizer),
         so a bad one raises ModelDirError before the server binds."""
-        from torch_xdna.models.gguf import is_gguf
+        from torch_xdna.models.formats.gguf import is_gguf
         from torch_xdna.models.packaged import resolve
         spec, tokenizer_dir = split_tokenizer(model_dir)
         path = resolve(spec)

@@ -29,7 +29,7 @@ def register(subparsers) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from torch_xdna.engine import accuracy as acc
-    from torch_xdna.models.gguf import is_gguf
+    from torch_xdna.models.formats.gguf import is_gguf
     from torch_xdna.models.packaged import resolve
     log = lambda s: print(f"xdna accuracy: {s}", file=sys.stderr)  # noqa: E731
     if args.model is None:

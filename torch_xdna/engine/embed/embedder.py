@@ -29,7 +29,7 @@ from torch_xdna.kernels.blocks.encoder import (EncoderAttentionDesign, EncoderEm
 from torch_xdna.engine.embed import prenorm
 from torch_xdna.models.encoder import (EncoderSpec, EncoderTokenizer, load_encoder_weights,
                                        load_prenorm_weights, load_spec)
-from torch_xdna.models.st_config import prompt_text
+from torch_xdna.models.formats.st_config import prompt_text
 from torch_xdna.runtime import Device, Launch, Program, TensorArg, get_device
 
 SEQ_STEP = 8                   # seq bucket granularity (tokens): a multiple of the GEMM row tile

@@ -53,7 +53,7 @@ def resolve(model: str) -> tuple[str, dict, EncoderSpec] | None:
     None for anything else (the caller tries the other estimators)."""
     from torch_xdna.models.encoder import ENCODER_TYPES
     from torch_xdna.models.hf import read_config
-    from torch_xdna.models.st_config import transformer_dir
+    from torch_xdna.models.formats.st_config import transformer_dir
     if model.lower() in SHAPES:
         cfg = SHAPES[model.lower()]
         with tempfile.TemporaryDirectory() as tmp:            # through the real config reader

@@ -395,7 +395,7 @@ def load_decoder(model_dir: str | Path, precision: str | Mapping[str, str] = "au
     if tokenizer_dir is not None:
         tok = Tokenizer(tokenizer_dir)
     elif g is not None:
-        from torch_xdna.models.gguf import gguf_tokenizer
+        from torch_xdna.models.formats.gguf import gguf_tokenizer
         tok = gguf_tokenizer(g)
     else:
         tok = Tokenizer(files.path) if (files.path / "tokenizer.json").is_file() else None

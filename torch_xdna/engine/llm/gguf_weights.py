@@ -13,7 +13,7 @@ from typing import Callable
 import torch
 
 from torch_xdna.kernels.quant import pack_int4
-from torch_xdna.models.gguf import NATIVE, QK, GGUFModel, native_blocks
+from torch_xdna.models.formats.gguf import NATIVE, QK, GGUFModel, native_blocks
 
 SITE_KIND = {"qkv": "attention", "o": "attention", "gate_up": "mlp", "down": "mlp",
              "embed": "head", "lm_head": "head"}

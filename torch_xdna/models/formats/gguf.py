@@ -5,7 +5,7 @@ into the same things a HF directory gives the engine:
   - a HF-style config dict from the `{arch}.*` keys (qwen3, llama, gemma3), so models/families.py
     builds the DecoderSpec and refuses unsupported features by name, as for config.json;
   - a `tokenizers` tokenizer from `tokenizer.ggml.*`: "gpt2" byte-level BPE with every
-    pre-tokenizer split llama.cpp names (models/gguf_pre.py) and "llama" SentencePiece BPE
+    pre-tokenizer split llama.cpp names (models/formats/gguf_pre.py) and "llama" SentencePiece BPE
     (Gemma, Llama 2), special tokens, BOS rule, chat template; any other tokenizer model is
     refused with the fix (--tokenizer DIR);
   - HF-named fp32 tensors, undoing what llama.cpp's convert_hf_to_gguf.py did on the way in:
@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from torch_xdna.models import gguf_pre
+from torch_xdna.models.formats import gguf_pre
 from torch_xdna.models.hf import ModelDirError
 
 log = logging.getLogger("torch_xdna.gguf")
