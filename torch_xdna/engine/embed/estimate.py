@@ -84,7 +84,7 @@ def modeled_ms(spec: EncoderSpec, seq: int, batch: int = 1, gen=None) -> dict:
     gen = gen or default_generation()
     designs = program_designs(spec, batch, seq)
     plans = [d.plan(gen) for d in designs]
-    terms = CostModel(gen).charge_program([(d.key, p) for d, p in zip(designs, plans)])
+    terms = CostModel(gen).charge_program([(d.key, p, d.runs()) for d, p in zip(designs, plans)])
     us = sum(t.total for t in terms)
     return {"seq": seq, "batch": batch, "launches": len(designs), "generation": gen.name,
             "modeled_npu_ms": us / 1e3, "modeled_npu_ms_per_sequence": us / 1e3 / batch,

@@ -294,9 +294,11 @@ class CostModel:
         Estimators (engine, compiler) use this so their figures equal what the simulator charges."""
         items = list(items)
         ctx = context if context is not None else ("program",) + tuple(it[0] for it in items)
-        return [self.charge(it[0], it[1], chained=i > 0, context=ctx,
-                            runs=it[2] if len(it) > 2 else ())
-                for i, it in enumerate(items)]
+        out = []
+        for i, (key, plan, *runs) in enumerate(items):
+            out.append(self.charge(key, plan, chained=i > 0, context=ctx,
+                                   runs=runs[0] if runs else ()))
+        return out
 
     def reset(self) -> None:
         self.current = None
