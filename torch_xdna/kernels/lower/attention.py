@@ -12,8 +12,11 @@ all-zero and their output is dropped).
   o   per core (rows, d) fp32, the online-softmax accumulator itself -> mem tile join -> shim
 Each core: forever { items x { attn_init; attn_q; tiles x attn_tile; attn_finish } }, with the
 launch's kv_len and q_offset in two runtime-parameter buffers (RtpWrite per launch). The core
-loops over the design's KV capacity; key tiles past kv_len arrive as zeros and attn_tile masks
-keys >= kv_len (and the causal / window constraints), so one core program serves every step.
+loops over the design's KV capacity; attn_tile masks keys >= kv_len (and the causal / window
+constraints) and reads their V rows as zero, so the key tile holding kv_len is read whole from the
+buffer (stale cache rows and all; no edge padding) and one core program serves every step. Key
+tiles wholly past kv_len still arrive as shim zero padding (no DRAM read): removing that needs a
+core loop bounded by a runtime parameter (mlir-aie's dynamic objectFifo lowering), not done.
 
 Kernel semantics (kernels/aie/; the simulator's references implement the same):
   attn_init_f32(o, ml, state)            o = 0, m = -inf, l = 0, state[0] = 0 (tile counter)
@@ -22,7 +25,8 @@ Kernel semantics (kernels/aie/; the simulator's references implement the same):
                  tq, group, causal, window, softcap)
                                          one key tile (tile state[0], then state[0] += 1):
                                          s = scale * q k^T (fp32; softcap), masked; online
-                                         softmax update of m, l, o with p = bf16(exp(s - m))
+                                         softmax update of m, l, o with p = bf16(exp(s - m));
+                                         V rows of keys >= kv_len read as zero
   attn_tile_masked_bf16(q, kvm u8, ..., mask_kind)   the same, plus the mask tile after K, V
                                          (mask_kind 1: additive fp32, 2: bool, True = attend)
   attn_finish_f32(o, ml, state)          o /= l (0 where l == 0); state[1] += 1 (item counter)
@@ -179,10 +183,14 @@ def attention_program(d, gen: Generation, kv_len: int | None = None, q_offset: i
                 c = t.col
                 kv_valid = max(0, min(tkv, n - j * tkv)) if w < items else 0
                 bb, h = (w // (Hkv * q_tiles), (w // q_tiles) % Hkv) if w < items else (0, 0)
+                # a tile holding valid keys is read whole while it lies inside the buffer (the
+                # rows past kv_len are masked and their V rows read as zero by attn_tile, so
+                # whatever a resident cache holds there adds nothing): no per-tile edge padding
+                whole = tkv if (j + 1) * tkv <= S else kv_valid
                 for arg in ("k", "v"):
                     if kv_valid:
                         off = ((bb * Hkv + h) * S + j * tkv) * D
-                        b.task(f"kv{c}", arg, off, (kv_valid, D), (D, 1), (tkv - kv_valid, dp - D))
+                        b.task(f"kv{c}", arg, off, (whole, D), (D, 1), (tkv - whole, dp - D))
                     else:
                         b.task(f"kv{c}", arg, 0, (0,), (1,), (tkv * dp,))
                 if d.mask:
