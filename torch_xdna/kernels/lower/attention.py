@@ -41,7 +41,11 @@ from torch_xdna.kernels.lower.builder import Builder, LoweringError, acq, call, 
 
 
 def attention_program(d, gen: Generation, kv_len: int | None = None, q_offset: int | None = None,
-                      **_) -> ir.ArrayProgram:
+                      item_io: bool = False, **_) -> ir.ArrayProgram:
+    """item_io (a fused layer's scratch buffers): q is (items, 2 tkv, dp) bf16, one whole
+    stream element per work item (its rows past the item's are never used), and out is
+    (items, rows, dp) fp32, one whole output tile per item, so no Q / O task pads or drops
+    rows (the layer's qk_rope writes and attn_cast reads only the valid rows)."""
     plan = d.plan(gen)
     tq, tkv, dp = plan.tile
     rm = gen.mmul_shape.value["bf16"][0]
@@ -55,7 +59,8 @@ def attention_program(d, gen: Generation, kv_len: int | None = None, q_offset: i
     qoff = (0 if d.top_left else n - Lq) if q_offset is None else int(q_offset)
     q_tiles = ceil_div(Lq, tq)
     items = B * Hkv * q_tiles
-    cores, cols = plan.cores, plan.columns
+    cores, cols = item_cores(items, plan.cores, item_io), plan.columns
+    cols = min(cols, cores)
     ntiles = ceil_div(S, tkv)
     rounds = ceil_div(items, cores)
     b = Builder(f"{d.name}_B{B}H{Hq}/{Hkv}L{Lq}S{S}D{D}", gen)
@@ -66,7 +71,10 @@ def attention_program(d, gen: Generation, kv_len: int | None = None, q_offset: i
     if in_dt != "bf16" or out_dt != "f32":
         raise LoweringError(f"{d.name}: lowered for bf16 inputs and fp32 output, not "
                             f"{in_dt} -> {out_dt}")
-    b.arg("q", (B, Hq, Lq, D), in_dt)
+    if item_io and (d.mask or dp != D):
+        raise LoweringError(f"{d.name}: item layout lowered without a mask and with head_dim "
+                            f"{D} == the tile's {dp}")
+    b.arg("q", (items, 2 * tkv, dp) if item_io else (B, Hq, Lq, D), in_dt)
     b.arg("k", (B, Hkv, S, D), in_dt)
     b.arg("v", (B, Hkv, S, D), in_dt)
     mshape = None
@@ -78,7 +86,7 @@ def attention_program(d, gen: Generation, kv_len: int | None = None, q_offset: i
                                 "contiguous run for the DMA; expand it on the host")
         m_dt = "u8" if d.mask_bool else "f32"
         b.arg("mask", mshape, m_dt)
-    b.arg("out", (B, Hq, Lq, D), out_dt)
+    b.arg("out", (items, rows, dp) if item_io else (B, Hq, Lq, D), out_dt)
     per_col = [cores // cols + (1 if c < cores % cols else 0) for c in range(cols)]
     tiles, base = [], []
     for c in range(cols):
@@ -163,6 +171,9 @@ def attention_program(d, gen: Generation, kv_len: int | None = None, q_offset: i
             if w >= items:
                 b.task(f"o{c}", "out", 0, (0,), (1,), (rows * dp,))
                 continue
+            if item_io:
+                b.task(f"o{c}", "out", w * rows * dp, (rows * dp,), (1,))
+                continue
             off, tv = q_rows(w)
             b.task(f"o{c}", "out", off, (g, tv, D), (Lq * D, D, 1),
                    ((rows - g * tq) // tq if tq else 0, tq - tv, dp - D))
@@ -171,6 +182,9 @@ def attention_program(d, gen: Generation, kv_len: int | None = None, q_offset: i
             c = t.col
             if w >= items:
                 b.task(f"kv{c}", "q", 0, (0,), (1,), (qe + q_pad_tail,))
+                continue
+            if item_io:
+                b.task(f"kv{c}", "q", w * qe, (qe,), (1,))
                 continue
             off, tv = q_rows(w)
             b.task(f"kv{c}", "q", off, (g, tv, D), (Lq * D, D, 1),
@@ -199,6 +213,16 @@ def attention_program(d, gen: Generation, kv_len: int | None = None, q_offset: i
                                j * tkv, g, tq, tkv, rows, Lq)
         b.end_round()
     return b.build()
+
+
+def item_cores(items: int, plan_cores: int, whole: bool = False) -> int:
+    """Cores the lowering uses: never more than the work items (an idle core would still need
+    its stream fed, with shim zero padding); with `whole` rounds (item layouts) the largest
+    divisor of `items` not above the plan's cores, so no round has an idle core."""
+    n = max(1, min(plan_cores, items))
+    while whole and items % n:
+        n -= 1
+    return n
 
 
 def _mask_task(b, fifo, mshape, live, kv_valid, item, k0, g, tq, tkv, rows, Lq):
