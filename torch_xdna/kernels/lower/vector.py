@@ -210,8 +210,13 @@ def vector_program(d, gen: Generation) -> ir.ArrayProgram:
             n_units = ceil_div(n_in, work)
             cores = min(cores, n_units)
             cols = min(cols, ceil_div(cores, gen.core_rows.value))
-    streamed, resident = [], []
     row_op = d.op in ROW_OPS
+    if n_out == n_in and not row_op and (n_in % work or ceil_div(n_in, work) % cores):
+        fit = whole_units(n_in, work, cores, [numel(s) for s in d.in_shapes])
+        if fit is not None:             # no zero-padded tail unit (no shim edge padding)
+            work, n_units, cores = fit
+            cols = min(cols, ceil_div(cores, gen.core_rows.value))
+    streamed, resident = [], []
     for i, (s, dt) in enumerate(zip(d.in_shapes, dts)):
         n = numel(s)
         name = f"in{i}"
@@ -248,6 +253,24 @@ def vector_program(d, gen: Generation) -> ir.ArrayProgram:
         outputs=[Operand("out0", out_dt, n_out, per_out)], kernel=kernel, packed_kernel=packed, consts=params,
         unit_const=unit_const,
         working=working, notes={"design": d.name, "row_len": d._row_len() if row_op else 0})
+
+
+def whole_units(n: int, work: int, cores: int, sizes=(), granule: int = 32) -> tuple | None:
+    """(work, units, cores) splitting n elements into equal units of at most `work` (a multiple
+    of `granule`, tiled by every broadcast operand in `sizes`) over a divisor of the units as
+    cores, so no unit is a padded tail: the shim DMA cannot zero-pad an edge tile (mlir-aie pads
+    on mem-tile BDs only). The most elements per round, then the larger unit; None: no fit."""
+    best = None
+    for w in range(min(work, n) // granule * granule, 0, -granule):
+        if n % w or any(m != n and m and w % m for m in sizes):
+            continue
+        units = n // w
+        c = min(cores, units)
+        while units % c:
+            c -= 1
+        if best is None or c * w > best[0] * best[2]:
+            best = (w, units, c)
+    return None if best is None else best
 
 
 def _row_variant(d) -> str:
