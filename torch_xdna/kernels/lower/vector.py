@@ -339,6 +339,8 @@ def epilogue_program(d, gen: Generation, scratch: str = "T") -> ir.ArrayProgram:
         raise LoweringError(f"{d.name}: one output row of {N} does not fit L1 for the epilogue")
     n_units = ceil_div(m_total, rows)
     cores = min(gen.cores, n_units)
+    if m_total % rows or n_units % cores:       # no padded tail unit: rows dividing the output
+        rows, n_units, cores = whole_units(m_total, rows, gen.cores, granule=1)
     cols = min(gen.columns.value, ceil_div(cores, gen.core_rows.value))
     work = rows * N
     streamed = [Operand(scratch, acc_dt, m_total * N, work)]
