@@ -59,8 +59,10 @@ def attention_program(d, gen: Generation, kv_len: int | None = None, q_offset: i
     qoff = (0 if d.top_left else n - Lq) if q_offset is None else int(q_offset)
     q_tiles = ceil_div(Lq, tq)
     items = B * Hkv * q_tiles
-    cores, cols = item_cores(items, plan.cores, item_io), plan.columns
-    cols = min(cols, cores)
+    cores, cols = plan.cores, plan.columns
+    if item_io:                         # every core busy in every round (no all-padding items)
+        cores = item_cores(items, plan.cores)
+        cols = min(cols, cores)
     ntiles = ceil_div(S, tkv)
     rounds = ceil_div(items, cores)
     b = Builder(f"{d.name}_B{B}H{Hq}/{Hkv}L{Lq}S{S}D{D}", gen)
@@ -215,12 +217,13 @@ def attention_program(d, gen: Generation, kv_len: int | None = None, q_offset: i
     return b.build()
 
 
-def item_cores(items: int, plan_cores: int, whole: bool = False) -> int:
-    """Cores the lowering uses: never more than the work items (an idle core would still need
-    its stream fed, with shim zero padding); with `whole` rounds (item layouts) the largest
-    divisor of `items` not above the plan's cores, so no round has an idle core."""
+def item_cores(items: int, plan_cores: int) -> int:
+    """Cores an item-layout lowering uses: the largest divisor of `items` not above the plan's
+    cores, so no round has an idle core (whose stream would be all shim zero padding). The
+    plan's split-KV decode may count more cores than work items; the lowering does not split
+    keys, so those cores would only idle."""
     n = max(1, min(plan_cores, items))
-    while whole and items % n:
+    while items % n:
         n -= 1
     return n
 
