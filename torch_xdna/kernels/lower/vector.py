@@ -3,7 +3,9 @@ rms_norm rows, and the GEMM bias/residual epilogue, with the chunking VectorDesi
 
 Layout: `cores` compute tiles over `cols` columns (the plan's numbers). A unit is `work`
 elements (whole rows for row ops); unit u runs on core u % cores, so every core runs the same
-number of units (the tail is zero-padded in the stream, dropped on the way out).
+number of units (the tail is zero-padded in the stream, dropped on the way out; elementwise
+ops and the GEMM epilogue pick units dividing the operand instead when one exists, whole_units,
+since the shim DMA cannot pad on a chip).
   in   per column and input channel: shim -> mem tile (one unit per core of the column) -> split
   par  resident operands (norm weights, broadcast rows): shim -> every core, depth 1, acquired
        once per launch
