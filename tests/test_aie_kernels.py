@@ -676,6 +676,37 @@ def test_ir_attention_work_item(lib, group, tq, lq, s_len, causal, window, softc
     assert float((o.reshape(group, lq, d) - ref).abs().max()) <= 2.0 ** -8 * float(v.float().abs().max())
 
 
+def test_ir_attention_tile_ignores_stale_rows_past_kv_len(lib):
+    """A key tile read whole from a resident cache: rows at or past kv_len hold stale values
+    (huge keys, NaN / inf values); attn_tile masks them and reads their V rows as zero, so the
+    result is bit-identical to the zero-padded tile and to the golden."""
+    rows, tkv, d = lib.defines["ATT_TQ"], lib.defines["ATT_TKV"], lib.defines["ATT_D"]
+    kv_len = tkv + 5
+    q_rows = bf16(rows, d, scale=2)
+    k, v = bf16(2 * tkv, d, scale=2), bf16(2 * tkv, d)
+    stale_k, stale_v = k.clone(), v.clone()
+    stale_k[kv_len:], stale_v[kv_len:] = 1e4, float("nan")
+    stale_v[-1] = float("inf")
+    k[kv_len:], v[kv_len:] = 0, 0
+    outs = []
+    for kk, vv in ((k, v), (stale_k, stale_v)):
+        o, ml = torch.empty(rows, d), torch.empty(rows, 2)
+        state = torch.tensor([0, 0], dtype=torch.int32)
+        s, p = torch.empty(rows, tkv), torch.empty(rows, tkv, dtype=torch.bfloat16)
+        lib.attn_init_f32(o, ml, state)
+        for j in range(2):
+            kv = torch.stack([kk[j * tkv:(j + 1) * tkv], vv[j * tkv:(j + 1) * tkv]]).contiguous()
+            lib.attn_tile_bf16(q_rows, kv, s, p, o, ml, state, kv_len, kv_len - 1, 0.125, 0, 1, 1,
+                               rows, 1, 1, 0, 0.0)
+        lib.attn_finish_f32(o, ml, state)
+        outs.append(o)
+    assert torch.isfinite(outs[1]).all()
+    assert_bits(outs[1], outs[0], "stale rows past kv_len")
+    want = golden.attention_item(q_rows, stale_k, stale_v, kv_len=kv_len, q_offset=kv_len - 1,
+                                 t0=0, tq=rows, scale=0.125, tkv=tkv, causal=True)
+    assert_bits(outs[1], want, "golden with stale rows")
+
+
 def test_attention_fully_masked_row_gives_zero(lib):
     d, tq, tkv = lib.defines["ATT_D"], lib.defines["ATT_TQ"], lib.defines["ATT_TKV"]
     q, k = bf16(tq, d), bf16(tkv, d)

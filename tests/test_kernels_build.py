@@ -258,3 +258,34 @@ def test_selftest_without_artifacts_is_unavailable(tmp_path, capsys):
     rc = selftest.run(argparse.Namespace(json=False, receipt=None), system=h.system(),
                       pyxrt=FakeXrt(), artifacts=ArtifactStore(tmp_path / "none"))
     assert rc == 2 and "xdna kernels build" in capsys.readouterr().err
+
+
+@pytest.fixture(scope="module")
+def tiny_aligned_qwen3(tmp_path_factory):
+    """A tiny random Qwen3 whose shapes fill whole tiles: KV capacity 256 (one key tile of its
+    head_dim-16 attention plan), vocab 512 (whole lm_head column tiles), hidden 64."""
+    from llm_fixtures import build_model
+    path = tmp_path_factory.mktemp("llm") / "tiny-aligned-qwen3"
+    build_model("qwen3", path, max_position_embeddings=256, vocab_size=512)
+    return path
+
+
+def test_tile_aligned_decoder_builds_its_layers(tiny_aligned_qwen3, tmp_path, monkeypatch, capsys):
+    """Every stage of the decode and prefill layers prints (no shim edge padding: the attention
+    stage's Q / output move whole through item-layout scratch, the key tile holding kv_len is
+    read whole, vector units divide the row) and builds as a staged artifact through the (fake)
+    toolchain; each manifest passes the backend's validator before install."""
+    fake_toolchain.install(tmp_path / "tc", monkeypatch)
+    assert main(["kernels", "build", "--model", str(tiny_aligned_qwen3), "--artifact-dir",
+                 str(tmp_path / "store"), "--json"]) in (0, 1), capsys.readouterr().err
+    out = json.loads(capsys.readouterr().out)
+    built = [b["design"] for b in out["built"]]
+    assert sum("llm.layer" in b for b in built) == 2, out          # prefill and decode
+    assert sum("llm.embed" in b for b in built) == 2, out
+    assert not out["skipped"], out["skipped"]
+    # the head's stages are still structural only (no launch binding between them): named
+    assert {f["design"] for f in out["failed"]} == {"llm.head[bf16]"}
+    assert all("structural only" in f["error"] for f in out["failed"])
+    for b in (b for b in out["built"] if "llm.layer" in b["design"]):
+        m = json.loads((tmp_path / "store" / b["key"] / "manifest.json").read_text())
+        assert m["flow"] == "staged" and len(m["launch"]["stages"]) == 12

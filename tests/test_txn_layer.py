@@ -117,10 +117,13 @@ def test_new_position_is_a_new_stream_not_a_rebuild():
     k_idx = [a.name for a in qk5.sequence.args].index("k_cache")
     patches = [op for op in T.decode(words).ops if isinstance(op, T.DdrPatch) and op.arg_idx == k_idx]
     assert [op.arg_plus & 0x7FFFFFFF for op in patches] == [5 * D * 2]     # args >= 5: 0x80000000 fold
-    # q heads head-major (the GQA group's heads adjacent, as attention reads them)
+    # q heads into the attention stage's item layout (a KV head's group heads in one element)
     (tq,) = [t for t in qk5.sequence.tasks if t.arg == "T_q"]
-    assert tq.sizes[-2:] == (HQ, D)
+    assert tq.sizes[-3:] == (HKV, HQ // HKV, D)
     att = next(p for p in p5 if dict(p.notes)["stage"] == "llm_layer.attention")
+    # Q elements and output tiles move whole (no shim padding or dropped rows)
+    qo = [t for t in att.sequence.tasks if t.arg in ("T_q", "T_a")]
+    assert qo and all(not t.pad_after and len(t.sizes) == 1 for t in qo)
     assert dict(att.notes)["kv_len"] == 6 and dict(att.notes)["q_offset"] == 5
 
 

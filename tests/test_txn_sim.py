@@ -188,6 +188,26 @@ def test_attention_bit_identical(kw, scalars):
     assert float((func - ref).abs().max()) <= 2 ** -7 * float(v.float().abs().max())
 
 
+def test_attention_reads_the_kv_len_tile_whole_whatever_the_stale_rows_hold():
+    """A resident cache of capacity 256 holding 100 valid keys: the key tile holding kv_len is
+    read whole (no shim edge padding), its stale rows are garbage (1e4 keys, NaN values) and add
+    exactly nothing, so the levels stay bit-identical to the functional reference (which never
+    looks past kv_len)."""
+    from torch_xdna.kernels.ops.attention import AttentionDesign
+    d = AttentionDesign(1, 4, 2, 1, 256, 64, causal=True)
+    g = torch.Generator().manual_seed(3)
+    q = torch.randn(1, 4, 1, 64, generator=g).bfloat16()
+    k, v = (torch.randn(1, 2, 256, 64, generator=g).bfloat16() for _ in range(2))
+    k[..., 100:, :], v[..., 100:, :] = 1e4, float("nan")
+    kv_tasks = [t for t in lower(d, NPU4, kv_len=100)[0].sequence.tasks if t.arg in ("k", "v")]
+    assert all(t.sizes[0] == d.plan(NPU4).tile[1] for t in kv_tasks if t.elements)
+    assert not any(t.pad_after for t in kv_tasks if t.elements)      # only all-zero past tiles pad
+    func, txn = torch.zeros(q.shape), torch.zeros(q.shape)
+    d.reference([q, k, v], [func], kv_len=100)
+    txn_level.TxnRunner(NPU4).run(d, [q, k, v], [txn], {"kv_len": 100})
+    assert torch.isfinite(txn).all() and torch.equal(func, txn)
+
+
 @pytest.mark.parametrize("m,k,n,dt", [(4, 64, 96, "bf16"), (1, 256, 128, "int8")])
 def test_staged_gated_gemm_bit_identical(m, k, n, dt):
     """A three-stage launch (gate GEMM -> T0, up GEMM -> T1, gate_mul -> out) through scratch

@@ -419,7 +419,9 @@ def flash_rows(qf: torch.Tensor, qpos: torch.Tensor, kf: torch.Tensor, vf: torch
         l = torch.where(live, fmul(l, alpha) + lane_sum(p if sum_rounded else e), l)
         o = torch.where(live.unsqueeze(1), fmul(o, alpha.unsqueeze(1)), o)
         m = torch.where(live, m_new, m)
-        o = matmul_seq(p, vf[k0:k0 + tkv], o)
+        vt = vf[k0:k0 + tkv].clone()
+        vt[max(0, kv_valid - k0):] = 0          # pv_tile: V rows past kv_valid read as zero
+        o = matmul_seq(p, vt, o)
     return fmul(o, torch.where(l > 0, inv(l), _c(0.0)).unsqueeze(1))
 
 

@@ -349,7 +349,9 @@ def attn_tile_masked(q, kvm, s, p, o, ml, state, kv_len, q_offset, scale, core, 
 def attn_tile(q, kv, s, p, o, ml, state, kv_len, q_offset, scale, core, cores, q_tiles, tq, group,
               causal, window, softcap, mask=None) -> None:
     """One key tile: kernels/attention.flash_tile on this core's rows (the functional level
-    folds the same tiles in the same order)."""
+    folds the same tiles in the same order). Keys at or past kv_len are masked and their V rows
+    read as zero (attention.cc pv_tile), so a whole tile of a resident cache may hold anything
+    there."""
     from torch_xdna.kernels.ops.attention import flash_tile
     j = int(state[0])
     state[0] += 1
@@ -363,7 +365,9 @@ def attn_tile(q, kv, s, p, o, ml, state, kv_len, q_offset, scale, core, cores, q
         allowed = allowed & (kp <= qp)
     if window:
         allowed = allowed & (kp > qp - int(window))
-    o_new, m_new, l_new, sc, pe = flash_tile(_ftz(q), _ftz(kv[0]), _ftz(kv[1]), allowed, mask, o,
+    vt = _ftz(kv[1]).clone()
+    vt[max(0, int(kv_len) - j * tkv):] = 0      # rows past kv_len (stale cache rows) add nothing
+    o_new, m_new, l_new, sc, pe = flash_tile(_ftz(q), _ftz(kv[0]), vt, allowed, mask, o,
                                              ml[:, 0].clone(), ml[:, 1].clone(), scale, softcap)
     s.copy_(sc)
     p.copy_(pe.to(p.dtype))

@@ -106,12 +106,32 @@ def dims(layer) -> dict:
                 QKV=(a.heads + 2 * a.kv_heads) * a.head_dim, I=m.intermediate, S=a.capacity)
 
 
-def scratch(layer) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
-    """Scratch DDR buffers between stages: name -> (shape, dtype)."""
+def attention_items(layer, gen=None) -> dict:
+    """The attention stage's work items as the scratch buffers hold them (item layout, no edge
+    padding on the chip): item w = KV head h, query tile t (w = h * q_tiles + t); T_q holds one
+    whole stream element per item (E = 2 tkv rows of dp), T_a one output tile (rows of dp); row
+    gi * tq + r of an item is query head h * group + gi at token t * tq + r. Rows past an item's
+    valid ones are never written by qk_rope nor read by attn_cast."""
+    d = dims(layer)
+    a = next(st.design for st in stages(layer) if st.label == "attention")
+    g = gen or NPU4
+    tq, tkv, dp = a.plan(g).tile
+    q_tiles = -(-d["R"] // tq)
+    rm = g.mmul_shape.value["bf16"][0]
+    rows = -(-a.group * tq // rm) * rm           # lower/attention.py: the core's query rows
+    return dict(tq=tq, tkv=tkv, dp=dp, E=2 * tkv, g=a.group, q_tiles=q_tiles,
+                items=d["Hkv"] * q_tiles, rows=rows)
+
+
+def scratch(layer, gen=None) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
+    """Scratch DDR buffers between stages: name -> (shape, dtype); T_q and T_a in the attention
+    stage's item layout (attention_items)."""
     d = dims(layer)
     R, H, Hq, D = d["R"], d["H"], d["Hq"], d["D"]
-    return {"T_h": ((R, H), BF16), "T_qkv": ((R, d["QKV"]), BF16), "T_q": ((1, Hq, R, D), BF16),
-            "T_a": ((1, Hq, R, D), F32), "T_ab": ((R, Hq * D), BF16), "T_o": ((R, H), F32),
+    it = attention_items(layer, gen)
+    return {"T_h": ((R, H), BF16), "T_qkv": ((R, d["QKV"]), BF16),
+            "T_q": ((it["items"], it["E"], it["dp"]), BF16),
+            "T_a": ((it["items"], it["rows"], it["dp"]), F32), "T_ab": ((R, Hq * D), BF16), "T_o": ((R, H), F32),
             "T_x1": ((R, H), F32), "T_h2": ((R, H), BF16), "T_gu": ((R, 2 * d["I"]), BF16),
             "T_m": ((R, d["I"]), BF16), "T_d": ((R, H), F32)}
 
@@ -247,6 +267,9 @@ def staged_reference(layer, inputs: Sequence[torch.Tensor], outputs: Sequence[to
     t.update(zip(OUTPUT_NAMES, outputs))
     for name, (shape, dt) in scratch(layer).items():
         t[name] = torch.zeros(shape, dtype=dt)
+    # the reference keeps q and the attention output head-major (the item layout only moves
+    # rows, the values are the same)
+    t["T_q"], t["T_a"] = torch.zeros((1, Hq, R, D), dtype=BF16), torch.zeros((1, Hq, R, D), dtype=F32)
     for st in stages(layer):
         if st.kind == "design" and st.ins[-1] in WEIGHTS:     # a GEMM on a stored weight
             ds = st.design

@@ -12,8 +12,11 @@ all-zero and their output is dropped).
   o   per core (rows, d) fp32, the online-softmax accumulator itself -> mem tile join -> shim
 Each core: forever { items x { attn_init; attn_q; tiles x attn_tile; attn_finish } }, with the
 launch's kv_len and q_offset in two runtime-parameter buffers (RtpWrite per launch). The core
-loops over the design's KV capacity; key tiles past kv_len arrive as zeros and attn_tile masks
-keys >= kv_len (and the causal / window constraints), so one core program serves every step.
+loops over the design's KV capacity; attn_tile masks keys >= kv_len (and the causal / window
+constraints) and reads their V rows as zero, so the key tile holding kv_len is read whole from the
+buffer (stale cache rows and all; no edge padding) and one core program serves every step. Key
+tiles wholly past kv_len still arrive as shim zero padding (no DRAM read): removing that needs a
+core loop bounded by a runtime parameter (mlir-aie's dynamic objectFifo lowering), not done.
 
 Kernel semantics (kernels/aie/; the simulator's references implement the same):
   attn_init_f32(o, ml, state)            o = 0, m = -inf, l = 0, state[0] = 0 (tile counter)
@@ -22,7 +25,8 @@ Kernel semantics (kernels/aie/; the simulator's references implement the same):
                  tq, group, causal, window, softcap)
                                          one key tile (tile state[0], then state[0] += 1):
                                          s = scale * q k^T (fp32; softcap), masked; online
-                                         softmax update of m, l, o with p = bf16(exp(s - m))
+                                         softmax update of m, l, o with p = bf16(exp(s - m));
+                                         V rows of keys >= kv_len read as zero
   attn_tile_masked_bf16(q, kvm u8, ..., mask_kind)   the same, plus the mask tile after K, V
                                          (mask_kind 1: additive fp32, 2: bool, True = attend)
   attn_finish_f32(o, ml, state)          o /= l (0 where l == 0); state[1] += 1 (item counter)
@@ -37,7 +41,11 @@ from torch_xdna.kernels.lower.builder import Builder, LoweringError, acq, call, 
 
 
 def attention_program(d, gen: Generation, kv_len: int | None = None, q_offset: int | None = None,
-                      **_) -> ir.ArrayProgram:
+                      item_io: bool = False, **_) -> ir.ArrayProgram:
+    """item_io (a fused layer's scratch buffers): q is (items, 2 tkv, dp) bf16, one whole
+    stream element per work item (its rows past the item's are never used), and out is
+    (items, rows, dp) fp32, one whole output tile per item, so no Q / O task pads or drops
+    rows (the layer's qk_rope writes and attn_cast reads only the valid rows)."""
     plan = d.plan(gen)
     tq, tkv, dp = plan.tile
     rm = gen.mmul_shape.value["bf16"][0]
@@ -52,6 +60,9 @@ def attention_program(d, gen: Generation, kv_len: int | None = None, q_offset: i
     q_tiles = ceil_div(Lq, tq)
     items = B * Hkv * q_tiles
     cores, cols = plan.cores, plan.columns
+    if item_io:                         # every core busy in every round (no all-padding items)
+        cores = item_cores(items, plan.cores)
+        cols = min(cols, cores)
     ntiles = ceil_div(S, tkv)
     rounds = ceil_div(items, cores)
     b = Builder(f"{d.name}_B{B}H{Hq}/{Hkv}L{Lq}S{S}D{D}", gen)
@@ -62,7 +73,10 @@ def attention_program(d, gen: Generation, kv_len: int | None = None, q_offset: i
     if in_dt != "bf16" or out_dt != "f32":
         raise LoweringError(f"{d.name}: lowered for bf16 inputs and fp32 output, not "
                             f"{in_dt} -> {out_dt}")
-    b.arg("q", (B, Hq, Lq, D), in_dt)
+    if item_io and (d.mask or dp != D):
+        raise LoweringError(f"{d.name}: item layout lowered without a mask and with head_dim "
+                            f"{D} == the tile's {dp}")
+    b.arg("q", (items, 2 * tkv, dp) if item_io else (B, Hq, Lq, D), in_dt)
     b.arg("k", (B, Hkv, S, D), in_dt)
     b.arg("v", (B, Hkv, S, D), in_dt)
     mshape = None
@@ -74,7 +88,7 @@ def attention_program(d, gen: Generation, kv_len: int | None = None, q_offset: i
                                 "contiguous run for the DMA; expand it on the host")
         m_dt = "u8" if d.mask_bool else "f32"
         b.arg("mask", mshape, m_dt)
-    b.arg("out", (B, Hq, Lq, D), out_dt)
+    b.arg("out", (items, rows, dp) if item_io else (B, Hq, Lq, D), out_dt)
     per_col = [cores // cols + (1 if c < cores % cols else 0) for c in range(cols)]
     tiles, base = [], []
     for c in range(cols):
@@ -159,6 +173,9 @@ def attention_program(d, gen: Generation, kv_len: int | None = None, q_offset: i
             if w >= items:
                 b.task(f"o{c}", "out", 0, (0,), (1,), (rows * dp,))
                 continue
+            if item_io:
+                b.task(f"o{c}", "out", w * rows * dp, (rows * dp,), (1,))
+                continue
             off, tv = q_rows(w)
             b.task(f"o{c}", "out", off, (g, tv, D), (Lq * D, D, 1),
                    ((rows - g * tq) // tq if tq else 0, tq - tv, dp - D))
@@ -167,6 +184,9 @@ def attention_program(d, gen: Generation, kv_len: int | None = None, q_offset: i
             c = t.col
             if w >= items:
                 b.task(f"kv{c}", "q", 0, (0,), (1,), (qe + q_pad_tail,))
+                continue
+            if item_io:
+                b.task(f"kv{c}", "q", w * qe, (qe,), (1,))
                 continue
             off, tv = q_rows(w)
             b.task(f"kv{c}", "q", off, (g, tv, D), (Lq * D, D, 1),
@@ -179,10 +199,14 @@ def attention_program(d, gen: Generation, kv_len: int | None = None, q_offset: i
                 c = t.col
                 kv_valid = max(0, min(tkv, n - j * tkv)) if w < items else 0
                 bb, h = (w // (Hkv * q_tiles), (w // q_tiles) % Hkv) if w < items else (0, 0)
+                # a tile holding valid keys is read whole while it lies inside the buffer (the
+                # rows past kv_len are masked and their V rows read as zero by attn_tile, so
+                # whatever a resident cache holds there adds nothing): no per-tile edge padding
+                whole = tkv if (j + 1) * tkv <= S else kv_valid
                 for arg in ("k", "v"):
                     if kv_valid:
                         off = ((bb * Hkv + h) * S + j * tkv) * D
-                        b.task(f"kv{c}", arg, off, (kv_valid, D), (D, 1), (tkv - kv_valid, dp - D))
+                        b.task(f"kv{c}", arg, off, (whole, D), (D, 1), (tkv - whole, dp - D))
                     else:
                         b.task(f"kv{c}", arg, 0, (0,), (1,), (tkv * dp,))
                 if d.mask:
@@ -191,6 +215,17 @@ def attention_program(d, gen: Generation, kv_len: int | None = None, q_offset: i
                                j * tkv, g, tq, tkv, rows, Lq)
         b.end_round()
     return b.build()
+
+
+def item_cores(items: int, plan_cores: int) -> int:
+    """Cores an item-layout lowering uses: the largest divisor of `items` not above the plan's
+    cores, so no round has an idle core (whose stream would be all shim zero padding). The
+    plan's split-KV decode may count more cores than work items; the lowering does not split
+    keys, so those cores would only idle."""
+    n = max(1, min(plan_cores, items))
+    while items % n:
+        n -= 1
+    return n
 
 
 def _mask_task(b, fifo, mshape, live, kv_valid, item, k0, g, tq, tkv, rows, Lq):

@@ -10,10 +10,10 @@ built here, each on one core (col 0) with the data layout in the runtime sequenc
                 qkw: the norm weight row of every head, once per launch (q_norm read Hq times
                 and k_norm Hkv times by stride-0 BD dimensions)
             core qk_norm_rope_bf16 (kernels/aie/aie2p/qk_rope.cc)
-            out qk: q heads -> T_q[h, i] (head-major, the GQA group's heads adjacent, as the
-                attention stage reads them), k heads -> k_cache[h, pos + i]
+            out qk: q heads -> T_q in the attention stage's item layout (one whole stream
+                element per work item, LS.attention_items), k heads -> k_cache[h, pos + i]
             v   shim 1 -> mem tile 1 -> shim 1: T_qkv's v heads -> v_cache[h, pos + i] (no core)
-  attn_cast per token: T_a's Hq rows of token i (stride R*D) -> cast_f32_bf16 -> T_ab row i
+  attn_cast per token: T_a's Hq rows of token i (item layout) -> cast_f32_bf16 -> T_ab row i
   silu_mul  per token: gate and up halves of T_gu row i on two channels -> silu_mul_bf16_f32,
             cast_f32_bf16 -> T_m row i
 Each token is one round of the sequence (its drains queued before its feeds, then awaited).
@@ -57,7 +57,8 @@ def layer_programs(d, gen: Generation, pos: int = 0, n: int | None = None, input
             progs.append(hit)           # object for every position (its stream is cached too)
             continue
         if st.kind == "design":
-            p = lower_stage(st.design, gen, **scalars)
+            extra = {"item_io": True} if st.label == "attention" else {}
+            p = lower_stage(st.design, gen, **scalars, **extra)
             names = [a.name for a in p.sequence.args]
             if len(names) != len(st.ins) + 1:
                 raise LoweringError(f"{d.name}: stage {st.label} has {len(names)} host args")
@@ -90,7 +91,8 @@ def _qk_rope(d, gen, dm, pos, positions, n) -> ir.ArrayProgram:
     b.arg("q_norm", (D,), "bf16")
     b.arg("k_norm", (D,), "bf16")
     b.arg("cs", (positions, 2, D), "bf16")
-    b.arg("T_q", (Hq, R, D), "bf16")
+    it = LS.attention_items(d, gen)
+    b.arg("T_q", (it["items"], it["E"], it["dp"]), "bf16")
     b.arg("k_cache", (Hkv, S, D), "bf16")
     b.arg("v_cache", (Hkv, S, D), "bf16")
     shim, core = b.shim(0), b.core(0, 0)
@@ -116,7 +118,7 @@ def _qk_rope(d, gen, dm, pos, positions, n) -> ir.ArrayProgram:
     b.notes.update({"tokens": R, "valid": n, "heads": (Hq, Hkv), "head_dim": D, "position": pos})
     for i, c in enumerate(LS.cs_rows(pos, R, positions)):
         p = pos + i
-        b.task("qk", "T_q", i * D, (Hq, D), (R * D, 1))           # q heads, head-major
+        b.task("qk", "T_q", *_item_rows(it, i, Hkv, D, it["E"]))  # q heads, item layout
         if i < n:                                                 # k rows at the position
             b.task("qk", "k_cache", p * D, (Hkv, D), (S * D, 1))
             b.task("v_out", "v_cache", p * D, (Hkv, D), (S * D, 1))
@@ -133,10 +135,20 @@ def _qk_rope(d, gen, dm, pos, positions, n) -> ir.ArrayProgram:
     return b.build()
 
 
+def _item_rows(it: dict, i: int, hkv: int, d: int, item_rows: int) -> tuple:
+    """(offset, sizes, strides) of token i's query heads in an item-layout buffer (T_q: items
+    of E rows, T_a: items of `rows` rows; LS.attention_items): head h * g + gi sits in item
+    h * q_tiles + i // tq at row gi * tq + i % tq."""
+    tq, dp, q_tiles = it["tq"], it["dp"], it["q_tiles"]
+    off = ((i // tq) * item_rows + i % tq) * dp
+    return off, (hkv, it["g"], d), (q_tiles * item_rows * dp, tq * dp, 1)
+
+
 def _attn_cast(d, gen, dm, pos, positions, n) -> ir.ArrayProgram:
     R, Hq, D = dm["R"], dm["Hq"], dm["D"]
     b = Builder(f"{d.name}_attn_cast_R{R}", gen)
-    b.arg("T_a", (Hq, R, D), "f32")
+    it = LS.attention_items(d, gen)
+    b.arg("T_a", (it["items"], it["rows"], it["dp"]), "f32")
     b.arg("T_ab", (R, Hq * D), "bf16")
     shim, core = b.shim(0), b.core(0, 0)
     in_t, out_t = tt((Hq * D,), "f32"), tt((Hq * D,), "bf16")
@@ -148,7 +160,7 @@ def _attn_cast(d, gen, dm, pos, positions, n) -> ir.ArrayProgram:
                                      rel("a"), rel("o", "produce"))),))
     for i in range(R):
         b.task("o", "T_ab", i * Hq * D, (Hq * D,), (1,))
-        b.task("a", "T_a", i * D, (Hq, D), (R * D, 1))           # token i of every head
+        b.task("a", "T_a", *_item_rows(it, i, dm["Hkv"], D, it["rows"]))   # token i, every head
         b.end_round()
     return b.build()
 

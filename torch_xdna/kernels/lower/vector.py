@@ -3,7 +3,9 @@ rms_norm rows, and the GEMM bias/residual epilogue, with the chunking VectorDesi
 
 Layout: `cores` compute tiles over `cols` columns (the plan's numbers). A unit is `work`
 elements (whole rows for row ops); unit u runs on core u % cores, so every core runs the same
-number of units (the tail is zero-padded in the stream, dropped on the way out).
+number of units (the tail is zero-padded in the stream, dropped on the way out; elementwise
+ops and the GEMM epilogue pick units dividing the operand instead when one exists, whole_units,
+since the shim DMA cannot pad on a chip).
   in   per column and input channel: shim -> mem tile (one unit per core of the column) -> split
   par  resident operands (norm weights, broadcast rows): shim -> every core, depth 1, acquired
        once per launch
@@ -210,8 +212,13 @@ def vector_program(d, gen: Generation) -> ir.ArrayProgram:
             n_units = ceil_div(n_in, work)
             cores = min(cores, n_units)
             cols = min(cols, ceil_div(cores, gen.core_rows.value))
-    streamed, resident = [], []
     row_op = d.op in ROW_OPS
+    if n_out == n_in and not row_op and (n_in % work or ceil_div(n_in, work) % cores):
+        fit = whole_units(n_in, work, cores, [numel(s) for s in d.in_shapes])
+        if fit is not None:             # no zero-padded tail unit (no shim edge padding)
+            work, n_units, cores = fit
+            cols = min(cols, ceil_div(cores, gen.core_rows.value))
+    streamed, resident = [], []
     for i, (s, dt) in enumerate(zip(d.in_shapes, dts)):
         n = numel(s)
         name = f"in{i}"
@@ -248,6 +255,24 @@ def vector_program(d, gen: Generation) -> ir.ArrayProgram:
         outputs=[Operand("out0", out_dt, n_out, per_out)], kernel=kernel, packed_kernel=packed, consts=params,
         unit_const=unit_const,
         working=working, notes={"design": d.name, "row_len": d._row_len() if row_op else 0})
+
+
+def whole_units(n: int, work: int, cores: int, sizes=(), granule: int = 32) -> tuple | None:
+    """(work, units, cores) splitting n elements into equal units of at most `work` (a multiple
+    of `granule`, tiled by every broadcast operand in `sizes`) over a divisor of the units as
+    cores, so no unit is a padded tail: the shim DMA cannot zero-pad an edge tile (mlir-aie pads
+    on mem-tile BDs only). The most elements per round, then the larger unit; None: no fit."""
+    best = None
+    for w in range(min(work, n) // granule * granule, 0, -granule):
+        if n % w or any(m != n and m and w % m for m in sizes):
+            continue
+        units = n // w
+        c = min(cores, units)
+        while units % c:
+            c -= 1
+        if best is None or c * w > best[0] * best[2]:
+            best = (w, units, c)
+    return None if best is None else best
 
 
 def _row_variant(d) -> str:
@@ -316,6 +341,8 @@ def epilogue_program(d, gen: Generation, scratch: str = "T") -> ir.ArrayProgram:
         raise LoweringError(f"{d.name}: one output row of {N} does not fit L1 for the epilogue")
     n_units = ceil_div(m_total, rows)
     cores = min(gen.cores, n_units)
+    if m_total % rows or n_units % cores:       # no padded tail unit: rows dividing the output
+        rows, n_units, cores = whole_units(m_total, rows, gen.cores, granule=1)
     cols = min(gen.columns.value, ceil_div(cores, gen.core_rows.value))
     work = rows * N
     streamed = [Operand(scratch, acc_dt, m_total * N, work)]

@@ -70,7 +70,9 @@ def run_staged(dev, art: Artifact, launch: Launch, opened: int) -> None:
     state: StagedState = dev.staged_state
     ins = [b for b in abi.buffers if b["role"] == "input"]
     outs = [b for b in abi.buffers if b["role"] == "output"]
-    if len(ins) != len(launch.inputs) or len(outs) != len(launch.outputs):
+    # a host layout repacks the launch's inputs (e.g. the layer's cos + sin -> cs): the packed
+    # list is checked against the ABI below
+    if (len(ins) != len(launch.inputs) and not abi.host_layout) or len(outs) != len(launch.outputs):
         raise LaunchError(f"xrt: {label}: the artifact takes {len(ins)} inputs + {len(outs)} "
                           f"outputs, the launch has {len(launch.inputs)} + {len(launch.outputs)}. "
                           f"Rebuild the artifact for this design.")
@@ -90,7 +92,13 @@ def run_staged(dev, art: Artifact, launch: Launch, opened: int) -> None:
                               f"has {len(abi.stages)}. Rebuild the artifact.")
     named, staged = {}, []
     if abi.host_layout:
+        if len(packed) != len(ins):
+            raise LaunchError(f"xrt: {label}: the artifact takes {len(ins)} inputs, the launch's "
+                              f"host layout gives {len(packed)}. Rebuild the artifact for this design.")
         for b, t in zip(ins, packed):
+            kd = getattr(torch, b.get("kernel_dtype", b["dtype"]), t.dtype)
+            if t.is_floating_point() and kd.is_floating_point and t.dtype != kd:
+                t = torch.empty(t.shape, dtype=kd).copy_(t)   # as the txn level binds it
             named[b["name"]] = _upload(dev, t.contiguous())
     else:
         for b, arg in zip(ins, launch.inputs):

@@ -108,15 +108,26 @@ static void online_update(const float *s, bfloat16 *p, float *m, float *l, int s
   }
 }
 
-// O += P V (P: TQ x TKV bf16, V: TKV rows of D).
-static void pv_tile(const bfloat16 *p, const bfloat16 *v, float *o) {
+// O += P V (P: TQ x TKV bf16, V: TKV rows of D). V rows at or past `v_valid` read as zero:
+// a whole key tile read from a resident cache holds stale rows there (whatever an earlier
+// sequence left, possibly not finite), and their P is 0, so they must add exactly nothing.
+static void pv_tile(const bfloat16 *p, const bfloat16 *v, float *o, int v_valid = ATT_TKV) {
   for (int z = 0; z < ATT_TQ; z += 4)
     for (int j = 0; j < ATT_D; j += 8) {
       MMUL c(block_4x8(o, ATT_D, z, j));
-      for (int kk = 0; kk < ATT_TKV; kk += 8)
-        c.mac(block_4x8(p, ATT_TKV, z, kk), block_8x8(v, ATT_D, kk, j));
+      for (int kk = 0; kk < ATT_TKV; kk += 8) {
+        aie::vector<bfloat16, 64> vb = block_8x8(v, ATT_D, kk, j);
+        for (int e = 0; e < 64; ++e)
+          if (kk + e / 8 >= v_valid) vb.set(bfloat16(0.0f), e);
+        c.mac(block_4x8(p, ATT_TKV, z, kk), vb);
+      }
       store_4x8(o, ATT_D, z, j, c.to_vector<float>());
     }
+}
+
+// Keys of tile j that lie before kv_len (0..TKV): the rows of V the tile may use.
+static inline int tile_valid(int j, int kv_len) {
+  return std::max(0, std::min(ATT_TKV, kv_len - j * ATT_TKV));
 }
 
 // out = O / l per row as O * (1 / l); a row with l == 0 (fully masked) gives 0.
@@ -155,7 +166,8 @@ void attn_finalize_f32(const float *o, const float *l, float *out) {
 // Per work item: attn_init_f32, attn_q_bf16, one attn_tile_bf16 per key tile, attn_finish_f32.
 // ml is [rows, 2] (running max, running sum), state i32[2] = (key tile counter, work item
 // counter); kv is one (2, TKV, D) element [K tile | V tile] (attn_q_bf16 reads Q from the item's
-// first element). Query row r is position q_offset + t0 + r % tq, t0 the item's first query
+// first element). Keys at or past kv_len are masked and their V rows read as zero, so a key tile
+// may be read whole from a resident cache whatever its stale rows hold. Query row r is position q_offset + t0 + r % tq, t0 the item's first query
 // (item w = state[1] * cores + core, tile w % q_tiles). The running sum adds the bf16 P.
 void attn_init_f32(float *o, float *ml, int32 *state) {
   for (int i = 0; i < ATT_TQ * ATT_D; i += L) aie::store_v(o + i, aie::zeros<float, L>());
@@ -182,7 +194,7 @@ void attn_tile_bf16(const bfloat16 *q, const bfloat16 *kv, float *s, bfloat16 *p
   const int t0 = (w % q_tiles) * tq;
   score_tile(q, kv, s, scale, q_offset + t0, tq, j * ATT_TKV, kv_len, causal, window, softcap);
   online_update(s, p, ml, ml + 1, 2, o, true);
-  pv_tile(p, kv + ATT_TKV * ATT_D, o);
+  pv_tile(p, kv + ATT_TKV * ATT_D, o, tile_valid(j, kv_len));
 }
 
 // Masked designs (AttentionDesign mask=True): the element is bytes [K tile | V tile | mask tile],
@@ -216,7 +228,7 @@ void attn_tile_masked_bf16(const bfloat16 *q, const uint8_t *kvm, float *s, bflo
     }
   }
   online_update(s, p, ml, ml + 1, 2, o, true);
-  pv_tile(p, kv + ATT_TKV * ATT_D, o);
+  pv_tile(p, kv + ATT_TKV * ATT_D, o, tile_valid(j, kv_len));
 }
 
 void attn_finish_f32(float *o, const float *ml, int32 *state) {
