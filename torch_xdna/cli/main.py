@@ -14,7 +14,8 @@ from torch_xdna.runtime import settings
 COMMANDS = {"info": "npu", "demo": "tools", "doctor": "npu", "serve": "jobs", "embed": "jobs",
             "generate": "jobs", "estimate": "tools", "profile": "npu", "design": "npu",
             "kernels": "npu", "selftest": "npu", "conformance": "tools", "transcribe": "jobs",
-            "upscale": "jobs", "rerank": "jobs", "bench": "tools", "pull": "jobs"}
+            "upscale": "jobs", "rerank": "jobs", "bench": "tools", "pull": "jobs",
+            "chat": "jobs"}
 
 EPILOG = """\
 examples:
@@ -24,6 +25,7 @@ examples:
   xdna serve                     OpenAI-compatible server with the bundled all-MiniLM-L6-v2
   xdna embed "hello world"       print an embedding
   xdna generate DIR "prompt"     stream text from a Hugging Face decoder directory
+  xdna chat DIR|URL              chat in the terminal with a local model or a server
   xdna bench                     run the benchmarks (figures are modeled by the simulator
                                  unless the xrt backend is in use)
 
