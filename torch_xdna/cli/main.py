@@ -85,6 +85,11 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 0
     try:
+        if getattr(args, "config", None) and getattr(args, "config_parser", None):
+            # a config file sets the subcommand's defaults; the flags given still win
+            from torch_xdna.cli.config_file import file_defaults
+            args.config_parser.set_defaults(**file_defaults(args.config_parser, args.config))
+            args = parser.parse_args(argv)
         return int(args.func(args) or 0)
     except KeyboardInterrupt:
         return 130

@@ -22,6 +22,7 @@ examples:
   curl -s localhost:8000/v1/embeddings -H 'Content-Type: application/json' \\
        -d '{"model": "all-MiniLM-L6-v2", "input": "hello world"}'
   xdna serve --model ~/models/bge-small-en-v1.5 --model chat=~/models/Qwen3-0.6B --api-key KEY
+  xdna serve --config /etc/xdna/serve.toml --port 8081
 """
 
 
@@ -36,6 +37,10 @@ def _gather_ms(text: str) -> float:
 def register(subparsers) -> None:
     p = add_command(subparsers, "serve", help="OpenAI-compatible server (embeddings, chat)",
                     description=DESCRIPTION, epilog=EPILOG)
+    p.add_argument("--config", metavar="FILE.toml",
+                   help="read flags from a TOML file: the same names without '--' (port = 8080, "
+                        "model = [\"chat=~/models/Qwen3-0.6B\"], no-default-model = true); "
+                        "flags given on the command line win (docs/serving.md)")
     p.add_argument("--host", default="127.0.0.1",
                    help="address to bind (default 127.0.0.1: this machine only)")
     p.add_argument("--port", type=port_number, default=8000, help="port (default 8000)")
@@ -109,7 +114,7 @@ def register(subparsers) -> None:
                    help="load models on first request instead of at startup")
     p.add_argument("--log-level", default="info",
                    choices=("critical", "error", "warning", "info", "debug"))
-    p.set_defaults(func=run)
+    p.set_defaults(func=run, config_parser=p)
 
 
 def _port_free(host: str, port: int) -> str | None:
