@@ -3,12 +3,7 @@ on the command line wins, mistakes are one line naming file and key; a real `xdn
 from a file serves what the file says."""
 from __future__ import annotations
 
-import os
-import signal
-import socket
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
@@ -17,7 +12,8 @@ import pytest
 from torch_xdna.cli import main as cli_main
 from torch_xdna.cli.jobs import serve
 
-ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).parent))
+from serve_process import free_port, xdna_serve  # noqa: E402
 FLAGS = ["--host", "0.0.0.0", "--port", "8123", "--api-key", "k3y", "--model", "chat=/m/qwen",
          "--model", "/m/bge", "--alias", "gpt-4o=chat", "--no-default-model", "--max-queue", "9",
          "--gather-ms", "5.5", "--kv-dtype", "int8", "--cors-origin", "*", "--max-context", "64",
@@ -101,40 +97,15 @@ def test_missing_file(tmp_path, capsys):
 def test_xdna_serve_from_a_file(tmp_path):
     from llm_fixtures import build_model
     build_model("qwen3", tmp_path / "tiny-qwen3")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     f = tmp_path / "serve.toml"
     f.write_text(f'port = {port}\napi-key = "k3y"\nno-default-model = true\n'
                  f'model = ["chat={tmp_path / "tiny-qwen3"}"]\nalias = ["gpt-4o=chat"]\n'
                  f'max-context = 64\nlog-level = "warning"\n')
-    env = dict(os.environ, TORCH_XDNA_BACKEND="sim", PYTHONPATH=str(ROOT))
-    env.pop("XDNA_API_KEY", None)
     log = tmp_path / "serve.log"
-    with open(log, "w") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "torch_xdna.cli.main", "serve", "--config",
-                                 str(f)], stdout=out, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
-    try:
-        url = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 120
-        while True:
-            assert proc.poll() is None, log.read_text()
-            try:
-                if httpx.get(url + "/health", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline, "server not ready in 120 s:\n" + log.read_text()
-            time.sleep(0.25)
+    with xdna_serve(["--config", str(f)], port, log) as url:
         assert httpx.get(url + "/v1/models").status_code == 401
         cards = httpx.get(url + "/v1/models", headers={"Authorization": "Bearer k3y"}).json()
         assert [(c["id"], c.get("aliases"), c["max_model_len"]) for c in cards["data"]] == \
             [("chat", ["gpt-4o"], 64)]
-    finally:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
     assert " INFO " not in log.read_text()            # log-level from the file
