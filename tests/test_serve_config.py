@@ -3,6 +3,10 @@ on the command line wins, mistakes are one line naming file and key; a real `xdn
 from a file serves what the file says."""
 from __future__ import annotations
 
+import argparse
+import os
+import re
+import subprocess
 import sys
 from pathlib import Path
 
@@ -13,7 +17,7 @@ from torch_xdna.cli import main as cli_main
 from torch_xdna.cli.jobs import serve
 
 sys.path.insert(0, str(Path(__file__).parent))
-from serve_process import free_port, xdna_serve  # noqa: E402
+from serve_process import ROOT, free_port, xdna_serve  # noqa: E402
 FLAGS = ["--host", "0.0.0.0", "--port", "8123", "--api-key", "k3y", "--model", "chat=/m/qwen",
          "--model", "/m/bge", "--alias", "gpt-4o=chat", "--no-default-model", "--max-queue", "9",
          "--gather-ms", "5.5", "--kv-dtype", "int8", "--cors-origin", "*", "--max-context", "64",
@@ -109,3 +113,44 @@ def test_xdna_serve_from_a_file(tmp_path):
         assert [(c["id"], c.get("aliases"), c["max_model_len"]) for c in cards["data"]] == \
             [("chat", ["gpt-4o"], 64)]
     assert " INFO " not in log.read_text()            # log-level from the file
+
+
+def test_log_level_on_every_command(parsed):
+    parser = cli_main.build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    assert [n for n, sp in sub.choices.items() if "--log-level" not in sp._option_string_actions] \
+        == []
+    assert parsed()["log_level"] == "info"                       # serve's default
+    assert parsed("--log-level", "debug")["log_level"] == "debug"
+    assert cli_main.main(["--log-level", "warning", "serve"]) == 0   # before the command too
+
+
+def test_log_lines_are_timestamped():
+    """Another command than serve: `xdna info --log-level debug` logs the backend probe."""
+    proc = subprocess.run([sys.executable, "-m", "torch_xdna.cli.main", "info", "--log-level",
+                           "debug"], capture_output=True, text=True, timeout=120, cwd=ROOT,
+                          env=dict(os.environ, TORCH_XDNA_BACKEND="auto", PYTHONPATH=str(ROOT)))
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stderr.splitlines()
+    assert lines and all(re.match(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} DEBUG torch_xdna", ln)
+                         for ln in lines), proc.stderr
+
+
+def test_docs_examples_parse(tmp_path):
+    """docs/serving.md: the TOML example, the systemd unit's ExecStart and the Containerfile's
+    command go through `xdna serve`'s own parser (a wrong example fails here)."""
+    import json
+    import shlex
+    from torch_xdna.cli.config_file import file_defaults
+    text = (ROOT / "docs" / "serving.md").read_text()
+    f = tmp_path / "serve.toml"
+    f.write_text(re.search(r"```toml\n(.*?)```", text, re.S).group(1))
+    parser = cli_main.build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    values = file_defaults(sub.choices["serve"], f)
+    assert values["model"][0] == "chat=/srv/models/Qwen3-0.6B" and values["no_default_model"]
+    exec_start = shlex.split(re.search(r"^ExecStart=(.*)$", text, re.M).group(1))
+    assert parser.parse_args(exec_start[1:]).config == "/etc/xdna/serve.toml"
+    cmd = re.search(r"^ENTRYPOINT (\[.*\])\nCMD (\[.*\])$", text, re.M)
+    args = parser.parse_args(json.loads(cmd.group(1))[1:] + json.loads(cmd.group(2)))
+    assert (args.command, args.host, args.config) == ("serve", "0.0.0.0", "/etc/xdna/serve.toml")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import random
+import re
 import sys
 import threading
 import time
@@ -203,6 +204,9 @@ def test_xdna_serve_command_starts_ready_for_curl(tmp_path):
         assert r.status_code == 200 and len(r.json()["data"][0]["embedding"]) == 384
     text = log.read_text()
     assert url in text and "simulated NPU" in text, text
+    stamp = re.compile(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} [A-Z]+ [\w.]+: ")
+    assert all(stamp.match(line) for line in text.splitlines()), text   # uvicorn's lines too
+    assert '"POST /v1/embeddings HTTP/1.1" 200' in text
 
 
 def test_xdna_serve_rejects_bad_model_dir(tmp_path, capsys):

@@ -112,8 +112,6 @@ def register(subparsers) -> None:
                    help="request line + headers (default 16 KiB), else 400")
     p.add_argument("--no-preload", action="store_true",
                    help="load models on first request instead of at startup")
-    p.add_argument("--log-level", default="info",
-                   choices=("critical", "error", "warning", "info", "debug"))
     p.set_defaults(func=run, config_parser=p)
 
 
@@ -139,8 +137,6 @@ def run(args: argparse.Namespace) -> int:
     except ImportError as e:
         raise CliError(f"missing dependency ({e.name}); install with: pip install "
                        f"'torch-xdna[serve]'") from e
-    logging.basicConfig(level=args.log_level.upper(),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     log = logging.getLogger("torch_xdna.server")
     limits = HttpLimits(header_timeout_s=args.header_timeout, body_timeout_s=args.body_timeout,
                         keep_alive_s=args.keep_alive, max_connections=args.max_connections,
@@ -179,7 +175,8 @@ def run(args: argparse.Namespace) -> int:
         log.warning("listening on %s without --api-key: anyone who can reach this address can "
                     "use the server", args.host)
     server = XdnaServer(uvicorn_config(app, args.host, args.port, limits,
-                                       log_level=args.log_level), limits.graceful_timeout_s)
+                                       log_level=args.log_level, log_config=None),
+                         limits.graceful_timeout_s)   # uvicorn's lines: the command's log format
     server.run()
     if not server.started:
         raise CliError(f"the server on {config.url()} did not start (see the log above)")
