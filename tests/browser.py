@@ -162,6 +162,11 @@ class Chromium:
         self.evaluate(f"document.querySelector({json.dumps(selector)}).focus()")
         self.send("Input.insertText", text=text)
 
+    def set_files(self, selector: str, paths: list[str]) -> None:
+        """Choose files in an <input type=file> as the file dialog would (change fires)."""
+        r = self.send("Runtime.evaluate", expression=f"document.querySelector({json.dumps(selector)})")
+        self.send("DOM.setFileInputFiles", files=paths, objectId=r["result"]["objectId"])
+
     def press_enter(self) -> None:
         self.send("Input.dispatchKeyEvent", type="keyDown", key="Enter", code="Enter",
                   windowsVirtualKeyCode=13, text="\r")

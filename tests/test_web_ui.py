@@ -1,7 +1,8 @@
 """The chat page at /ui in a real headless Chromium (tests/browser.py, Chrome DevTools protocol)
 against a live server: the page loads offline (no CDN, no console error), lists the chat models,
 streams an answer typed and sent with real input events, and shows exactly the text the
-non-streamed API gives for the same greedy request (one turn and a follow-up turn)."""
+non-streamed API gives for the same greedy request (one turn and a follow-up turn); Stop, a
+refused request, the API-key prompt and the audio upload."""
 from __future__ import annotations
 
 import sys
@@ -93,6 +94,7 @@ def test_page_streams_the_greedy_answer(live, chromium):
         page.wait_for("document.body.dataset.ready === '1'")
         models = page.evaluate("[...document.querySelectorAll('#model option')].map(o => o.value)")
         assert models == ["tiny-qwen3", "slow-chat"]
+        assert page.evaluate("document.getElementById('audio-label').hidden") is True  # no ASR
         page.click("#settings summary")
         page.type("#temperature", "0")
         page.type("#max-tokens", str(MAX_TOKENS))
@@ -155,3 +157,36 @@ def test_page_asks_for_the_api_key(chromium):
         page.type("#max-tokens", "3")
         shown = _send(page, "hi")
         assert not shown["error"] and shown["text"] == "".join(WORDS[:3])
+
+
+class HeardTranscriber:
+    """An ASR model answering how much audio it was given (the Whisper engine itself is tested
+    in test_whisper_serve.py; here the page's upload path is)."""
+
+    def transcribe(self, samples, options, name=None):
+        from types import SimpleNamespace
+        return SimpleNamespace(text=f" heard {len(samples) / 16000:.2f} s of audio",
+                               stats=SimpleNamespace(modeled_total_ms=0.0, tokens=5))
+
+
+def test_audio_upload_fills_the_message(chromium, tmp_path):
+    """With an ASR model served the page offers Audio; a chosen file goes through
+    /v1/audio/transcriptions (decoded, resampled) and its text lands in the message box."""
+    import soundfile as sf
+    from whisper_fixtures import tone
+    sf.write(tmp_path / "clip.wav", tone(1.5, 24000, seed=5), 24000)
+    reg = ModelRegistry(max_models=2)
+    reg.add_object(FakeChat(), "chat", "fake-chat")
+    reg.add_object(HeardTranscriber(), "asr", "whisper")
+    app = create_app(ServerConfig(default_model=False), registry=reg)
+    with BackgroundServer(app) as srv, browser.Chromium() as page:
+        page.navigate(srv.url + "/ui")
+        page.wait_for("document.body.dataset.ready === '1'")
+        assert page.evaluate("document.getElementById('audio-label').hidden") is False
+        page.type("#input", "note:")
+        page.set_files("#audio", [str(tmp_path / "clip.wav")])
+        page.wait_for("document.body.dataset.transcribed === '1'", 60)
+        assert page.evaluate("document.getElementById('input').value") == \
+            "note: heard 1.50 s of audio"
+        assert page.evaluate("document.getElementById('status').textContent") == ""
+        assert page.errors == []

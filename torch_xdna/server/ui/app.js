@@ -201,6 +201,8 @@ async function transcribe(file) {
     setStatus("");
   } catch (e) {
     setStatus("Transcription failed: " + e.message, true);
+  } finally {
+    document.body.dataset.transcribed = String(Number(document.body.dataset.transcribed || 0) + 1);
   }
 }
 
