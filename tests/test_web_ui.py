@@ -5,6 +5,7 @@ non-streamed API gives for the same greedy request (one turn and a follow-up tur
 refused request, the API-key prompt and the audio upload."""
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -190,3 +191,33 @@ def test_audio_upload_fills_the_message(chromium, tmp_path):
             "note: heard 1.50 s of audio"
         assert page.evaluate("document.getElementById('status').textContent") == ""
         assert page.errors == []
+
+
+def test_chromium_is_installed_when_missing(tmp_path, monkeypatch):
+    """ensure_chromium's own path, with a fake apt-get on PATH: the first install fails (no
+    package lists on a fresh image), update, install again; no apt-get: a one-line reason."""
+    target = tmp_path / "chromium"
+    log = tmp_path / "apt.log"
+    fake = tmp_path / "bin" / "apt-get"
+    fake.parent.mkdir()
+    fake.write_text(f"""#!/bin/sh
+echo "$@" >> {log}
+case "$1" in
+  update) touch {tmp_path}/lists ;;
+  install) [ -e {tmp_path}/lists ] || exit 100
+           printf '#!/bin/sh\\n' > {target}; chmod +x {target} ;;
+esac
+""")
+    fake.chmod(0o755)
+    monkeypatch.setattr(browser, "CHROMIUM", str(target))
+    monkeypatch.setattr(browser.os, "geteuid", lambda: 0)
+    monkeypatch.setenv("PATH", f"{fake.parent}:{os.environ['PATH']}")
+    assert browser.ensure_chromium() is None and os.access(target, os.X_OK)
+    assert log.read_text().splitlines() == [
+        "install -y -q --no-install-recommends chromium", "update -q",
+        "install -y -q --no-install-recommends chromium"]
+    assert browser.ensure_chromium() is None and len(log.read_text().splitlines()) == 3
+    target.unlink()
+    monkeypatch.setenv("PATH", str(tmp_path / "nowhere"))
+    reason = browser.ensure_chromium()
+    assert reason.startswith("no /") and "no apt-get" in reason and "\n" not in reason
