@@ -16,7 +16,7 @@ COMMANDS = {"info": "npu", "demo": "tools", "doctor": "npu", "serve": "jobs", "e
             "generate": "jobs", "estimate": "tools", "profile": "npu", "design": "npu",
             "kernels": "npu", "selftest": "npu", "conformance": "tools", "transcribe": "jobs",
             "upscale": "jobs", "rerank": "jobs", "bench": "tools", "pull": "jobs",
-            "chat": "jobs"}
+            "chat": "jobs", "completion": "tools"}
 
 EPILOG = """\
 examples:
