@@ -14,7 +14,7 @@ from torch_xdna.runtime import settings
 DESCRIPTION = """\
 OpenAI-compatible HTTP server on the (simulated by default) XDNA NPU.
 Routes: GET /v1/models, POST /v1/embeddings, POST /v1/chat/completions, POST /v1/completions,
-GET /health, GET /metrics. See docs/serving.md."""
+GET /health, GET /metrics, a chat page at /ui (and more: docs/serving.md)."""
 
 EPILOG = """\
 examples:
