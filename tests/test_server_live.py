@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import random
+import re
 import sys
 import threading
 import time
@@ -194,43 +195,18 @@ def test_queue_full_answers_429_and_server_survives():
 def test_xdna_serve_command_starts_ready_for_curl(tmp_path):
     """`xdna serve` (only --port changed, to a free one) in a subprocess: logs the URL and the
     simulated backend, answers /v1/embeddings, stops on SIGINT."""
-    import os
-    import signal
-    import socket
-    import subprocess
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    env = dict(os.environ, TORCH_XDNA_BACKEND="sim")
-    env.pop("XDNA_API_KEY", None)
+    from serve_process import free_port, xdna_serve
+    port = free_port()
     log = tmp_path / "serve.log"
-    with open(log, "w") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "torch_xdna.cli.main", "serve", "--port",
-                                 str(port)], stdout=out, stderr=subprocess.STDOUT, env=env)
-    try:
-        url = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 120
-        while True:
-            assert proc.poll() is None, log.read_text()
-            try:
-                if httpx.get(url + "/health", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline, "server not ready in 120 s:\n" + log.read_text()
-            time.sleep(0.25)
+    with xdna_serve(["--port", str(port)], port, log) as url:
         r = httpx.post(url + "/v1/embeddings", json={"model": "all-MiniLM-L6-v2",
                                                      "input": "hello world"}, timeout=30)
         assert r.status_code == 200 and len(r.json()["data"][0]["embedding"]) == 384
-    finally:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
     text = log.read_text()
     assert url in text and "simulated NPU" in text, text
+    stamp = re.compile(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} [A-Z]+ [\w.]+: ")
+    assert all(stamp.match(line) for line in text.splitlines()), text   # uvicorn's lines too
+    assert '"POST /v1/embeddings HTTP/1.1" 200' in text
 
 
 def test_xdna_serve_rejects_bad_model_dir(tmp_path, capsys):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import logging
 import sys
 import traceback
 
@@ -15,7 +16,7 @@ COMMANDS = {"info": "npu", "demo": "tools", "doctor": "npu", "serve": "jobs", "e
             "generate": "jobs", "estimate": "tools", "profile": "npu", "design": "npu",
             "kernels": "npu", "selftest": "npu", "conformance": "tools", "transcribe": "jobs",
             "upscale": "jobs", "rerank": "jobs", "bench": "tools", "pull": "jobs",
-            "accuracy": "tools"}
+            "accuracy": "tools", "chat": "jobs", "completion": "tools"}
 
 EPILOG = """\
 examples:
@@ -25,6 +26,7 @@ examples:
   xdna serve                     OpenAI-compatible server with the bundled all-MiniLM-L6-v2
   xdna embed "hello world"       print an embedding
   xdna generate DIR "prompt"     stream text from a Hugging Face decoder directory
+  xdna chat DIR|URL              chat in the terminal with a local model or a server
   xdna bench                     run the benchmarks (figures are modeled by the simulator
                                  unless the xrt backend is in use)
 
@@ -36,6 +38,10 @@ environment:
 """
 
 DEBUG_HELP = "on an error, also print the Python traceback (or set XDNA_DEBUG=1)"
+LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"     # a timestamp on every line
+LOG_HELP = "log messages of this level and above, each line timestamped (default: info for " \
+           "serve, warning for the other commands)"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -45,13 +51,26 @@ def build_parser() -> argparse.ArgumentParser:
     from torch_xdna import __version__
     parser.add_argument("--version", action="version", version=f"torch-xdna {__version__}")
     parser.add_argument("--debug", action="store_true", help=DEBUG_HELP)
+    parser.add_argument("--log-level", choices=LOG_LEVELS, default=argparse.SUPPRESS,
+                        help=LOG_HELP)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, group in COMMANDS.items():
         importlib.import_module(f"torch_xdna.cli.{group}.{name}").register(sub)
     for sp in sub.choices.values():
         # `xdna CMD ... --debug` works too; SUPPRESS keeps a top-level --debug from being reset
         sp.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=DEBUG_HELP)
+        sp.add_argument("--log-level", choices=LOG_LEVELS, default=argparse.SUPPRESS,
+                        help=LOG_HELP)
+    sub.choices["completion"].set_defaults(root_parser=parser)   # it describes the whole parser
     return parser
+
+
+def setup_logging(args: argparse.Namespace) -> None:
+    """One log format for every command (the server's uvicorn lines too: serve hands them to
+    these handlers); args.log_level is set to the level in use."""
+    args.log_level = getattr(args, "log_level", None) or \
+        ("info" if args.command == "serve" else "warning")
+    logging.basicConfig(level=args.log_level.upper(), format=LOG_FORMAT)
 
 
 def _user_errors() -> tuple[type[BaseException], ...]:
@@ -84,6 +103,12 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 0
     try:
+        if getattr(args, "config", None) and getattr(args, "config_parser", None):
+            # a config file sets the subcommand's defaults; the flags given still win
+            from torch_xdna.cli.config_file import file_defaults
+            args.config_parser.set_defaults(**file_defaults(args.config_parser, args.config))
+            args = parser.parse_args(argv)
+        setup_logging(args)
         return int(args.func(args) or 0)
     except KeyboardInterrupt:
         return 130

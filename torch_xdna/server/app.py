@@ -20,7 +20,7 @@ from torch_xdna.server.errors import install_error_handlers
 from torch_xdna.server.guard import install_guard
 from torch_xdna.server.registry import ModelRegistry
 from torch_xdna.server.routes import (anthropic, audio, embeddings, health, models, ollama,
-                                     openai_chat, rerank, responses)
+                                     openai_chat, rerank, responses, ui)
 from torch_xdna.server.state import Server, backend_description
 
 log = logging.getLogger("torch_xdna.server")
@@ -28,7 +28,7 @@ log = logging.getLogger("torch_xdna.server")
 # The API surfaces, one module each under server/routes/, each exposing `register(app, srv)`;
 # registered in this order.
 ROUTE_MODULES = (health, models, embeddings, openai_chat, ollama, rerank, audio, anthropic,
-                 responses)
+                 responses, ui)
 
 
 def create_app(config: ServerConfig | None = None, registry: ModelRegistry | None = None) -> FastAPI:

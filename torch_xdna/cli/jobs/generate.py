@@ -65,7 +65,7 @@ def register(subparsers) -> None:
     p.set_defaults(func=run)
 
 
-def _stats_line(stats, backend: str) -> str:
+def stats_line(stats, backend: str) -> str:
     kind = "modeled" if backend == "sim" else "measured"
     return (f"[{stats.prompt_tokens} prompt + {stats.generated_tokens} generated tokens | host "
             f"(measured): TTFT {stats.measured_ttft_s * 1e3:.0f} ms, "
@@ -119,7 +119,7 @@ def run(args: argparse.Namespace) -> int:
             last = chunk
         sys.stdout.write("\n")
         if not args.quiet and last is not None and last.stats is not None:
-            print(_stats_line(last.stats, backend), file=sys.stderr)
+            print(stats_line(last.stats, backend), file=sys.stderr)
         return 0
     finally:
         engine.close()

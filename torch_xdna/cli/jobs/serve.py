@@ -14,7 +14,7 @@ from torch_xdna.runtime import settings
 DESCRIPTION = """\
 OpenAI-compatible HTTP server on the (simulated by default) XDNA NPU.
 Routes: GET /v1/models, POST /v1/embeddings, POST /v1/chat/completions, POST /v1/completions,
-GET /health, GET /metrics. See docs/serving.md."""
+GET /health, GET /metrics, a chat page at /ui (and more: docs/serving.md)."""
 
 EPILOG = """\
 examples:
@@ -22,6 +22,7 @@ examples:
   curl -s localhost:8000/v1/embeddings -H 'Content-Type: application/json' \\
        -d '{"model": "all-MiniLM-L6-v2", "input": "hello world"}'
   xdna serve --model ~/models/bge-small-en-v1.5 --model chat=~/models/Qwen3-0.6B --api-key KEY
+  xdna serve --config /etc/xdna/serve.toml --port 8081
 """
 
 
@@ -36,6 +37,10 @@ def _gather_ms(text: str) -> float:
 def register(subparsers) -> None:
     p = add_command(subparsers, "serve", help="OpenAI-compatible server (embeddings, chat)",
                     description=DESCRIPTION, epilog=EPILOG)
+    p.add_argument("--config", metavar="FILE.toml",
+                   help="read flags from a TOML file: the same names without '--' (port = 8080, "
+                        "model = [\"chat=~/models/Qwen3-0.6B\"], no-default-model = true); "
+                        "flags given on the command line win (docs/serving.md)")
     p.add_argument("--host", default="127.0.0.1",
                    help="address to bind (default 127.0.0.1: this machine only)")
     p.add_argument("--port", type=port_number, default=8000, help="port (default 8000)")
@@ -109,9 +114,7 @@ def register(subparsers) -> None:
                    help="request line + headers (default 16 KiB), else 400")
     p.add_argument("--no-preload", action="store_true",
                    help="load models on first request instead of at startup")
-    p.add_argument("--log-level", default="info",
-                   choices=("critical", "error", "warning", "info", "debug"))
-    p.set_defaults(func=run)
+    p.set_defaults(func=run, config_parser=p)
 
 
 def _port_free(host: str, port: int) -> str | None:
@@ -136,8 +139,6 @@ def run(args: argparse.Namespace) -> int:
     except ImportError as e:
         raise CliError(f"missing dependency ({e.name}); install with: pip install "
                        f"'torch-xdna[serve]'") from e
-    logging.basicConfig(level=args.log_level.upper(),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     log = logging.getLogger("torch_xdna.server")
     limits = HttpLimits(header_timeout_s=args.header_timeout, body_timeout_s=args.body_timeout,
                         keep_alive_s=args.keep_alive, max_connections=args.max_connections,
@@ -176,7 +177,8 @@ def run(args: argparse.Namespace) -> int:
         log.warning("listening on %s without --api-key: anyone who can reach this address can "
                     "use the server", args.host)
     server = XdnaServer(uvicorn_config(app, args.host, args.port, limits,
-                                       log_level=args.log_level), limits.graceful_timeout_s)
+                                       log_level=args.log_level, log_config=None),
+                         limits.graceful_timeout_s)   # uvicorn's lines: the command's log format
     server.run()
     if not server.started:
         raise CliError(f"the server on {config.url()} did not start (see the log above)")
