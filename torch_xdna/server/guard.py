@@ -21,7 +21,8 @@ if TYPE_CHECKING:
 ROUTES = ("/health", "/metrics", "/v1/models", "/v1/embeddings", "/v1/chat/completions",
           "/v1/completions", "/api/chat", "/api/generate", "/api/embed", "/api/embeddings",
           "/api/tags", "/api/show", "/api/ps", "/api/version", "/v1/rerank", "/rerank",
-          "/v1/audio/transcriptions", "/v1/audio/translations")   # metrics labels
+          "/v1/audio/transcriptions", "/v1/audio/translations",
+          "/debug/memory")   # metrics labels
 
 
 class Guard:
