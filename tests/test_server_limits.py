@@ -126,3 +126,19 @@ def test_strict_types_completions_and_ollama(live):
     for extra in ({"stream": "yes"}, {"options": {"num_predict": "8"}}):
         r = post(live, extra, "/api/chat", body)
         assert r.status_code == 400 and "invalid" in r.json()["error"], r.text
+
+
+@pytest.mark.parametrize("tail", [b"\x03\x00\x00\x00" + b"\xff" * 60,          # huge counts
+                                  b"\x03\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00"
+                                  b"\x01\x00\x00\x00\x00\x00\x00\x00" + b"\x05" * 8])
+def test_hostile_gguf_refusals_are_in_our_words(tmp_path, tail):
+    from torch_xdna.models.gguf import open_gguf
+    from torch_xdna.models.hf import ModelDirError
+    p = tmp_path / "bad.gguf"
+    p.write_bytes(b"GGUF" + tail)
+    with pytest.raises(ModelDirError) as e:
+        open_gguf(p)
+    msg = e.value.public_message
+    assert "bad.gguf" in msg and "re-download" in msg, msg
+    for raw in ("IndexError", "KeyError", "ValueError", "struct.error", "Error:", "out of bounds"):
+        assert raw not in msg, msg
