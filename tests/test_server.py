@@ -77,7 +77,8 @@ def test_health_models_metrics(client):
     text = client.get("/metrics").text
     assert 'xdna_requests_total{method="POST",route="/v1/embeddings",status="200"}' in text
     assert "xdna_request_duration_seconds_bucket" in text
-    assert 'xdna_tokens_total{model="all-MiniLM-L6-v2",kind="prompt"}' in text
+    assert 'xdna_tokens_total{kind="prompt",model="all-MiniLM-L6-v2"}' in text
+    assert "process_resident_memory_bytes" in text and "xdna_device_live_buffers" in text
     assert "xdna_npu_modeled_seconds_total" in text and "xdna_npu_dispatches_total" in text
 
 

@@ -36,6 +36,7 @@ class Buffer:
     state: Coherence = Coherence.CLEAN
     id: int = field(default_factory=lambda: next(_ids))
     freed: bool = False
+    origin: tuple = ()             # code objects of the allocating callers (runtime/memory.py)
     _flat: dict = field(default_factory=dict, repr=False)   # dtype -> flat typed view of host
 
     def view(self, dtype: torch.dtype, shape: tuple[int, ...], strides: tuple[int, ...],

@@ -18,6 +18,7 @@ from torch_xdna.runtime.buffer import Buffer, Coherence, TensorArg
 from torch_xdna.runtime import settings
 from torch_xdna.runtime.errors import DeviceOutOfMemory
 from torch_xdna.runtime.launch import Launch, Program
+from torch_xdna.runtime.memory import MemoryLedger, caller_origin
 
 
 def default_memory_budget(gen: Generation) -> int:
@@ -82,7 +83,7 @@ class Device(ABC):
         self.counters = Counters()
         self.trace: list[TraceRecord] | None = None   # enabled by the profiler
         self.lock = threading.RLock()
-        self._live: set[int] = set()
+        self.memory = MemoryLedger()      # live buffers by origin; freed ones still referenced
         # hardware context of the submission being executed: a program is one ELF/context;
         # None means each launch is its own design context
         self.submission_context: tuple | None = None
@@ -97,30 +98,42 @@ class Device(ABC):
                 raise DeviceOutOfMemory(nbytes, max(0, available), self.memory_budget)
             buf = self._alloc(size)
             buf.nbytes = size
+            buf.origin = caller_origin()
             self.counters.allocated_bytes += size
             self.counters.peak_allocated_bytes = max(self.counters.peak_allocated_bytes,
                                                      self.counters.allocated_bytes)
-            self._live.add(buf.id)
+            self.memory.add(buf.id, size, buf.origin)
             return buf
 
     def free(self, buf: Buffer) -> None:
         with self.lock:
-            if buf.freed or buf.id not in self._live:
+            if buf.freed or buf.id not in self.memory:
                 return
             buf.freed = True
-            self._live.discard(buf.id)
+            self.memory.remove(buf.id)
+            self.memory.watch(buf.id, buf.nbytes, buf.origin, buf.host)
             self.counters.allocated_bytes -= buf.nbytes
             self._free(buf)
 
     def release(self, buf_id: int, nbytes: int, handle: object = None) -> None:
         """Free by identity (called by finalizers once nothing references the buffer)."""
         with self.lock:
-            if buf_id not in self._live:
+            if not self.memory.remove(buf_id):
                 return
-            self._live.discard(buf_id)
             self.counters.allocated_bytes -= nbytes
             if handle is not None:
                 self._release_handle(handle)
+
+    @property
+    def live_buffers(self) -> int:
+        """Buffers allocated and not yet freed."""
+        return len(self.memory)
+
+    def memory_report(self, top: int = 10) -> dict:
+        """Live buffers/bytes, the largest by allocating origin, and the freed buffers whose host
+        memory is still referenced somewhere (runtime/memory.py)."""
+        with self.lock:
+            return self.memory.report(top)
 
     def _release_handle(self, handle: object) -> None:
         """Backend hook: drop a BO handle (xrt); the sim has none."""

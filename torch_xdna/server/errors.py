@@ -4,6 +4,7 @@ and the app's exception handlers that send them in OpenAI's error shape."""
 from __future__ import annotations
 
 import logging
+import uuid
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
@@ -49,9 +50,10 @@ def as_api_error(e: BaseException) -> APIError:
     if isinstance(e, ValueError):           # the engine's verdict on this request's input
         code = "context_length_exceeded" if type(e).__name__ == "ContextOverflow" else None
         return APIError(400, getattr(e, "public_message", None) or str(e), code=code)
-    log.error("request failed", exc_info=e)
-    return APIError(500, f"internal server error ({type(e).__name__}); the server log has the "
-                         f"details.", type="server_error")
+    ref = uuid.uuid4().hex[:12]             # the client quotes it; the log line carries it
+    log.error("request failed (error id %s)", ref, exc_info=e)
+    return APIError(500, f"internal server error; the server log has the details under error id "
+                         f"{ref}.", type="server_error")
 
 
 ANTHROPIC_TYPES = {400: "invalid_request_error", 401: "authentication_error",

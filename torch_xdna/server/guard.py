@@ -28,7 +28,7 @@ ROUTES = ("/health", "/metrics", "/v1/models", "/v1/embeddings", "/v1/chat/compl
           "/v1/completions", "/api/chat", "/api/generate", "/api/embed", "/api/embeddings",
           "/api/tags", "/api/show", "/api/ps", "/api/version", "/v1/rerank", "/rerank",
           "/v1/audio/transcriptions", "/v1/audio/translations", "/v1/messages",
-          "/v1/messages/count_tokens", "/v1/responses", "/", "/ui")   # metrics labels
+          "/v1/messages/count_tokens", "/v1/responses", "/", "/ui", "/debug/memory")   # metrics labels
 OPEN_PATHS = ("/health", "/", "/ui")      # never need the key (the chat page asks for it)
 
 

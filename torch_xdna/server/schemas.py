@@ -329,7 +329,7 @@ async def parse(request: Request, model: type[BaseModel]) -> Any:
                             f"which is not valid Unicode text; send well-formed UTF-8 or pair the "
                             f"surrogates.", param=param, code="invalid_value")
     try:
-        return model.model_validate(data)
+        req = model.model_validate(data, strict=True)   # strict types: see check_limits below
     except ValidationError as e:
         unknown = [x["loc"] for x in e.errors() if x["type"] == "extra_forbidden"]
         if not unknown:
@@ -340,6 +340,8 @@ async def parse(request: Request, model: type[BaseModel]) -> Any:
         return model.model_validate(data)
     except ValidationError as e:
         raise validation_error(e) from None
+    check_limits(req)
+    return req
 
 
 WARNED: set[str] = set()                 # unknown field names warned about (once each)
@@ -387,3 +389,61 @@ def validation_error(e: ValidationError) -> APIError:
         msg = (f"Invalid value for 'seed': {first.get('input')!r}; it must be an integer in "
                f"[-2**63, 2**64 - 1].")
     return APIError(400, msg, param=name, code="invalid_value")
+
+
+# --- bounds on every per-request structure; strict types (issue #32) ------------------------------
+# Parsing is strict (parse: model_validate(strict=True)): booleans are JSON booleans, integers JSON
+# integers ("stream": "yes", "max_tokens": "8" and "n": 1.0 are 400s, as OpenAI answers them);
+# floats accept integers. Every structure a request can grow is bounded; an over-limit one is a
+# 400 naming the parameter and the limit, before the request takes a place on the NPU. n (MAX_N)
+# and top_logprobs (20; 5 for /v1/completions) are bounded by their fields above.
+MAX_TOOLS = 128                 # OpenAI's limit on tools per request
+MAX_STOP_CHARS = 1024           # per stop string (the text stream holds back up to its length)
+MAX_LOGIT_BIAS = 300            # logit_bias entries (each one is a per-token logits write)
+
+
+def over_limit(param: str, what: str, limit: int, unit: str) -> APIError:
+    return APIError(400, f"'{param}' {what}; this server accepts at most {limit} {unit}.",
+                    param=param, code="invalid_value")
+
+
+def check_limits(req: BaseModel) -> None:
+    """Refuse a parsed request whose tools, stop strings or logit_bias pass their bounds, or
+    whose tool parameter schemas do (checked_schema)."""
+    tools = getattr(req, "tools", None) or []
+    if len(tools) > MAX_TOOLS:
+        raise over_limit("tools", f"has {len(tools)} entries", MAX_TOOLS, "tools")
+    for i, tool in enumerate(tools):
+        if tool.function.parameters is not None:
+            checked_schema(tool.function.parameters, "tools", f"'tools[{i}].function.parameters'")
+    stops = req.stop_list() if hasattr(req, "stop_list") else []
+    for i, stop in enumerate(stops):
+        if len(stop) > MAX_STOP_CHARS:
+            raise over_limit("stop", f"[{i}] is {len(stop)} characters long", MAX_STOP_CHARS,
+                             "characters per stop string")
+    bias = getattr(req, "logit_bias", None) or {}
+    if len(bias) > MAX_LOGIT_BIAS:
+        raise over_limit("logit_bias", f"has {len(bias)} entries", MAX_LOGIT_BIAS, "entries")
+
+
+def checked_schema(schema: Any, param: str, where: str | None = None) -> Any:
+    """A client's JSON schema, checked before any work: its size and depth bounds and that some
+    finite value matches it (engine/llm/constrained.check_schema: no recursion, so a 250-deep or
+    self-referencing schema is a 400, not a RecursionError), then that it is a valid JSON schema
+    (jsonschema). A 400 naming `param` otherwise."""
+    from torch_xdna.engine.llm.constrained import GrammarError, check_schema
+    where = where or f"'{param}'"
+    try:
+        check_schema(schema, where)
+    except GrammarError as e:
+        raise APIError(400, f"{e}.", param=param, code="invalid_value") from None
+    import jsonschema
+    try:
+        jsonschema.validators.validator_for(schema).check_schema(schema)
+    except jsonschema.SchemaError as e:
+        raise APIError(400, f"{where} is not a valid JSON schema: {e.message}", param=param,
+                       code="invalid_value") from None
+    except RecursionError:
+        raise APIError(400, f"{where} refers to itself too deeply to be checked; simplify its "
+                            f"$refs.", param=param, code="invalid_value") from None
+    return schema

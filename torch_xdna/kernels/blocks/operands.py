@@ -9,6 +9,7 @@ from collections import OrderedDict
 from typing import Sequence
 
 import torch
+from torch.multiprocessing.reductions import StorageWeakRef
 
 from torch_xdna.kernels import numerics
 from torch_xdna.kernels.base import round_up
@@ -81,9 +82,12 @@ class KvMirror:
     visible cache on every token (bf16 -> fp32 is exact: the same values). Each call appends the
     rows the block just wrote. An entry is trusted only while its cache's version counter is the
     one it recorded after its own last write and it covers every row before `pos`; anything else
-    (another writer, a cache restored or copied) rebuilds it from the cache. Entries keep their
-    cache alive (the address cannot be reused) and are cleared with OPERANDS (Decoder.close).
-    Bounded, with the operand copies, by TORCH_XDNA_SIM_WEIGHT_CACHE_MB; `enabled` False turns
+    (another writer, a cache restored or copied) rebuilds it from the cache. An entry holds its
+    cache only weakly: it dies with the cache's storage (a batch session's slots are freed when
+    the session closes; a strong reference here kept every closed session's KV and its mirror
+    alive, ~200 KB per batched chat of the tiny test model), and a dead entry is never trusted
+    even if a new cache gets its address. Bounded, with the operand copies, by
+    TORCH_XDNA_SIM_WEIGHT_CACHE_MB; cleared with OPERANDS (Decoder.close); `enabled` False turns
     it off (tests compare both paths)."""
 
     enabled = True
@@ -107,6 +111,10 @@ class KvMirror:
             return None
         need = round_up(end, tkv)
         e = self.entries.get(key)
+        if e is not None and e[0].expired():   # its cache died; this one reuses the address
+            e = None
+        if e is None:
+            self.sweep()
         if e is not None and (e[2] != pre_version or e[3] < pos):
             e[3] = 0                    # stale: rebuild from the cache
             e[1].zero_()
@@ -122,7 +130,7 @@ class KvMirror:
                 m[:, :e[3]] = e[1][:, :e[3]]
                 e[1] = m
             else:
-                e = self.entries[key] = [cache, m, version, 0]
+                e = self.entries[key] = [StorageWeakRef(cache.untyped_storage()), m, version, 0]
             self.bytes += m.numel() * 4 - old
         m, have = e[1], e[3]
         lo = min(pos, have)
@@ -131,6 +139,13 @@ class KvMirror:
         m[:, lo:end].copy_(cache[:, lo:end])
         e[2], e[3] = version, end
         return m[:, start:need]
+
+    def sweep(self) -> int:
+        """Drop the entries whose cache has died; returns how many."""
+        dead = [k for k, e in self.entries.items() if e[0].expired()]
+        for k in dead:
+            self.bytes -= self.entries.pop(k)[1].numel() * 4
+        return len(dead)
 
     def clear(self) -> None:
         self.entries.clear()

@@ -195,8 +195,10 @@ def open_gguf(path: str | Path) -> GGUFModel:
     try:
         reader = GGUFReader(str(p))
     except Exception as e:                    # the reader raises ValueError/IndexError/struct...
-        raise _err(p, f"corrupt or truncated GGUF file ({type(e).__name__}: {e}); re-download "
-                      "or re-convert it") from None
+        log.debug("GGUFReader(%s) failed: %r", p, e)    # its words stay in the debug log
+        raise _err(p, "corrupt or truncated GGUF file: its header or tensor table points past "
+                      "the data or holds an impossible count or type; re-download or "
+                      "re-convert it") from None
     meta: dict[str, Any] = {}
     for name, f in reader.fields.items():
         if name.startswith("GGUF."):
@@ -204,7 +206,9 @@ def open_gguf(path: str | Path) -> GGUFModel:
         try:
             meta[name] = f.contents()
         except Exception as e:
-            raise _err(p, f"metadata field {name!r} unreadable ({e})") from None
+            log.debug("GGUF metadata field %r of %s: %r", name, p, e)
+            raise _err(p, f"metadata field {name!r} cannot be read (its type or length does "
+                          f"not match its bytes); re-download or re-convert the file") from None
     size = p.stat().st_size
     tensors = {}
     for t in reader.tensors:

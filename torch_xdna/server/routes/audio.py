@@ -92,8 +92,9 @@ def register(app: FastAPI, srv) -> None:
                                 "(as the OpenAI API does).", code="invalid_content_type")
         try:
             form = await request.form()
-        except Exception as e:                      # malformed multipart body
-            raise APIError(400, f"The multipart body could not be parsed ({type(e).__name__}).",
+        except Exception:                           # malformed multipart body
+            raise APIError(400, "The multipart body could not be parsed: check its boundary and "
+                                "parts (send it as an HTTP client's multipart upload does).",
                            code="invalid_multipart") from None
         try:
             upload = form.get("file")

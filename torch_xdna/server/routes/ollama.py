@@ -135,7 +135,7 @@ async def _body(request: Request, model: type[BaseModel]) -> Any:
     if not isinstance(data, dict):
         raise APIError(400, "the request body must be a JSON object")
     try:
-        return model.model_validate(data)
+        return model.model_validate(data, strict=True)     # "stream": "yes" is not a boolean
     except ValidationError as e:
         first = e.errors()[0]
         where = ".".join(str(p) for p in first["loc"]) or "body"
@@ -169,7 +169,8 @@ def params_from(body: _Gen) -> tuple[GenerationParams, int | None]:
     if body.format == "json":
         params.grammar = Grammar("json_object")
     elif isinstance(body.format, dict):
-        params.grammar = Grammar("json_schema", body.format)
+        from torch_xdna.server.schemas import checked_schema
+        params.grammar = Grammar("json_schema", checked_schema(body.format, "format"))
     elif body.format not in (None, ""):
         raise APIError(400, f"invalid 'format' {body.format!r}: use \"json\" or a JSON schema")
     limit = o.num_predict if o.num_predict and o.num_predict > 0 else None

@@ -15,7 +15,7 @@ from torch_xdna.server.chat import GenerationParams
 from torch_xdna.server.generation import (GenerationPlan, GenerationRun, OutputSplit, chat_plan,
                                           fim_setup)
 from torch_xdna.server.schemas import (APIError, ChatCompletionRequest, CompletionRequest,
-                                       NamedToolChoice, ResponseFormat, parse)
+                                       NamedToolChoice, ResponseFormat, checked_schema, parse)
 from torch_xdna.server.state import Server
 
 
@@ -48,14 +48,8 @@ def response_grammar(fmt: ResponseFormat | None):
         return None
     if fmt.type == "json_object":
         return Grammar("json_object")
-    schema = fmt.json_schema.schema_
-    import jsonschema
-    try:
-        jsonschema.validators.validator_for(schema).check_schema(schema)
-    except jsonschema.SchemaError as e:
-        raise APIError(400, f"'response_format.json_schema.schema' is not a valid JSON schema: "
-                            f"{e.message}", param="response_format", code="invalid_value") from None
-    return Grammar("json_schema", schema)
+    return Grammar("json_schema", checked_schema(fmt.json_schema.schema_, "response_format",
+                                                 "'response_format.json_schema.schema'"))
 
 
 async def chat_completion(srv: Server, request: Request):
