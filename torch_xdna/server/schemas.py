@@ -334,12 +334,12 @@ async def parse(request: Request, model: type[BaseModel]) -> Any:
         unknown = [x["loc"] for x in e.errors() if x["type"] == "extra_forbidden"]
         if not unknown:
             raise validation_error(e) from None
-    for loc in unknown:                 # ignored, as llama.cpp's server does: warn, drop, retry
-        _drop(data, loc)
-    try:
-        return model.model_validate(data)
-    except ValidationError as e:
-        raise validation_error(e) from None
+        for loc in unknown:             # ignored, as llama.cpp's server does: warn, drop, retry
+            _drop(data, loc)
+        try:
+            req = model.model_validate(data, strict=True)
+        except ValidationError as e2:
+            raise validation_error(e2) from None
     check_limits(req)
     return req
 
@@ -414,8 +414,9 @@ def check_limits(req: BaseModel) -> None:
     if len(tools) > MAX_TOOLS:
         raise over_limit("tools", f"has {len(tools)} entries", MAX_TOOLS, "tools")
     for i, tool in enumerate(tools):
-        if tool.function.parameters is not None:
-            checked_schema(tool.function.parameters, "tools", f"'tools[{i}].function.parameters'")
+        schema, where = tool_schema(tool)
+        if schema is not None:
+            checked_schema(schema, "tools", f"'tools[{i}].{where}'")
     stops = req.stop_list() if hasattr(req, "stop_list") else []
     for i, stop in enumerate(stops):
         if len(stop) > MAX_STOP_CHARS:
@@ -424,6 +425,18 @@ def check_limits(req: BaseModel) -> None:
     bias = getattr(req, "logit_bias", None) or {}
     if len(bias) > MAX_LOGIT_BIAS:
         raise over_limit("logit_bias", f"has {len(bias)} entries", MAX_LOGIT_BIAS, "entries")
+
+
+def tool_schema(tool: Any) -> tuple[Any, str]:
+    """A tool's parameter schema and where it sits, in each API's shape: OpenAI chat
+    (function.parameters), Responses (parameters), Anthropic (input_schema)."""
+    fn = getattr(tool, "function", None)
+    if fn is not None:
+        return fn.parameters, "function.parameters"
+    for field_name in ("parameters", "input_schema"):
+        if hasattr(tool, field_name):
+            return getattr(tool, field_name), field_name
+    return None, ""
 
 
 def checked_schema(schema: Any, param: str, where: str | None = None) -> Any:
