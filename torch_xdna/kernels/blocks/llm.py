@@ -43,7 +43,7 @@ from torch_xdna.kernels.blocks.operands import KV_MIRROR
 from torch_xdna.kernels.blocks.toolkit import (
     KV_TILE, attend, combine_plans, fused_plan, gemm_plan, inference_mode, kv_bucket, kv_launch_plan,
     layer_norm, matmul, operand_rounding, prologue, qk_norm_weight, resident_operand, rms_norm, rope,
-    signed_sin, take_inputs, vector_plan,
+    signed_sin, take_linear, vector_plan,
 )
 from torch_xdna.kernels.blocks.weights import (  # noqa: F401  (PRECISIONS: named from here by callers)
     PRECISIONS, dequantize, weight_bytes, weight_tensors,
@@ -235,12 +235,8 @@ class AttentionBlockDesign(DecoderBlockDesign):
         if self.qk_norm:
             qk_w = qk_norm_weight(inputs[i], inputs[i + 1], hq, hkv, exact)
             i += 2
-        wqkv, i = take_inputs(inputs, i, nt)
-        if self.bias:
-            bqkv, i = resident_operand(inputs[i], exact), i + 1
-        wo, i = take_inputs(inputs, i, nt)
-        if self.bias:
-            bo, i = resident_operand(inputs[i], exact), i + 1
+        wqkv, bqkv, i = take_linear(inputs, i, nt, self.bias, exact)
+        wo, bo, i = take_linear(inputs, i, nt, self.bias, exact)
         if self.post_norm:
             pn = resident_operand(inputs[i], exact)
             i += 1
@@ -386,12 +382,8 @@ class MlpBlockDesign(DecoderBlockDesign):
         n, exact, rnd, x, ln = prologue(self, inputs, n)
         nt = weight_tensors(self.precision)
         lnb, i = self.norm_bias(inputs, exact)
-        wgu, i = take_inputs(inputs, i, nt)
-        if self.bias:
-            bgu, i = resident_operand(inputs[i], exact), i + 1
-        wd, i = take_inputs(inputs, i, nt)
-        if self.bias:
-            bd, i = resident_operand(inputs[i], exact), i + 1
+        wgu, bgu, i = take_linear(inputs, i, nt, self.bias, exact)
+        wd, bd, i = take_linear(inputs, i, nt, self.bias, exact)
         xs = x if n == x.shape[0] else x[:n]
         h = self.normalize(xs, ln, lnb, rnd)
         gu = matmul(h, wgu, self.precision, self.group, rnd)

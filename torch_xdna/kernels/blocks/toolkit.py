@@ -190,6 +190,16 @@ def take_inputs(inputs: Sequence[torch.Tensor], i: int, n: int) -> tuple[tuple, 
     return tuple(inputs[i:i + n]), i + n
 
 
+def take_linear(inputs: Sequence[torch.Tensor], i: int, n: int, bias: bool,
+                exact: bool) -> tuple[tuple, torch.Tensor | None, int]:
+    """One linear layer's stored weight (`n` tensors) and, when the block has biases, its bias
+    operand, from a block's inputs at `i`: (weight tensors, bias or None, next index)."""
+    w, i = take_inputs(inputs, i, n)
+    if not bias:
+        return w, None, i
+    return w, resident_operand(inputs[i], exact), i + 1
+
+
 # -- planning helpers --------------------------------------------------------------------------
 def gemm_design(m: int, k: int, n: int, precision: str, batch: int = 1, group: int = 0) -> GemmDesign:
     """The GEMM a block's matmul on a `precision` weight plans (and lowers) as."""
