@@ -132,7 +132,7 @@ def test_strict_types_completions_and_ollama(live):
                                   b"\x03\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00"
                                   b"\x01\x00\x00\x00\x00\x00\x00\x00" + b"\x05" * 8])
 def test_hostile_gguf_refusals_are_in_our_words(tmp_path, tail):
-    from torch_xdna.models.gguf import open_gguf
+    from torch_xdna.models.formats.gguf import open_gguf
     from torch_xdna.models.hf import ModelDirError
     p = tmp_path / "bad.gguf"
     p.write_bytes(b"GGUF" + tail)

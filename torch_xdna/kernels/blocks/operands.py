@@ -19,8 +19,11 @@ from torch_xdna.kernels.blocks.weights import dequantize
 class OperandCache:
     """Simulator speed only: fp32 operand copies of resident weights, so the sim does not
     re-convert every weight on every token. Keyed by storage address + version counter (a write
-    to the buffer bumps it); an entry keeps its storage alive so the address cannot be reused.
-    Bounded by TORCH_XDNA_SIM_WEIGHT_CACHE_MB (default 3072; 0 disables). No effect on counters."""
+    to the buffer bumps it). An entry holds its inputs only weakly: it dies with them (a model
+    unloaded from the server frees its weights; a strong reference here kept every unloaded
+    model's weights alive), and a dead entry is never used even if a new tensor gets its
+    address. Bounded by TORCH_XDNA_SIM_WEIGHT_CACHE_MB (default 3072; 0 disables). No effect on
+    counters."""
 
     def __init__(self) -> None:
         self.entries: OrderedDict[tuple, tuple] = OrderedDict()
@@ -58,14 +61,29 @@ class OperandCache:
             return make()
         hit = self.entries.get(key)
         if hit is not None:
-            return hit[0]
+            value, refs, size = hit
+            if not any(r.expired() for r in refs):
+                return tensors[value] if isinstance(value, int) else value
+            self._drop(key)                          # its inputs died; the address was reused
         w = make()
-        # an entry that is one of its own inputs (nothing to convert) costs no memory
-        size = 0 if any(w is t for t in tensors) else w.numel() * w.element_size()
+        # an entry that is one of its own inputs (nothing to convert) costs no memory and keeps
+        # only the input's position, so it never holds the input alive
+        same = next((i for i, t in enumerate(tensors) if w is t), None)
+        size = 0 if same is not None else w.numel() * w.element_size()
+        self._sweep()
         if self.bytes + size <= self.budget():     # no eviction: cyclic access would thrash
-            self.entries[key] = (w, tuple(tensors))
+            refs = tuple(StorageWeakRef(t.untyped_storage()) for t in tensors)
+            self.entries[key] = (w if same is None else same, refs, size)
             self.bytes += size
         return w
+
+    def _drop(self, key: tuple) -> None:
+        self.bytes -= self.entries.pop(key)[2]
+
+    def _sweep(self) -> None:
+        """Drop the entries whose inputs died (their buffers were freed and released)."""
+        for key in [k for k, e in self.entries.items() if any(r.expired() for r in e[1])]:
+            self._drop(key)
 
     def clear(self) -> None:
         self.entries.clear()
