@@ -68,16 +68,16 @@ def test_ledger_reports_a_freed_buffer_kept_alive_by_a_view():
     from torch_xdna.runtime import get_device
     dev = get_device()
     gc.collect()
-    base = dev.memory_report()
+    base = dev.memory_report(top=10_000)
     arg = dev.empty((64, 64), __import__("torch").float32)
     kept = arg.host_view()[:8]                # a view outliving the buffer (what the mirror did)
-    rep = dev.memory_report()
+    rep = dev.memory_report(top=10_000)
     assert rep["live_buffers"] == base["live_buffers"] + 1
     assert any("test_server_memory.py" in o["origin"] for o in rep["by_origin"])
     dev.free(arg.buffer)
-    held = dev.memory_report()["retained_after_free"]
+    held = dev.memory_report(top=10_000)["retained_after_free"]
     assert held["bytes"] == base["retained_after_free"]["bytes"] + arg.buffer.nbytes
-    assert "test_server_memory.py" in held["by_origin"][0]["origin"]
+    assert any("test_server_memory.py" in o["origin"] for o in held["by_origin"])
     del kept
     gc.collect()
-    assert dev.memory_report()["retained_after_free"] == base["retained_after_free"]
+    assert dev.memory_report(top=10_000)["retained_after_free"] == base["retained_after_free"]
