@@ -54,7 +54,7 @@ class Chromium:
 
     def __enter__(self) -> "Chromium":
         from websockets.sync.client import connect
-        self._profile = tempfile.TemporaryDirectory(prefix="xdna-chromium-")
+        self._profile = tempfile.TemporaryDirectory(prefix="xdna-chromium-", ignore_cleanup_errors=True)  # chromium may still be writing its profile as it exits
         profile = Path(self._profile.name)
         self.proc = subprocess.Popen([CHROMIUM, *FLAGS, f"--user-data-dir={profile}",
                                       "about:blank"], stdout=subprocess.DEVNULL,
