@@ -4,6 +4,7 @@ simulator's KV mirror held every closed batch session's freed KV buffers and the
 from __future__ import annotations
 
 import gc
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
@@ -32,6 +33,18 @@ def _figures(srv) -> tuple[int, int, int, int]:
             live_mirrors)
 
 
+def _settled(srv, wait_s: float = 5.0) -> tuple[int, int, int, int]:
+    """The figures once the device thread is idle: the last response can reach the client
+    while the thread still unwinds the batch session (its frame holds the freed buffers' views
+    for a moment). A real leak stays past the wait."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        fig = _figures(srv)
+        if fig[2] == 0 or time.monotonic() > deadline:
+            return fig
+        time.sleep(0.05)
+
+
 def test_batched_chats_leave_device_buffers_and_mirrors_as_they_were(live):
     srv = live.srv
     _round(live.url, 0)                       # warm-up: model resident, programs built
@@ -39,9 +52,10 @@ def test_batched_chats_leave_device_buffers_and_mirrors_as_they_were(live):
     assert srv.batcher.runner(MODEL, srv.registry.loaded[MODEL]).max_batch > 1   # really batched
     for r in range(3):
         _round(live.url, 100 * (r + 1))
-    after = _figures(srv)
+    after = _settled(srv)
     assert after[:2] == before[:2]            # live device buffers and bytes equal
-    assert after[2] == 0                      # no freed buffer's memory is still referenced
+    held = srv.dev.memory_report(top=20)["retained_after_free"]
+    assert after[2] == 0, held                # no freed buffer's memory is still referenced
     assert after[3] == before[3]              # KV mirrors only for caches that are alive
 
 

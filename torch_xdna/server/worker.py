@@ -150,6 +150,8 @@ class DeviceWorker:
                     self._run_one(job)
             finally:
                 self.busy = False
+                job = None          # a finished job (and what its closure holds) is not kept
+                                    # alive while the thread waits for the next one
 
     def _run_one(self, job: Job) -> None:
         self.steps += 1
