@@ -28,6 +28,8 @@ Types (all frozen dataclasses; only torch_xdna.hw is imported):
                  per destination (a held block re-streamed, e.g. GEMM B reused by M sub-blocks)
   CoreBody       (tile, body tuple[CoreOp], link_with object file names)
     CoreOp = Loop(count, body) | Acquire(fifo, port, n) | Release(fifo, port, n)
+      (count: an int, FOREVER, or ScalarRef(rtp buffer): a trip count the core reads from a
+      runtime parameter when the loop starts, written per launch by an RtpWrite)
            | Call(kernel, args tuple[KernelArg])
     KernelArg = FifoElem(fifo, index) | BufferRef(name) | Const(value, dtype) | ScalarRef(name)
       (ScalarRef names a launch scalar, or an rtp TileBuffer whose element 0 the core reads)
@@ -233,8 +235,23 @@ class Call:
 
 @dataclass(frozen=True)
 class Loop:
-    count: int | None            # None = FOREVER
+    """A counted core loop. A ScalarRef count is a runtime trip count (slot 0 of an RTP buffer,
+    written by the launch's RtpWrite): mlir-aie keeps such a loop as an scf.for whose bound is a
+    memref.load, and its dynamic objectFIFO lowering (aiecc's default) picks each iteration's
+    buffer from a runtime counter instead of unrolling by the FIFO depth
+    (test/objectFifo-stateful-transform/dynamic_lowering/dynamic_lowering_test.mlir
+    @ ae6577cb2e67d9a9c12117204baae59b47542808)."""
+
+    count: Union[int, None, "ScalarRef"]      # None = FOREVER
     body: tuple["CoreOp", ...] = ()
+
+    def trips(self, rtp: dict[str, int]) -> int | None:
+        """The trip count at a launch whose RTP slot values are `rtp` (None: forever)."""
+        if isinstance(self.count, ScalarRef):
+            if self.count.name not in rtp:
+                raise KeyError(f"loop bound {self.count.name!r} has no RtpWrite in the launch")
+            return int(rtp[self.count.name])
+        return self.count
 
 
 CoreOp = Union[Loop, Acquire, Release, Call]
@@ -323,6 +340,12 @@ class RuntimeSequence:
     @property
     def tasks(self) -> tuple[DmaTask, ...]:
         return tuple(op for op in self.ops if isinstance(op, DmaTask))
+
+    def rtp_values(self) -> dict[str, int | float]:
+        """Slot 0 of every RTP buffer this launch writes with a constant (runtime loop bounds
+        and kernel parameters, as the core reads them)."""
+        return {op.buffer: op.value for op in self.ops
+                if isinstance(op, RtpWrite) and op.index == 0 and not isinstance(op.value, ScalarRef)}
 
 
 @dataclass(frozen=True)

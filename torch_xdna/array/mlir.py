@@ -57,7 +57,7 @@ KNOWN_OPS = {"module", "aie.device", "aie.tile", "aie.objectfifo", "aie.objectfi
              "func.func", "func.call", "arith.constant", "scf.for", "aiex.runtime_sequence",
              "aie.runtime_sequence",
              "aiex.dma_configure_task_for", "aiex.dma_start_task", "aiex.dma_await_task",
-             "aiex.npu.rtp_write", "memref.load"}
+             "aiex.npu.rtp_write", "memref.load", "arith.index_cast"}
 
 
 def memref(t: ir.TensorType) -> str:
@@ -236,8 +236,17 @@ def _const(o, names, value, type_: str) -> str:
 def _body(o, names, prog, kernels, bv, body, held):
     for op in body:
         if isinstance(op, ir.Loop):
-            lo, hi, st = (_const(o, names, 0, "index"), _const(o, names, op.count if op.count
-                          is not None else FOREVER_COUNT, "index"), _const(o, names, 1, "index"))
+            lo = _const(o, names, 0, "index")
+            if isinstance(op.count, ir.ScalarRef):      # a runtime trip count: the RTP's slot 0
+                i0, raw, hi = _const(o, names, 0, "index"), names.new(), names.new()
+                bt = memref(prog.buffer(op.count.name).type)
+                o.line(f"{raw} = memref.load {bv[op.count.name]}[{i0}] : {bt}",
+                       f'{raw} = "memref.load"({bv[op.count.name]}, {i0}) : ({bt}, index) -> i32')
+                o.line(f"{hi} = arith.index_cast {raw} : i32 to index",
+                       f'{hi} = "arith.index_cast"({raw}) : (i32) -> index')
+            else:
+                hi = _const(o, names, op.count if op.count is not None else FOREVER_COUNT, "index")
+            st = _const(o, names, 1, "index")
             iv = names.new("arg")
             o.line(f"scf.for {iv} = {lo} to {hi} step {st} {{",
                    f'"scf.for"({lo}, {hi}, {st}) ({{')

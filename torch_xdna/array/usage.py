@@ -140,11 +140,15 @@ def walk(body):
             yield from walk(op.body)
 
 
-def count_acquires(body, fifo: str, port: str, times: int = 1) -> int:
+def count_acquires(body, fifo: str, port: str, times: int = 1,
+                   rtp: dict | None = None) -> int:
+    """Elements a core body acquires from `fifo` per launch (forever loops count once; runtime
+    trip counts are read from `rtp`, the launch's RTP slot values)."""
     n = 0
     for op in body:
         if isinstance(op, ir.Loop):
-            n += count_acquires(op.body, fifo, port, times * (op.count if op.count is not None else 1))
+            trips = op.trips(rtp or {})
+            n += count_acquires(op.body, fifo, port, times * (trips if trips is not None else 1), rtp)
         elif isinstance(op, ir.Acquire) and op.fifo == fifo and op.port == port:
             n += op.n * times
     return n
@@ -169,7 +173,8 @@ def fifo_elements(prog: ir.ArrayProgram) -> dict[str, int]:
                 n = sent[f.name] / bits if bits else 0
             elif f.producer.kind == "compute":
                 core = next((c for c in prog.cores if c.tile == f.producer), None)
-                n = count_acquires(core.body, f.name, "produce") if core else 0
+                n = count_acquires(core.body, f.name, "produce", rtp=prog.sequence.rtp_values()) \
+                    if core else 0
             else:
                 ln = prog.link_of(f.name)
                 if ln is None:

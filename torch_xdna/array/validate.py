@@ -177,7 +177,8 @@ def _check_balance(prog: ir.ArrayProgram) -> None:
             if c.kind != "compute":
                 continue
             core = next((b for b in prog.cores if b.tile == c), None)
-            got = count_acquires(core.body, f.name, "consume") if core else 0
+            got = count_acquires(core.body, f.name, "consume",
+                                 rtp=prog.sequence.rtp_values()) if core else 0
             if got != n:
                 raise ArrayIRError(f"array program {prog.name}: fifo {f.name}: {int(n)} elements "
                                    f"per launch, but {c.name} acquires {got}")

@@ -14,9 +14,11 @@ Each core: forever { items x { attn_init; attn_q; tiles x attn_tile; attn_finish
 launch's kv_len and q_offset in two runtime-parameter buffers (RtpWrite per launch). The core
 loops over the design's KV capacity; attn_tile masks keys >= kv_len (and the causal / window
 constraints) and reads their V rows as zero, so the key tile holding kv_len is read whole from the
-buffer (stale cache rows and all; no edge padding) and one core program serves every step. Key
-tiles wholly past kv_len still arrive as shim zero padding (no DRAM read): removing that needs a
-core loop bounded by a runtime parameter (mlir-aie's dynamic objectFifo lowering), not done.
+buffer (stale cache rows and all; no edge padding) and one core program serves every step. The
+key-tile loop's trip count is a third runtime parameter, ceil(kv_len / tkv) (an scf.for bounded by
+an RTP load, kept as a loop by mlir-aie's dynamic objectFIFO lowering, ir.Loop): the stream
+carries only the tiles that hold keys, so no tile is shim zero padding and the DMA reads what the
+cost model charges (toolkit.kv_launch_plan: the KV extent in KV_TILE units).
 
 Kernel semantics (kernels/aie/; the simulator's references implement the same):
   attn_init_f32(o, ml, state)            o = 0, m = -inf, l = 0, state[0] = 0 (tile counter)
@@ -63,7 +65,7 @@ def attention_program(d, gen: Generation, kv_len: int | None = None, q_offset: i
     if item_io:                         # every core busy in every round (no all-padding items)
         cores = item_cores(items, plan.cores)
         cols = min(cols, cores)
-    ntiles = ceil_div(S, tkv)
+    ntiles = ceil_div(n, tkv)           # key tiles this launch streams (the runtime trip count)
     rounds = ceil_div(items, cores)
     b = Builder(f"{d.name}_B{B}H{Hq}/{Hkv}L{Lq}S{S}D{D}", gen)
     b.notes.update({"design": d.name, "tile": plan.tile, "work_items": items, "rounds": rounds,
@@ -139,11 +141,12 @@ def attention_program(d, gen: Generation, kv_len: int | None = None, q_offset: i
         mlb, stb = b.buffer(f"ml_{nm}", t, ml_t), b.buffer(f"state_{nm}", t, st_t)
         kvl = b.buffer(f"rtp_kvlen_{nm}", t, one, rtp=True)
         qo = b.buffer(f"rtp_qoff_{nm}", t, one, rtp=True)
+        ntl = b.buffer(f"rtp_ktiles_{nm}", t, one, rtp=True)
         R_ = ir.BufferRef
         item = flat(
             acq(of, "produce"), call(init, elem(of), R_(mlb), R_(stb)),
             acq(kvf), call(ldq, elem(kvf), R_(qb), R_(stb)), rel(kvf),
-            loop(ntiles, acq(kvf),
+            loop(ir.ScalarRef(ntl), acq(kvf),
                  call(tile_k, R_(qb), elem(kvf), R_(sb), R_(pb), elem(of), R_(mlb), R_(stb),
                       ir.ScalarRef(kvl), ir.ScalarRef(qo), ir.Const(float(d.softmax_scale), "f32"),
                       ir.Const(k, "i32"), ir.Const(cores, "i32"), ir.Const(q_tiles, "i32"),
@@ -155,6 +158,7 @@ def attention_program(d, gen: Generation, kv_len: int | None = None, q_offset: i
         b.core_body(t, (forever(*loop(rounds, *item)),))
         b.rtp(kvl, 0, n)
         b.rtp(qo, 0, qoff)
+        b.rtp(ntl, 0, ntiles)
     # runtime sequence: per round, drains, then per core the Q element and per key tile K, V
     qe = 2 * tkv * dp                    # bf16 elements of the [K | V] part
     q_pad_tail = m_bytes // 2            # a Q element also fills the mask part (bf16 zeros)

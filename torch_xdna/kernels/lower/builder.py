@@ -298,8 +298,11 @@ def forever(*body) -> ir.Loop:
     return ir.Loop(ir.FOREVER, tuple(body))
 
 
-def loop(count: int, *body):
-    """A counted loop; a count of 1 is flattened (no scf.for for one trip)."""
+def loop(count, *body):
+    """A counted loop; a count of 1 is flattened (no scf.for for one trip). A ScalarRef count
+    (an RTP buffer) is a runtime trip count (ir.Loop)."""
+    if isinstance(count, ir.ScalarRef):
+        return (ir.Loop(count, tuple(body)),)
     if count == 1:
         return body
     return (ir.Loop(int(count), tuple(body)),)

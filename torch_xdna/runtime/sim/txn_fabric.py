@@ -164,7 +164,9 @@ class CoreProcess:
     def _run(self, ops):
         for op in ops:
             if isinstance(op, ir.Loop):
-                counter = itertools.count() if op.count is None else range(op.count)
+                counter = (itertools.count() if op.count is None else
+                           range(int(self._scalar(op.count.name))) if isinstance(op.count, ir.ScalarRef)
+                           else range(op.count))
                 for _ in counter:
                     yield from self._run(op.body)
             elif isinstance(op, ir.Acquire):

@@ -83,6 +83,7 @@ class _State:
     elems: dict = field(default_factory=dict)          # SSA -> FifoElem
     subviews: dict = field(default_factory=dict)       # SSA -> fifo name
     loads: dict = field(default_factory=dict)          # SSA -> rtp buffer name
+    bounds: dict = field(default_factory=dict)         # SSA index -> ScalarRef (runtime trip count)
     rtp: set = field(default_factory=set)
     cores: list = field(default_factory=list)
     args: list = field(default_factory=list)
@@ -234,11 +235,20 @@ def _region(st: _State, lines: list[str], i: int) -> tuple[list, int]:
             st.consts[m.group(1)] = (float(v) if m.group(3) in ("f32", "bf16") else int(v), m.group(3))
             i += 1
             continue
+        m = re.match(r"(%\w+) = arith\.index_cast (%\w+) : i32 to index$", ln)
+        if m and m.group(2) in st.loads:                 # a runtime loop bound (an RTP slot)
+            st.bounds[m.group(1)] = ir.ScalarRef(st.loads[m.group(2)])
+            i += 1
+            continue
         m = re.match(r"scf\.for %\w+ = (%\w+) to (%\w+) step (%\w+) \{$", ln)
         if m:
-            hi = st.consts[m.group(2)][0]
+            if m.group(2) in st.bounds:
+                count = st.bounds[m.group(2)]
+            else:
+                hi = st.consts[m.group(2)][0]
+                count = None if hi == FOREVER_COUNT else int(hi)
             inner, i = _region(st, lines, i + 1)
-            ops.append(ir.Loop(None if hi == FOREVER_COUNT else int(hi), tuple(inner)))
+            ops.append(ir.Loop(count, tuple(inner)))
             i += 1
             continue
         m = re.match(r"(%\w+) = aie\.objectfifo\.acquire @(\w+)\((Consume|Produce), (\d+)\)", ln)
