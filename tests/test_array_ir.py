@@ -171,6 +171,10 @@ SWEEP = [(m, k, n, dt, g) for (m, k, n) in ((1, 64, 8), (5, 72, 36), (17, 200, 4
          for dt, g in (("bf16", 0), ("int8", 0), ("int4", 8), ("int8", 8), ("bfp16", 0))]
 
 
+def prog_columns(prog) -> int:
+    return len({t.col for t in prog.tiles if t.kind == "compute"})
+
+
 @pytest.mark.parametrize("m,k,n,dt,g", SWEEP)
 def test_gemm_shape_sweep_fits_and_encodes(m, k, n, dt, g):
     """Edge tiles in M, N and K (K not a multiple of the K tile) for every GEMM dtype."""
@@ -183,7 +187,10 @@ def test_gemm_shape_sweep_fits_and_encodes(m, k, n, dt, g):
     u = validate(prog, NPU4)
     cores = [t for t in prog.tiles if t.kind == "compute"]
     assert max(u.memory[t.name] for t in cores) == d.plan(NPU4).l1_bytes
-    assert u.bytes_out == m * n * (4 if dt != "int8" or not g else 4)
+    # every output once; the last N panel, moved back to end at N, writes some columns twice
+    # (the same values; kernels/lower/gemm._panel_start): at most one panel of them per column
+    extra = u.bytes_out - m * n * 4
+    assert 0 <= extra <= m * d.plan(NPU4).tile[2] * NPU4.core_rows.value * 4 * prog_columns(prog)
     txn.encode_sequence(prog)
 
 

@@ -60,7 +60,19 @@ def test_gemm_int8_bit_identical(m, k, n):
 
 
 FLOAT_GEMM_SHAPES = [(64, 96, 80), (33, 70, 50), (1, 256, 128), (37, 300, 300), (2, 1000, 200),
-                     (200, 520, 72)]     # edge tiles in M and N, K not a multiple of the K tile
+                     (200, 520, 72),     # edge tiles in M and N, K not a multiple of the K tile
+                     (1, 256, 1000)]     # a GEMV whose last N panel moves back to end at N
+
+
+def test_gemv_n_edge_panel_moves_back_instead_of_padding():
+    """A head-like GEMV (N not a multiple of a column's panel): the last panel starts earlier
+    so it ends at N, no task zero-pads (mlir-aie pads only on mem tiles), and the outputs two
+    cores both write are the same values (test_gemm_bf16_bit_identical[1-256-1000])."""
+    for dtype in ("bf16", "int4"):
+        d = GemmDesign(m=1, k=256, n=1000, dtype=dtype, out_dtype=torch.float32,
+                       w_group=32 if dtype == "int4" else 0)
+        prog = lower(d, NPU4)[0]
+        assert not [t for t in prog.sequence.tasks if any(t.pad_after)], dtype
 
 
 @pytest.mark.parametrize("m,k,n", FLOAT_GEMM_SHAPES)

@@ -16,7 +16,8 @@ Each core: forever { tiles_per_core x { zero acc; K/tk x { matmul(A, B, acc) }; 
 A round of the runtime sequence is one output block (p sub-blocks of every active core's
 tiles): its B feeds are queued first (held for the round), then per sub-block its C drains
 and A feeds. Edge tiles (M, N, K not multiples of the
-tile) are zero-padded in the stream and dropped on the way out (DmaTask.pad_after), except rows
+tile) are zero-padded in the stream and dropped on the way out (DmaTask.pad_after), except the N
+edge of a panel as wide as N or more (it moves back to end at N: ops/gemm.n_panel_start) and rows
 the same in every tile (one M block shorter than a tile, a decode GEMV's token): those stream
 compact, the mem tile pads them (ObjectFifo.pad_dims) and the cores store only them.
 Bias and residual become an epilogue stage (kernels/lower/vector.py) after the GEMM stage.
@@ -28,7 +29,7 @@ import torch
 from torch_xdna.array import ir
 from torch_xdna.hw import Generation
 from torch_xdna.kernels.base import ceil_div
-from torch_xdna.kernels.ops.gemm import a_columns, stored_rows
+from torch_xdna.kernels.ops.gemm import a_columns, n_panel_start, stored_rows
 from torch_xdna.kernels.lower.builder import Builder, LoweringError, acq, call, elem, flat, \
     forever, loop, rel, spread, tt
 from torch_xdna.kernels.lower.dispatch import rename_args
@@ -189,16 +190,17 @@ def gemm_program(d, gen: Generation, name: str | None = None, args=("A", "B", "C
 
     # -- runtime sequence ----------------------------------------------------------------------
     k_last = K - (kt - 1) * tk
+    n_align = tn if packed else 4
     for bb in range(nb_batch):
         for bm in range(mblocks):
             for bn in range(nblocks):
                 for c in range(cols):                     # B first: held for the pl sub-blocks
                     if not pcs[c]:
                         continue
-                    n0 = (bn * gn + c * per_col) * tn
+                    n0 = n_panel_start((bn * gn + c * per_col) * tn, pcs[c] * tn, N, n_align)
                     nv = max(0, min(pcs[c] * tn, N - n0))
                     if packed:
-                        j0 = bn * gn + c * per_col
+                        j0 = n0 // tn
                         b.task(f"B{c}", b_name, bb * b_batch + j0 * kt * tile_b,
                                (kt, pcs[c], tile_b), (tile_b, kt * tile_b, 1))
                     else:
@@ -209,7 +211,8 @@ def gemm_program(d, gen: Generation, name: str | None = None, args=("A", "B", "C
                     for c in range(cols):                 # then per sub-block: drains, A feeds
                         if pcs[c]:
                             _c_tasks(b, f"C{c}", c_name, bb * m_total * N, m0,
-                                     (bn * gn + c * per_col) * tn, gm, pcs[c], c_rows, tn, m_total, N)
+                                     n_panel_start((bn * gn + c * per_col) * tn, pcs[c] * tn, N, n_align),
+                                     gm, pcs[c], c_rows, tn, m_total, N)
                     for ac in range(a_cols):
                         r0 = m0 + ac * spc * tm
                         mv = max(0, min(spc * tm, m_total - r0))

@@ -329,12 +329,15 @@ class GemmDesign(Design):
         a_cols = a_columns(gm, cols)
         mb, nb = ceil_div(m_total, m2), ceil_div(self.n, n2)
         a_read = nb_batch * m_total * self.k * ea * nb
-        b_read = nb_batch * self.k * self.n * (eb + es) * mb
-        if self.weight_only or self.dtype == "bfp16":   # host-packed tiles: read padded to the grid
+        packed = self.weight_only or self.dtype == "bfp16"
+        # the N edge's moved-back panels: columns computed twice (n_panel_start)
+        dup = n_edge_columns(self.n, tn, gn, gen.core_rows.value // gm, cols, tn if packed else 4)
+        b_read = nb_batch * self.k * (self.n + dup) * (eb + es) * mb
+        if packed:                                      # host-packed tiles: read padded to the grid
             b_read = nb_batch * ceil_div(self.n, gn * tn) * gn * kt * self._b_tile_bytes(tk, tn) * mb
         extra = (self.n * out_b * mb if self.bias else 0) + \
             (nb_batch * m_total * self.n * out_b if self.residual else 0)
-        c_write = nb_batch * m_total * self.n * out_b
+        c_write = nb_batch * m_total * (self.n + dup) * out_b
         read = a_read + b_read + extra
         # every M row in one L2 block (mb == 1): each B byte leaves DRAM once and is consumed
         # by the block's M tiles (GEMV, decode, batched decode, short chunks), a single-pass
@@ -384,7 +387,7 @@ class GemmDesign(Design):
         if self.weight_only or self.dtype == "bfp16":   # host-packed tiles, padded to the grid
             b_lowered = nb1 * gn * kt * self._b_tile_bytes(tk, tn)
         else:
-            b_lowered = self.k * self.n * eb
+            b_lowered = self.k * (self.n + dup) * eb
         lowered_read = nb_batch * (m_total * self.k * ea * nb1 + b_lowered * mb1)
         # on-chip: tiles delivered to cores (broadcasts count once) + partial-sum round trips
         k_chunks = ceil_div(kp, kc)
@@ -441,6 +444,35 @@ class GemmDesign(Design):
                    "core_dma": (2, 1), "memtile_dma": (2 + gm, 3), "shim_dma": (2, 1),
                    "steady_state_s": max(t_dram, t_sync, t_chip, t_comp)},
         ))
+
+
+def n_panel_start(n0: int, width: int, n: int, align: int) -> int:
+    """Where a column's N panel starts (kernels/lower/gemm.py): at `n0`, or, for the panel
+    that would run past N (the N edge of the last output block, or a column with no tile left
+    there), moved back to end at N. Its first tiles then recompute outputs another core also
+    writes: the same A, B and kernel, so the same values, written twice. That keeps the edge off
+    shim zero padding, which mlir-aie refuses (AIEDMATasksToNPU.cpp: 'Padding is only supported
+    by memtile dma bds.'). The new start must be a multiple of `align` elements (a host-packed
+    tile, else 4: the DMA's 4-byte address granularity for every dtype here); a panel wider than
+    N, or one that cannot move so, stays padded."""
+    start = n - width
+    if n0 + width <= n or start < 0 or start % align:
+        return n0
+    return start
+
+
+def n_edge_columns(n: int, tn: int, gn: int, per_col: int, cols: int, align: int) -> int:
+    """Columns the moved-back edge panels compute twice (their B columns read, their C
+    columns written once more), summed over the last N block's columns."""
+    nt = ceil_div(n, tn)
+    bn = ceil_div(nt, gn) - 1
+    extra = 0
+    for c in range(cols):
+        pc = max(0, min(per_col, gn - c * per_col))
+        n0, width = (bn * gn + c * per_col) * tn, pc * tn
+        if pc and n_panel_start(n0, width, n, align) != n0:
+            extra += width - max(0, min(width, n - n0))
+    return extra
 
 
 def stored_rows(m_total: int, gm: int, p: int, tm: int) -> int | None:
