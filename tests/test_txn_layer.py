@@ -177,8 +177,8 @@ def test_stage_programs_print_as_mlir():
 
 def test_generation_at_txn_level_matches_functional(tmp_path, monkeypatch):
     """A tiny Qwen3 model (tests/llm_fixtures) generates the same tokens with its layer
-    launches (prefill bucket and decode) executed as instruction streams as at the functional
-    level in the stages' order; the embedding and head launches run functionally (counted)."""
+    and head launches (prefill bucket and decode) executed as instruction streams as at the
+    functional level in the stages' order (blocks/llm_stages.py, blocks/head_stages.py)."""
     from llm_fixtures import build_model
     from torch_xdna.engine.llm.generate import GenerationConfig, load_decoder
     from torch_xdna.runtime.sim import SimDevice
@@ -195,5 +195,5 @@ def test_generation_at_txn_level_matches_functional(tmp_path, monkeypatch):
             eng.close()
     assert ids["txn"] == ids["functional"] and len(ids["txn"]) == 4
     txn = devs["txn"].txn
-    assert txn.launches == 2 * 4                 # 2 layers x (prefill + 3 decode steps)
-    assert not any(name.startswith("llm.layer") for name in txn.fallback_reasons)
+    assert txn.launches == 3 * 4                 # (2 layers + head) x (prefill + 3 decode steps)
+    assert not any(name.startswith(("llm.layer", "llm.head")) for name in txn.fallback_reasons)

@@ -38,6 +38,9 @@ def register(subparsers) -> None:
     b.add_argument("--model", metavar="DIR", help="every design a Hugging Face decoder directory launches")
     b.add_argument("--all-for", metavar="PROFILE", help="the same for a built-in shape (e.g. qwen3-0.6b)")
     b.add_argument("--precision", default="bf16", help="weights for --model/--all-for (bf16|int8|int4)")
+    b.add_argument("--max-context", type=int, default=4096, metavar="TOKENS",
+                   help="KV capacity the engine will run with for --model/--all-for (as `xdna "
+                        "generate --max-context`; capped by the model's maximum; default 4096)")
     b.add_argument("--generation", default=None, help="NPU generation (default: TORCH_XDNA_GENERATION or npu4)")
     b.add_argument("--artifact-dir", type=Path, default=None, help="where to install (default: the store)")
     b.add_argument("--keep-build", type=Path, default=None, metavar="DIR",
@@ -87,7 +90,8 @@ def _examples(args, gen) -> tuple[list, list[str]]:
     skipped: list[str] = []
     if args.model or args.all_for:
         from torch_xdna.engine.llm.designs import model_designs
-        found, why = model_designs(args.model or args.all_for, args.precision, gen)
+        found, why = model_designs(args.model or args.all_for, args.precision, gen,
+                                   context=args.max_context)
         exs += found
         skipped += why
     if not exs and not skipped:

@@ -32,7 +32,8 @@ def weight_specs(n: int, k: int, precision: str, group: int) -> tuple[Spec, ...]
 def launch_operands(spec: DecoderSpec, policy: PrecisionPolicy, role: str, design,
                     capacity: int, kv_dtype: str = "bf16") -> tuple[tuple[Spec, ...], tuple[Spec, ...]]:
     """(inputs, outputs) of one launch of a fused decoder design, in Decoder.program's order."""
-    h, d, rows = spec.hidden, spec.head_dim, getattr(design, "rows", 1)
+    h, d = spec.hidden, spec.head_dim
+    rows = getattr(design, "rows", None) or design.attention.rows   # a layer: its blocks' rows
     norm = F32 if policy.exact else BF16
     ga, gm, gh = (policy.block_group(spec, k) for k in ("attention", "mlp", "head"))
     x = ((rows, h), F32)
@@ -61,14 +62,20 @@ def launch_operands(spec: DecoderSpec, policy: PrecisionPolicy, role: str, desig
     return tuple(attn + mlp), (x, *kv)                   # "layer"
 
 
-def model_designs(model: str, precision: str, gen: Generation,
-                  context: int = 4096) -> tuple[list[Example], list[str]]:
-    """(buildable examples, "design: why not" for the rest), each distinct design once."""
+def model_designs(model: str, precision: str, gen: Generation, context: int = 4096,
+                  chunk: int = DEFAULT_CHUNK) -> tuple[list[Example], list[str]]:
+    """(buildable examples, "design: why not" for the rest), each distinct design once, for an
+    engine with KV capacity min(context, the model's maximum) and prefill chunk `chunk` (what
+    `load_decoder(max_context=..., prefill_chunk=...)` launches: the artifact keys follow)."""
     _, spec = resolve_spec(model)
     policy = PrecisionPolicy.parse(precision, 0)
     cap = max(min(spec.max_positions, context), 2)
     seen, examples, skipped = set(), [], []
-    for rows in (rows_bucket(DEFAULT_CHUNK, DEFAULT_CHUNK), 1):
+    # every rows bucket a launch may take: prefill chunks of 1, 2, 4, ... up to the chunk
+    # (rows_bucket: a prompt's last partial chunk runs at the next power of two), decode at 1
+    buckets = sorted({rows_bucket(1 << k, chunk) for k in range(chunk.bit_length())},
+                     reverse=True)
+    for rows in buckets:
         for role, _layer, d in step_designs(spec, policy, rows, cap, True, DEFAULT_LAYOUT):
             if d.key in seen:
                 continue

@@ -272,12 +272,21 @@ def _layer_host_layout(d, gen, inputs):
     return host_inputs(d, inputs, gen)
 
 
+def _head_host_layout(d, gen, inputs):
+    """The LM head's stages take the lm_head weight transposed (or packed per tile)."""
+    from torch_xdna.kernels.blocks.head_stages import host_inputs, unsupported
+    if unsupported(d) is not None:       # structural stages: the runner refuses them anyway
+        return list(inputs)
+    return host_inputs(d, inputs, gen)
+
+
 def _register_lowering() -> None:
     from torch_xdna.kernels.lower import lower
     from torch_xdna.runtime.sim import txn_level
     txn_level.set_lowerer(lower)
     txn_level.register_host_layout("gemm", _gemm_host_layout)
     txn_level.register_host_layout("llm_layer", _layer_host_layout)
+    txn_level.register_host_layout("llm_head", _head_host_layout)
 
 
 # -- the fused decoder layer's per-token stages (kernels/lower/llm_layer.py) --------------------

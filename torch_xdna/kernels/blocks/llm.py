@@ -38,7 +38,7 @@ from torch_xdna.hw.vector_costs import dequant_cycles
 from torch_xdna.kernels import numerics
 from torch_xdna.kernels.activations import apply_epilogue
 from torch_xdna.kernels.base import Design, ceil_div, round_up
-from torch_xdna.kernels.blocks import llm_stages
+from torch_xdna.kernels.blocks import head_stages, llm_stages
 from torch_xdna.kernels.blocks.operands import KV_MIRROR
 from torch_xdna.kernels.blocks.toolkit import (
     KV_TILE, attend, combine_plans, fused_plan, gemm_plan, inference_mode, kv_bucket, kv_launch_plan,
@@ -436,6 +436,8 @@ class HeadDesign(DecoderBlockDesign):
 
     @inference_mode
     def reference(self, inputs, outputs, pos: int = 0, n: int | None = None, **_: Any) -> None:
+        if numerics.layer_order() == "plan" and head_stages.unsupported(self, n) is None:
+            return head_stages.staged_reference(self, inputs, outputs, pos, n)  # txn-identical
         n, exact, rnd, x, ln = prologue(self, inputs, n)
         lnb, i = self.norm_bias(inputs, exact)
         w = inputs[i:i + weight_tensors(self.precision)]

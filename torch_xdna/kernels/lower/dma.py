@@ -131,7 +131,7 @@ def llm_embed_program(d, gen: Generation, inputs=None, n: int | None = None, **_
     """EmbedDesign: gathered table rows (one BD per id; with int8/int4 weights the row's scales
     follow on the same channel) -> one core dequantizes and scales each row to fp32 -> out.
     The plan counts no core (its rows are DMA traffic); the dequantizing core is this
-    lowering's, at one kernel call per row."""
+    lowering's, at one kernel call per row, its row count a runtime parameter."""
     if inputs is None:
         raise LoweringError(f"{d.name}: pass inputs=[*table, ids] to lower(); the row BDs are "
                             "generated from the ids")
@@ -166,7 +166,11 @@ def llm_embed_program(d, gen: Generation, inputs=None, n: int | None = None, **_
     one = (acq("rows_c"), acq("out_c", "produce"),
            call(k, elem("rows_c"), elem("out_c"), ir.Const(g, "i32"), ir.Const(float(d.scale), "f32")),
            rel("rows_c"), rel("out_c", "produce"))
-    b.core_body(core, (forever(*loop(len(ids), *one)),))
+    # the rows this launch gathers are a runtime trip count (an RTP slot written per launch,
+    # ir.Loop): one core configuration serves every prompt length of the rows bucket
+    n_rows = b.buffer("rtp_rows", core, tt((1,), "i32"), rtp=True)
+    b.core_body(core, (forever(*loop(ir.ScalarRef(n_rows), *one)),))
+    b.rtp(n_rows, 0, len(ids))
     b.notes.update({"design": d.name, "indices_read_at_stream_generation": True,
                     "plan_cores": 0, "rows": len(ids)})
     if ids:

@@ -7,6 +7,7 @@ program's notes its `scratch_args` (intermediates in DDR that the launcher alloc
 
   gated_gemm     A @ Wg (act in the store) -> T0; A @ Wu -> T1; gate_mul(T0, T1) -> out
   prologue_gemm  the chain (kept outputs, and A -> T0); the GEMM on T0
+  llm head       executable stages (kernels/lower/llm_head.py) when head_stages supports it
   llm blocks     the stage designs their plans are built from (AttentionBlockDesign.plan_at /
                  MlpBlockDesign.plan / HeadDesign.plan), each lowered with its own tiling and
                  wired through scratch buffers. These programs give the structure, BDs and
@@ -24,6 +25,7 @@ from torch_xdna.kernels.base import round_up
 from torch_xdna.kernels.blocks.toolkit import KV_TILE, gemm_design, kv_bucket
 from torch_xdna.kernels.lower.builder import LoweringError
 from torch_xdna.kernels.lower.dispatch import lower_stage, rename_args
+from torch_xdna.kernels.lower.llm_head import head_programs
 from torch_xdna.kernels.lower.llm_layer import layer_programs
 from torch_xdna.kernels.lower.vector import Operand, stream_program
 from torch_xdna.kernels.ops.attention import AttentionDesign
@@ -116,6 +118,12 @@ def llm_block_programs(d, gen: Generation, **launch) -> tuple[ir.ArrayProgram, .
             why = str(e)
         return tuple(rename_args(p, {}, {"not_executable": why})
                      for p in llm_block_programs(d.attention, gen) + llm_block_programs(d.mlp, gen))
+    why = ""
+    if d.kind == "llm_head":
+        try:                             # executable stages (kernels/blocks/head_stages.py)
+            return head_programs(d, gen, **launch)
+        except LoweringError as e:
+            why = str(e)
     progs = []
     for label, sd, ins, out in _stage_designs(d, gen):
         p = lower_stage(sd, gen)
@@ -124,5 +132,6 @@ def llm_block_programs(d, gen: Generation, **launch) -> tuple[ir.ArrayProgram, .
         mapping[names[-1]] = out
         scratch = tuple(sorted({n for n in (*ins, out) if n.startswith("T_")}))
         progs.append(rename_args(p, mapping, {"stage": f"{d.kind}.{label}", "scratch_args": scratch,
-                                              "executable": False}))
+                                              "executable": False,
+                                              **({"not_executable": why} if why else {})}))
     return tuple(progs)

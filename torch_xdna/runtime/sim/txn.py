@@ -38,11 +38,19 @@ from torch_xdna.runtime.sim.txn_streams import (QUEUE_DEPTH, ShimTask, StreamCar
 
 
 class TxnExecutor:
-    """Runs one launch: `program` (the design's IR), its stream words, its host buffers."""
+    """Runs one launch: `program` (the design's IR), its stream words, its host buffers.
+
+    design_tasks: the simulator's stream was encoded from `program`'s own runtime sequence, so
+    each pushed BD is checked against the IR task it encodes (and the IR's all-padding tasks are
+    replayed). The emulated NPU passes False: like the chip, it knows only the static
+    configuration and runs whatever stream it is given (a per-launch stream need not be the
+    example sequence its artifact was built with); the channel of each FIFO still comes from
+    the configuration."""
 
     def __init__(self, program: ir.ArrayProgram, words: Sequence[int], host: Sequence[torch.Tensor],
                  scalars: dict | None = None, queue_depth: int = QUEUE_DEPTH, timeout_ms: int = 2000,
-                 fold_ddr_offset: bool = True, kernels: core_kernels.KernelRegistry | None = None):
+                 fold_ddr_offset: bool = True, kernels: core_kernels.KernelRegistry | None = None,
+                 design_tasks: bool = True):
         self.p = program
         # the core kernels' implementations: torch references (sim), host-compiled C++ (emulated)
         self.kernels = kernels.lookup if kernels is not None else core_kernels.lookup
@@ -73,7 +81,8 @@ class TxnExecutor:
             if prev != t.fifo:
                 raise PatternFault(f"{program.name}: shim column {t.column} {t.direction} channel "
                                    f"{t.channel} serves fifos {prev!r} and {t.fifo!r}")
-            self.ir_tasks.setdefault(key, deque()).append(t)
+            if design_tasks:
+                self.ir_tasks.setdefault(key, deque()).append(t)
         self.fifo_chan = {v: k for k, v in self.chan_fifo.items()}
         self.buffers = {b.name: torch.zeros(int(b.type.nbytes), dtype=torch.uint8) for b in program.buffers}
         self.buffer_types = {b.name: b.type for b in program.buffers}

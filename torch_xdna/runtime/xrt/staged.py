@@ -22,6 +22,7 @@ import torch
 
 from torch_xdna.array import txn as T
 from torch_xdna.hw import host
+from torch_xdna.runtime.buffer import Coherence
 from torch_xdna.runtime.errors import LaunchError, XdnaError
 from torch_xdna.runtime.launch import Launch
 from torch_xdna.runtime.sim.txn_level import TxnRunner, Unlowered
@@ -130,6 +131,10 @@ def run_staged(dev, art: Artifact, launch: Launch, opened: int) -> None:
                               f"driver/XRT mismatch shows up here).") from e
         dev.complete(run, what)
     dev._unstage(staged)
+    # the device now holds the outputs: a later launch of the same chained program that reads
+    # one of them on the host (a host layout, a per-launch stream) must sync it back first
+    for arg in launch.outputs:
+        arg.buffer.state = Coherence.DEVICE_DIRTY
 
 
 def _bind(dev, label: str, b: dict, arg, output: bool, staged: list):

@@ -185,7 +185,7 @@ class run:                        # noqa: N801  pyxrt.run (started by kernel(...
             self.counts = sim_txn.execute(prog, stream, bufs, {},
                                           queue_depth=self.dev.gen.shim_task_queue_depth.value,
                                           timeout_ms=self.dev.gen.job_timeout_ms.value,
-                                          kernels=core_kernels.COMPILED)
+                                          kernels=core_kernels.COMPILED, design_tasks=False)
             return ert_cmd_state.ERT_CMD_STATE_COMPLETED
         except SyncTimeout as e:
             return self._fail(ert_cmd_state.ERT_CMD_STATE_TIMEOUT, str(e))
