@@ -54,6 +54,10 @@ def register(subparsers) -> None:
                    help="KV cache capacity in tokens (default: the model's maximum context, "
                         "capped so the cache takes at most half the memory left after the "
                         "weights)")
+    p.add_argument("--prefill-chunk", type=positive_int, default=128, metavar="TOKENS",
+                   help="prompt tokens per prefill launch (default 128; a prompt's last partial "
+                        "chunk runs at the next power of two). `xdna kernels build --model` "
+                        "takes the same option so the artifacts match")
     p.add_argument("--kv-dtype", choices=KV_DTYPES, default=DEFAULT_KV_DTYPE,
                    help="KV cache storage: bf16, or int8 with a scale per head and token "
                         "(half the bytes per token; default bf16)")
@@ -65,8 +69,15 @@ def register(subparsers) -> None:
     p.set_defaults(func=run)
 
 
+def npu_kind(backend: str) -> str:
+    """How the NPU figures were obtained: modeled (sim), emulated (the emulated NPU: host time
+    of the emulation, never NPU speed) or measured (a real NPU through XRT)."""
+    from torch_xdna.runtime.xrt import emulated_selected
+    return "modeled" if backend == "sim" else "emulated" if emulated_selected() else "measured"
+
+
 def stats_line(stats, backend: str) -> str:
-    kind = "modeled" if backend == "sim" else "measured"
+    kind = npu_kind(backend)
     return (f"[{stats.prompt_tokens} prompt + {stats.generated_tokens} generated tokens | host "
             f"(measured): TTFT {stats.measured_ttft_s * 1e3:.0f} ms, "
             f"{stats.measured_decode_tok_s:.1f} tok/s | NPU ({kind}): prefill "
@@ -84,6 +95,7 @@ def run(args: argparse.Namespace) -> int:
                            stop=tuple(args.stop))
     cfg.sampling().validate()            # refuse bad sampling options before loading weights
     engine = load_decoder(args.model, args.precision, max_context=args.max_context,
+                          prefill_chunk=args.prefill_chunk,
                           quiet=args.quiet or args.json, layout=args.layout,
                           tokenizer_dir=args.tokenizer, kv_dtype=args.kv_dtype)
     if args.json and not args.quiet and engine.files.gguf is not None:
@@ -98,10 +110,11 @@ def run(args: argparse.Namespace) -> int:
         if args.json:
             r = engine.complete(prompt, cfg)
             s = r.stats
-            kind = "modeled" if backend == "sim" else "measured_npu"
+            kind = {"measured": "measured_npu"}.get(npu_kind(backend), npu_kind(backend))
             print(json.dumps({
                 "model": engine.model_name, "precision": engine.decoder.policy.ident(),
-                "backend": backend, "text": r.text, "finish_reason": r.finish_reason,
+                "backend": backend, "text": r.text, "token_ids": list(r.token_ids),
+                "finish_reason": r.finish_reason,
                 "usage": r.usage,
                 "measured": {"ttft_s": s.measured_ttft_s, "decode_tok_s": s.measured_decode_tok_s,
                              "total_s": s.measured_total_s, "where": "this host, wall clock"},

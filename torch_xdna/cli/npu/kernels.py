@@ -41,6 +41,10 @@ def register(subparsers) -> None:
     b.add_argument("--max-context", type=int, default=4096, metavar="TOKENS",
                    help="KV capacity the engine will run with for --model/--all-for (as `xdna "
                         "generate --max-context`; capped by the model's maximum; default 4096)")
+    b.add_argument("--prefill-chunk", type=int, default=128, metavar="TOKENS",
+                   help="prompt tokens per prefill launch the engine will use (as `xdna generate "
+                        "--prefill-chunk`; default 128): one design per rows bucket 1, 2, 4, ... "
+                        "up to it")
     b.add_argument("--generation", default=None, help="NPU generation (default: TORCH_XDNA_GENERATION or npu4)")
     b.add_argument("--artifact-dir", type=Path, default=None, help="where to install (default: the store)")
     b.add_argument("--keep-build", type=Path, default=None, metavar="DIR",
@@ -91,7 +95,7 @@ def _examples(args, gen) -> tuple[list, list[str]]:
     if args.model or args.all_for:
         from torch_xdna.engine.llm.designs import model_designs
         found, why = model_designs(args.model or args.all_for, args.precision, gen,
-                                   context=args.max_context)
+                                   context=args.max_context, chunk=args.prefill_chunk)
         exs += found
         skipped += why
     if not exs and not skipped:

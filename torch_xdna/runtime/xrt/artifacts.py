@@ -302,8 +302,10 @@ class ArtifactStore:
         if not d.exists() and not d.is_symlink():
             raise ArtifactError(
                 f"xdna: no hardware artifact for {label} in {root} (set by {ENV_DIR}). The xrt backend "
-                f"never runs a design on the host: build the design's artifact for {generation} and "
-                f"install it as {d}/{MANIFEST} plus its files, or use TORCH_XDNA_BACKEND=sim.")
+                f"never runs a design on the host: build it for {generation} with `xdna kernels "
+                f"build` (a model's designs: --model DIR with the --max-context and --prefill-chunk "
+                f"the engine runs with; it installs {d}/{MANIFEST} and its files), or use "
+                f"TORCH_XDNA_BACKEND=sim.")
         _check_stat(key, d, os.lstat(d), self.owners, "dir")
         fd = _open_checked(key, d / MANIFEST, self.owners)
         try:

@@ -1,0 +1,111 @@
+"""`xdna generate` end to end on the emulated NPU (issue #28, emulated results only).
+
+A small random-weight Qwen3 directory (tests/llm_fixtures) is built by `xdna kernels build
+--model` with the fake toolchain (it wraps our MLIR and stream as aiecc would; tests/
+fake_toolchain.py), then generated through the xrt backend on the emulated NPU
+(TORCH_XDNA_XRT=emulated): the embedding, both decoder layers and the head of every prefill rows
+bucket and of decode each run their artifact's instruction streams with the host-compiled C++
+core kernels, the KV cache resident in device memory. The simulator's functional level in the
+stages' order with the core kernels' GEMM order (TORCH_XDNA_LAYER_ORDER=plan,
+TORCH_XDNA_GEMM_ORDER=kernel) is the reference the tokens must equal."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import fake_toolchain
+from llm_fixtures import build_model
+from torch_xdna.cli.main import main
+from torch_xdna.runtime.backends import set_device_for_testing
+from torch_xdna.runtime.xrt.session import release_devices
+
+PROMPT = "hello number 5, the quick brown fox"          # 10 tokens: a partial prefill bucket
+ARGS = ["--precision", "bf16", "--max-context", "256", "--prefill-chunk", "16"]
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    """(model dir, artifact store, build summary) of the tiny Qwen3, built once."""
+    root = tmp_path_factory.mktemp("emugen")
+    model, store = root / "tiny-qwen3", root / "store"
+    build_model("qwen3", model, seed=5)
+    mp = pytest.MonkeyPatch()
+    fake_toolchain.install(root / "tc", mp)
+    try:
+        import io
+        from contextlib import redirect_stdout
+        out = io.StringIO()
+        with redirect_stdout(out):
+            rc = main(["kernels", "build", "--model", str(model), "--artifact-dir", str(store),
+                       "--json", *ARGS])
+        assert rc == 0, out.getvalue()
+        yield model, store, json.loads(out.getvalue())
+    finally:
+        mp.undo()
+
+
+def _generate(model, capsys, monkeypatch, store=None, kernel_order: bool = True) -> dict:
+    if kernel_order:
+        monkeypatch.setenv("TORCH_XDNA_LAYER_ORDER", "plan")
+        monkeypatch.setenv("TORCH_XDNA_GEMM_ORDER", "kernel")
+    else:
+        monkeypatch.delenv("TORCH_XDNA_LAYER_ORDER", raising=False)
+        monkeypatch.delenv("TORCH_XDNA_GEMM_ORDER", raising=False)
+    if store is not None:
+        monkeypatch.setenv("TORCH_XDNA_BACKEND", "xrt")
+        monkeypatch.setenv("TORCH_XDNA_XRT", "emulated")
+        monkeypatch.setenv("TORCH_XDNA_ARTIFACT_DIR", str(store))
+    release_devices()
+    prev = set_device_for_testing(None)      # opened anew from the environment
+    try:
+        capsys.readouterr()
+        rc = main(["generate", str(model), PROMPT, "--max-tokens", "8", "--temperature", "0",
+                   "--json", *ARGS])
+        assert rc == 0
+        return json.loads(capsys.readouterr().out)
+    finally:
+        set_device_for_testing(prev)
+        release_devices()
+
+
+def test_kernels_build_model_builds_every_launch_of_the_engine(built):
+    """Embedding, layer and head for the prefill buckets 16, 8, 4, 2 (and 1 = decode): 15
+    artifacts, none skipped, none failed."""
+    _, store, summary = built
+    assert not summary["skipped"] and not summary.get("failed")
+    keys = sorted(p.name for p in store.iterdir() if (p / "manifest.json").exists())
+    assert len(keys) == 15
+    assert {k.split("-")[0] for k in keys} == {"llm_embed", "llm_layer", "llm_head"}
+
+
+def test_generate_on_the_emulated_npu_equals_the_simulator(built, capsys, monkeypatch):
+    """Prefill (10 tokens in the 16-row bucket) and 7 decode steps with the KV cache resident:
+    the emulated NPU's tokens are the simulator's, and its figures are labeled emulated."""
+    model, store, _ = built
+    sim = _generate(model, capsys, monkeypatch)
+    emu = _generate(model, capsys, monkeypatch, store)
+    assert emu["backend"] == "xrt" and sim["backend"] == "sim"
+    assert len(emu["token_ids"]) == 8
+    assert emu["token_ids"] == sim["token_ids"]
+    assert "emulated" in emu and "measured_npu" not in emu
+    # the default functional level (BLAS order) agrees on these 8 tokens as well
+    assert _generate(model, capsys, monkeypatch, kernel_order=False)["token_ids"] == emu["token_ids"]
+
+
+def test_a_missing_artifact_is_named_with_the_build_command(built, capsys, monkeypatch, tmp_path):
+    """A context the artifacts were not built for: the error names the design and what to do."""
+    model, store, _ = built
+    monkeypatch.setenv("TORCH_XDNA_BACKEND", "xrt")
+    monkeypatch.setenv("TORCH_XDNA_XRT", "emulated")
+    monkeypatch.setenv("TORCH_XDNA_ARTIFACT_DIR", str(store))
+    release_devices()
+    prev = set_device_for_testing(None)
+    try:
+        rc = main(["generate", str(model), PROMPT, "--max-tokens", "2", "--json", "--precision",
+                   "bf16", "--max-context", "128", "--prefill-chunk", "16"])
+    finally:
+        set_device_for_testing(prev)
+        release_devices()
+    err = capsys.readouterr().err
+    assert rc != 0 and "no hardware artifact for llm." in err and "xdna kernels build" in err
