@@ -16,6 +16,7 @@ refused. Errors name the stage, its kernel and what the driver or emulated firmw
 """
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass, field
 
 import torch
@@ -42,9 +43,25 @@ class StagedState:
     gen: object
     txn: TxnRunner = field(init=False)
     scratch: dict = field(default_factory=dict)      # (artifact key, name) -> (bo, view)
+    # host-layout tensors derived from weights (transposed, tile-packed; the operand cache
+    # returns the same object while the weight is unchanged) -> their uploaded BO, so a
+    # weight moves to the device once, not on every launch
+    derived: dict = field(default_factory=dict)      # id(tensor) -> (bo, tensor version)
 
     def __post_init__(self):
         self.txn = TxnRunner(self.gen)
+
+    def upload_derived(self, dev, t: torch.Tensor):
+        """The BO holding derived tensor `t`, uploaded on first use (and again if `t` was
+        written since); dropped when `t` is freed."""
+        hit = self.derived.get(id(t))
+        if hit is not None and hit[1] == t._version:
+            return hit[0]
+        bo = _upload(dev, t.contiguous())
+        if hit is None:
+            weakref.finalize(t, self.derived.pop, id(t), None)
+        self.derived[id(t)] = (bo, t._version)
+        return bo
 
 
 def _name(dt) -> str:
@@ -98,6 +115,13 @@ def run_staged(dev, art: Artifact, launch: Launch, opened: int) -> None:
                               f"host layout gives {len(packed)}. Rebuild the artifact for this design.")
         for b, t in zip(ins, packed):
             kd = getattr(torch, b.get("kernel_dtype", b["dtype"]), t.dtype)
+            src = _passed_through(t, launch.inputs)
+            if src is not None and t.dtype == kd and src.is_contiguous():
+                named[b["name"]] = dev._bo_for(src)     # a launch input as is: its own BO
+                continue
+            if src is None and t.dtype == kd:           # derived from a weight: uploaded once
+                named[b["name"]] = state.upload_derived(dev, t)
+                continue
             if t.is_floating_point() and kd.is_floating_point and t.dtype != kd:
                 t = torch.empty(t.shape, dtype=kd).copy_(t)   # as the txn level binds it
             named[b["name"]] = _upload(dev, t.contiguous())
@@ -158,6 +182,17 @@ def _bind(dev, label: str, b: dict, arg, output: bool, staged: list):
     s = dev._stage(arg, output, dev.data_group, getattr(torch, kd) if convert else None)
     staged.append(s)
     return s.buf.handle.bo
+
+
+def _passed_through(t: torch.Tensor, args) -> object | None:
+    """The launch input whose host view `t` is (a host layout passing an input unchanged)."""
+    for a in args:
+        v = a.host_view()
+        if (v.untyped_storage().data_ptr() == t.untyped_storage().data_ptr()
+                and v.storage_offset() == t.storage_offset() and v.shape == t.shape
+                and v.dtype == t.dtype):
+            return a
+    return None
 
 
 def _upload(dev, t: torch.Tensor):
