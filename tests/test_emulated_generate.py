@@ -45,7 +45,10 @@ def built(tmp_path_factory):
         mp.undo()
 
 
-def _generate(model, capsys, monkeypatch, store=None, kernel_order: bool = True) -> dict:
+def _backend(monkeypatch, store=None, kernel_order: bool = True):
+    """Select the simulator (store None) or the emulated NPU with `store`'s artifacts, the
+    functional level's order, and a device opened anew from that environment; returns the
+    previous process device (give it back to set_device_for_testing)."""
     if kernel_order:
         monkeypatch.setenv("TORCH_XDNA_LAYER_ORDER", "plan")
         monkeypatch.setenv("TORCH_XDNA_GEMM_ORDER", "kernel")
@@ -57,7 +60,11 @@ def _generate(model, capsys, monkeypatch, store=None, kernel_order: bool = True)
         monkeypatch.setenv("TORCH_XDNA_XRT", "emulated")
         monkeypatch.setenv("TORCH_XDNA_ARTIFACT_DIR", str(store))
     release_devices()
-    prev = set_device_for_testing(None)      # opened anew from the environment
+    return set_device_for_testing(None)
+
+
+def _generate(model, capsys, monkeypatch, store=None, kernel_order: bool = True) -> dict:
+    prev = _backend(monkeypatch, store, kernel_order)
     try:
         capsys.readouterr()
         rc = main(["generate", str(model), PROMPT, "--max-tokens", "8", "--temperature", "0",
@@ -96,11 +103,7 @@ def test_generate_on_the_emulated_npu_equals_the_simulator(built, capsys, monkey
 def test_a_missing_artifact_is_named_with_the_build_command(built, capsys, monkeypatch, tmp_path):
     """A context the artifacts were not built for: the error names the design and what to do."""
     model, store, _ = built
-    monkeypatch.setenv("TORCH_XDNA_BACKEND", "xrt")
-    monkeypatch.setenv("TORCH_XDNA_XRT", "emulated")
-    monkeypatch.setenv("TORCH_XDNA_ARTIFACT_DIR", str(store))
-    release_devices()
-    prev = set_device_for_testing(None)
+    prev = _backend(monkeypatch, store)
     try:
         rc = main(["generate", str(model), PROMPT, "--max-tokens", "2", "--json", "--precision",
                    "bf16", "--max-context", "128", "--prefill-chunk", "16"])
@@ -109,3 +112,37 @@ def test_a_missing_artifact_is_named_with_the_build_command(built, capsys, monke
         release_devices()
     err = capsys.readouterr().err
     assert rc != 0 and "no hardware artifact for llm." in err and "xdna kernels build" in err
+
+
+def _serve_chat(model, monkeypatch, store=None) -> tuple[str, str]:
+    """(reply text, the server's backend) of one greedy chat through `xdna serve`'s app and the
+    official OpenAI client."""
+    import openai
+    from torch_xdna.server.app import create_app
+    from torch_xdna.server.background import BackgroundServer
+    from torch_xdna.server.config import ServerConfig
+    from torch_xdna.server.registry import ModelRegistry
+    prev = _backend(monkeypatch, store)
+    try:
+        reg = ModelRegistry(max_context=256, prefill_chunk=16)
+        reg.add_dir(model, name="tiny")
+        app = create_app(ServerConfig(default_model=False, max_context=256, prefill_chunk=16),
+                         registry=reg)
+        with BackgroundServer(app) as srv:
+            client = openai.OpenAI(base_url=srv.url + "/v1", api_key="none")
+            r = client.chat.completions.create(model="tiny", max_tokens=6, temperature=0,
+                                               messages=[{"role": "user", "content": PROMPT}])
+            return r.choices[0].message.content, app.state.server.dev.backend
+    finally:
+        set_device_for_testing(prev)
+        release_devices()
+
+
+def test_serve_chat_on_the_emulated_npu_equals_the_simulator(built, monkeypatch):
+    """`xdna serve`'s chat endpoint, asked with the official OpenAI client: on the emulated NPU
+    (each request decodes alone: the batched step has no artifact) the reply is the simulator's."""
+    model, store, _ = built
+    sim_text, sim_backend = _serve_chat(model, monkeypatch)
+    emu_text, emu_backend = _serve_chat(model, monkeypatch, store)
+    assert (sim_backend, emu_backend) == ("sim", "xrt")
+    assert emu_text == sim_text and len(emu_text) > 0

@@ -100,11 +100,12 @@ class ModelRegistry:
     names its own; None = the model's maximum within the memory budget (engine/llm/kv_cache.py)."""
 
     def __init__(self, max_models: int = 2, max_context: int | None = None,
-                 kv_dtype: str = DEFAULT_KV_DTYPE):
+                 kv_dtype: str = DEFAULT_KV_DTYPE, prefill_chunk: int | None = None):
         if max_models < 1:
             raise ValueError(f"max_models must be >= 1 (got {max_models})")
         self.max_models = max_models
         self.max_context, self.kv_dtype = max_context, kv_dtype
+        self.prefill_chunk = prefill_chunk        # None: the engine's default
         self.entries: dict[str, ModelEntry] = {}
         self.loaded: OrderedDict[str, Any] = OrderedDict()
         self.loads = 0
@@ -173,7 +174,9 @@ class ModelRegistry:
         else:
             from torch_xdna.server.chat import load_chat_model
             ctx, kvd = max_context or self.max_context, kv_dtype or self.kv_dtype
-            entry = ModelEntry(name, kind, lambda: load_chat_model(path, ctx, kvd, tokenizer_dir),
+            chunk = self.prefill_chunk
+            entry = ModelEntry(name, kind,
+                               lambda: load_chat_model(path, ctx, kvd, tokenizer_dir, chunk),
                                path, aliases)
         self.entries[name] = entry
         return entry

@@ -77,6 +77,9 @@ def register(subparsers) -> None:
                    help="chat models' context limit / KV cache capacity (default: the model's "
                         "maximum, capped so the cache takes at most half the memory left after "
                         "the weights)")
+    p.add_argument("--prefill-chunk", type=positive_int, metavar="TOKENS",
+                   help="chat models' prompt tokens per prefill launch (default 128; with the "
+                        "xrt backend, build the artifacts with the same value)")
     p.add_argument("--kv-dtype", choices=KV_DTYPES, default=DEFAULT_KV_DTYPE,
                    help="chat models' KV cache storage (int8: half the bytes per token)")
     p.add_argument("--max-batch", type=positive_int, default=4, metavar="N",
@@ -155,6 +158,7 @@ def run(args: argparse.Namespace) -> int:
                           truncate=args.truncate, preload=not args.no_preload,
                           cors_origins=args.cors_origin, limits=limits,
                           max_context=args.max_context, kv_dtype=args.kv_dtype,
+                          prefill_chunk=args.prefill_chunk,
                           max_batch=args.max_batch)
     problem = _port_free(args.host, args.port)
     if problem:

@@ -51,6 +51,9 @@ def unsupported(engine: Engine, config: GenerationConfig) -> str | None:
     """Why `config` cannot decode in a batch session (None: it can). The session samples with
     temperature/top-k/top-p/seed and stop tokens only; everything that needs per-sequence
     logits processors, the token history or several samples runs alone."""
+    if engine.decoder.dev.backend != "sim":
+        return "backend"                        # the batched step's designs (blocks/llm_batch.py)
+        #                                         have no executable stages: no chip artifact
     if getattr(engine.decoder, "kv_dtype", "bf16") != "bf16":
         return "kv_dtype"                       # slots hold bf16/fp32 KV (no int8 batch layer)
     if getattr(engine.decoder, "states", None):
