@@ -15,7 +15,8 @@ built here, each on one core (col 0) with the data layout in the runtime sequenc
             v   shim 1 -> mem tile 1 -> shim 1: T_qkv's v heads -> v_cache[h, pos + i] (no core)
   attn_cast per token: T_a's Hq rows of token i (item layout) -> cast_f32_bf16 -> T_ab row i
   silu_mul  per token: gate and up halves of T_gu row i on two channels -> silu_mul_bf16_f32,
-            cast_f32_bf16 -> T_m row i
+            cast_f32_bf16 -> T_m row i (in chunks of at most SILU_CHUNK elements: one task per
+            half still carries the whole row, the FIFO splits it into elements)
 Each token is one round of the sequence (its drains queued before its feeds, then awaited).
 Only the runtime sequence depends on pos (and kv_len / q_offset of the attention stage): a new
 position is a new stream of the same static configuration (tests check the programs' tiles,
@@ -165,23 +166,32 @@ def _attn_cast(d, gen, dm, pos, positions, n) -> ir.ArrayProgram:
     return b.build()
 
 
+# silu_mul's elements per core call: 3 double-buffered bf16 FIFOs and an fp32 temporary take
+# 16 bytes per element in L1 (32 KiB at 2048; a whole 6144-wide row would need 96 KiB)
+SILU_CHUNK = 2048
+
+
 def _silu_mul(d, gen, dm, pos, positions, n) -> ir.ArrayProgram:
+    """Per token, its intermediate row in k equal chunks of at most SILU_CHUNK elements
+    (elementwise: the chunking changes no value)."""
     R, I = dm["R"], dm["I"]
+    k = next(c for c in range(1, I + 1) if I % c == 0 and I // c <= SILU_CHUNK)
+    W = I // k
     b = Builder(f"{d.name}_silu_mul_R{R}", gen)
     b.arg("T_gu", (R, 2 * I), "bf16")
     b.arg("T_m", (R, I), "bf16")
     shim, core = b.shim(0), b.core(0, 0)
-    h_t, f_t = tt((I,), "bf16"), tt((I,), "f32")
+    h_t, f_t = tt((W,), "bf16"), tt((W,), "f32")
     b.fifo("g", shim, core, 2, h_t)
     b.fifo("u", shim, core, 2, h_t)
     b.fifo("o", core, shim, 2, h_t)
     sm = b.kernel("silu_mul_bf16_f32", (h_t, h_t, f_t, "i32"))
     cast = b.kernel("cast_f32_bf16", (f_t, h_t, "i32"))
     tmp = ir.BufferRef(b.buffer("act_0_2", core, f_t))
-    n = ir.Const(I, "i32")
-    b.core_body(core, (forever(*loop(R, acq("g"), acq("u"), acq("o", "produce"),
-                                     call(sm, elem("g"), elem("u"), tmp, n),
-                                     call(cast, tmp, elem("o"), n),
+    w = ir.Const(W, "i32")
+    b.core_body(core, (forever(*loop(R * k, acq("g"), acq("u"), acq("o", "produce"),
+                                     call(sm, elem("g"), elem("u"), tmp, w),
+                                     call(cast, tmp, elem("o"), w),
                                      rel("g"), rel("u"), rel("o", "produce"))),))
     for i in range(R):
         b.task("o", "T_m", i * I, (I,), (1,))
