@@ -149,13 +149,13 @@ _TABLE = (
             "(same as --debug)"),
     Setting("TORCH_DEVICE_BACKEND_AUTOLOAD", FLAG, True, "PyTorch's switch (0) to not autoload "
             "this package on import torch", reader="torch"),
-    Setting("LRU_CACHE_CAPACITY", INTEGER, 128, "PyTorch's per-thread cache of oneDNN (ideep) "
-            "matmul / linear primitives, one per input shape at ~0.3 MB each; torch's own default "
+    Setting("LRU_CACHE_CAPACITY", INTEGER, 16, "PyTorch's per-thread cache of oneDNN (ideep) "
+            "matmul / linear primitives, one per input shape (~0.7 MB with oneDNN's copy); torch's own default "
             "(1,024) lets a server's memory grow with every new prompt or batch length, so "
-            "torch-xdna sets 128 when unset (0 crashes this torch)", unit="primitives",
+            "torch-xdna sets 16 when unset (0 crashes this torch)", unit="primitives",
             reader="torch"),
-    Setting("ONEDNN_PRIMITIVE_CACHE_CAPACITY", INTEGER, 128, "oneDNN's own primitive cache, "
-            "bounded with LRU_CACHE_CAPACITY for the same reason (torch-xdna sets 128 when unset; "
+    Setting("ONEDNN_PRIMITIVE_CACHE_CAPACITY", INTEGER, 16, "oneDNN's own primitive cache, "
+            "bounded with LRU_CACHE_CAPACITY for the same reason (torch-xdna sets 16 when unset; "
             "0 disables it)", unit="primitives", allow_zero=True, reader="oneDNN"),
     # --- toolchains and standard locations -----------------------------------------------------
     Setting("CC", TEXT, None, "C compiler for the simulator's host kernels (default cc, else gcc)"),
@@ -229,7 +229,7 @@ NATIVE_CACHES = ("LRU_CACHE_CAPACITY", "ONEDNN_PRIMITIVE_CACHE_CAPACITY")
 def bound_native_caches() -> None:
     """Give torch's and oneDNN's shape-keyed primitive caches our bounds when the user set none.
     Why: each new input shape (a prompt length, a merged embedding batch) JIT-compiles a
-    primitive that the caches keep, ~0.3 MB each up to 1,024 per thread: a long-running server's
+    primitive that the caches keep, ~0.7 MB a shape (both caches) up to 1,024 each: a long-running server's
     RSS grew ~6 MB per 1,000 requests (docs/serving.md, Soak). Both libraries read the variables
     when a thread first uses them, so this runs on `import torch_xdna` (PyTorch's backend
     autoload imports it before any op); a value the user set is checked and kept."""
