@@ -69,12 +69,14 @@ def test_metrics_and_debug_memory_show_live_buffers_by_origin(live):
     assert samples["xdna_device_allocated_bytes"] == rep["live_bytes"]
     assert samples["process_resident_memory_bytes"] > 0 and samples["process_open_fds"] > 0
     assert samples["xdna_process_threads"] >= 2 and samples["xdna_device_retained_freed_bytes"] == 0
+    assert samples["xdna_malloc_in_use_bytes"] > 0       # glibc: live native heap, untrimmed
     mem = httpx.get(live.url + "/debug/memory", params={"top": 3}).json()
     assert mem["device"]["live_bytes"] == rep["live_bytes"]
     assert len(mem["device"]["largest"]) == 3
     origins = " ".join(o["origin"] for o in mem["device"]["by_origin"])
     assert "engine/" in origins                   # the allocating engine code, not the runtime
     assert mem["process"]["rss_bytes"] > 0 and "sim_kv_mirror" in mem["host_caches"]
+    assert mem["process"]["malloc_in_use_bytes"] > 0
     assert httpx.get(live.url + "/debug/memory", params={"top": 0}).status_code == 422
 
 

@@ -71,3 +71,17 @@ def test_choice_flag_and_default(monkeypatch):
 def test_undeclared_variable_is_a_key_error():
     with pytest.raises(KeyError):
         settings.get("TORCH_XDNA_NOT_DECLARED")
+
+
+def test_native_cache_bounds_are_set_when_unset_and_kept_when_set(monkeypatch):
+    # torch's and oneDNN's shape-keyed primitive caches: unbounded in practice at their defaults
+    # (the soak's RSS growth at --max-batch 1, docs/serving.md); ours when the user set none
+    monkeypatch.delenv("LRU_CACHE_CAPACITY", raising=False)
+    monkeypatch.setenv("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "512")
+    settings.bound_native_caches()
+    import os
+    assert os.environ["LRU_CACHE_CAPACITY"] == "16"
+    assert os.environ["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] == "512"
+    monkeypatch.setenv("LRU_CACHE_CAPACITY", "0")          # crashes this torch: refused
+    with pytest.raises(EnvError, match="LRU_CACHE_CAPACITY='0'"):
+        settings.bound_native_caches()

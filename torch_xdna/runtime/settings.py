@@ -19,7 +19,8 @@ from typing import Callable, Iterator, Union
 
 from torch_xdna.runtime.errors import XdnaError
 
-__all__ = ["EnvError", "Setting", "SETTINGS", "get", "choices", "describe", "read_raw"]
+__all__ = ["EnvError", "Setting", "SETTINGS", "get", "choices", "describe", "read_raw",
+           "bound_native_caches"]
 
 CHOICE, INTEGER, NUMBER, FLAG, PATH, TEXT = "choice", "integer", "number", "flag", "path", "text"
 FLAG_ON = ("1", "on", "true", "yes")
@@ -148,6 +149,14 @@ _TABLE = (
             "(same as --debug)"),
     Setting("TORCH_DEVICE_BACKEND_AUTOLOAD", FLAG, True, "PyTorch's switch (0) to not autoload "
             "this package on import torch", reader="torch"),
+    Setting("LRU_CACHE_CAPACITY", INTEGER, 16, "PyTorch's per-thread cache of oneDNN (ideep) "
+            "matmul / linear primitives, one per input shape (~0.7 MB with oneDNN's copy); torch's own default "
+            "(1,024) lets a server's memory grow with every new prompt or batch length, so "
+            "torch-xdna sets 16 when unset (0 crashes this torch)", unit="primitives",
+            reader="torch"),
+    Setting("ONEDNN_PRIMITIVE_CACHE_CAPACITY", INTEGER, 16, "oneDNN's own primitive cache, "
+            "bounded with LRU_CACHE_CAPACITY for the same reason (torch-xdna sets 16 when unset; "
+            "0 disables it)", unit="primitives", allow_zero=True, reader="oneDNN"),
     # --- toolchains and standard locations -----------------------------------------------------
     Setting("CC", TEXT, None, "C compiler for the simulator's host kernels (default cc, else gcc)"),
     Setting("CXX", TEXT, None, "C++ compiler for the host build of the AIE core kernels "
@@ -212,6 +221,23 @@ def override(name: str, value: str) -> Iterator[None]:
             local.pop(name, None)
         else:
             local[name] = prev
+
+
+NATIVE_CACHES = ("LRU_CACHE_CAPACITY", "ONEDNN_PRIMITIVE_CACHE_CAPACITY")
+
+
+def bound_native_caches() -> None:
+    """Give torch's and oneDNN's shape-keyed primitive caches our bounds when the user set none.
+    Why: each new input shape (a prompt length, a merged embedding batch) JIT-compiles a
+    primitive that the caches keep, ~0.7 MB a shape (both caches) up to 1,024 each: a long-running server's
+    RSS grew ~6 MB per 1,000 requests (docs/serving.md, Soak). Both libraries read the variables
+    when a thread first uses them, so this runs on `import torch_xdna` (PyTorch's backend
+    autoload imports it before any op); a value the user set is checked and kept."""
+    for name in NATIVE_CACHES:
+        if read_raw(name) is None:
+            os.environ[name] = str(SETTINGS[name].default)
+        else:
+            get(name)                    # a bad value fails here, naming the variable
 
 
 def choices(name: str) -> tuple[str, ...]:

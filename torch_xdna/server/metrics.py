@@ -7,6 +7,7 @@ collector, plus the thread count; device memory gauges are added by the server (
 """
 from __future__ import annotations
 
+import ctypes
 import threading
 from typing import Callable
 
@@ -26,6 +27,27 @@ def process_threads() -> int:
         return threading.active_count()
 
 
+class _Mallinfo2(ctypes.Structure):
+    _fields_ = [(f, ctypes.c_size_t) for f in ("arena", "ordblks", "smblks", "hblks", "hblkhd",
+                                               "usmblks", "fsmblks", "uordblks", "fordblks",
+                                               "keepcost")]
+
+
+def native_heap() -> dict[str, int]:
+    """glibc's heap, all arenas (mallinfo2): bytes handed out by malloc (C, C++ and Rust
+    libraries, torch tensors, Python's large objects and pymalloc arenas) and bytes it holds
+    free. It tells live native growth (in use rises) from fragmentation (free rises, RSS with
+    it); {} off glibc."""
+    try:
+        fn = ctypes.CDLL("libc.so.6").mallinfo2
+    except (OSError, AttributeError):
+        return {}
+    fn.restype = _Mallinfo2
+    m = fn()
+    return {"malloc_in_use_bytes": m.uordblks + m.hblkhd, "malloc_free_bytes": m.fordblks,
+            "malloc_mmapped_bytes": m.hblkhd}
+
+
 def process_stats() -> dict[str, int]:
     """Resident memory, OS threads and open file descriptors of this process (Linux /proc)."""
     import os
@@ -38,7 +60,7 @@ def process_stats() -> dict[str, int]:
         fds = len(os.listdir("/proc/self/fd"))
     except OSError:
         fds = 0
-    return {"rss_bytes": rss, "threads": process_threads(), "open_fds": fds}
+    return {"rss_bytes": rss, "threads": process_threads(), "open_fds": fds, **native_heap()}
 
 
 class Metrics:
@@ -64,6 +86,9 @@ class Metrics:
         self._rejected = Counter("xdna_rejected", "requests refused before reaching the NPU",
                                  ["reason"], registry=r)
         self.gauge("xdna_process_threads", "OS threads of the server process", process_threads)
+        self.gauge("xdna_malloc_in_use_bytes", "bytes malloc has handed out and not had back "
+                   "(glibc, all arenas: native libraries, tensors, Python's heap)",
+                   lambda: native_heap().get("malloc_in_use_bytes", 0))
 
     def observe_request(self, method: str, route: str, status: int, seconds: float) -> None:
         self._requests.labels(method, route, str(status)).inc()
