@@ -2,7 +2,7 @@
 
 - whisper-base: faster-whisper's CTranslate2 conversion loaded directly (models/formats/ct2.py); the same
   tokens as the HF-converted directory in this engine and as transformers' generate on it, on
-  synthesized speech (tests/data/speech), with and without timestamps.
+  synthesized speech (torch_xdna/engine/asr/speech), with and without timestamps.
 - SmolLM2-135M-Instruct (GGUF Q4_1, pre-tokenizer 'smollm') and gemma-3-270m (GGUF Q4_K_M):
   greedy 32 tokens equal to transformers' GGUF loading in fp32, raw and (SmolLM2) chat prompts;
   prompt ids equal to transformers' GGUF tokenizer.

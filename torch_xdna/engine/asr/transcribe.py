@@ -111,7 +111,19 @@ class Transcriber:
 
     @classmethod
     def load(cls, model_dir: str | Path, precision: str = "bf16",
-             device: Device | None = None) -> "Transcriber":
+             device: Device | None = None, budget=None, quiet: bool = False) -> "Transcriber":
+        """precision: bf16 | fp32 (verification mode) | auto: the cheapest precision whose WER on
+        the shipped speech set stays within `budget` of fp32's, measured once and saved beside
+        the model (engine/precision_auto.py)."""
+        if precision == "auto":
+            import logging
+            from torch_xdna.engine.precision_auto import choose_whisper, stderr_log
+            from torch_xdna.models.whisper import read_whisper
+            path = read_whisper(model_dir).path
+            log = logging.getLogger("torch_xdna.precision").info if quiet else stderr_log
+            precision = choose_whisper(path, lambda p: cls.load(path, p, device),
+                                       TranscribeOptions(language="en"), budget=budget,
+                                       log=log).policy()
         return cls(load_whisper_model(model_dir, precision, device))
 
     @property
