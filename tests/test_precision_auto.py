@@ -70,9 +70,13 @@ def test_auto_picks_writes_and_reuses(tiny, monkeypatch, capsys):
     again = pa.choose_decoder(tiny, load, budget=budget)
     assert again.reused and again.precision == entry["precision"]
     assert Path(again.path) == tiny / pa.FILE_NAME
-    # another budget, or other weights, is another key: it measures
+    # another budget is another entry, re-scoring the stored measurements: a looser one needs
+    # no new measurement, one nothing stored meets measures; other weights measure again
+    looser = pa.choose_decoder(tiny, load, budget="perplexity=30%,agreement=40%")
+    assert not looser.reused and looser.precision == entry["precision"]
+    assert len(json.loads((tiny / pa.FILE_NAME).read_text())["entries"]) == 2
     with pytest.raises(pytest.fail.Exception):
-        pa.choose_decoder(tiny, load, budget="perplexity=1%")
+        pa.choose_decoder(tiny, load, budget="perplexity=-50%")
     (tiny / "extra.bin").write_bytes(b"changed")
     with pytest.raises(pytest.fail.Exception):
         pa.choose_decoder(tiny, load, budget=budget)
@@ -106,7 +110,7 @@ def test_cli_generate_auto_then_reuse(tiny, capsys):
     first = json.loads(capsys.readouterr().out)
     assert main(args[:-1]) == 0                 # not quiet: the choice is named on stderr
     err = capsys.readouterr().err
-    assert "reusing" in err and "measuring" not in err and first["precision"] in err
+    assert "reusing" in err and "choosing" not in err and first["precision"] in err
     with pytest.raises(SystemExit) as e:       # a bad budget fails at parse time
         main(["generate", str(tiny), "x", "--precision", "auto", "--precision-budget", "ppl=2"])
     assert e.value.code == 2 and "perplexity=P%" in capsys.readouterr().err

@@ -26,6 +26,8 @@ precisions ordered by the cost model's modeled time (cheapest first).
      alone to c, the rest at u (its sensitivity); then, from all groups at c, promote the most
      sensitive groups to u one at a time, measuring each.
   3. Pick the cheapest (modeled) measured assignment within budget.
+Measurements stored for the same model and calibration set under another budget are reused
+(re-scored against the new budget), so changing the budget measures only what is missing.
 
 The file: next to the model (FILE.gguf -> FILE.gguf.xdna-precision.json; a directory ->
 DIR/xdna-precision.json), or <cache root>/precision-auto/<digest>.json when that place is not
@@ -41,7 +43,7 @@ import os
 import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
 from torch_xdna.engine import accuracy as acc
 from torch_xdna.kernels.blocks.weights import PRECISIONS, WHISPER_PRECISIONS
@@ -176,6 +178,23 @@ def find_choice(model: Path, digest: str, key: str, allowed: tuple[str, ...]) ->
     return None
 
 
+def known_measurements(model: Path, digest: str, calibration: str) -> tuple[list[dict], dict]:
+    """Measurements stored under any budget for this model and calibration set (a new budget
+    re-measures only the mixes they lack), and their fp32 reference figures."""
+    measured: list[dict] = []
+    reference: dict = {}
+    for path in choice_paths(model, digest):
+        for e in _read(path).get("entries", {}).values():
+            if not (isinstance(e, dict) and e.get("digest") == digest
+                    and e.get("calibration") == calibration and isinstance(e.get("measured"), list)):
+                continue
+            measured += [m for m in e["measured"] if isinstance(m, dict)
+                         and isinstance(m.get("precision"), dict)]
+            reference = reference or (e.get("reference") if isinstance(e.get("reference"), dict)
+                                      else {})
+    return measured, reference
+
+
 def _write_all(fd: int, data: bytes) -> None:
     view = memoryview(data)
     while view:
@@ -207,10 +226,20 @@ Assignment = tuple[tuple[str, str], ...]
 
 def greedy_search(groups: tuple[str, ...], ladder: tuple[str, ...],
                   measure: Callable[[dict[str, str]], dict], cost: Callable[[dict[str, str]], float],
-                  budget: Budget, log: Log) -> tuple[dict[str, str], bool, list[dict]]:
+                  budget: Budget, log: Log, known: list[dict] = ()
+                  ) -> tuple[dict[str, str], bool, list[dict]]:
     """The search in the module docstring: (chosen assignment, within budget, every
-    measurement). measure(assignment) -> metrics; cost(assignment) -> modeled ms."""
+    measurement). measure(assignment) -> metrics; cost(assignment) -> modeled ms; known:
+    earlier measurements (any budget) reused instead of measuring again."""
     seen: dict[Assignment, dict] = {}
+    for m in known:
+        a = m["precision"]
+        if set(a) == set(groups) and all(a[g] in ladder for g in groups):
+            try:
+                seen[tuple(sorted(a.items()))] = {**m, "budget_used": budget.used(m),
+                                                   "modeled_ms": cost(a)}
+            except (KeyError, TypeError):            # an entry from another version: measure
+                pass
 
     def run(a: dict[str, str]) -> dict:
         k = tuple(sorted(a.items()))
@@ -263,7 +292,8 @@ def stderr_log(s: str) -> None:
 
 
 def _choose(model: Path, kind: str, budget: Budget, calibration: str, allowed: tuple[str, ...],
-            search: Callable[[], tuple[dict, bool, list[dict], dict, dict]], log: Log) -> Choice:
+            search: Callable[[list[dict], dict], tuple[dict, bool, list[dict], dict, dict]],
+            log: Log) -> Choice:
     """Reuse the stored choice for (digest, budget, calibration), else search and store it."""
     digest = model_digest(model)
     key = entry_key(digest, budget, calibration)
@@ -271,9 +301,10 @@ def _choose(model: Path, kind: str, budget: Budget, calibration: str, allowed: t
     if hit is not None:
         log(f"reusing {_label(hit.precision)} from {hit.path}")
         return hit
-    log(f"measuring {kind} precisions on {calibration} (budget {budget.ident()}; once per "
-        "model, then reused)")
-    chosen, within, measured, reference, modeled = search()
+    log(f"choosing {kind} precisions on {calibration} (budget {budget.ident()}; measured "
+        "once per model and calibration set, then reused)")
+    chosen, within, measured, reference, modeled = search(*known_measurements(model, digest,
+                                                                              calibration))
     choice = Choice(chosen, within, asdict(budget), calibration, digest, modeled, measured,
                     reference)
     if not within:
@@ -294,7 +325,7 @@ def choose_decoder(model: str | Path, load: acc.Loader, *, budget: "Budget | str
     _, name = acc.reference_text()
     calibration = f"{name}, first {tokens} tokens"
 
-    def search():
+    def search(known: list[dict], known_ref: dict):
         _, spec = resolve_spec(str(model))
         modeled_cache: dict[Assignment, float] = {}
 
@@ -304,20 +335,26 @@ def choose_decoder(model: str | Path, load: acc.Loader, *, budget: "Budget | str
                 modeled_cache[k] = estimate(spec, dict(a), tokens)["modeled_decode_ms_per_token"]
             return modeled_cache[k]
 
-        ref, ids, _ = acc.decoder_run(load, "fp32", tokens)
-        ref_ppl = acc.decoder_scores(ref, ids, ref)["perplexity"]
+        ref: dict = {}
 
         def measure(a: dict[str, str]) -> dict:
+            if not ref:                              # fp32, once, when something is measured
+                ref["logits"], ref["ids"], _ = acc.decoder_run(load, "fp32", tokens)
+                ref["perplexity"] = acc.decoder_scores(ref["logits"], ref["ids"],
+                                                       ref["logits"])["perplexity"]
             logits, _, run_ms = acc.decoder_run(load, dict(a), tokens)
-            m = acc.decoder_scores(logits, ids, ref)
-            return {**m, "perplexity_rise": m["perplexity"] / ref_ppl - 1,
+            m = acc.decoder_scores(logits, ref["ids"], ref["logits"])
+            return {**m, "perplexity_rise": m["perplexity"] / ref["perplexity"] - 1,
                     "run_modeled_ms_per_token": run_ms}
         ladder = tuple(sorted(DECODER_LADDER, key=lambda p: cost(dict.fromkeys(DECODER_GROUPS, p))))
-        chosen, within, measured = greedy_search(DECODER_GROUPS, ladder, measure, cost, budget, log)
+        chosen, within, measured = greedy_search(DECODER_GROUPS, ladder, measure, cost, budget,
+                                                 log, known)
         modeled = {"chosen_ms_per_token": cost(chosen),
                    **{f"{p}_ms_per_token": cost(dict.fromkeys(DECODER_GROUPS, p)) for p in ladder},
                    "context": tokens}
-        return chosen, within, measured, {"perplexity": ref_ppl, "tokens": len(ids)}, modeled
+        reference = ({"perplexity": ref["perplexity"], "tokens": len(ref["ids"])} if ref
+                     else known_ref)
+        return chosen, within, measured, reference, modeled
     return _choose(model, "decoder", budget, calibration,
                    tuple(p for p in PRECISIONS if p != "fp32"), search, log)
 
@@ -343,18 +380,20 @@ def choose_whisper(model: str | Path, load: acc.Loader, options, *,
         finally:
             asr.close()
 
-    def search():
+    def search(known: list[dict], known_ref: dict):
         spec = read_whisper(model).spec
-        ref = run("fp32")
+        ref: dict = {}
 
         def cost(a: dict[str, str]) -> float:
             return estimate_whisper(spec, a["model"])["modeled_ms_per_window"]
 
         def measure(a: dict[str, str]) -> dict:
+            ref.update(ref or run("fp32"))           # fp32, once, when something is measured
             m = run(a["model"])
             return {**m, "wer_rise": m["wer"] - ref["wer"]}
-        chosen, within, measured = greedy_search(("model",), ladder, measure, cost, budget, log)
+        chosen, within, measured = greedy_search(("model",), ladder, measure, cost, budget, log,
+                                                 known)
         modeled = {"chosen_ms_per_window": cost(chosen),
                    **{f"{p}_ms_per_window": cost({"model": p}) for p in WHISPER_PRECISIONS}}
-        return chosen, within, measured, ref, modeled
+        return chosen, within, measured, ref or known_ref, modeled
     return _choose(model, "Whisper", budget, calibration, ladder, search, log)
