@@ -14,8 +14,8 @@ Whisper transcribes the speech set shipped in torch_xdna/engine/asr/speech (espe
 
 Groups: a decoder's op groups are the precision policy's site kinds (attention projections, MLP,
 embedding + head; PrecisionPolicy takes one precision per kind, not per layer index). Whisper's
-blocks take bf16 only (WHISPER_PRECISIONS; fp32 is the verification mode), so its one group
-gets bf16 when bf16 is within budget.
+are the encoder (layers + cross K/V) and the decoder (layers + output projection), each bf16 or
+int8 (kernels/blocks/whisper.py; fp32 is the verification mode).
 
 Search (greedy, at most len(ladder) + 2 * groups measured mixes): the ladder is the model's NPU
 precisions ordered by the cost model's modeled time (cheapest first).
@@ -47,9 +47,10 @@ from typing import Callable
 
 from torch_xdna.engine import accuracy as acc
 from torch_xdna.kernels.blocks.weights import PRECISIONS, WHISPER_PRECISIONS
+from torch_xdna.kernels.blocks.whisper import WHISPER_GROUPS
 from torch_xdna.runtime.cachedir import cache_root, loads_bounded, publish
 
-SEARCH_VERSION = 1
+SEARCH_VERSION = 2                  # 2: Whisper's groups are encoder and decoder
 DECODER_GROUPS = ("attention", "mlp", "head")
 DECODER_LADDER = ("int4", "int8", "bfp16", "bf16")
 CALIBRATION_TOKENS = 128
@@ -161,13 +162,15 @@ def _read(path: Path) -> dict:
     return doc if isinstance(doc, dict) and isinstance(doc.get("entries"), dict) else {}
 
 
-def find_choice(model: Path, digest: str, key: str, allowed: tuple[str, ...]) -> Choice | None:
-    """A stored choice for this key whose precisions are all valid, or None."""
+def find_choice(model: Path, digest: str, key: str, groups: tuple[str, ...],
+                allowed: tuple[str, ...]) -> Choice | None:
+    """A stored choice for this key naming a valid precision for each group, or None."""
     for path in choice_paths(model, digest):
         e = _read(path).get("entries", {}).get(key)
         if not isinstance(e, dict) or not isinstance(e.get("precision"), dict):
             continue
-        if not all(isinstance(p, str) and p in allowed for p in e["precision"].values()):
+        if set(e["precision"]) != set(groups) or not all(
+                isinstance(p, str) and p in allowed for p in e["precision"].values()):
             continue
         try:
             c = Choice(**{k: e[k] for k in Choice.__dataclass_fields__ if k in e})
@@ -291,13 +294,14 @@ def stderr_log(s: str) -> None:
     print(f"xdna: precision auto: {s}", file=sys.stderr)
 
 
-def _choose(model: Path, kind: str, budget: Budget, calibration: str, allowed: tuple[str, ...],
+def _choose(model: Path, kind: str, budget: Budget, calibration: str, groups: tuple[str, ...],
+            allowed: tuple[str, ...],
             search: Callable[[list[dict], dict], tuple[dict, bool, list[dict], dict, dict]],
             log: Log) -> Choice:
     """Reuse the stored choice for (digest, budget, calibration), else search and store it."""
     digest = model_digest(model)
     key = entry_key(digest, budget, calibration)
-    hit = find_choice(model, digest, key, allowed)
+    hit = find_choice(model, digest, key, groups, allowed)
     if hit is not None:
         log(f"reusing {_label(hit.precision)} from {hit.path}")
         return hit
@@ -355,7 +359,7 @@ def choose_decoder(model: str | Path, load: acc.Loader, *, budget: "Budget | str
         reference = ({"perplexity": ref["perplexity"], "tokens": len(ref["ids"])} if ref
                      else known_ref)
         return chosen, within, measured, reference, modeled
-    return _choose(model, "decoder", budget, calibration,
+    return _choose(model, "decoder", budget, calibration, DECODER_GROUPS,
                    tuple(p for p in PRECISIONS if p != "fp32"), search, log)
 
 
@@ -371,9 +375,9 @@ def choose_whisper(model: str | Path, load: acc.Loader, options, *,
     clips = acc.load_speech_set(speech)
     calibration = f"speech set {speech.name} ({len(clips)} clips, " + hashlib.sha256(
         (speech / "transcripts.json").read_bytes()).hexdigest()[:12] + ")"
-    ladder = tuple(p for p in WHISPER_PRECISIONS if p != "fp32")
+    nodes = tuple(p for p in WHISPER_PRECISIONS if p != "fp32")
 
-    def run(p: str) -> dict:
+    def run(p) -> dict:
         asr = load(p)
         try:
             return acc.speech_errors(asr, clips, options)
@@ -384,16 +388,19 @@ def choose_whisper(model: str | Path, load: acc.Loader, options, *,
         spec = read_whisper(model).spec
         ref: dict = {}
 
-        def cost(a: dict[str, str]) -> float:
-            return estimate_whisper(spec, a["model"])["modeled_ms_per_window"]
+        def cost(a: dict[str, str]) -> float:     # a 30-s window of TOKENS_PER_WINDOW tokens
+            return estimate_whisper(spec, dict(a))["modeled_ms_per_window"]
 
         def measure(a: dict[str, str]) -> dict:
-            ref.update(ref or run("fp32"))           # fp32, once, when something is measured
-            m = run(a["model"])
+            if not ref:                              # fp32 once (or stored), when needed
+                ref.update(known_ref if "wer" in known_ref else run("fp32"))
+            m = run(dict(a))
             return {**m, "wer_rise": m["wer"] - ref["wer"]}
-        chosen, within, measured = greedy_search(("model",), ladder, measure, cost, budget, log,
-                                                 known)
+        ladder = tuple(sorted(nodes, key=lambda p: cost(dict.fromkeys(WHISPER_GROUPS, p))))
+        chosen, within, measured = greedy_search(WHISPER_GROUPS, ladder, measure, cost, budget,
+                                                 log, known)
         modeled = {"chosen_ms_per_window": cost(chosen),
-                   **{f"{p}_ms_per_window": cost({"model": p}) for p in WHISPER_PRECISIONS}}
+                   **{f"{p}_ms_per_window": cost(dict.fromkeys(WHISPER_GROUPS, p))
+                      for p in WHISPER_PRECISIONS}}
         return chosen, within, measured, ref or known_ref, modeled
-    return _choose(model, "Whisper", budget, calibration, ladder, search, log)
+    return _choose(model, "Whisper", budget, calibration, WHISPER_GROUPS, nodes, search, log)

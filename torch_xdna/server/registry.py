@@ -99,7 +99,7 @@ class ModelRegistry:
     """max_context / kv_dtype: the chat models' KV cache (context limit, storage) unless add_dir
     names its own; None = the model's maximum within the memory budget (engine/llm/kv_cache.py).
     precision / budget: the chat models' weight precision (load_decoder's: native, auto, a
-    mode); Whisper models take auto or fp32 from it, else bf16 (their only NPU precision)."""
+    mode); Whisper models take auto, int8 or fp32 from it, else bf16."""
 
     def __init__(self, max_models: int = 2, max_context: int | None = None,
                  kv_dtype: str = DEFAULT_KV_DTYPE, precision: str = "native", budget=None):
@@ -172,7 +172,7 @@ class ModelRegistry:
             from torch_xdna.engine.asr.transcribe import Transcriber
             from torch_xdna.models.whisper import read_whisper
             read_whisper(path)                       # a bad directory fails before binding
-            asr_prec = self.precision if self.precision in ("auto", "fp32") else "bf16"
+            asr_prec = self.precision if self.precision in ("auto", "fp32", "int8") else "bf16"
             entry = ModelEntry(name, kind, lambda: Transcriber.load(
                 path, asr_prec, budget=self.budget, quiet=True), path, aliases)
         else:

@@ -82,7 +82,7 @@ def register(subparsers) -> None:
     p.add_argument("--kv-dtype", choices=KV_DTYPES, default=DEFAULT_KV_DTYPE,
                    help="chat models' KV cache storage (int8: half the bytes per token)")
     add_decoder_precision(p, "bf16, or a .gguf file's own blocks; Whisper models: auto, "
-                             "fp32, else bf16")
+                             "int8, fp32, else bf16")
     p.add_argument("--max-batch", type=positive_int, default=4, metavar="N",
                    help="concurrent chats of one model decoded together, one batched NPU step "
                         "per token (default 4; 1: one request at a time). Fewer when their KV "

@@ -41,10 +41,11 @@ def register(subparsers) -> None:
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     p.add_argument("--seed", type=int, help="sampling seed (with --temperature > 0)")
     p.add_argument("--prompt", help="text that precedes the audio (names, spelling, style)")
-    p.add_argument("--precision", choices=("bf16", "fp32", "auto"), default="bf16",
-                   help="bf16 (the NPU's numerics), fp32 (verification mode) or auto (the "
-                        "cheapest precision within --precision-budget on the shipped speech "
-                        "set, measured once, saved beside the model)")
+    p.add_argument("--precision", choices=("bf16", "int8", "fp32", "auto"), default="bf16",
+                   help="bf16 (the NPU's numerics), int8 (weight-only int8 matrices), fp32 "
+                        "(verification mode) or auto (per encoder/decoder the cheapest modeled "
+                        "precision within --precision-budget on the shipped speech set, "
+                        "measured once, saved beside the model)")
     add_budget_argument(p)
     p.add_argument("--max-new-tokens", type=int, dest="max_new_tokens",
                    help="token budget per 30-s window")

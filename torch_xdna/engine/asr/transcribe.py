@@ -110,11 +110,12 @@ class Transcriber:
         self._lock = threading.Lock()
 
     @classmethod
-    def load(cls, model_dir: str | Path, precision: str = "bf16",
-             device: Device | None = None, budget=None, quiet: bool = False) -> "Transcriber":
-        """precision: bf16 | fp32 (verification mode) | auto: the cheapest precision whose WER on
-        the shipped speech set stays within `budget` of fp32's, measured once and saved beside
-        the model (engine/precision_auto.py)."""
+    def load(cls, model_dir: str | Path, precision="bf16", device: Device | None = None,
+             budget=None, quiet: bool = False) -> "Transcriber":
+        """precision: bf16 | int8 | fp32 (verification mode) | {"encoder": ..., "decoder": ...}
+        | auto: per encoder/decoder the cheapest modeled precision whose WER on the shipped
+        speech set stays within `budget` of fp32's, measured once and saved beside the model
+        (engine/precision_auto.py)."""
         if precision == "auto":
             import logging
             from torch_xdna.engine.precision_auto import choose_whisper, stderr_log
