@@ -23,10 +23,10 @@ from typing import Any, Callable
 import torch
 
 from torch_xdna.engine.counters import CounterDelta
+from torch_xdna.kernels.blocks.weights import WHISPER_PRECISIONS  # noqa: F401  (the modes measured)
 from torch_xdna.runtime import get_device
 
 DECODER_PRECISIONS = ("fp32", "bf16", "bfp16", "int8", "int4")
-WHISPER_PRECISIONS = ("fp32", "bf16", "int8")
 TEXT_TOPIC = "exceptions"
 # the synthesized speech set shipped as package data: 8 sentences written for this project,
 # espeak-ng 1.51 (en-us, 150 wpm) -> sox 16 kHz mono FLAC, 89 words (transcripts.json)
