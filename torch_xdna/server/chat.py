@@ -173,7 +173,7 @@ def _drive(model: ChatModel, prompt_ids: list[int], params: GenerationParams,
 def load_chat_model(model_dir: str | Path, max_context: int | None = None,
                     kv_dtype: str = DEFAULT_KV_DTYPE,
                     tokenizer_dir: str | Path | None = None, precision: str = "native",
-                    budget=None) -> ChatModel:
+                    budget: Any = None) -> ChatModel:
     """A decoder directory served through the decoder engine (torch_xdna.engine.llm.generate);
     its context limit is the KV capacity (max_context, else the model's maximum within the
     memory budget)."""

@@ -29,8 +29,8 @@ class ServerConfig:
     max_new_tokens: int = 2048            # completion tokens per request
     max_context: int | None = None        # chat models' KV capacity (None: from the memory budget)
     kv_dtype: str = "bf16"                # chat models' KV storage: bf16 | int8
-    precision: str = "native"             # chat models' weights (Whisper: auto, fp32, else bf16)
-    precision_budget: object = None       # --precision auto's budget (engine/precision_auto.Budget)
+    precision: str = "native"             # chat models' weights (Whisper: auto, int8, fp32, else bf16)
+    precision_budget: object = None       # --precision auto's budget: a precision_auto.Budget
     max_batch: int = 4                    # chats decoded together per step (1: no batching)
     request_timeout_s: float = 300.0
     preload: bool = True                  # make the first models resident at startup

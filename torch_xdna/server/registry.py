@@ -102,7 +102,7 @@ class ModelRegistry:
     mode); Whisper models take auto, int8 or fp32 from it, else bf16."""
 
     def __init__(self, max_models: int = 2, max_context: int | None = None,
-                 kv_dtype: str = DEFAULT_KV_DTYPE, precision: str = "native", budget=None):
+                 kv_dtype: str = DEFAULT_KV_DTYPE, precision: str = "native", budget: Any = None):
         if max_models < 1:
             raise ValueError(f"max_models must be >= 1 (got {max_models})")
         self.max_models = max_models

@@ -32,7 +32,7 @@ class WhisperTooLarge(ValueError):
     """The model would not fit the device's memory budget (checked before any allocation)."""
 
 
-Precision = "str | Mapping[str, str]"        # a mode, or {"encoder": ..., "decoder": ...}
+Precision = str | Mapping[str, str]          # a mode, or {"encoder": ..., "decoder": ...}
 
 
 def resident_bytes_estimate(spec: WhisperSpec, precision: Precision, chunk: int = DEFAULT_CHUNK) -> int:

@@ -18,7 +18,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Callable, Iterator, Mapping, Sequence
 
 import torch
 
@@ -37,6 +37,9 @@ from torch_xdna.engine.counters import CounterDelta
 from torch_xdna.models.loader import ModelFiles, load_weights, read_model
 from torch_xdna.models.tokenizer import Tokenizer
 from torch_xdna.runtime import Device, get_device
+
+if TYPE_CHECKING:
+    from torch_xdna.engine.precision_auto import Budget
 
 Prompt = str | Sequence[int] | Sequence[Mapping[str, str]]
 
@@ -346,7 +349,8 @@ def load_decoder(model_dir: str | Path, precision: str | Mapping[str, str] = "na
                  device: Device | None = None, cache_dir: str | Path | None | bool = None,
                  quiet: bool = False, layout: str = DEFAULT_LAYOUT,
                  tokenizer_dir: str | Path | None = None, kv_dtype: str = DEFAULT_KV_DTYPE,
-                 prefix_cache: int | None = None, budget=None) -> Engine:
+                 prefix_cache: int | None = None, budget: "Budget | str | None" = None
+                 ) -> Engine:
     """Load a HF decoder directory or a llama.cpp GGUF file (Qwen3, Llama, Gemma 3 text) onto
     the device.
 
@@ -414,7 +418,8 @@ def load_decoder(model_dir: str | Path, precision: str | Mapping[str, str] = "na
 
 
 def _auto_precision(path: Path, group: int, device: Device | None, layout: str,
-                    tokenizer_dir, budget, quiet: bool) -> str | dict[str, str]:
+                    tokenizer_dir, budget: "Budget | str | None", quiet: bool
+                    ) -> str | dict[str, str]:
     """precision="auto": the stored or freshly measured choice (engine/precision_auto.py); the
     calibration loads use a context just over the calibration text, uncached weights."""
     import logging
