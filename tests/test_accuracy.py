@@ -37,12 +37,13 @@ def tiny(tmp_path_factory):
 
 
 def test_decoder_rows_against_a_direct_computation(tiny):
-    rows = acc.decoder_rows(tiny, ("fp32", "int4"), tokens=24)
+    from torch_xdna.engine.llm.generate import load_decoder
+    rows = acc.decoder_rows(tiny, ("fp32", "int4"), tokens=24, load=lambda p: load_decoder(
+        tiny, p, max_context=32, quiet=True, cache_dir=False))
     fp32, int4 = rows
     assert fp32["agreement_with_fp32"] == 1.0 and 0.0 <= int4["agreement_with_fp32"] <= 1.0
     assert fp32["modeled_ms_per_token"] > 0 and int4["modeled_ms_per_token"] > 0
     # perplexity = exp(mean NLL) of the same teacher-forced logits, recomputed here
-    from torch_xdna.engine.llm.generate import load_decoder
     eng = load_decoder(tiny, "fp32", max_context=32, quiet=True, cache_dir=False)
     ids = eng.tokenizer.encode(acc.reference_text()[0])[:24]
     logits = torch.stack([eng.decoder.forward([t]) for t in ids[:-1]])

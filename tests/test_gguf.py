@@ -119,13 +119,13 @@ def test_greedy_matches_hf_with_file_weights(models, family, qtype, tmp_path, to
 
 @pytest.mark.parametrize("qtype,prec", (("Q8_0", "int8"), ("Q4_0", "int4")))
 def test_native_blocks_map_exactly(models, qtype, prec, tmp_path, tok_dir, spm_dir):
-    """precision auto: Q8_0 -> int8 g32, Q4_0 -> int4 g32 with the file's q values bit for bit;
+    """precision native: Q8_0 -> int8 g32, Q4_0 -> int4 g32 with the file's q values bit for bit;
     logits within the fake-quantization tolerance of the dequantized HF reference."""
     import gguf
     from gguf.quants import quantize
     hf = models["llama"]
     path = _write(tmp_path, "llama", hf, qtype, tok_dir, spm_dir, pre="llama-bpe")
-    eng = _engine(path, "auto")
+    eng = _engine(path, "native")
     try:
         pol = eng.decoder.policy
         assert (pol.attention, pol.mlp, pol.head, pol.group) == (prec, prec, prec, 32)
@@ -181,7 +181,7 @@ def test_q4_k_m_dequantized_and_said(tmp_path, tok_dir, spm_dir):
         assert r.token_ids == _greedy(ref, PROMPT, 8)
     finally:
         eng.close()
-    auto = _engine(path, "auto")
+    auto = _engine(path, "native")
     assert auto.decoder.policy.mlp == "bf16"           # no exact format: bf16 after dequantizing
     auto.close()
 

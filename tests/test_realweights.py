@@ -2,7 +2,7 @@
 
 - whisper-base: faster-whisper's CTranslate2 conversion loaded directly (models/formats/ct2.py); the same
   tokens as the HF-converted directory in this engine and as transformers' generate on it, on
-  synthesized speech (tests/data/speech), with and without timestamps.
+  synthesized speech (torch_xdna/engine/asr/speech), with and without timestamps.
 - SmolLM2-135M-Instruct (GGUF Q4_1, pre-tokenizer 'smollm') and gemma-3-270m (GGUF Q4_K_M):
   greedy 32 tokens equal to transformers' GGUF loading in fp32, raw and (SmolLM2) chat prompts;
   prompt ids equal to transformers' GGUF tokenizer.
@@ -90,3 +90,46 @@ def test_smollm2_gguf_greedy_identical_to_transformers_raw_and_chat():
 
 def test_gemma3_270m_gguf_greedy_identical_to_transformers():
     _greedy_pair("gemma-3-270m", [RAW])
+
+
+# --precision auto on the real checkpoints: each search loads the model several times (gemma-3-270m
+# default budget: 7 loads, 8 min on this 2-core host; Whisper-base: fp32 + int8 over the 8 clips,
+# about 6 min),
+# far over a minute, so they are marked slow and deselected by default: pytest -m slow runs them.
+# The figures they reproduce are in docs/accuracy.md ("--precision auto").
+def _linked(src: Path, dst: Path) -> Path:
+    """`src` (a file or a directory's files) symlinked under dst: a fresh place for the choice
+    file, the same bytes (so the same digest)."""
+    dst.mkdir(parents=True, exist_ok=True)
+    if src.is_file():
+        (dst / src.name).symlink_to(src)
+        return dst / src.name
+    for f in src.iterdir():
+        if f.is_file() and not f.name.startswith("xdna-precision"):
+            (dst / f.name).symlink_to(f)
+    return dst
+
+
+@pytest.mark.slow
+def test_gemma3_precision_auto_default_budget_is_int8(tmp_path):
+    from torch_xdna.engine import precision_auto as pa
+    from torch_xdna.engine.llm.generate import load_decoder
+    path = _linked(checkpoint("gemma-3-270m"), tmp_path)
+    c = pa.choose_decoder(path, lambda p: load_decoder(path, p, max_context=136, quiet=True,
+                                                       cache_dir=False, prefix_cache=0))
+    assert c.within_budget and c.policy() == "int8"
+    assert c.modeled["chosen_ms_per_token"] < c.modeled["bf16_ms_per_token"]
+    assert Path(c.path) == path.with_name(path.name + "." + pa.FILE_NAME)
+    eng = load_decoder(path, "auto", max_context=64, quiet=True, cache_dir=False)  # reused
+    assert eng.decoder.policy.ident() == "int8"
+    eng.close()
+
+
+@pytest.mark.slow
+def test_whisper_base_precision_auto_default_budget_is_int8(tmp_path):
+    from torch_xdna.engine import precision_auto as pa
+    from torch_xdna.engine.asr.transcribe import Transcriber, TranscribeOptions
+    d = _linked(checkpoint("whisper-base"), tmp_path / "whisper-base")
+    c = pa.choose_whisper(d, lambda p: Transcriber.load(d, p), TranscribeOptions(language="en"))
+    assert c.within_budget and c.policy() == "int8" and Path(c.path) == d / pa.FILE_NAME
+    assert c.modeled["int8_ms_per_window"] < c.modeled["bf16_ms_per_window"]

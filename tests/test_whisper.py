@@ -135,6 +135,39 @@ def test_bf16_within_tolerance(micro):
         asr.close()
 
 
+@pytest.mark.parametrize("precision", ("int8", {"encoder": "int8", "decoder": "bf16"}))
+def test_int8_is_bf16_on_the_dequantized_weights(micro, precision):
+    """int8 (weight-only, group scales) computes exactly what bf16 computes on the int8 weights
+    dequantized (the core dequantizes to bf16 operands); per group: only the encoder's matrices
+    (and the cross K/V) when the decoder stays bf16. Its plans stream fewer weight bytes."""
+    from torch_xdna.engine.asr.whisper import WhisperModel, host_weights
+    from torch_xdna.kernels.blocks.weights import dequantize
+    from torch_xdna.kernels.blocks.whisper import split_precision, step_designs
+    from torch_xdna.models.whisper import load_whisper_weights, read_whisper
+    files = read_whisper(micro)
+    sd = load_whisper_weights(files)
+    q = host_weights(files.spec, sd, precision)
+    pairs = {k for k, t in q.items() if isinstance(t, tuple)}
+    assert pairs and all(k.startswith("enc.") or k.endswith(".ckv.w") for k in pairs) == (
+        split_precision(precision)[1] == "bf16")
+    deq = {k: dequantize(t, "int8", t[0].shape[-1] // t[1].shape[-1]).to(torch.bfloat16)
+           if isinstance(t, tuple) else t for k, t in q.items()}
+    audio = tone(3.0, seed=5)
+    logits = []
+    for weights, prec in ((q, precision), (deq, "bf16")):
+        m = WhisperModel(files, weights, prec)
+        try:
+            m.encode(m.mel(audio))
+            logits.append(torch.stack([m.forward([t]) for t in (files.tokens.start, 300, 301)]))
+        finally:
+            m.close()
+    assert torch.equal(logits[0], logits[1])
+    gen = m.dev.gen
+    bytes_of = lambda p: sum(d.plan(gen).dram_read_bytes  # noqa: E731
+                             for d in step_designs(files.spec, p, 1, 64))
+    assert bytes_of("int8") < bytes_of("bf16")
+
+
 def test_segments_from_timestamp_tokens(micro):
     """transformers' segmentation rule: pairs close segments, a single final timestamp ends the
     window, otherwise decoding resumes at the last timestamp."""

@@ -22,6 +22,34 @@ def add_command(subparsers, name: str, help: str, description: str | None = None
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
 
 
+def precision_budget(text: str) -> Any:
+    """--precision-budget: parsed (engine/precision_auto.Budget) so a typo exits 2 at once."""
+    from torch_xdna.engine.precision_auto import Budget
+    try:
+        return Budget.parse(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def add_budget_argument(p) -> None:
+    """--precision-budget, the accuracy --precision auto may give up against fp32."""
+    p.add_argument("--precision-budget", type=precision_budget, default=None, metavar="SPEC",
+                   help="with --precision auto: how much accuracy vs fp32 may go, e.g. "
+                        "'perplexity=2%%,agreement=95%%' (decoders), 'wer=0.5%%' (Whisper, "
+                        "points); the defaults are those (docs/accuracy.md)")
+
+
+def add_decoder_precision(p, native_help: str) -> None:
+    """--precision (native | auto | a mode) and --precision-budget of the decoder commands."""
+    from torch_xdna.kernels.blocks.weights import PRECISIONS
+    p.add_argument("--precision", default="native", choices=("native", "auto", *PRECISIONS),
+                   help=f"weight precision (fp32 is a verification mode, not NPU numerics); "
+                        f"native = {native_help}; auto = per op group (attention, MLP, head) the "
+                        f"cheapest modeled precision within --precision-budget, measured once on "
+                        f"a calibration text and saved beside the model")
+    add_budget_argument(p)
+
+
 def number(text: str, kind: type, what: str) -> Any:
     """`text` as an int or float (`kind`); an argparse error naming `what` otherwise."""
     try:

@@ -18,16 +18,20 @@ import json
 import math
 import re
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 
 from torch_xdna.engine.counters import CounterDelta
+from torch_xdna.kernels.blocks.weights import WHISPER_PRECISIONS  # noqa: F401  (the modes measured)
 from torch_xdna.runtime import get_device
 
 DECODER_PRECISIONS = ("fp32", "bf16", "bfp16", "int8", "int4")
-WHISPER_PRECISIONS = ("fp32", "bf16")
 TEXT_TOPIC = "exceptions"
+# the synthesized speech set shipped as package data: 8 sentences written for this project,
+# espeak-ng 1.51 (en-us, 150 wpm) -> sox 16 kHz mono FLAC, 89 words (transcripts.json)
+SPEECH_SET = Path(__file__).resolve().parent / "asr" / "speech"
+Loader = Callable[[Any], Any]        # precision -> an engine (a Decoder Engine or a Transcriber)
 
 
 def reference_text() -> tuple[str, str]:
@@ -53,36 +57,51 @@ def wer(ref: str, hyp: str) -> tuple[int, int]:
     return row[-1], len(r)
 
 
+def teacher_forced(eng, ids: list[int]) -> tuple[torch.Tensor, float]:
+    """Logits after each of ids[:-1] fed one token at a time (the decode path), and the modeled
+    NPU ms per step the device charged for them."""
+    dec = eng.decoder
+    dec.reset()
+    delta = CounterDelta(get_device())
+    logits = torch.stack([dec.forward([t]) for t in ids[:-1]])
+    return logits, delta.take()["modeled_us"] / 1e3 / max(1, len(ids) - 1)
+
+
+def decoder_scores(logits: torch.Tensor, ids: list[int], ref: torch.Tensor) -> dict:
+    """Perplexity of ids[1:] under `logits` and the share of positions whose argmax is fp32's."""
+    nll = torch.nn.functional.cross_entropy(logits.double(), torch.tensor(ids[1:])).item()
+    return {"perplexity": math.exp(nll),
+            "agreement_with_fp32": (logits.argmax(-1) == ref.argmax(-1)).float().mean().item()}
+
+
+def decoder_run(load: Loader, precision, tokens: int) -> tuple[torch.Tensor, list[int], float]:
+    """Load at `precision` (a mode or a per-site mapping), teacher-force the reference text's
+    first `tokens` tokens: (logits, ids, modeled ms per step)."""
+    text, _ = reference_text()
+    eng = load(precision)
+    try:
+        ids = eng.tokenizer.encode(text)[:tokens]
+        logits, ms = teacher_forced(eng, ids)
+    finally:
+        eng.close()
+    return logits, ids, ms
+
+
 def decoder_rows(model: str | Path, precisions=DECODER_PRECISIONS, tokens: int = 128,
-                 log: Callable[[str], None] = lambda s: None) -> list[dict]:
-    """Per precision: perplexity, agreement with fp32's argmax, modeled ms per decode step."""
-    from torch_xdna.engine.llm.generate import load_decoder
-    text, name = reference_text()
-    dev = get_device()
+                 log: Callable[[str], None] = lambda s: None, *, load: Loader) -> list[dict]:
+    """Per precision: perplexity, agreement with fp32's argmax, modeled ms per decode step.
+    load(precision) -> an Engine of `model` (engine/llm/generate.load_decoder; passed in so
+    this module, which the loader's precision="auto" uses, imports no loader)."""
+    _, name = reference_text()
     runs: dict[str, tuple[torch.Tensor, float]] = {}
     ids: list[int] = []
     for prec in dict.fromkeys(("fp32", *precisions)):
         log(f"{prec}: loading")
-        eng = load_decoder(model, prec, max_context=tokens + 8, quiet=True, cache_dir=False)
-        try:
-            ids = eng.tokenizer.encode(text)[:tokens]
-            dec = eng.decoder
-            dec.reset()
-            delta = CounterDelta(dev)
-            logits = torch.stack([dec.forward([t]) for t in ids[:-1]])
-            runs[prec] = (logits, delta.take()["modeled_us"] / 1e3 / (len(ids) - 1))
-        finally:
-            eng.close()
-    target = torch.tensor(ids[1:])
-    ref_arg = runs["fp32"][0].argmax(-1)
-    rows = []
-    for prec in precisions:
-        logits, ms = runs[prec]
-        nll = torch.nn.functional.cross_entropy(logits.double(), target).item()
-        rows.append({"precision": prec, "perplexity": math.exp(nll),
-                     "agreement_with_fp32": (logits.argmax(-1) == ref_arg).float().mean().item(),
-                     "modeled_ms_per_token": ms, "tokens": len(ids), "data": name})
-    return rows
+        logits, ids, ms = decoder_run(load, prec, tokens)
+        runs[prec] = (logits, ms)
+    return [{"precision": prec, **decoder_scores(runs[prec][0], ids, runs["fp32"][0]),
+             "modeled_ms_per_token": runs[prec][1], "tokens": len(ids), "data": name}
+            for prec in precisions]
 
 
 def load_speech_set(folder: Path) -> list[tuple[Path, str]]:
@@ -94,29 +113,37 @@ def load_speech_set(folder: Path) -> list[tuple[Path, str]]:
     return [(Path(folder) / c["file"], c["text"]) for c in json.loads(path.read_text())]
 
 
+def speech_errors(asr, clips: list[tuple[Path, str]], options) -> dict:
+    """Word edits and reference words over the clips (transcribed with `options`, a
+    TranscribeOptions with the language set), and the modeled NPU ms per window."""
+    edits = words = windows = 0
+    ms = 0.0
+    for audio, ref in clips:
+        r = asr.transcribe(audio, options)
+        e, n = wer(ref, r.text)
+        edits, words = edits + e, words + n
+        ms += r.stats.modeled_total_ms
+        windows += max(1, r.stats.windows)
+    return {"wer": edits / max(1, words), "word_errors": edits, "words": words,
+            "modeled_ms_per_window": ms / max(1, windows)}
+
+
 def whisper_rows(model: str | Path, speech: Path, precisions=WHISPER_PRECISIONS,
-                 log: Callable[[str], None] = lambda s: None) -> list[dict]:
-    """Per precision: WER over the speech set, modeled ms per window."""
-    from torch_xdna.engine.asr.transcribe import Transcriber, TranscribeOptions
+                 log: Callable[[str], None] = lambda s: None, *, load: Loader,
+                 options) -> list[dict]:
+    """Per precision: WER over the speech set, modeled ms per window. load(precision) -> a
+    Transcriber of `model` (engine/asr/transcribe.Transcriber.load); options: its
+    TranscribeOptions (language given: greedy, no detection)."""
     clips = load_speech_set(speech)
     rows = []
     for prec in precisions:
         log(f"{prec}: {len(clips)} clips")
-        asr = Transcriber.load(model, prec)
+        asr = load(prec)
         try:
-            edits = words = windows = 0
-            ms = 0.0
-            for audio, ref in clips:
-                r = asr.transcribe(audio, TranscribeOptions(language="en"))
-                e, n = wer(ref, r.text)
-                edits, words = edits + e, words + n
-                ms += r.stats.modeled_total_ms
-                windows += max(1, r.stats.windows)
+            rows.append({"precision": prec, **speech_errors(asr, clips, options), "clips": len(clips),
+                         "data": str(speech)})
         finally:
             asr.close()
-        rows.append({"precision": prec, "wer": edits / max(1, words),
-                     "modeled_ms_per_window": ms / max(1, windows), "clips": len(clips),
-                     "data": str(speech)})
     return rows
 
 

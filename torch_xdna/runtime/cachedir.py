@@ -181,6 +181,32 @@ def loads_bounded(raw: bytes | str, limit: int = MAX_JSON_DEPTH):
     return obj
 
 
+def publish(path: Path, fill: Callable[[int, str], None], mode: int = 0o600) -> Path:
+    """Write `path` atomically: `fill(fd, tmp_path)` writes a unique temp file beside it, then
+    os.replace (readers see the old file or the whole new one). OSError propagates; the temp
+    file never stays behind."""
+    tmp = None
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".tmp-{path.name}-", dir=path.parent)
+        try:
+            fill(fd, tmp)
+        finally:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+        tmp = None
+        return path
+    finally:
+        if tmp is not None:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+
+
 class CacheDir:
     """One trusted cache directory, or a disabled one (reads miss, writes are dropped).
 
@@ -289,32 +315,14 @@ class CacheDir:
         if not self.usable or not self.writable:
             return None
         p = self.entry(name)
-        tmp = None
         try:
-            fd, tmp = tempfile.mkstemp(prefix=f".tmp-{name}-", dir=self.path)
-            try:
-                fill(fd, tmp)
-            finally:
-                try:
-                    os.close(fd)
-                except OSError:
-                    pass
-            os.chmod(tmp, 0o600)
-            os.replace(tmp, p)
-            tmp = None
-            return p
+            return publish(p, fill)
         except OSError as e:
             self.writable = False
             kind = errno.errorcode.get(e.errno, type(e).__name__) if e.errno else type(e).__name__
             warn_once(self.path, "write", f"xdna {self.what}: cannot write {p} ({kind}: "
                       f"{e.strerror or e}); continuing with the result kept in memory only")
             return None
-        finally:
-            if tmp is not None:
-                try:
-                    os.unlink(tmp)
-                except OSError:
-                    pass
 
     def discard(self, name: str) -> None:
         try:

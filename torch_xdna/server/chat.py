@@ -172,8 +172,8 @@ def _drive(model: ChatModel, prompt_ids: list[int], params: GenerationParams,
 
 def load_chat_model(model_dir: str | Path, max_context: int | None = None,
                     kv_dtype: str = DEFAULT_KV_DTYPE,
-                    tokenizer_dir: str | Path | None = None,
-                    prefill_chunk: int | None = None) -> ChatModel:
+                    tokenizer_dir: str | Path | None = None, precision: str = "native",
+                    budget: Any = None, prefill_chunk: int | None = None) -> ChatModel:
     """A decoder directory served through the decoder engine (torch_xdna.engine.llm.generate);
     its context limit is the KV capacity (max_context, else the model's maximum within the
     memory budget)."""
@@ -184,7 +184,8 @@ def load_chat_model(model_dir: str | Path, max_context: int | None = None,
                            f"(torch_xdna.engine.llm.generate), which is not available ({e})") from None
     chunk = {} if prefill_chunk is None else {"prefill_chunk": prefill_chunk}
     return DecoderChatModel(load_decoder(model_dir, quiet=True, max_context=max_context,
-                                         kv_dtype=kv_dtype, tokenizer_dir=tokenizer_dir, **chunk))
+                                         kv_dtype=kv_dtype, tokenizer_dir=tokenizer_dir,
+                                         precision=precision, budget=budget, **chunk))
 
 
 def _min_p(min_p: float) -> tuple:

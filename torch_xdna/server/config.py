@@ -30,6 +30,8 @@ class ServerConfig:
     max_context: int | None = None        # chat models' KV capacity (None: from the memory budget)
     kv_dtype: str = "bf16"                # chat models' KV storage: bf16 | int8
     prefill_chunk: int | None = None      # chat models' prompt tokens per prefill launch
+    precision: str = "native"             # chat models' weights (Whisper: auto, int8, fp32, else bf16)
+    precision_budget: object = None       # --precision auto's budget: a precision_auto.Budget
     max_batch: int = 4                    # chats decoded together per step (1: no batching)
     request_timeout_s: float = 300.0
     preload: bool = True                  # make the first models resident at startup

@@ -97,14 +97,18 @@ def check_gguf(path: Path, tokenizer_dir: str | None) -> None:
 
 class ModelRegistry:
     """max_context / kv_dtype: the chat models' KV cache (context limit, storage) unless add_dir
-    names its own; None = the model's maximum within the memory budget (engine/llm/kv_cache.py)."""
+    names its own; None = the model's maximum within the memory budget (engine/llm/kv_cache.py).
+    precision / budget: the chat models' weight precision (load_decoder's: native, auto, a
+    mode); Whisper models take auto, int8 or fp32 from it, else bf16."""
 
     def __init__(self, max_models: int = 2, max_context: int | None = None,
-                 kv_dtype: str = DEFAULT_KV_DTYPE, prefill_chunk: int | None = None):
+                 kv_dtype: str = DEFAULT_KV_DTYPE, precision: str = "native", budget: Any = None,
+                 prefill_chunk: int | None = None):
         if max_models < 1:
             raise ValueError(f"max_models must be >= 1 (got {max_models})")
         self.max_models = max_models
         self.max_context, self.kv_dtype = max_context, kv_dtype
+        self.precision, self.budget = precision, budget
         self.prefill_chunk = prefill_chunk        # None: the engine's default
         self.entries: dict[str, ModelEntry] = {}
         self.loaded: OrderedDict[str, Any] = OrderedDict()
@@ -170,14 +174,15 @@ class ModelRegistry:
             from torch_xdna.engine.asr.transcribe import Transcriber
             from torch_xdna.models.whisper import read_whisper
             read_whisper(path)                       # a bad directory fails before binding
-            entry = ModelEntry(name, kind, lambda: Transcriber.load(path), path, aliases)
+            asr_prec = self.precision if self.precision in ("auto", "fp32", "int8") else "bf16"
+            entry = ModelEntry(name, kind, lambda: Transcriber.load(
+                path, asr_prec, budget=self.budget, quiet=True), path, aliases)
         else:
             from torch_xdna.server.chat import load_chat_model
             ctx, kvd = max_context or self.max_context, kv_dtype or self.kv_dtype
             chunk = self.prefill_chunk
-            entry = ModelEntry(name, kind,
-                               lambda: load_chat_model(path, ctx, kvd, tokenizer_dir, chunk),
-                               path, aliases)
+            entry = ModelEntry(name, kind, lambda: load_chat_model(
+                path, ctx, kvd, tokenizer_dir, self.precision, self.budget, chunk), path, aliases)
         self.entries[name] = entry
         return entry
 

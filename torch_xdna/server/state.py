@@ -63,7 +63,8 @@ class Server:
         self.metrics = Metrics()
         self.dev = get_device()
         self.registry = registry or ModelRegistry(config.max_models, config.max_context,
-                                                   config.kv_dtype, config.prefill_chunk)
+                                                   config.kv_dtype, config.precision,
+                                                   config.precision_budget, config.prefill_chunk)
         if registry is None:
             if config.default_model:
                 try:

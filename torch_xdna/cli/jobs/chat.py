@@ -17,7 +17,7 @@ import urllib.request
 from typing import Iterator
 
 from torch_xdna.choices import DEFAULT_KV_DTYPE, KV_DTYPES
-from torch_xdna.cli.args import CliError, add_command, positive_int
+from torch_xdna.cli.args import CliError, add_command, add_decoder_precision, positive_int
 from torch_xdna.cli.jobs.generate import finite_float, stats_line
 from torch_xdna.runtime import settings
 
@@ -32,7 +32,6 @@ EXIT = ("/exit", "/quit", "/bye")
 
 
 def register(subparsers) -> None:
-    from torch_xdna.kernels.blocks.llm import PRECISIONS
     p = add_command(
         subparsers, "chat", help="interactive chat with a local model or a server",
         description="Chat in the terminal with a local decoder (Hugging Face directory or .gguf "
@@ -62,8 +61,7 @@ def register(subparsers) -> None:
                    help="after each answer, a stats line on stderr (tokens; modeled NPU and "
                         "measured host figures for a local model)")
     g = p.add_argument_group("local model")
-    g.add_argument("--precision", default="auto", choices=("auto", *PRECISIONS),
-                   help="weight precision (default auto: bf16, or a .gguf file's own)")
+    add_decoder_precision(g, "bf16, or a .gguf file's own blocks")
     g.add_argument("--max-context", type=positive_int, metavar="TOKENS",
                    help="KV cache capacity (default: the model's, capped by memory)")
     g.add_argument("--kv-dtype", choices=KV_DTYPES, default=DEFAULT_KV_DTYPE)
@@ -79,7 +77,7 @@ class LocalChat:
         self.config = generation_config(args)
         self.engine = load_decoder(args.target, args.precision, max_context=args.max_context,
                                    tokenizer_dir=args.tokenizer, kv_dtype=args.kv_dtype,
-                                   quiet=not sys.stderr.isatty())
+                                   quiet=not sys.stderr.isatty(), budget=args.precision_budget)
         self.name = self.engine.model_name
         self.stats = ""
 

@@ -8,7 +8,7 @@ import math
 import sys
 
 from torch_xdna.choices import DEFAULT_KV_DTYPE, KV_DTYPES
-from torch_xdna.cli.args import add_command, number, positive_int
+from torch_xdna.cli.args import add_command, add_decoder_precision, number, positive_int
 
 def finite_float(text: str) -> float:
     """argparse type: a finite number (nan and inf would reach the sampler as NaN probabilities)."""
@@ -20,7 +20,6 @@ def finite_float(text: str) -> float:
 
 def register(subparsers) -> None:
     from torch_xdna.engine.llm.decoder import DEFAULT_LAYOUT, LAYOUTS
-    from torch_xdna.kernels.blocks.llm import PRECISIONS
     p = add_command(
         subparsers, "generate", help="stream text from a HF decoder directory",
         description="Generate text with the fused decode engine. NPU figures are modeled by the "
@@ -44,9 +43,8 @@ def register(subparsers) -> None:
                    help="> 0; 1 = off (default)")
     p.add_argument("--seed", type=int, help="an integer in [-2**63, 2**64 - 1]")
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
-    p.add_argument("--precision", default="auto", choices=("auto", *PRECISIONS),
-                   help="weight precision (fp32 is a verification mode, not NPU numerics); auto "
-                        "= bf16, or for a .gguf file its own blocks (Q8_0 -> int8, Q4_0 -> int4)")
+    add_decoder_precision(p, "bf16, or for a .gguf file its own blocks (Q8_0 -> int8, "
+                             "Q4_0 -> int4)")
     p.add_argument("--tokenizer", metavar="DIR", help="take tokenizer.json and the chat template "
                                                       "from DIR (e.g. for a .gguf whose tokenizer "
                                                       "cannot be rebuilt)")
@@ -97,7 +95,8 @@ def run(args: argparse.Namespace) -> int:
     engine = load_decoder(args.model, args.precision, max_context=args.max_context,
                           prefill_chunk=args.prefill_chunk,
                           quiet=args.quiet or args.json, layout=args.layout,
-                          tokenizer_dir=args.tokenizer, kv_dtype=args.kv_dtype)
+                          tokenizer_dir=args.tokenizer, kv_dtype=args.kv_dtype,
+                          budget=args.precision_budget)
     if args.json and not args.quiet and engine.files.gguf is not None:
         for note in engine.files.gguf.notes:          # the GGUF load log, kept off stdout
             print(f"xdna: {engine.files.path.name}: {note}", file=sys.stderr)

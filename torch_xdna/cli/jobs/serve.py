@@ -8,7 +8,9 @@ import logging
 import socket
 
 from torch_xdna.choices import DEFAULT_KV_DTYPE, KV_DTYPES
-from torch_xdna.cli.args import CliError, add_command, number, port_number, positive_int, seconds
+from torch_xdna.cli.args import (
+    CliError, add_command, add_decoder_precision, number, port_number, positive_int, seconds,
+)
 from torch_xdna.runtime import settings
 
 DESCRIPTION = """\
@@ -82,6 +84,8 @@ def register(subparsers) -> None:
                         "xrt backend, build the artifacts with the same value)")
     p.add_argument("--kv-dtype", choices=KV_DTYPES, default=DEFAULT_KV_DTYPE,
                    help="chat models' KV cache storage (int8: half the bytes per token)")
+    add_decoder_precision(p, "bf16, or a .gguf file's own blocks; Whisper models: auto, "
+                             "int8, fp32, else bf16")
     p.add_argument("--max-batch", type=positive_int, default=4, metavar="N",
                    help="concurrent chats of one model decoded together, one batched NPU step "
                         "per token (default 4; 1: one request at a time). Fewer when their KV "
@@ -159,7 +163,8 @@ def run(args: argparse.Namespace) -> int:
                           cors_origins=args.cors_origin, limits=limits,
                           max_context=args.max_context, kv_dtype=args.kv_dtype,
                           prefill_chunk=args.prefill_chunk,
-                          max_batch=args.max_batch)
+                          max_batch=args.max_batch, precision=args.precision,
+                          precision_budget=args.precision_budget)
     problem = _port_free(args.host, args.port)
     if problem:
         raise CliError(problem)

@@ -6,7 +6,7 @@ import argparse
 import os
 import sys
 
-from torch_xdna.cli.args import CliError, add_command
+from torch_xdna.cli.args import CliError, add_budget_argument, add_command
 from torch_xdna.cli.output import npu_timing
 from torch_xdna.runtime import settings
 
@@ -41,8 +41,12 @@ def register(subparsers) -> None:
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     p.add_argument("--seed", type=int, help="sampling seed (with --temperature > 0)")
     p.add_argument("--prompt", help="text that precedes the audio (names, spelling, style)")
-    p.add_argument("--precision", choices=("bf16", "fp32"), default="bf16",
-                   help="bf16 (the NPU's numerics) or fp32 (verification mode)")
+    p.add_argument("--precision", choices=("bf16", "int8", "fp32", "auto"), default="bf16",
+                   help="bf16 (the NPU's numerics), int8 (weight-only int8 matrices), fp32 "
+                        "(verification mode) or auto (per encoder/decoder the cheapest modeled "
+                        "precision within --precision-budget on the shipped speech set, "
+                        "measured once, saved beside the model)")
+    add_budget_argument(p)
     p.add_argument("--max-new-tokens", type=int, dest="max_new_tokens",
                    help="token budget per 30-s window")
     p.set_defaults(func=run, format="text")
@@ -64,7 +68,7 @@ def run(args: argparse.Namespace) -> int:
                              timestamps=args.timestamps or args.format in ("srt", "vtt",
                                                                            "verbose_json"),
                              prompt=args.prompt, max_new_tokens=args.max_new_tokens)
-    asr = Transcriber.load(model, args.precision)
+    asr = Transcriber.load(model, args.precision, budget=args.precision_budget)
     try:
         r = asr.transcribe(audio, opts, name=args.file)
     finally:

@@ -22,7 +22,8 @@ def register(subparsers) -> None:
     p.add_argument("--tokens", type=positive_int, default=128,
                    help="decoders: tokens of the reference text teacher-forced (default 128)")
     p.add_argument("--speech", type=Path, default=None,
-                   help="Whisper: a folder with transcripts.json and the clips (required)")
+                   help="Whisper: a folder with transcripts.json and the clips (default: the "
+                        "8 espeak-ng clips shipped in torch_xdna/engine/asr/speech)")
     p.add_argument("--json", action="store_true", help="print the rows as JSON")
     p.set_defaults(func=run)
 
@@ -41,15 +42,18 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError(f"{args.model}: no such file or directory (nor a packaged checkpoint)")
         kind = "chat" if is_gguf(path) else model_kind(path)
     if kind == "chat":
+        from torch_xdna.engine.llm.generate import load_decoder
         rows = acc.decoder_rows(path, tuple(args.precision or acc.DECODER_PRECISIONS),
-                                args.tokens, log)
+                                args.tokens, log, load=lambda p: load_decoder(
+                                    path, p, max_context=args.tokens + 8, quiet=True,
+                                    cache_dir=False))
         cols = ("perplexity", "agreement_with_fp32", "modeled_ms_per_token")
     elif kind == "asr":
-        if args.speech is None:
-            raise ValueError("Whisper accuracy needs a speech set: --speech DIR (a folder with "
-                             "transcripts.json and the audio files)")
-        rows = acc.whisper_rows(path, args.speech, tuple(args.precision or acc.WHISPER_PRECISIONS),
-                                log)
+        from torch_xdna.engine.asr.transcribe import Transcriber, TranscribeOptions
+        rows = acc.whisper_rows(path, args.speech or acc.SPEECH_SET,
+                                tuple(args.precision or acc.WHISPER_PRECISIONS),
+                                log, load=lambda p: Transcriber.load(path, p),
+                                options=TranscribeOptions(language="en"))
         cols = ("wer", "modeled_ms_per_window")
     elif kind == "embedding":
         rows = acc.embedder_rows(path)

@@ -18,6 +18,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING, Mapping
 
 import numpy as np
 import torch
@@ -29,6 +30,9 @@ from torch_xdna.engine.llm.sampler import Sampler, SamplingParams
 from torch_xdna.engine.asr.whisper import WhisperModel, load_whisper_model
 from torch_xdna.models.whisper import TIMESTAMP_STEP_S
 from torch_xdna.runtime import Device
+
+if TYPE_CHECKING:
+    from torch_xdna.engine.precision_auto import Budget
 
 TASKS = ("transcribe", "translate")
 # ISO code -> name, for the languages a user is most likely to name (others: pass the code)
@@ -110,8 +114,22 @@ class Transcriber:
         self._lock = threading.Lock()
 
     @classmethod
-    def load(cls, model_dir: str | Path, precision: str = "bf16",
-             device: Device | None = None) -> "Transcriber":
+    def load(cls, model_dir: str | Path, precision: "str | Mapping[str, str]" = "bf16",
+             device: Device | None = None, budget: "Budget | str | None" = None,
+             quiet: bool = False) -> "Transcriber":
+        """precision: bf16 | int8 | fp32 (verification mode) | {"encoder": ..., "decoder": ...}
+        | auto: per encoder/decoder the cheapest modeled precision whose WER on the shipped
+        speech set stays within `budget` of fp32's, measured once and saved beside the model
+        (engine/precision_auto.py)."""
+        if precision == "auto":
+            import logging
+            from torch_xdna.engine.precision_auto import choose_whisper, stderr_log
+            from torch_xdna.models.whisper import read_whisper
+            path = read_whisper(model_dir).path
+            log = logging.getLogger("torch_xdna.precision").info if quiet else stderr_log
+            precision = choose_whisper(path, lambda p: cls.load(path, p, device),
+                                       TranscribeOptions(language="en"), budget=budget,
+                                       log=log).policy()
         return cls(load_whisper_model(model_dir, precision, device))
 
     @property

@@ -5,8 +5,8 @@ Per window the encoder Program runs the conv stem, every encoder layer and, for 
 layer, the cross-attention K/V over the encoder output, into resident buffers: they are computed
 once per utterance window and read by every decoding step. The decoder's self-attention KV cache
 is resident and written in place; position and valid-row count are launch scalars, so the token
-loop neither re-plans nor allocates. Weights are uploaded once (bf16, or fp32 in the verification
-mode). Decoding itself (prompt tokens, suppression, timestamps, sampling) is engine/asr/transcribe.py.
+loop neither re-plans nor allocates. Weights are uploaded once (bf16, int8 matrices with group scales,
+or fp32 in the verification mode; the encoder and the decoder may differ: blocks/whisper.py). Decoding itself (prompt tokens, suppression, timestamps, sampling) is engine/asr/transcribe.py.
 """
 from __future__ import annotations
 
@@ -17,8 +17,11 @@ import torch
 from torch_xdna.engine.kv_decoder import ResidentDecoder
 from torch_xdna.engine.llm.kv_cache import KVCache
 from torch_xdna.engine.asr.mel import LogMel
-from torch_xdna.kernels.blocks.weights import WHISPER_PRECISIONS as PRECISIONS
-from torch_xdna.kernels.blocks.whisper import encoder_designs, step_designs
+import math
+from typing import Mapping
+
+from torch_xdna.kernels.blocks.weights import default_group
+from torch_xdna.kernels.blocks.whisper import encoder_designs, split_precision, step_designs
 from torch_xdna.models.whisper import WhisperFiles, WhisperSpec, load_whisper_weights, read_whisper
 from torch_xdna.runtime import Device, Launch, Program, get_device
 
@@ -29,9 +32,13 @@ class WhisperTooLarge(ValueError):
     """The model would not fit the device's memory budget (checked before any allocation)."""
 
 
-def resident_bytes_estimate(spec: WhisperSpec, precision: str, chunk: int = DEFAULT_CHUNK) -> int:
-    """Device bytes a WhisperModel holds: weights, cross K/V, the KV cache, activations."""
-    wb = 4 if precision == "fp32" else 2
+Precision = str | Mapping[str, str]          # a mode, or {"encoder": ..., "decoder": ...}
+
+
+def resident_bytes_estimate(spec: WhisperSpec, precision: Precision, chunk: int = DEFAULT_CHUNK) -> int:
+    """Device bytes a WhisperModel holds: weights (int8 counted as bf16: an upper bound), cross
+    K/V, the KV cache, activations."""
+    wb = 4 if split_precision(precision)[0] == "fp32" else 2
     h, s = spec.d_model, spec.source_positions
     weights = spec.params() * wb
     cross = 2 * spec.decoder_layers * s * h * wb
@@ -40,7 +47,7 @@ def resident_bytes_estimate(spec: WhisperSpec, precision: str, chunk: int = DEFA
     return weights + cross + kv + acts
 
 
-def check_fits(files: WhisperFiles, precision: str, dev: Device, chunk: int = DEFAULT_CHUNK) -> int:
+def check_fits(files: WhisperFiles, precision: Precision, dev: Device, chunk: int = DEFAULT_CHUNK) -> int:
     """Raise WhisperTooLarge before anything is read or allocated when the model cannot fit."""
     need = resident_bytes_estimate(files.spec, precision, chunk)
     free = dev.memory_budget - dev.counters.allocated_bytes
@@ -57,11 +64,17 @@ def _cat_bias(*parts: torch.Tensor | None, like: torch.Tensor, sizes: tuple[int,
                       for p, n in zip(parts, sizes)])
 
 
-def host_weights(spec: WhisperSpec, sd: dict[str, torch.Tensor], precision: str
-                 ) -> dict[str, torch.Tensor]:
+MATRICES = ("qkv.w", "o.w", "fc1.w", "fc2.w", "cq.w", "co.w")
+
+
+def host_weights(spec: WhisperSpec, sd: dict[str, torch.Tensor], precision: Precision
+                 ) -> dict[str, "torch.Tensor | tuple[torch.Tensor, ...]"]:
     """The resident tensors by site, in the stored precision (q/k/v concatenated; Whisper's k
-    projections have no bias, so zeros stand in: adding 0 is exact)."""
-    dt = torch.float32 if precision == "fp32" else torch.bfloat16
+    projections have no bias, so zeros stand in: adding 0 is exact). int8: the matrices of a
+    group (encoder: its layers and the cross K/V; decoder: its layers and proj_out) become
+    (values, scales) pairs, group 128 or the largest common divisor of K below it."""
+    pe, pd = split_precision(precision)
+    dt = torch.float32 if pe == "fp32" else torch.bfloat16
     h = spec.d_model
     out: dict[str, torch.Tensor] = {}
 
@@ -95,6 +108,11 @@ def host_weights(spec: WhisperSpec, sd: dict[str, torch.Tensor], precision: str
         put(f"dec.{i}.ckv.w", torch.cat([sd[c + "k_proj.weight"], sd[c + "v_proj.weight"]]))
         put(f"dec.{i}.ckv.b", _cat_bias(g(c + "k_proj.bias"), sd[c + "v_proj.bias"],
                                         like=sd[c + "v_proj.bias"], sizes=(h, h)))
+    for site, t in list(out.items()):
+        prec = pe if site.startswith("enc.") or site.endswith(".ckv.w") else pd
+        if prec in ("int8",) and (site.endswith(MATRICES + ("ckv.w",)) or site == "proj"):
+            from torch_xdna.engine.llm.quantize import quantize
+            out[site] = quantize(t, prec, math.gcd(default_group(prec), t.shape[-1]))
     return out
 
 
@@ -121,11 +139,9 @@ class WhisperModel(ResidentDecoder):
     encode(mel [n_mels, 2*S]) runs the encoder Program (and the cross K/V); reset() starts a new
     decoding; forward(ids) appends decoder tokens and returns the last token's fp32 logits."""
 
-    def __init__(self, files: WhisperFiles, weights: dict[str, torch.Tensor], precision: str = "bf16",
+    def __init__(self, files: WhisperFiles, weights: dict, precision: Precision = "bf16",
                  device: Device | None = None, chunk: int = DEFAULT_CHUNK):
-        if precision not in PRECISIONS:
-            raise ValueError(f"unknown Whisper precision {precision!r}; use one of "
-                             f"{', '.join(PRECISIONS)} (fp32 is the verification mode)")
+        pe, _ = split_precision(precision)        # a bad mode or mix fails before any upload
         super().__init__(device or get_device())
         self.files, self.spec, self.tokens = files, files.spec, files.tokens
         self.precision, self.chunk, self.vocab = precision, int(chunk), self.spec.vocab
@@ -138,10 +154,11 @@ class WhisperModel(ResidentDecoder):
         check_fits(files, precision, dev, self.chunk)
         self.capacity = self.spec.target_positions
         s, h, nh = self.spec.source_positions, self.spec.d_model, self.spec.decoder_heads
-        cache_dt = torch.float32 if precision == "fp32" else torch.bfloat16
+        cache_dt = torch.float32 if pe == "fp32" else torch.bfloat16
         self._encoder: Program | None = None
         try:
-            self.w = {k: self.upload(t) for k, t in weights.items()}
+            self.w = {k: tuple(self.upload(x) for x in t) if isinstance(t, tuple) else self.upload(t)
+                      for k, t in weights.items()}
             self.mel_buf = self.empty((self.spec.n_mels, self.spec.mel_frames), torch.float32)
             self.enc_x = self.empty((s, h), torch.float32)
             self.enc_out = self.empty((s, h), torch.float32)
@@ -175,18 +192,26 @@ class WhisperModel(ResidentDecoder):
             [self.enc_x], op="encoder.stem"))
         for i, d in enumerate(layers):
             p = f"enc.{i}."
-            ins = [self.enc_x] + [w[p + n] for n in ("ln1.w", "ln1.b", "qkv.w", "qkv.b", "o.w",
-                                                     "o.b", "ln2.w", "ln2.b", "fc1.w", "fc1.b",
-                                                     "fc2.w", "fc2.b")]
+            ins = [self.enc_x] + self.sites(p, ("ln1.w", "ln1.b", "qkv.w", "qkv.b", "o.w", "o.b",
+                                                "ln2.w", "ln2.b", "fc1.w", "fc1.b", "fc2.w",
+                                                "fc2.b"))
             launches.append(Launch(d, ins, [self.enc_x], op=f"encoder.layer{i}"))
         for i, d in enumerate(cross):
             norm = [self.enc_x, w["enc.layer_norm.weight"], w["enc.layer_norm.bias"]] if i == 0 \
                 else [self.enc_out]
-            launches.append(Launch(d, norm + [w[f"dec.{i}.ckv.w"], w[f"dec.{i}.ckv.b"]],
+            launches.append(Launch(d, norm + self.sites(f"dec.{i}.", ("ckv.w", "ckv.b")),
                                    [self.enc_out, self.cross_k[i], self.cross_v[i]],
                                    op=f"decoder.layer{i}.cross_kv"))
         self._encoder = Program(launches, name="whisper.encoder")
         return self._encoder
+
+    def sites(self, prefix: str, names: tuple[str, ...]) -> list:
+        """The resident buffers of `names` as launch inputs (an int8 matrix: values, scales)."""
+        out: list = []
+        for n in names:
+            t = self.w[prefix + n]
+            out += t if isinstance(t, tuple) else [t]
+        return out
 
     def chunk_program(self, rows: int, last: bool) -> Program:
         return self.program(rows)              # every chunk runs the head (proj_out)
@@ -202,14 +227,15 @@ class WhisperModel(ResidentDecoder):
                                         w["dec.embed_positions.weight"], ids], [x], s, op="embed")]
         for i, d in enumerate(designs[1:-1]):
             p = f"dec.{i}."
-            ins = [x] + [w[p + n] for n in ("ln1.w", "ln1.b", "qkv.w", "qkv.b", "o.w", "o.b",
-                                            "ln2.w", "ln2.b", "cq.w", "cq.b", "co.w", "co.b")]
+            ins = [x] + self.sites(p, ("ln1.w", "ln1.b", "qkv.w", "qkv.b", "o.w", "o.b", "ln2.w",
+                                       "ln2.b", "cq.w", "cq.b", "co.w", "co.b"))
             ins += [self.cross_k[i], self.cross_v[i]]
-            ins += [w[p + n] for n in ("ln3.w", "ln3.b", "fc1.w", "fc1.b", "fc2.w", "fc2.b")]
+            ins += self.sites(p, ("ln3.w", "ln3.b", "fc1.w", "fc1.b", "fc2.w", "fc2.b"))
             launches.append(Launch(d, ins, [x, self.cache.k[i], self.cache.v[i]], s,
                                    op=f"decoder.layer{i}"))
         launches.append(Launch(designs[-1], [x, w["dec.layer_norm.weight"],
-                                             w["dec.layer_norm.bias"], w["proj"]], [self.logits],
+                                             w["dec.layer_norm.bias"], *self.sites("", ("proj",))],
+                               [self.logits],
                                s, op="proj_out"))
         prog = Program(launches, name=f"whisper.{'decode' if rows == 1 else 'prefill'}")
         self._programs[rows] = prog
@@ -230,12 +256,11 @@ class WhisperModel(ResidentDecoder):
                           "shorten the prompt")
 
 
-def load_whisper_model(model_dir: str | Path, precision: str = "bf16",
+def load_whisper_model(model_dir: str | Path, precision: Precision = "bf16",
                        device: Device | None = None) -> WhisperModel:
     """Read, validate and upload a Whisper directory (see WhisperModel)."""
     files = read_whisper(model_dir)
-    if precision not in PRECISIONS:
-        raise ValueError(f"unknown Whisper precision {precision!r}; use one of {', '.join(PRECISIONS)}")
+    split_precision(precision)
     device = device or get_device()
     check_fits(files, precision, device)
     sd = load_whisper_weights(files)

@@ -18,7 +18,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Callable, Iterator, Mapping, Sequence
 
 import torch
 
@@ -37,6 +37,9 @@ from torch_xdna.engine.counters import CounterDelta
 from torch_xdna.models.loader import ModelFiles, load_weights, read_model
 from torch_xdna.models.tokenizer import Tokenizer
 from torch_xdna.runtime import Device, get_device
+
+if TYPE_CHECKING:
+    from torch_xdna.engine.precision_auto import Budget
 
 Prompt = str | Sequence[int] | Sequence[Mapping[str, str]]
 
@@ -341,18 +344,21 @@ class Engine:
         return Completion("".join(parts), ids, last.finish_reason, usage, stats)
 
 
-def load_decoder(model_dir: str | Path, precision: str | Mapping[str, str] = "auto", *,
+def load_decoder(model_dir: str | Path, precision: str | Mapping[str, str] = "native", *,
                  group: int = 0, max_context: int | None = None, prefill_chunk: int = 128,
                  device: Device | None = None, cache_dir: str | Path | None | bool = None,
                  quiet: bool = False, layout: str = DEFAULT_LAYOUT,
                  tokenizer_dir: str | Path | None = None, kv_dtype: str = DEFAULT_KV_DTYPE,
-                 prefix_cache: int | None = None) -> Engine:
+                 prefix_cache: int | None = None, budget: "Budget | str | None" = None
+                 ) -> Engine:
     """Load a HF decoder directory or a llama.cpp GGUF file (Qwen3, Llama, Gemma 3 text) onto
     the device.
 
-    precision: auto (bf16; for a GGUF file what its blocks are: Q8_0 -> int8, Q4_0 -> int4 per
-    site kind, group 32, else bf16) | bf16 | int8 | int4 | bfp16 | fp32 (verification mode), or per site
-    {'attention': ..., 'mlp': ..., 'head': ..., 'default': ...}. Quantized weights are cached on
+    precision: native (bf16; for a GGUF file what its blocks are: Q8_0 -> int8, Q4_0 -> int4 per
+    site kind, group 32, else bf16) | auto (per site kind, the cheapest modeled precision within
+    an accuracy `budget` measured on a calibration text, chosen once and saved beside the model:
+    engine/precision_auto.py) | bf16 | int8 | int4 | bfp16 | fp32 (verification mode), or per
+    site {'attention': ..., 'mlp': ..., 'head': ..., 'default': ...}. Quantized weights are cached on
     disk under cache_dir (default <$TORCH_XDNA_CACHE_DIR or ~/.cache/torch_xdna>/decoder-weights;
     False disables; trust rules: runtime/cachedir.py).
     max_context: KV cache capacity in tokens (default: the model's maximum, capped by the memory
@@ -366,6 +372,8 @@ def load_decoder(model_dir: str | Path, precision: str | Mapping[str, str] = "au
     files = read_model(model_dir)             # validates every file before anything is allocated
     g = files.gguf
     if precision == "auto":
+        precision = _auto_precision(files.path, group, device, layout, tokenizer_dir, budget, quiet)
+    elif precision == "native":
         if g is not None:
             from torch_xdna.engine.llm.gguf_weights import auto_precision
             precision = auto_precision(g, files.spec.layers)
@@ -407,6 +415,20 @@ def load_decoder(model_dir: str | Path, precision: str | Mapping[str, str] = "au
     if size > 0 and kv_dtype == "bf16" and not files.spec.layer_kinds:
         engine.prefix_cache = PrefixCache(size)
     return engine
+
+
+def _auto_precision(path: Path, group: int, device: Device | None, layout: str,
+                    tokenizer_dir, budget: "Budget | str | None", quiet: bool
+                    ) -> str | dict[str, str]:
+    """precision="auto": the stored or freshly measured choice (engine/precision_auto.py); the
+    calibration loads use a context just over the calibration text, uncached weights."""
+    import logging
+    from torch_xdna.engine.precision_auto import CALIBRATION_TOKENS, choose_decoder, stderr_log
+    log = logging.getLogger("torch_xdna.precision").info if quiet else stderr_log
+    return choose_decoder(path, lambda p: load_decoder(
+        path, p, group=group, max_context=CALIBRATION_TOKENS + 8, device=device, cache_dir=False,
+        quiet=True, layout=layout, tokenizer_dir=tokenizer_dir, prefix_cache=0),
+        budget=budget, log=log).policy()
 
 
 def _log_notes(g, quiet: bool) -> None:

@@ -11,8 +11,12 @@
   WhisperHeadDesign          final LayerNorm of the last row + the tied output projection
 
 Numerics: precision "bf16" is the NPU's policy (kernels/numerics.py: bf16 operands, fp32
-accumulation, caches bf16); "fp32" is the verification mode (nothing rounded, the same ops as
-transformers' eager implementation) used to show token-identical decoding.
+accumulation, caches bf16); "int8" is bf16 with the projection/MLP matrices (and the output
+projection) stored as int8 with a bf16 scale per group along K, dequantized to bf16 operands on
+the core (weight-only, like the decoder engine's int8; the conv stem, embeddings, norms and biases
+stay bf16); "fp32" is the verification mode (nothing rounded, the same ops as transformers'
+eager implementation) used to show token-identical decoding. The encoder (stem, layers, cross
+K/V) and the decoder (layers, head) may take different precisions: `split_precision`.
 
 Plans: the component GEMM/vector/conv plans. Decoder blocks stream every weight byte once per
 launch plus the caches they read and write (llm_blocks' fused accounting); the encoder blocks
@@ -20,8 +24,9 @@ launch plus the caches they read and write (llm_blocks' fused accounting); the e
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Mapping
 
 import torch
 import torch.nn.functional as F
@@ -37,15 +42,70 @@ from torch_xdna.kernels.blocks.toolkit import (
     KV_TILE, attend, combine_plans, fused_plan, gemm_plan, inference_mode, kv_bucket,
     kv_launch_plan, vector_plan,
 )
-from torch_xdna.kernels.blocks.weights import WHISPER_PRECISIONS, mm_dtype, weight_bytes
+from torch_xdna.kernels.blocks.weights import (
+    GROUPED_PRECISIONS, WHISPER_PRECISIONS, default_group, mm_dtype, weight_bytes,
+)
 from torch_xdna.kernels.ops.conv import ConvDesign
 from torch_xdna.runtime.plan import Plan, PlanError
 
 
+WHISPER_GROUPS = ("encoder", "decoder")
+
+
 def _check(precision: str) -> None:
     if precision not in WHISPER_PRECISIONS:
-        raise ValueError(f"Whisper precision {precision!r}; use one of "
-                         f"{', '.join(WHISPER_PRECISIONS)}")
+        raise ValueError(f"unknown Whisper precision {precision!r}; use one of "
+                         f"{', '.join(WHISPER_PRECISIONS)} (fp32 is the verification mode)")
+
+
+def split_precision(precision: "str | Mapping[str, str]") -> tuple[str, str]:
+    """(encoder, decoder) precisions of 'int8' or {'encoder': 'int8', 'decoder': 'bf16'}; fp32
+    (the verification mode) is not mixed with NPU precisions."""
+    if isinstance(precision, str):
+        pe = pd = precision
+    else:
+        unknown = set(precision) - set(WHISPER_GROUPS)
+        if unknown or set(precision) != set(WHISPER_GROUPS):
+            raise ValueError(f"Whisper precision groups {sorted(precision)}; give both of "
+                             f"{', '.join(WHISPER_GROUPS)}")
+        pe, pd = precision["encoder"], precision["decoder"]
+    _check(pe)
+    _check(pd)
+    if (pe == "fp32") != (pd == "fp32"):
+        raise ValueError("Whisper precision fp32 (verification mode) cannot be mixed with NPU "
+                         "precisions")
+    return pe, pd
+
+
+def _float(precision: str) -> str:
+    """The precision of float-only sites (conv stem, embeddings) under `precision`."""
+    return "fp32" if precision == "fp32" else "bf16"
+
+
+def _group(precision: str, k: int) -> int:
+    """Group size of a grouped precision's matrix with reduction size k (the default, reduced
+    to a divisor of k, as the engine quantizes it); 0 otherwise."""
+    return math.gcd(default_group(precision), k) if precision in GROUPED_PRECISIONS else 0
+
+
+def _mm(gen: Generation, m: int, k: int, n: int, precision: str) -> Plan:
+    """The plan of a matmul by a resident [n, k] weight stored in `precision`."""
+    return gemm_plan(gen, m, k, n, mm_dtype(precision), group=_group(precision, k))
+
+
+def _wb(n: int, k: int, precision: str) -> int:
+    return weight_bytes(n, k, precision, _group(precision, k))
+
+
+def _grouped(inputs, matrices: tuple[int, ...], precision: str) -> list:
+    """The flat launch inputs as the block's logical ones: with a grouped precision each
+    matrix position (index into the logical list) is a (values, scales) pair."""
+    if precision not in GROUPED_PRECISIONS:
+        return list(inputs)
+    out, it = [], iter(inputs)
+    for t in it:
+        out.append((t, next(it)) if len(out) in matrices else t)
+    return out
 
 
 class WhisperBlockDesign(Design):
@@ -68,12 +128,16 @@ class _Num:
 
     def __init__(self, precision: str):
         self.exact = precision == "fp32"
+        self.precision = precision
 
     def rnd(self, t: torch.Tensor) -> torch.Tensor:
         return t.float() if self.exact else numerics.operand(t)
 
-    def w(self, t: torch.Tensor) -> torch.Tensor:
-        """A resident weight as an operand (converted once per buffer content)."""
+    def w(self, t: "torch.Tensor | tuple[torch.Tensor, torch.Tensor]") -> torch.Tensor:
+        """A resident weight as an operand (converted once per buffer content); a (values,
+        scales) pair is an int8 matrix, its group read from the shapes."""
+        if isinstance(t, tuple):
+            return OPERANDS.get(t, self.precision, t[0].shape[-1] // t[1].shape[-1])
         return t if self.exact else OPERANDS.get((t,), "bf16", 0)
 
     def linear(self, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
@@ -169,7 +233,8 @@ class WhisperEncoderLayerDesign(WhisperBlockDesign):
 
     @inference_mode
     def reference(self, inputs, outputs, **_: Any) -> None:
-        x, l1w, l1b, wqkv, bqkv, wo, bo, l2w, l2b, w1, b1, w2, b2 = inputs
+        x, l1w, l1b, wqkv, bqkv, wo, bo, l2w, l2b, w1, b1, w2, b2 = _grouped(
+            inputs, (3, 5, 9, 11), self.precision)
         num, h, nh = _Num(self.precision), self.hidden, self.heads
         d = h // nh
         qkv = num.linear(num.ln(x, l1w, l1b, self.eps), wqkv, bqkv)
@@ -183,12 +248,12 @@ class WhisperEncoderLayerDesign(WhisperBlockDesign):
     def plan(self, gen: Generation) -> Plan:
         s, h, f, nh = self.rows, self.hidden, self.ffn, self.heads
         d = h // nh
-        dt = mm_dtype(self.precision)
-        stages = [layer_norm_design(s, h, self.eps).plan(gen), gemm_plan(gen, s, h, 3 * h, dt),
+        p = self.precision
+        stages = [layer_norm_design(s, h, self.eps).plan(gen), _mm(gen, s, h, 3 * h, p),
                   gemm_plan(gen, s, d, s, "bf16", batch=nh), vector_plan(gen, "softmax", s * nh, s),
-                  gemm_plan(gen, s, s, d, "bf16", batch=nh), gemm_plan(gen, s, h, h, dt),
-                  layer_norm_design(s, h, self.eps).plan(gen), gemm_plan(gen, s, h, f, dt),
-                  vector_plan(gen, "gelu", s, f), gemm_plan(gen, s, f, h, dt)]
+                  gemm_plan(gen, s, s, d, "bf16", batch=nh), _mm(gen, s, h, h, p),
+                  layer_norm_design(s, h, self.eps).plan(gen), _mm(gen, s, h, f, p),
+                  vector_plan(gen, "gelu", s, f), _mm(gen, s, f, h, p)]
         return combine_plans(self.kind, stages)
 
 
@@ -213,10 +278,10 @@ class WhisperCrossKVDesign(WhisperBlockDesign):
         num, h = _Num(self.precision), self.hidden
         enc, kc, vc = outputs
         if self.final_norm:
-            x, lw, lb, wkv, bkv = inputs
+            x, lw, lb, wkv, bkv = _grouped(inputs, (3,), self.precision)
             enc.copy_(num.ln(x, lw, lb, self.eps))
         else:
-            _, wkv, bkv = inputs
+            _, wkv, bkv = _grouped(inputs, (1,), self.precision)
         kv = num.linear(enc, wkv, bkv)
         store = kc.dtype
         kc.copy_(_heads(num.rnd(kv[:, :h]), self.heads).to(store))
@@ -224,7 +289,7 @@ class WhisperCrossKVDesign(WhisperBlockDesign):
 
     def plan(self, gen: Generation) -> Plan:
         s, h = self.rows, self.hidden
-        stages = [gemm_plan(gen, s, h, 2 * h, mm_dtype(self.precision))]
+        stages = [_mm(gen, s, h, 2 * h, self.precision)]
         if self.final_norm:
             stages.insert(0, layer_norm_design(s, h, self.eps).plan(gen))
         return combine_plans(self.kind, stages)
@@ -279,7 +344,7 @@ class WhisperDecoderLayerDesign(WhisperBlockDesign):
     @inference_mode
     def reference(self, inputs, outputs, pos: int = 0, n: int | None = None, **_: Any) -> None:
         (x, l1w, l1b, wqkv, bqkv, wo, bo, l2w, l2b, wcq, bcq, wco, bco, ck, cv,
-         l3w, l3b, w1, b1, w2, b2) = inputs
+         l3w, l3b, w1, b1, w2, b2) = _grouped(inputs, (3, 5, 9, 11, 17, 19), self.precision)
         out, kc, vc = outputs
         n = self.rows if n is None else n
         num, h, nh = _Num(self.precision), self.hidden, self.heads
@@ -309,19 +374,18 @@ class WhisperDecoderLayerDesign(WhisperBlockDesign):
     def plan_at(self, gen: Generation, keys: int) -> Plan:
         m, h, f, nh, s = self.rows, self.hidden, self.ffn, self.heads, self.source
         d, p = h // nh, self.precision
-        dt = mm_dtype(p)
         cross_keys = -(-s // KV_TILE) * KV_TILE
-        stages = [layer_norm_design(m, h, self.eps).plan(gen), gemm_plan(gen, m, h, 3 * h, dt),
+        stages = [layer_norm_design(m, h, self.eps).plan(gen), _mm(gen, m, h, 3 * h, p),
                   gemm_plan(gen, m, d, keys, "bf16", batch=nh), vector_plan(gen, "softmax", m * nh, keys),
-                  gemm_plan(gen, m, keys, d, "bf16", batch=nh), gemm_plan(gen, m, h, h, dt),
-                  layer_norm_design(m, h, self.eps).plan(gen), gemm_plan(gen, m, h, h, dt),
+                  gemm_plan(gen, m, keys, d, "bf16", batch=nh), _mm(gen, m, h, h, p),
+                  layer_norm_design(m, h, self.eps).plan(gen), _mm(gen, m, h, h, p),
                   gemm_plan(gen, m, d, cross_keys, "bf16", batch=nh),
                   vector_plan(gen, "softmax", m * nh, cross_keys),
-                  gemm_plan(gen, m, cross_keys, d, "bf16", batch=nh), gemm_plan(gen, m, h, h, dt),
-                  layer_norm_design(m, h, self.eps).plan(gen), gemm_plan(gen, m, h, f, dt),
+                  gemm_plan(gen, m, cross_keys, d, "bf16", batch=nh), _mm(gen, m, h, h, p),
+                  layer_norm_design(m, h, self.eps).plan(gen), _mm(gen, m, h, f, p),
                   vector_plan(gen, "gelu", m, f),
-                  gemm_plan(gen, m, f, h, dt)]
-        w = weight_bytes(3 * h, h, p) + 3 * weight_bytes(h, h, p) + 2 * weight_bytes(f, h, p)
+                  _mm(gen, m, f, h, p)]
+        w = _wb(3 * h, h, p) + 3 * _wb(h, h, p) + _wb(f, h, p) + _wb(h, f, p)
         small = (6 * h + 6 * h + f + h) * (4 if p == "fp32" else 2)     # norms + biases
         cb = 4 if p == "fp32" else 2
         kv_read = 2 * nh * keys * d * cb
@@ -349,24 +413,26 @@ class WhisperHeadDesign(WhisperBlockDesign):
 
     @inference_mode
     def reference(self, inputs, outputs, pos: int = 0, n: int | None = None, **_: Any) -> None:
-        x, lw, lb, proj = inputs
+        x, lw, lb, proj = _grouped(inputs, (3,), self.precision)
         n = self.rows if n is None else n
         num = _Num(self.precision)
         outputs[0].copy_(num.linear(num.ln(x[n - 1:n], lw, lb, self.eps), proj, None))
 
     def plan(self, gen: Generation) -> Plan:
         stages = [layer_norm_design(1, self.hidden, self.eps).plan(gen),
-                  gemm_plan(gen, 1, self.hidden, self.vocab, mm_dtype(self.precision))]
-        w = weight_bytes(self.vocab, self.hidden, self.precision)
+                  _mm(gen, 1, self.hidden, self.vocab, self.precision)]
+        w = _wb(self.vocab, self.hidden, self.precision)
         return fused_plan(f"{self.name} vocab={self.vocab}", self.kind, self.precision, gen,
                            stages, w + 2 * self.hidden * 4 + self.hidden * 4, self.vocab * 4, 1,
                            self.hidden, {"weight_bytes": w})
 
 
-def step_designs(spec, precision: str, rows: int, capacity: int) -> list[Design]:
-    """The launches of one decoder chunk: embed, one per layer, head."""
+def step_designs(spec, precision: "str | Mapping[str, str]", rows: int, capacity: int
+                 ) -> list[Design]:
+    """The launches of one decoder chunk: embed, one per layer, head (the decoder's precision)."""
     h = spec.d_model
-    out: list[Design] = [WhisperEmbedDesign(spec.vocab, h, rows, precision, group=0,
+    precision = split_precision(precision)[1]
+    out: list[Design] = [WhisperEmbedDesign(spec.vocab, h, rows, _float(precision), group=0,
                                              scale=spec.embed_scale)]
     layer = WhisperDecoderLayerDesign(rows, h, spec.decoder_heads, spec.decoder_ffn, capacity,
                                       spec.source_positions, precision, spec.eps, spec.act)
@@ -375,10 +441,12 @@ def step_designs(spec, precision: str, rows: int, capacity: int) -> list[Design]
     return out
 
 
-def encoder_designs(spec, precision: str) -> list[Design]:
-    """The launches of the encoder Program: stem, layers, then cross K/V per decoder layer."""
+def encoder_designs(spec, precision: "str | Mapping[str, str]") -> list[Design]:
+    """The launches of the encoder Program: stem, layers, then cross K/V per decoder layer (the
+    encoder's precision)."""
     s, h = spec.source_positions, spec.d_model
-    out: list[Design] = [WhisperStemDesign(spec.n_mels, spec.mel_frames, h, precision)]
+    precision = split_precision(precision)[0]
+    out: list[Design] = [WhisperStemDesign(spec.n_mels, spec.mel_frames, h, _float(precision))]
     layer = WhisperEncoderLayerDesign(s, h, spec.encoder_heads, spec.encoder_ffn, precision,
                                       spec.eps, spec.act)
     out += [layer] * spec.encoder_layers
