@@ -280,6 +280,14 @@ def _head_host_layout(d, gen, inputs):
     return host_inputs(d, inputs, gen)
 
 
+def _encoder_host_layout(d, gen, inputs):
+    """The encoder blocks' stages take the weights as stored; the masked FFN's mask is unread."""
+    from torch_xdna.kernels.blocks.encoder_stages import host_inputs, unsupported
+    if unsupported(d) is not None:
+        return list(inputs)
+    return host_inputs(d, inputs, gen)
+
+
 def _register_lowering() -> None:
     from torch_xdna.kernels.lower import lower
     from torch_xdna.runtime.sim import txn_level
@@ -287,6 +295,7 @@ def _register_lowering() -> None:
     txn_level.register_host_layout("gemm", _gemm_host_layout)
     txn_level.register_host_layout("llm_layer", _layer_host_layout)
     txn_level.register_host_layout("llm_head", _head_host_layout)
+    txn_level.register_host_layout("encoder_ffn", _encoder_host_layout)
 
 
 # -- the fused decoder layer's per-token stages (kernels/lower/llm_layer.py) --------------------

@@ -232,12 +232,18 @@ class GemmDesign(Design):
         ea, _, _ = self._bytes()
         pc = min(gen.core_rows.value // gm, gn)
         return int(2 * (gm // a_cols) * tm * tk * ea + 2 * b_steps * pc * self._b_tile_bytes(tk, tn)
-                   + 2 * gm * pc * (c_rows or tm) * tn * self.out_dtype.itemsize)
+                   + 2 * gm * pc * (c_rows or tm) * tn * self._stage_out_bytes())
+
+    def _stage_out_bytes(self) -> int:
+        """Bytes per element of the GEMM stage's C tile: with bias / residual the stage stores
+        the accumulator (fp32 / int32) for the epilogue stage (kernels/lower/gemm.gemm_programs),
+        not the design's output dtype."""
+        return ACC_BYTES if (self.bias or self.residual) else self.out_dtype.itemsize
 
     def _l1(self, tm: int, tk: int, tn: int, c_rows: int | None = None) -> int:
         """L1 per core; `c_rows` the C rows a core stores (stored_rows), else the whole tile."""
         ea, eb, _ = self._bytes()
-        out_b = self.out_dtype.itemsize
+        out_b = self._stage_out_bytes()
         l1 = 2 * tm * tk * ea + 2 * tk * tn * eb + tm * tn * ACC_BYTES + 2 * (c_rows or tm) * tn * out_b
         if self.weight_only:                       # dequantized bf16 tile + scales
             l1 += tk * tn * 2 + 2 * ceil_div(tk, self.w_group) * tn * 2

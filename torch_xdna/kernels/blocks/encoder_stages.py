@@ -1,0 +1,163 @@
+"""The fused encoder (post-LayerNorm BERT) blocks as the stages their array programs run, and
+their functional order.
+
+EncoderAttentionDesign and EncoderFFNDesign (blocks/encoder.py) are one launch each. On the array
+each runs as stages (kernels/lower/encoder.py), each stage one component design's own lowering
+or a small data-movement stage, wired through scratch DDR buffers named here (R = B * S rows):
+
+attention
+  x_cast     x f32 -> bf16 rows (cast_f32_bf16)                       x        -> T_xb  bf16 [R, H]
+  qkv_proj   GEMM + bias (GemmDesign: GEMM stage, epilogue stage)     T_xb, w_qkv, b_qkv -> T_qkv bf16 [R, 3H]
+  head_split DMA only (shim -> mem tile -> shim): the q, k, v column blocks of T_qkv to the
+             attention stage's (B, nh, S, D) head-major layout       T_qkv    -> T_q, T_k, T_v bf16
+  attention  AttentionDesign with the additive [B, 1, 1, S] mask      T_q, T_k, T_v, mask -> T_a f32 [B, nh, S, D]
+  head_merge T_a back to token-major rows, cast to bf16               T_a      -> T_ab  bf16 [R, H]
+  o_proj     GEMM + bias + residual x                                 T_ab, w_o, b_o, x -> T_o f32 [R, H]
+  ln         layer_norm rows (VectorDesign)                           T_o, ln_w, ln_b -> out f32
+ffn
+  x_cast     as above                                                 x        -> T_xb
+  up         GEMM + bias + act, stored bf16                           T_xb, w1, b1 -> T_i bf16 [R, I]
+  down       GEMM + bias + residual x                                 T_i, w2, b2, x -> T_d f32 [R, H]
+  ln         layer_norm rows                                          T_d, ln_w, ln_b -> out f32
+
+Every row is computed (padding rows too: their values are finite and never read by a real
+token, the mask sends their keys probability 0 and pooling skips them), so a stage's program
+does not depend on the launch's mask. Weights are used as stored ([K, N], bf16): no host layout,
+except the masked FFN's mask input, which no stage reads (host_inputs drops it).
+
+`staged_reference` is the block's functional reference in this order: every stage's own
+reference (GemmDesign's K-tile order and epilogue, AttentionDesign's flash order, the layer_norm
+row op) on whole tensors and the casts' rounding (llm_stages.cast_bf16, the core kernel's
+reference), so the transaction level is bit-identical to it. The blocks' default references
+(blocks/encoder.py: BLAS GEMMs, real tokens only) are faster on the host and agree with it
+within fp32 reordering and bf16 rounding of intermediates; numerics.layer_order() picks.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+import torch
+
+from torch_xdna.kernels.blocks.llm_stages import Stage, as_shape, cast_bf16, in_shapes, out_shape
+from torch_xdna.kernels.ops.attention import AttentionDesign
+from torch_xdna.kernels.ops.gemm import GemmDesign
+from torch_xdna.kernels.ops.vector import VectorDesign
+
+BF16, F32 = torch.bfloat16, torch.float32
+KINDS = ("encoder_attention", "encoder_ffn")
+_INPUTS = {"encoder_attention": ("x", "w_qkv", "b_qkv", "mask", "w_o", "b_o", "ln_w", "ln_b"),
+           "encoder_ffn": ("x", "w1", "b1", "w2", "b2", "ln_w", "ln_b")}
+OUTPUT_NAMES = ("out",)
+
+
+def layer_norm_design(rows: int, dim: int, eps: float) -> VectorDesign:
+    """LayerNorm rows as the encoder blocks run them: fp32 in, bf16 weight and bias, fp32 out."""
+    return VectorDesign("layer_norm", ((rows, dim), (dim,), (dim,)), (F32, BF16, BF16), (rows, dim),
+                        F32, (("eps", eps), ("has_bias", True), ("has_weight", True),
+                              ("norm_dims", 1)))
+
+
+def unsupported(d) -> str | None:
+    """Why this block does not run as stages (None: it does)."""
+    if d.kind not in KINDS:
+        return f"{d.kind} (stages lowered for {', '.join(KINDS)})"
+    if d.precision != "bf16":
+        return f"precision {d.precision} (stages lowered for bf16)"
+    if d.kind == "encoder_ffn" and d.act not in ("gelu", "gelu_tanh", "relu", "silu"):
+        return f"activation {d.act}"
+    return None
+
+
+def input_names(d) -> tuple[str, ...]:
+    """The stages' host arguments for the block's inputs (host_inputs order)."""
+    return _INPUTS[d.kind]
+
+
+def dims(d) -> dict:
+    if d.kind == "encoder_attention":
+        return dict(B=d.batch, S=d.seq, R=d.batch * d.seq, H=d.hidden, nh=d.heads, D=d.head_dim)
+    return dict(R=d.rows, H=d.hidden, I=d.intermediate)
+
+
+def scratch(d) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
+    """Scratch DDR buffers between stages: name -> (shape, dtype); a GEMM stage with an
+    epilogue also has its accumulator, `<out>_acc` fp32 (kernels/lower/encoder.py)."""
+    m = dims(d)
+    R, H = m["R"], m["H"]
+    if d.kind == "encoder_attention":
+        heads = (m["B"], m["nh"], m["S"], m["D"])
+        return {"T_xb": ((R, H), BF16), "T_qkv": ((R, 3 * H), BF16), "T_qkv_acc": ((R, 3 * H), F32),
+                "T_q": (heads, BF16), "T_k": (heads, BF16), "T_v": (heads, BF16),
+                "T_a": (heads, F32), "T_ab": ((R, H), BF16), "T_o": ((R, H), F32),
+                "T_o_acc": ((R, H), F32)}
+    I = m["I"]
+    return {"T_xb": ((R, H), BF16), "T_i": ((R, I), BF16), "T_i_acc": ((R, I), F32),
+            "T_d": ((R, H), F32), "T_d_acc": ((R, H), F32)}
+
+
+def stages(d) -> tuple[Stage, ...]:
+    m = dims(d)
+    R, H = m["R"], m["H"]
+    x_cast = Stage("x_cast", "cast", ("x",), ("T_xb",))
+    if d.kind == "encoder_attention":
+        B, S, nh, D = m["B"], m["S"], m["nh"], m["D"]
+        attn = AttentionDesign(B, nh, nh, S, S, D, mask=True, mask_shape=(B, 1, 1, S))
+        return (
+            x_cast,
+            Stage("qkv_proj", "design", ("T_xb", "w_qkv", "b_qkv"), ("T_qkv",),
+                  GemmDesign(R, H, 3 * H, dtype="bf16", out_dtype=BF16, bias=True)),
+            Stage("head_split", "head_split", ("T_qkv",), ("T_q", "T_k", "T_v")),
+            Stage("attention", "design", ("T_q", "T_k", "T_v", "mask"), ("T_a",), attn),
+            Stage("head_merge", "head_merge", ("T_a",), ("T_ab",)),
+            Stage("o_proj", "design", ("T_ab", "w_o", "b_o", "x"), ("T_o",),
+                  GemmDesign(R, H, H, dtype="bf16", bias=True, residual=True)),
+            Stage("ln", "design", ("T_o", "ln_w", "ln_b"), ("out",), layer_norm_design(R, H, d.eps)))
+    I = m["I"]
+    return (
+        x_cast,
+        Stage("up", "design", ("T_xb", "w1", "b1"), ("T_i",),
+              GemmDesign(R, H, I, dtype="bf16", out_dtype=BF16, bias=True, epilogue=d.act)),
+        Stage("down", "design", ("T_i", "w2", "b2", "x"), ("T_d",),
+              GemmDesign(R, I, H, dtype="bf16", bias=True, residual=True)),
+        Stage("ln", "design", ("T_d", "ln_w", "ln_b"), ("out",), layer_norm_design(R, H, d.eps)))
+
+
+def host_inputs(d, inputs: Sequence[torch.Tensor], gen=None) -> list[torch.Tensor]:
+    """The block's inputs as the stages' host arguments (input_names): the weights as stored;
+    the masked FFN's mask, which no stage reads, dropped."""
+    return list(inputs[:len(input_names(d))])
+
+
+# -- the functional reference in stage order ---------------------------------------------------
+def head_split(qkv: torch.Tensor, b: int, s: int, nh: int, dh: int) -> tuple[torch.Tensor, ...]:
+    """[B*S, 3H] -> q, k, v [B, nh, S, D] (data movement only)."""
+    return tuple(t.contiguous() for t in qkv.view(b, s, 3, nh, dh).permute(2, 0, 3, 1, 4))
+
+
+def head_merge(a: torch.Tensor) -> torch.Tensor:
+    """[B, nh, S, D] fp32 -> token-major [B*S, nh*D] bf16 (cast_f32_bf16)."""
+    b, nh, s, dh = a.shape
+    return cast_bf16(a.permute(0, 2, 1, 3).reshape(b * s, nh * dh))
+
+
+def staged_reference(d, inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor],
+                     **_: Any) -> None:
+    """The block's reference in the order its stage programs compute (see above)."""
+    m = dims(d)
+    t: dict[str, torch.Tensor] = dict(zip(input_names(d), inputs))
+    t.update(zip(OUTPUT_NAMES, outputs))
+    for name, (shape, dt) in scratch(d).items():
+        t[name] = torch.zeros(shape, dtype=dt)
+    custom: dict[str, Callable[[], None]] = {
+        "cast": lambda: t["T_xb"].copy_(cast_bf16(t["x"].reshape(m["R"], m["H"]))),
+        "head_split": lambda: [t[k].copy_(v) for k, v in zip(
+            ("T_q", "T_k", "T_v"), head_split(t["T_qkv"], m["B"], m["S"], m["nh"], m["D"]))],
+        "head_merge": lambda: t["T_ab"].copy_(head_merge(t["T_a"])),
+    }
+    for st in stages(d):
+        if st.kind != "design":
+            custom[st.kind]()
+            continue
+        ds = st.design
+        ins = [as_shape(t[nm], sh) for nm, sh in zip(st.ins, in_shapes(ds))]
+        ds.reference(ins, [as_shape(t[st.outs[0]], out_shape(ds))])
