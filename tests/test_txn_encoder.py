@@ -81,3 +81,53 @@ def test_encoder_stage_programs_are_wired():
     fn = dict(lower(f, NPU4)[0].notes)
     assert fn["host_layout"] == "encoder_stages.host_inputs"      # the unread mask is dropped
     assert fn["launch_args"][-2:] == ("ln_b", "out")
+
+
+@pytest.mark.parametrize("mode,normalize", [("mean", True), ("cls", True), ("mean", False),
+                                            ("weightedmean", True), ("lasttoken", True)])
+def test_pool_txn_bit_identical_to_stage_order(mode, normalize, monkeypatch):
+    """A padded batch: a half-masked sequence and an empty (batch padding) row, which pools to
+    zeros at both levels."""
+    from torch_xdna.kernels.blocks.encoder import EncoderPoolDesign
+    b, s, h = 4, 16, 64
+    x = torch.randn(b * s, h, generator=torch.Generator().manual_seed(3))
+    mask = torch.zeros(b, s)
+    mask[1, s // 2:] = float("-inf")
+    mask[2] = float("-inf")
+    d = EncoderPoolDesign(b, s, h, mode, normalize)
+    out = {k: torch.zeros(b, h) for k in ("txn", "plan", "blas")}
+    runner = txn_level.TxnRunner(NPU4)
+    runner.run(d, [x, mask], [out["txn"]], {})
+    assert runner.last["stages"] == (3 if normalize else 2)
+    for k in ("plan", "blas"):
+        monkeypatch.setenv("TORCH_XDNA_LAYER_ORDER", k)
+        d.reference([x, mask], [out[k]])
+    assert torch.equal(out["plan"], out["txn"])
+    assert not out["txn"][2].any()
+    real = [0, 1, 3]
+    cos = torch.nn.functional.cosine_similarity(out["plan"][real], out["blas"][real], dim=-1)
+    assert float(cos.min()) >= 0.9999, float(cos.min())
+    if normalize:
+        assert torch.allclose(out["txn"][real].norm(dim=-1), torch.ones(3), atol=1e-5)
+
+
+def test_embedding_txn_bit_identical_per_ids(monkeypatch):
+    """The gathers' streams are made from each launch's ids; the result equals the block's
+    default reference bit for bit (gathers and exact fp32 adds, then the same layer_norm)."""
+    from torch_xdna.kernels.blocks.encoder import EncoderEmbeddingDesign
+    g = torch.Generator().manual_seed(4)
+    v, p, h, b, s = 100, 32, 64, 2, 16
+    d = EncoderEmbeddingDesign(v, p, h, b, s, 1e-12)
+    tables = [torch.randn(v, h, generator=g).bfloat16(), torch.randn(p, h, generator=g).bfloat16(),
+              torch.randn(2, h, generator=g).bfloat16(), (1 + 0.1 * torch.randn(h, generator=g)).bfloat16(),
+              (0.1 * torch.randn(h, generator=g)).bfloat16()]
+    runner = txn_level.TxnRunner(NPU4)
+    for _ in range(2):
+        ids = torch.randint(0, v, (b * s,), generator=g, dtype=torch.int32)
+        out = {k: torch.zeros(b * s, h) for k in ("txn", "plan", "blas")}
+        runner.run(d, [*tables, ids], [out["txn"]], {})
+        for k in ("plan", "blas"):
+            monkeypatch.setenv("TORCH_XDNA_LAYER_ORDER", k)
+            d.reference([*tables, ids], [out[k]])
+        assert torch.equal(out["plan"], out["txn"]) and torch.equal(out["blas"], out["txn"])
+    assert runner.last["stages"] == 6

@@ -214,6 +214,9 @@ class EncoderEmbeddingDesign(FusedBlock):
     def reference(self, inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor],
                   **scalars: Any) -> None:
         word, pos, typ, ln_w, ln_b, ids, *types = inputs
+        if _staged(self):                    # the stage programs' order (txn-identical)
+            encoder_stages.staged_reference(self, inputs, outputs)
+            return
         if self.precision == "fp32":
             outputs[0].copy_(exact.embedding(word, pos, typ, ln_w, ln_b, ids,
                                              types[0] if self.typed else None, self.batch,
@@ -452,6 +455,9 @@ class EncoderPoolDesign(FusedBlock):
     def reference(self, inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor],
                   **scalars: Any) -> None:
         x, mask = inputs
+        if _staged(self):                    # the stage programs' order (txn-identical)
+            encoder_stages.staged_reference(self, inputs, outputs)
+            return
         b, s, h = self.batch, self.seq, self.hidden
         x = x.view(b, s, h).float()
         keep = mask.view(b, s) == 0

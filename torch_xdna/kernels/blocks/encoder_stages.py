@@ -20,6 +20,27 @@ ffn
   down       GEMM + bias + residual x                                 T_i, w2, b2, x -> T_d f32 [R, H]
   ln         layer_norm rows                                          T_d, ln_w, ln_b -> out f32
 
+embedding
+  word       row gather (EmbeddingDesign: one BD per id, the stream made from the ids)
+                                                                      word, ids -> T_w bf16 [R, H]
+  pos        row gather of positions 0..S-1 per sequence              pos, pos_ids -> T_p bf16
+  add_pos    add (VectorDesign, bf16 + bf16 -> fp32: exact)           T_w, T_p -> T_wp f32
+  type       row gather from the fp32 token-type table                typ_f32, type_ids -> T_t f32
+  add_type   add                                                      T_wp, T_t -> T_e f32
+  ln         layer_norm rows                                          T_e, ln_w, ln_b -> out f32
+pool
+  x_cast     as above                                                 x -> T_xb
+  pool       batched GEMV (GemmDesign batch B: [1, S] @ [S, H]) with the pooling weights
+             of each sequence's kept tokens (mean 1/n, cls / last token 1, ...)
+                                                                      pool_w, T_xb -> T_p f32 [B, H]
+  l2_norm    rms_norm rows with weight 0 + offset 1/sqrt(H): x / ||x|| (VectorDesign)
+                                                                      T_p, norm_w -> out f32 [B, H]
+Host layouts: the embedding's position ids (0..S-1 per sequence), its token-type ids (zeros
+when untyped) and the type table in fp32 (a few rows; the adds then take one dtype); the pool's
+weights from the launch's mask (bf16, per launch: which tokens a sequence keeps is data) and
+its zero norm weight. Pooling runs on bf16 operands (a GEMM), the default reference sums fp32
+rows exactly: the two agree within bf16 rounding (cosine, tests/test_txn_encoder.py).
+
 Every row is computed (padding rows too: their values are finite and never read by a real
 token, the mask sends their keys probability 0 and pooling skips them), so a stage's program
 does not depend on the launch's mask. Weights are used as stored ([K, N], bf16): no host layout,
@@ -34,25 +55,34 @@ within fp32 reordering and bf16 rounding of intermediates; numerics.layer_order(
 """
 from __future__ import annotations
 
+import math
 from typing import Any, Callable, Sequence
 
 import torch
 
+from torch_xdna.kernels.blocks.operands import OPERANDS
 from torch_xdna.kernels.blocks.llm_stages import Stage, as_shape, cast_bf16, in_shapes, out_shape
 from torch_xdna.kernels.ops.attention import AttentionDesign
 from torch_xdna.kernels.ops.gemm import GemmDesign
-from torch_xdna.kernels.ops.vector import VectorDesign
+from torch_xdna.kernels.ops.vector import EmbeddingDesign, VectorDesign
 
 BF16, F32 = torch.bfloat16, torch.float32
-KINDS = ("encoder_attention", "encoder_ffn")
+KINDS = ("encoder_embedding", "encoder_attention", "encoder_ffn", "encoder_pool")
 _INPUTS = {"encoder_attention": ("x", "w_qkv", "b_qkv", "mask", "w_o", "b_o", "ln_w", "ln_b"),
-           "encoder_ffn": ("x", "w1", "b1", "w2", "b2", "ln_w", "ln_b")}
+           "encoder_ffn": ("x", "w1", "b1", "w2", "b2", "ln_w", "ln_b"),
+           "encoder_embedding": ("word", "pos", "typ_f32", "ln_w", "ln_b", "ids", "pos_ids",
+                                 "type_ids"),
+           "encoder_pool": ("x", "pool_w", "norm_w")}
+POOL_STAGED = ("mean", "cls", "mean_sqrt_len_tokens", "weightedmean", "lasttoken")
+HOST_LAYOUT = "encoder_stages.host_inputs"
 OUTPUT_NAMES = ("out",)
+L2_EPS = 1e-24                 # ||x||^2 floor: an empty row stays zero (the reference clamps ||x||)
 
 
 def layer_norm_design(rows: int, dim: int, eps: float) -> VectorDesign:
-    """LayerNorm rows as the encoder blocks run them: fp32 in, bf16 weight and bias, fp32 out."""
-    return VectorDesign("layer_norm", ((rows, dim), (dim,), (dim,)), (F32, BF16, BF16), (rows, dim),
+    """LayerNorm rows as the encoder blocks run them: fp32 in and out; the weight and bias (bf16
+    values) in the row kernel's fp32 (layer_norm.cc: the parameters have x's dtype)."""
+    return VectorDesign("layer_norm", ((rows, dim), (dim,), (dim,)), (F32, F32, F32), (rows, dim),
                         F32, (("eps", eps), ("has_bias", True), ("has_weight", True),
                               ("norm_dims", 1)))
 
@@ -65,15 +95,28 @@ def unsupported(d) -> str | None:
         return f"precision {d.precision} (stages lowered for bf16)"
     if d.kind == "encoder_ffn" and d.act not in ("gelu", "gelu_tanh", "relu", "silu"):
         return f"activation {d.act}"
+    if d.kind == "encoder_embedding" and d.table_dtype != BF16:
+        return f"{d.table_dtype} tables (bf16 only)"
+    if d.kind == "encoder_pool" and d.mode not in POOL_STAGED:
+        return f"{d.mode} pooling (a weighted sum: {', '.join(POOL_STAGED)})"
     return None
+
+
+def needs_host_layout(d) -> bool:
+    """The launch's inputs are converted before binding (host_inputs)."""
+    return d.kind in ("encoder_embedding", "encoder_pool") or getattr(d, "masked", False)
 
 
 def input_names(d) -> tuple[str, ...]:
     """The stages' host arguments for the block's inputs (host_inputs order)."""
+    if d.kind == "encoder_pool" and not d.normalize:
+        return _INPUTS[d.kind][:2]
     return _INPUTS[d.kind]
 
 
 def dims(d) -> dict:
+    if d.kind in ("encoder_embedding", "encoder_pool"):
+        return dict(B=d.batch, S=d.seq, R=d.batch * d.seq, H=d.hidden)
     if d.kind == "encoder_attention":
         return dict(B=d.batch, S=d.seq, R=d.batch * d.seq, H=d.hidden, nh=d.heads, D=d.head_dim)
     return dict(R=d.rows, H=d.hidden, I=d.intermediate)
@@ -90,6 +133,11 @@ def scratch(d) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
                 "T_q": (heads, BF16), "T_k": (heads, BF16), "T_v": (heads, BF16),
                 "T_a": (heads, F32), "T_ab": ((R, H), BF16), "T_o": ((R, H), F32),
                 "T_o_acc": ((R, H), F32)}
+    if d.kind == "encoder_embedding":
+        return {"T_w": ((R, H), BF16), "T_p": ((R, H), BF16), "T_wp": ((R, H), F32),
+                "T_t": ((R, H), F32), "T_e": ((R, H), F32)}
+    if d.kind == "encoder_pool":
+        return {"T_xb": ((R, H), BF16), **({"T_p": ((m["B"], H), F32)} if d.normalize else {})}
     I = m["I"]
     return {"T_xb": ((R, H), BF16), "T_i": ((R, I), BF16), "T_i_acc": ((R, I), F32),
             "T_d": ((R, H), F32), "T_d_acc": ((R, H), F32)}
@@ -99,6 +147,28 @@ def stages(d) -> tuple[Stage, ...]:
     m = dims(d)
     R, H = m["R"], m["H"]
     x_cast = Stage("x_cast", "cast", ("x",), ("T_xb",))
+    if d.kind == "encoder_embedding":
+        add = lambda dt: VectorDesign("add", ((R, H), (R, H)), (dt, dt), (R, H), F32)  # noqa: E731
+        return (
+            Stage("word", "design", ("word", "ids"), ("T_w",), EmbeddingDesign(d.vocab, H, R, BF16)),
+            Stage("pos", "design", ("pos", "pos_ids"), ("T_p",),
+                  EmbeddingDesign(d.max_position, H, R, BF16)),
+            Stage("add_pos", "design", ("T_w", "T_p"), ("T_wp",), add(BF16)),
+            Stage("type", "design", ("typ_f32", "type_ids"), ("T_t",),
+                  EmbeddingDesign(d.type_vocab, H, R, F32)),
+            Stage("add_type", "design", ("T_wp", "T_t"), ("T_e",), add(F32)),
+            Stage("ln", "design", ("T_e", "ln_w", "ln_b"), ("out",), layer_norm_design(R, H, d.eps)))
+    if d.kind == "encoder_pool":
+        B, S = m["B"], m["S"]
+        pooled = "T_p" if d.normalize else "out"
+        out = (x_cast, Stage("pool", "design", ("pool_w", "T_xb"), (pooled,),
+                             GemmDesign(1, S, H, batch=B, dtype="bf16")))
+        if d.normalize:
+            norm = VectorDesign("rms_norm", ((B, H), (H,)), (F32, F32), (B, H), F32,
+                                (("eps", L2_EPS / H), ("has_weight", True),
+                                 ("weight_offset", 1.0 / math.sqrt(H))))
+            out += (Stage("l2_norm", "design", ("T_p", "norm_w"), ("out",), norm),)
+        return out
     if d.kind == "encoder_attention":
         B, S, nh, D = m["B"], m["S"], m["nh"], m["D"]
         attn = AttentionDesign(B, nh, nh, S, S, D, mask=True, mask_shape=(B, 1, 1, S))
@@ -124,8 +194,33 @@ def stages(d) -> tuple[Stage, ...]:
 
 def host_inputs(d, inputs: Sequence[torch.Tensor], gen=None) -> list[torch.Tensor]:
     """The block's inputs as the stages' host arguments (input_names): the weights as stored;
-    the masked FFN's mask, which no stage reads, dropped."""
+    the masked FFN's mask, which no stage reads, dropped; the embedding's id rows and fp32 type
+    table, the pool's weights (see above)."""
+    if d.kind == "encoder_embedding":
+        word, pos, typ, ln_w, ln_b, ids, *types = inputs
+        typ32 = OPERANDS.derived(("encoder_type_f32",), (typ,), lambda: typ.float().contiguous())
+        pos_ids = torch.arange(d.seq, dtype=torch.int32).repeat(d.batch)
+        type_ids = (types[0].reshape(-1).to(torch.int32).clamp(0, d.type_vocab - 1) if d.typed
+                    else torch.zeros(d.batch * d.seq, dtype=torch.int32))
+        return [word, pos, typ32, ln_w, ln_b, ids.reshape(-1), pos_ids, type_ids]
+    if d.kind == "encoder_pool":
+        x, mask = inputs
+        return [x, pool_weights(d, mask)] + ([torch.zeros(d.hidden)] if d.normalize else [])
     return list(inputs[:len(input_names(d))])
+
+
+def pool_weights(d, mask: torch.Tensor) -> torch.Tensor:
+    """[B, 1, S] bf16: each sequence's pooling weights over its kept tokens (mask == 0), as
+    sentence-transformers' Pooling weighs them; zero for the others and for empty rows."""
+    keep = (mask.reshape(d.batch, d.seq) == 0).float()
+    n = keep.sum(1, keepdim=True)
+    pos = torch.arange(1, d.seq + 1, dtype=torch.float32).unsqueeze(0) * keep
+    first = keep * (keep.cumsum(1) == 1)
+    last = keep * (keep.flip(1).cumsum(1).flip(1) == 1)
+    w = {"mean": keep / n.clamp(min=1), "mean_sqrt_len_tokens": keep / n.clamp(min=1).sqrt(),
+         "cls": first, "lasttoken": last,
+         "weightedmean": pos / pos.sum(1, keepdim=True).clamp(min=1)}[d.mode]
+    return w.unsqueeze(1).to(BF16)
 
 
 # -- the functional reference in stage order ---------------------------------------------------
@@ -144,6 +239,8 @@ def staged_reference(d, inputs: Sequence[torch.Tensor], outputs: Sequence[torch.
                      **_: Any) -> None:
     """The block's reference in the order its stage programs compute (see above)."""
     m = dims(d)
+    if needs_host_layout(d):
+        inputs = host_inputs(d, inputs)
     t: dict[str, torch.Tensor] = dict(zip(input_names(d), inputs))
     t.update(zip(OUTPUT_NAMES, outputs))
     for name, (shape, dt) in scratch(d).items():

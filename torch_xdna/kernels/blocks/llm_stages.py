@@ -304,21 +304,25 @@ def in_shapes(ds) -> tuple:
     """A stage design's inputs as its reference takes them (GEMM: A, B[, bias][, residual];
     attention: q, k, v[, mask])."""
     if ds.kind == "gemm":
-        n = ds.n
-        return ((ds.m, ds.k), (ds.k, n)) + (((n,),) if ds.bias else ()) + \
-            (((ds.m, n),) if ds.residual else ())
+        n, lead = ds.n, ((ds.batch,) if ds.batch > 1 else ())
+        return ((*lead, ds.m, ds.k), (*lead, ds.k, n)) + (((n,),) if ds.bias else ()) + \
+            (((*lead, ds.m, n),) if ds.residual else ())
     if ds.kind == "attention":
         q = (ds.batch, ds.heads, ds.q_len, ds.head_dim)
         kv = (ds.batch, ds.kv_heads, ds.kv_len, ds.head_dim)
         return (q, kv, kv) + ((ds.mask_shape,) if ds.mask else ())
+    if ds.kind == "embedding":
+        return ((ds.vocab, ds.dim), (ds.n_idx,))
     return tuple(ds.in_shapes)
 
 
 def out_shape(ds) -> tuple:
     if ds.kind == "gemm":
-        return (ds.m, ds.n)
+        return ((ds.batch,) if ds.batch > 1 else ()) + (ds.m, ds.n)
     if ds.kind == "attention":
         return (ds.batch, ds.heads, ds.q_len, ds.head_dim)
+    if ds.kind == "embedding":
+        return (ds.n_idx, ds.dim)
     return tuple(ds.out_shape)
 
 

@@ -196,7 +196,7 @@ def attention_program(d, gen: Generation, kv_len: int | None = None, q_offset: i
             b.task(f"kv{c}", "q", off, (g, tv, D), (Lq * D, D, 1),
                    ((2 * tkv - g * tq) // tq, tq - tv, dp - D))
             if q_pad_tail:
-                b.task(f"kv{c}", "q", 0, (0,), (1,), (q_pad_tail,))
+                _q_filler(b, f"kv{c}", q_pad_tail, B * Hkv * S * D)
         for j in range(ntiles):
             for k, t in enumerate(tiles):
                 w = rd * cores + k
@@ -219,6 +219,16 @@ def attention_program(d, gen: Generation, kv_len: int | None = None, q_offset: i
                                j * tkv, g, tq, tkv, rows, Lq)
         b.end_round()
     return b.build()
+
+
+def _q_filler(b, fifo: str, n: int, k_elems: int) -> None:
+    """Fill the mask part of a Q element (n bf16, never read: attn_q takes the Q rows only)
+    with K bytes instead of shim zero padding, which mlir-aie refuses (AIEDMATasksToNPU.cpp:
+    'Padding is only supported by memtile dma bds.'); padded only when K is shorter."""
+    if k_elems >= n:
+        b.task(fifo, "k", 0, (n,), (1,))
+    else:
+        b.task(fifo, "q", 0, (0,), (1,), (n,))
 
 
 def item_cores(items: int, plan_cores: int) -> int:

@@ -1,7 +1,7 @@
-"""EncoderAttentionDesign / EncoderFFNDesign -> one executable ArrayProgram per stage program
-(kernels/blocks/encoder_stages.py).
+"""The fused encoder blocks (embedding, attention, FFN, pooling) -> one executable ArrayProgram
+per stage program (kernels/blocks/encoder_stages.py).
 
-GEMM, attention and layer_norm stages are their designs' own lowerings (the plans' tilings): a
+GEMM, gather, add, attention and norm stages are their designs' own lowerings (the plans' tilings): a
 GEMM with bias / residual / activation is its GEMM program (accumulator to `<out>_acc`) then
 its epilogue program (lower/gemm.gemm_programs), host arguments renamed onto the block's
 buffers. The data-movement stages are built here:
@@ -12,8 +12,9 @@ buffers. The data-movement stages are built here:
               D), written head-major into T_q / T_k / T_v
   head_merge  T_a's heads of a block of one sequence's tokens, read with strides (D, S*D, 1)
               over (tokens, heads, D) -> cast_f32_bf16 -> T_ab rows
-Each round's drains are queued before its feeds (Builder.end_round awaits them). The streams
-do not depend on launch values: every program is built once per design.
+Each round's drains are queued before its feeds (Builder.end_round awaits them). Only the
+embedding's gathers depend on launch values (the ids): every other program is built once per
+design.
 """
 from __future__ import annotations
 
@@ -30,32 +31,41 @@ _PROGRAMS: dict = {}                 # (design, generation) -> its stage program
 _MAX_PROGRAMS = 128
 
 
-def encoder_programs(d, gen: Generation, **_) -> tuple[ir.ArrayProgram, ...]:
+def encoder_programs(d, gen: Generation, inputs=None, **_) -> tuple[ir.ArrayProgram, ...]:
+    """The block's stage programs; the embedding's gathers are made from the launch's ids
+    (`inputs`, the block's own: a new stream per id set, like EmbeddingDesign's)."""
     why = ES.unsupported(d)
     if why:
         raise LoweringError(f"{d.name}: no array lowering as executable stages: {why}")
+    gathers = d.kind == "encoder_embedding"
+    if gathers and not inputs:
+        raise LoweringError(f"{d.name}: pass inputs= (the launch's) to lower(); the gathers' row "
+                            "BDs are generated from the ids")
     key = (d.key, gen.name, id(gen))
-    hit = _PROGRAMS.get(key)
+    hit = None if gathers else _PROGRAMS.get(key)
     if hit is not None:
         return hit
+    named = dict(zip(ES.input_names(d), ES.host_inputs(d, inputs))) if gathers else {}
     scratch = ES.scratch(d)
     progs: list[ir.ArrayProgram] = []
     for st in ES.stages(d):
-        for p, used in _stage_programs(d, gen, st):
+        for p, used in _stage_programs(d, gen, st, named):
             notes = {"stage": f"{d.kind}.{st.label}",
                      "scratch_args": tuple(dict.fromkeys(x for x in used if x in scratch))}
             if not progs:                # the first program names the launch's buffers
                 notes["launch_args"] = ES.input_names(d) + ES.OUTPUT_NAMES
-                if getattr(d, "masked", False):
-                    notes["host_layout"] = "encoder_stages.host_inputs"
+                if ES.needs_host_layout(d):
+                    notes["host_layout"] = ES.HOST_LAYOUT
             progs.append(rename_args(p, {}, notes))
-    if len(_PROGRAMS) > _MAX_PROGRAMS:
-        _PROGRAMS.clear()
-    _PROGRAMS[key] = out = tuple(progs)
+    out = tuple(progs)
+    if not gathers:
+        if len(_PROGRAMS) > _MAX_PROGRAMS:
+            _PROGRAMS.clear()
+        _PROGRAMS[key] = out
     return out
 
 
-def _stage_programs(d, gen, st) -> list[tuple[ir.ArrayProgram, tuple[str, ...]]]:
+def _stage_programs(d, gen, st, named: dict) -> list[tuple[ir.ArrayProgram, tuple[str, ...]]]:
     """(program, the buffer names it uses) of one stage, its args renamed onto the block's."""
     if st.kind == "cast":
         return [(_cast_rows(d, gen), st.ins + st.outs)]
@@ -63,8 +73,9 @@ def _stage_programs(d, gen, st) -> list[tuple[ir.ArrayProgram, tuple[str, ...]]]
         return [(_head_split(d, gen), st.ins + st.outs)]
     if st.kind == "head_merge":
         return [(_head_merge(d, gen), st.ins + st.outs)]
-    progs = lower(st.design, gen)
     ds = st.design
+    extra = {"inputs": [named[x] for x in st.ins]} if ds.kind == "embedding" else {}
+    progs = lower(ds, gen, **extra)
     if ds.kind == "gemm" and len(progs) == 2:      # GEMM stage, then its epilogue stage
         acc = f"{st.outs[0]}_acc"
         main = _without_launch_notes(rename_args(progs[0], {"A": st.ins[0], "B": st.ins[1], "T": acc}))

@@ -29,4 +29,6 @@ LOWERINGS.update({
     "llm_layer": llm_block_programs,
     "encoder_attention": encoder_programs,
     "encoder_ffn": encoder_programs,
+    "encoder_embedding": encoder_programs,
+    "encoder_pool": encoder_programs,
 })

@@ -250,14 +250,15 @@ class GemmDesign(Design):
         return int(l1)
 
     def _l1_k(self, gen: Generation, tm: int, tn: int, s: int) -> int | None:
-        """Largest K step that fits L1 with this output tile (fewer kernel calls per tile)."""
+        """Largest K step that fits L1 with this output tile (fewer kernel calls per tile),
+        one dividing K first: a K edge would be shim zero padding in the lowering, which
+        mlir-aie refuses (AIEDMATasksToNPU.cpp: 'Padding is only supported by memtile dma
+        bds.'; array/mlir.form_errors)."""
         kmax = max(s, round_up(self.k, s))
-        for tk in L1_K_CANDIDATES:
-            if tk % s or tk > kmax and tk > s:
-                continue
-            if self._l1(tm, tk, tn) <= gen.l1_usable:
-                return tk
-        return None
+        fits = [tk for tk in L1_K_CANDIDATES if not (tk % s or tk > kmax and tk > s)
+                and self._l1(tm, tk, tn) <= gen.l1_usable]
+        whole = [tk for tk in fits if self.k % tk == 0]
+        return (whole or fits or [None])[0]
 
     def _tile_cycles(self, gen: Generation, tm: int, tn: int, kp: int, extra_calls: int = 0) -> float:
         """Core cycles of one output tile: its K loop at the calibrated sustained MAC rate, the
