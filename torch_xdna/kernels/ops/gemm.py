@@ -50,6 +50,9 @@ from torch_xdna.runtime.sim.cost import compute_efficiency, dram_time_s, onchip_
 TILE_CANDIDATES = (4, 8, 16, 32, 48, 64, 96, 128, 192, 256)
 L1_MN_CANDIDATES = (4, 8, 16, 32, 64, 128)
 L1_K_CANDIDATES = (256, 128, 64, 32, 16, 8)
+# added to the score of a tiling whose lowering pads M on the shim DMA (m_edge): chosen only
+# when no tiling avoids it (the search still minimizes the score; the cost notes exclude it)
+EDGE_PENALTY_S = 1.0
 L2_FACTORS = (1, 2, 3, 4, 6, 8)
 KC_STEPS = (16, 8, 4, 2, 1)
 ELEM_BYTES = {"bf16": 2, "int8": 1, "bfp16": 9 / 8, "int4": 0.5}
@@ -423,6 +426,8 @@ class GemmDesign(Design):
         syncs = max(0, ceil_div(tasks, depth) - 1)
         t_sync = syncs * gen.sync_point_us.value * 1e-6      # waits overlap the queued transfers
         score = max(t_dram, t_sync, t_chip, t_comp) + fill
+        if m_edge(m_total, tm, gm, p if resident else 1):
+            score += EDGE_PENALTY_S
         macs = self.batch * self.m * self.k * self.n
         padded = nb_batch * round_up(m_total, tm) * kp * round_up(self.n, tn)
         quant_bufs = 2 if self.weight_only else 0
@@ -480,6 +485,16 @@ def n_edge_columns(n: int, tn: int, gn: int, per_col: int, cols: int, align: int
         if pc and n_panel_start(n0, width, n, align) != n0:
             extra += width - max(0, min(width, n - n0))
     return extra
+
+
+def m_edge(m_total: int, tm: int, gm: int, pl: int) -> bool:
+    """The lowering would zero-pad M on the shim DMA (a partial M tile, or an output block with
+    fewer M tiles than its cores x sub-blocks), which mlir-aie refuses (AIEDMATasksToNPU.cpp:
+    'Padding is only supported by memtile dma bds.'); not when the rows are the same in every
+    tile (stored_rows: the mem tile pads them). `pl`: the held B panel's M sub-blocks."""
+    if stored_rows(m_total, gm, pl, tm) is not None:
+        return False
+    return bool(m_total % tm or ceil_div(m_total, tm) % (gm * pl))
 
 
 def stored_rows(m_total: int, gm: int, p: int, tm: int) -> int | None:
