@@ -9,8 +9,9 @@ attention
   x_cast     x f32 -> bf16 rows (cast_f32_bf16)                       x        -> T_xb  bf16 [R, H]
   qkv_proj   GEMM + bias (GemmDesign: GEMM stage, epilogue stage)     T_xb, w_qkv, b_qkv -> T_qkv bf16 [R, 3H]
   head_split DMA only (shim -> mem tile -> shim): the q, k, v column blocks of T_qkv to the
-             attention stage's (B, nh, S, D) head-major layout       T_qkv    -> T_q, T_k, T_v bf16
-  attention  AttentionDesign with the additive [B, 1, 1, S] mask      T_q, T_k, T_v, mask -> T_a f32 [B, nh, S, D]
+             attention stage's (B, nh, Sp, D) head-major layout      T_qkv    -> T_q, T_k, T_v bf16
+  attention  AttentionDesign over Sp >= S rows (attention_seq) with the additive mask (host
+             layout: [B, 1, 1, Sp]), kv_len = S                       T_q, T_k, T_v, mask -> T_a f32 [B, nh, Sp, D]
   head_merge T_a back to token-major rows, cast to bf16               T_a      -> T_ab  bf16 [R, H]
   o_proj     GEMM + bias + residual x                                 T_ab, w_o, b_o, x -> T_o f32 [R, H]
   ln         layer_norm rows (VectorDesign)                           T_o, ln_w, ln_b -> out f32
@@ -60,6 +61,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
+from torch_xdna.hw import NPU4
 from torch_xdna.kernels.blocks.operands import OPERANDS
 from torch_xdna.kernels.blocks.llm_stages import Stage, as_shape, cast_bf16, in_shapes, out_shape
 from torch_xdna.kernels.ops.attention import AttentionDesign
@@ -77,6 +79,27 @@ POOL_STAGED = ("mean", "cls", "mean_sqrt_len_tokens", "weightedmean", "lasttoken
 HOST_LAYOUT = "encoder_stages.host_inputs"
 OUTPUT_NAMES = ("out",)
 L2_EPS = 1e-24                 # ||x||^2 floor: an empty row stays zero (the reference clamps ||x||)
+
+
+def attention_design(b: int, sp: int, nh: int, dh: int) -> AttentionDesign:
+    """The attention stage over `sp` (>= S) query and key rows with the [B, 1, 1, sp] mask."""
+    return AttentionDesign(b, nh, nh, sp, sp, dh, mask=True, mask_shape=(b, 1, 1, sp))
+
+
+def attention_seq(b: int, s: int, nh: int, dh: int, gen=None) -> int:
+    """The attention stage's rows Sp: S rounded up to its plan's query and key tiles, so no
+    Q / K / V / mask / output task is shim zero padding (mlir-aie refuses it:
+    AIEDMATasksToNPU.cpp 'Padding is only supported by memtile dma bds.'). Keys past S are
+    masked by the launch's kv_len = S (their V rows read as zero), query rows past S are
+    computed and never read."""
+    g, sp = gen or NPU4, s
+    for _ in range(4):
+        tq, tkv, _ = attention_design(b, sp, nh, dh).plan(g).tile
+        nxt = -(-s // math.lcm(tq, tkv)) * math.lcm(tq, tkv)
+        if nxt == sp:
+            break
+        sp = nxt
+    return sp
 
 
 def layer_norm_design(rows: int, dim: int, eps: float) -> VectorDesign:
@@ -104,6 +127,8 @@ def unsupported(d) -> str | None:
 
 def needs_host_layout(d) -> bool:
     """The launch's inputs are converted before binding (host_inputs)."""
+    if d.kind == "encoder_attention":
+        return dims(d)["Sp"] != d.seq
     return d.kind in ("encoder_embedding", "encoder_pool") or getattr(d, "masked", False)
 
 
@@ -118,7 +143,8 @@ def dims(d) -> dict:
     if d.kind in ("encoder_embedding", "encoder_pool"):
         return dict(B=d.batch, S=d.seq, R=d.batch * d.seq, H=d.hidden)
     if d.kind == "encoder_attention":
-        return dict(B=d.batch, S=d.seq, R=d.batch * d.seq, H=d.hidden, nh=d.heads, D=d.head_dim)
+        return dict(B=d.batch, S=d.seq, R=d.batch * d.seq, H=d.hidden, nh=d.heads, D=d.head_dim,
+                    Sp=attention_seq(d.batch, d.seq, d.heads, d.head_dim))
     return dict(R=d.rows, H=d.hidden, I=d.intermediate)
 
 
@@ -128,7 +154,7 @@ def scratch(d) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
     m = dims(d)
     R, H = m["R"], m["H"]
     if d.kind == "encoder_attention":
-        heads = (m["B"], m["nh"], m["S"], m["D"])
+        heads = (m["B"], m["nh"], m["Sp"], m["D"])
         return {"T_xb": ((R, H), BF16), "T_qkv": ((R, 3 * H), BF16), "T_qkv_acc": ((R, 3 * H), F32),
                 "T_q": (heads, BF16), "T_k": (heads, BF16), "T_v": (heads, BF16),
                 "T_a": (heads, F32), "T_ab": ((R, H), BF16), "T_o": ((R, H), F32),
@@ -170,8 +196,8 @@ def stages(d) -> tuple[Stage, ...]:
             out += (Stage("l2_norm", "design", ("T_p", "norm_w"), ("out",), norm),)
         return out
     if d.kind == "encoder_attention":
-        B, S, nh, D = m["B"], m["S"], m["nh"], m["D"]
-        attn = AttentionDesign(B, nh, nh, S, S, D, mask=True, mask_shape=(B, 1, 1, S))
+        B, nh, D = m["B"], m["nh"], m["D"]
+        attn = attention_design(B, m["Sp"], nh, D)
         return (
             x_cast,
             Stage("qkv_proj", "design", ("T_xb", "w_qkv", "b_qkv"), ("T_qkv",),
@@ -203,6 +229,12 @@ def host_inputs(d, inputs: Sequence[torch.Tensor], gen=None) -> list[torch.Tenso
         type_ids = (types[0].reshape(-1).to(torch.int32).clamp(0, d.type_vocab - 1) if d.typed
                     else torch.zeros(d.batch * d.seq, dtype=torch.int32))
         return [word, pos, typ32, ln_w, ln_b, ids.reshape(-1), pos_ids, type_ids]
+    if d.kind == "encoder_attention" and needs_host_layout(d):
+        ins = list(inputs)
+        mask = torch.full((d.batch, dims(d)["Sp"]), float("-inf"))
+        mask[:, :d.seq] = ins[3].reshape(d.batch, d.seq)
+        ins[3] = mask
+        return ins
     if d.kind == "encoder_pool":
         x, mask = inputs
         return [x, pool_weights(d, mask)] + ([torch.zeros(d.hidden)] if d.normalize else [])
@@ -223,16 +255,24 @@ def pool_weights(d, mask: torch.Tensor) -> torch.Tensor:
     return w.unsqueeze(1).to(BF16)
 
 
+def stage_scalars(d, st: Stage) -> dict:
+    """The launch scalars a stage's design runs with (fixed per block design): the attention
+    stage's valid keys kv_len = S of its Sp rows, queries from position 0."""
+    if st.label == "attention":
+        return {"kv_len": d.seq, "q_offset": 0}
+    return {}
+
+
 # -- the functional reference in stage order ---------------------------------------------------
 def head_split(qkv: torch.Tensor, b: int, s: int, nh: int, dh: int) -> tuple[torch.Tensor, ...]:
     """[B*S, 3H] -> q, k, v [B, nh, S, D] (data movement only)."""
-    return tuple(t.contiguous() for t in qkv.view(b, s, 3, nh, dh).permute(2, 0, 3, 1, 4))
+    return tuple(qkv.view(b, s, 3, nh, dh).permute(2, 0, 3, 1, 4))
 
 
-def head_merge(a: torch.Tensor) -> torch.Tensor:
-    """[B, nh, S, D] fp32 -> token-major [B*S, nh*D] bf16 (cast_f32_bf16)."""
-    b, nh, s, dh = a.shape
-    return cast_bf16(a.permute(0, 2, 1, 3).reshape(b * s, nh * dh))
+def head_merge(a: torch.Tensor, s: int) -> torch.Tensor:
+    """The first s rows of [B, nh, Sp, D] fp32 -> token-major [B*s, nh*D] bf16 (cast_f32_bf16)."""
+    b, nh, _, dh = a.shape
+    return cast_bf16(a[:, :, :s].permute(0, 2, 1, 3).reshape(b * s, nh * dh))
 
 
 def staged_reference(d, inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor],
@@ -247,9 +287,9 @@ def staged_reference(d, inputs: Sequence[torch.Tensor], outputs: Sequence[torch.
         t[name] = torch.zeros(shape, dtype=dt)
     custom: dict[str, Callable[[], None]] = {
         "cast": lambda: t["T_xb"].copy_(cast_bf16(t["x"].reshape(m["R"], m["H"]))),
-        "head_split": lambda: [t[k].copy_(v) for k, v in zip(
+        "head_split": lambda: [t[k][:, :, :m["S"]].copy_(v) for k, v in zip(
             ("T_q", "T_k", "T_v"), head_split(t["T_qkv"], m["B"], m["S"], m["nh"], m["D"]))],
-        "head_merge": lambda: t["T_ab"].copy_(head_merge(t["T_a"])),
+        "head_merge": lambda: t["T_ab"].copy_(head_merge(t["T_a"], m["S"])),
     }
     for st in stages(d):
         if st.kind != "design":
@@ -257,4 +297,4 @@ def staged_reference(d, inputs: Sequence[torch.Tensor], outputs: Sequence[torch.
             continue
         ds = st.design
         ins = [as_shape(t[nm], sh) for nm, sh in zip(st.ins, in_shapes(ds))]
-        ds.reference(ins, [as_shape(t[st.outs[0]], out_shape(ds))])
+        ds.reference(ins, [as_shape(t[st.outs[0]], out_shape(ds))], **stage_scalars(d, st))

@@ -62,8 +62,8 @@ def attention_program(d, gen: Generation, kv_len: int | None = None, q_offset: i
     q_tiles = ceil_div(Lq, tq)
     items = B * Hkv * q_tiles
     cores, cols = plan.cores, plan.columns
-    if item_io:                         # every core busy in every round (no all-padding items)
-        cores = item_cores(items, plan.cores)
+    if item_io or items % cores:        # every core busy in every round: an all-padding item
+        cores = item_cores(items, plan.cores)     # would be shim zero padding (no mlir-aie form)
         cols = min(cols, cores)
     ntiles = ceil_div(n, tkv)           # key tiles this launch streams (the runtime trip count)
     rounds = ceil_div(items, cores)
@@ -193,8 +193,13 @@ def attention_program(d, gen: Generation, kv_len: int | None = None, q_offset: i
                 b.task(f"kv{c}", "q", w * qe, (qe,), (1,))
                 continue
             off, tv = q_rows(w)
-            b.task(f"kv{c}", "q", off, (g, tv, D), (Lq * D, D, 1),
-                   ((2 * tkv - g * tq) // tq, tq - tv, dp - D))
+            rest = (2 * tkv - g * tq) // tq
+            if tv == tq and dp == D:       # whole rows: the element's tail is filler, not padding
+                b.task(f"kv{c}", "q", off, (g, tv, D), (Lq * D, D, 1))
+                if rest * tq * dp + q_pad_tail:
+                    _q_filler(b, f"kv{c}", rest * tq * dp + q_pad_tail, B * Hkv * S * D)
+                continue
+            b.task(f"kv{c}", "q", off, (g, tv, D), (Lq * D, D, 1), (rest, tq - tv, dp - D))
             if q_pad_tail:
                 _q_filler(b, f"kv{c}", q_pad_tail, B * Hkv * S * D)
         for j in range(ntiles):
@@ -222,8 +227,8 @@ def attention_program(d, gen: Generation, kv_len: int | None = None, q_offset: i
 
 
 def _q_filler(b, fifo: str, n: int, k_elems: int) -> None:
-    """Fill the mask part of a Q element (n bf16, never read: attn_q takes the Q rows only)
-    with K bytes instead of shim zero padding, which mlir-aie refuses (AIEDMATasksToNPU.cpp:
+    """Fill the rest of a Q element after its Q rows (n bf16: unused rows and the mask part,
+    never read: attn_q takes the Q rows only) with K bytes instead of shim zero padding, which mlir-aie refuses (AIEDMATasksToNPU.cpp:
     'Padding is only supported by memtile dma bds.'); padded only when K is shorter."""
     if k_elems >= n:
         b.task(fifo, "k", 0, (n,), (1,))
@@ -255,7 +260,9 @@ def _mask_task(b, fifo, mshape, live, kv_valid, item, k0, g, tq, tkv, rows, Lq):
     tv = min(tq, Lq - t0)
     sb, sh, sq = (Hm * Lm * Sm if Bm > 1 else 0), (Lm * Sm if Hm > 1 else 0), (Sm if Lm > 1 else 0)
     off = bb * sb + h * g * sh + t0 * sq + k0
-    kv = min(kv_valid, Sm - k0)
+    # a tile inside the mask buffer is read whole, as K and V are (keys past kv_len are masked
+    # by the kernel whatever the mask holds there): no per-tile edge padding
+    kv = tkv if k0 + tkv <= Sm else min(kv_valid, Sm - k0)
     sizes, strides = (g, tv, kv), (sh, sq, 1)
     pads = ((rows - g * tq) // tq, tq - tv, tkv - kv)
     b.task(fifo, "mask", off, sizes, strides, pads)

@@ -9,7 +9,7 @@ buffers. The data-movement stages are built here:
   cast        x f32 rows -> cast_f32_bf16 on one core (col 0) -> T_xb, a block of rows per round
   head_split  no core: shim 0 -> mem tile 0 -> shim 0 (a link), one element per (sequence,
               q|k|v, group of heads): read from T_qkv with strides (D, 3H, 1) over (heads, S,
-              D), written head-major into T_q / T_k / T_v
+              D), written head-major into T_q / T_k / T_v (the first S of each head's Sp rows)
   head_merge  T_a's heads of a block of one sequence's tokens, read with strides (D, S*D, 1)
               over (tokens, heads, D) -> cast_f32_bf16 -> T_ab rows
 Each round's drains are queued before its feeds (Builder.end_round awaits them). Only the
@@ -74,7 +74,8 @@ def _stage_programs(d, gen, st, named: dict) -> list[tuple[ir.ArrayProgram, tupl
     if st.kind == "head_merge":
         return [(_head_merge(d, gen), st.ins + st.outs)]
     ds = st.design
-    extra = {"inputs": [named[x] for x in st.ins]} if ds.kind == "embedding" else {}
+    extra = {"inputs": [named[x] for x in st.ins]} if ds.kind == "embedding" else \
+        ES.stage_scalars(d, st)
     progs = lower(ds, gen, **extra)
     if ds.kind == "gemm" and len(progs) == 2:      # GEMM stage, then its epilogue stage
         acc = f"{st.outs[0]}_acc"
@@ -140,24 +141,24 @@ def _cast_rows(d, gen: Generation) -> ir.ArrayProgram:
 
 def _head_merge(d, gen: Generation) -> ir.ArrayProgram:
     m = ES.dims(d)
-    B, S, nh, D, H = m["B"], m["S"], m["nh"], m["D"], m["H"]
+    B, S, Sp, nh, D, H = m["B"], m["S"], m["Sp"], m["nh"], m["D"], m["H"]
     t = _block_rows(S, H, gen)
-    feeds = [(((b * nh) * S + s0) * D, (b * S + s0) * H, (t, nh, D), (D, S * D, 1))
+    feeds = [(((b * nh) * Sp + s0) * D, (b * S + s0) * H, (t, nh, D), (D, Sp * D, 1))
              for b in range(B) for s0 in range(0, S, t)]
-    return _cast_program(f"{d.kind}_head_merge_B{B}S{S}", gen, ("T_a", (B, nh, S, D)),
+    return _cast_program(f"{d.kind}_head_merge_B{B}S{S}", gen, ("T_a", (B, nh, Sp, D)),
                          ("T_ab", (B * S, H)), t * H, feeds)
 
 
 def _head_split(d, gen: Generation) -> ir.ArrayProgram:
     m = ES.dims(d)
-    B, S, nh, D, H = m["B"], m["S"], m["nh"], m["D"], m["H"]
+    B, S, Sp, nh, D, H = m["B"], m["S"], m["Sp"], m["nh"], m["D"], m["H"]
     hp = nh                            # heads per element: double-buffered in half the mem tile
     while hp > 1 and (nh % hp or 2 * hp * S * D * 2 > gen.memtile_bytes.value // 2):
         hp -= 1
     b = Builder(f"{d.kind}_head_split_B{B}S{S}", gen)
     b.arg("T_qkv", (B * S, 3 * H), "bf16")
     for nm in ("T_q", "T_k", "T_v"):
-        b.arg(nm, (B, nh, S, D), "bf16")
+        b.arg(nm, (B, nh, Sp, D), "bf16")
     shim, mem = b.shim(0), b.mem(0)
     e_t = tt((hp * S * D,), "bf16")
     b.fifo("qkv_in", shim, mem, 2, e_t)
@@ -166,7 +167,7 @@ def _head_split(d, gen: Generation) -> ir.ArrayProgram:
     for bb in range(B):
         for w, nm in enumerate(("T_q", "T_k", "T_v")):
             for h0 in range(0, nh, hp):
-                b.task("qkv_out", nm, (bb * nh + h0) * S * D, (hp * S * D,), (1,))
+                b.task("qkv_out", nm, (bb * nh + h0) * Sp * D, (hp, S * D), (Sp * D, 1))
                 b.task("qkv_in", "T_qkv", bb * S * 3 * H + w * H + h0 * D, (hp, S, D),
                        (D, 3 * H, 1))
                 b.end_round()

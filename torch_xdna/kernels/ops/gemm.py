@@ -50,8 +50,9 @@ from torch_xdna.runtime.sim.cost import compute_efficiency, dram_time_s, onchip_
 TILE_CANDIDATES = (4, 8, 16, 32, 48, 64, 96, 128, 192, 256)
 L1_MN_CANDIDATES = (4, 8, 16, 32, 64, 128)
 L1_K_CANDIDATES = (256, 128, 64, 32, 16, 8)
-# added to the score of a tiling whose lowering pads M on the shim DMA (m_edge): chosen only
-# when no tiling avoids it (the search still minimizes the score; the cost notes exclude it)
+# added to the score of a tiling whose lowering has no mlir-aie form (M padded on the shim DMA:
+# m_edge; a held B panel re-streamed as different elements): chosen only when no tiling avoids
+# it (the search still minimizes the score; the cost notes exclude it)
 EDGE_PENALTY_S = 1.0
 L2_FACTORS = (1, 2, 3, 4, 6, 8)
 KC_STEPS = (16, 8, 4, 2, 1)
@@ -426,7 +427,9 @@ class GemmDesign(Design):
         syncs = max(0, ceil_div(tasks, depth) - 1)
         t_sync = syncs * gen.sync_point_us.value * 1e-6      # waits overlap the queued transfers
         score = max(t_dram, t_sync, t_chip, t_comp) + fill
-        if m_edge(m_total, tm, gm, p if resident else 1):
+        # no upstream form: M padded on the shim, or a held B panel re-streamed as p x K/tk
+        # different elements (mlir-aie repeats whole objects only: array/mlir.form_errors)
+        if m_edge(m_total, tm, gm, p if resident else 1) or (resident and p > 1 and kt > 1):
             score += EDGE_PENALTY_S
         macs = self.batch * self.m * self.k * self.n
         padded = nb_batch * round_up(m_total, tm) * kp * round_up(self.n, tn)
