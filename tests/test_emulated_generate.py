@@ -10,11 +10,9 @@ stages' order with the core kernels' GEMM order (TORCH_XDNA_LAYER_ORDER=plan,
 TORCH_XDNA_GEMM_ORDER=kernel) is the reference the tokens must equal."""
 from __future__ import annotations
 
-import json
-
 import pytest
 
-import fake_toolchain
+from emulated_env import build_artifacts, run_job
 from llm_fixtures import build_model
 from torch_xdna.cli.main import main
 from torch_xdna.runtime.backends import set_device_for_testing
@@ -28,45 +26,15 @@ ARGS = ["--precision", "bf16", "--max-context", "256", "--prefill-chunk", "16"]
 def built(tmp_path_factory):
     """(model dir, artifact store, build summary) of the tiny Qwen3, built once."""
     root = tmp_path_factory.mktemp("emugen")
-    model, store = root / "tiny-qwen3", root / "store"
+    model = root / "tiny-qwen3"
     build_model("qwen3", model, seed=5)
-    mp = pytest.MonkeyPatch()
-    fake_toolchain.install(root / "tc", mp)
-    try:
-        import io
-        from contextlib import redirect_stdout
-        out = io.StringIO()
-        with redirect_stdout(out):
-            rc = main(["kernels", "build", "--model", str(model), "--artifact-dir", str(store),
-                       "--json", *ARGS])
-        assert rc == 0, out.getvalue()
-        yield model, store, json.loads(out.getvalue())
-    finally:
-        mp.undo()
+    store, summary = build_artifacts(root, model, *ARGS)
+    return model, store, summary
 
 
 def _generate(model, capsys, monkeypatch, store=None, kernel_order: bool = True) -> dict:
-    if kernel_order:
-        monkeypatch.setenv("TORCH_XDNA_LAYER_ORDER", "plan")
-        monkeypatch.setenv("TORCH_XDNA_GEMM_ORDER", "kernel")
-    else:
-        monkeypatch.delenv("TORCH_XDNA_LAYER_ORDER", raising=False)
-        monkeypatch.delenv("TORCH_XDNA_GEMM_ORDER", raising=False)
-    if store is not None:
-        monkeypatch.setenv("TORCH_XDNA_BACKEND", "xrt")
-        monkeypatch.setenv("TORCH_XDNA_XRT", "emulated")
-        monkeypatch.setenv("TORCH_XDNA_ARTIFACT_DIR", str(store))
-    release_devices()
-    prev = set_device_for_testing(None)      # opened anew from the environment
-    try:
-        capsys.readouterr()
-        rc = main(["generate", str(model), PROMPT, "--max-tokens", "8", "--temperature", "0",
-                   "--json", *ARGS])
-        assert rc == 0
-        return json.loads(capsys.readouterr().out)
-    finally:
-        set_device_for_testing(prev)
-        release_devices()
+    return run_job(["generate", str(model), PROMPT, "--max-tokens", "8", "--temperature", "0",
+                    "--json", *ARGS], capsys, monkeypatch, store, kernel_order)
 
 
 def test_kernels_build_model_builds_every_launch_of_the_engine(built):

@@ -76,7 +76,7 @@ def test_encoder_stage_programs_are_wired():
         "o_proj", "ln"]
     assert notes[0]["launch_args"] == ("x", "w_qkv", "b_qkv", "mask", "w_o", "b_o", "ln_w",
                                        "ln_b", "out")
-    assert "launch_args" not in notes[1] and "host_layout" not in notes[0]
+    assert "launch_args" not in notes[1] and notes[0]["host_layout"] == "encoder_stages.host_inputs"
     f = EncoderFFNDesign(32, 64, 128, 1e-12, chunk=16, masked=True)
     fn = dict(lower(f, NPU4)[0].notes)
     assert fn["host_layout"] == "encoder_stages.host_inputs"      # the unread mask is dropped

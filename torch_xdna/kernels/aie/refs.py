@@ -281,8 +281,8 @@ def _head_host_layout(d, gen, inputs):
 
 
 def _encoder_host_layout(d, gen, inputs):
-    """The encoder blocks' stages take the weights as stored, plus the embedding's id rows and
-    the pool's weights (encoder_stages.host_inputs); the masked FFN's mask is unread."""
+    """The encoder blocks' stages take fp32 norm parameters, the embedding's id rows, the pool's
+    weights, the attention's padded mask (encoder_stages.host_inputs)."""
     from torch_xdna.kernels.blocks.encoder_stages import host_inputs, unsupported
     if unsupported(d) is not None:
         return list(inputs)
@@ -296,7 +296,7 @@ def _register_lowering() -> None:
     txn_level.register_host_layout("gemm", _gemm_host_layout)
     txn_level.register_host_layout("llm_layer", _layer_host_layout)
     txn_level.register_host_layout("llm_head", _head_host_layout)
-    for kind in ("encoder_embedding", "encoder_ffn", "encoder_pool"):
+    for kind in ("encoder_embedding", "encoder_attention", "encoder_ffn", "encoder_pool"):
         txn_level.register_host_layout(kind, _encoder_host_layout)
 
 

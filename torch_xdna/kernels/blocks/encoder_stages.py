@@ -36,16 +36,18 @@ pool
                                                                       pool_w, T_xb -> T_p f32 [B, H]
   l2_norm    rms_norm rows with weight 0 + offset 1/sqrt(H): x / ||x|| (VectorDesign)
                                                                       T_p, norm_w -> out f32 [B, H]
-Host layouts: the embedding's position ids (0..S-1 per sequence), its token-type ids (zeros
-when untyped) and the type table in fp32 (a few rows; the adds then take one dtype); the pool's
+Host layouts (every block has one): the layer_norm parameters in fp32 (the row kernel's
+parameter dtype; widening is exact), the embedding's position ids (0..S-1 per sequence), its
+token-type ids (zeros when untyped) and the type table in fp32 (a few rows; the adds then take
+one dtype), the attention's mask padded to Sp columns; the pool's
 weights from the launch's mask (bf16, per launch: which tokens a sequence keeps is data) and
 its zero norm weight. Pooling runs on bf16 operands (a GEMM), the default reference sums fp32
 rows exactly: the two agree within bf16 rounding (cosine, tests/test_txn_encoder.py).
 
 Every row is computed (padding rows too: their values are finite and never read by a real
 token, the mask sends their keys probability 0 and pooling skips them), so a stage's program
-does not depend on the launch's mask. Weights are used as stored ([K, N], bf16): no host layout,
-except the masked FFN's mask input, which no stage reads (host_inputs drops it).
+does not depend on the launch's mask. GEMM weights are used as stored ([K, N], bf16); the
+masked FFN's mask input, which no stage reads, is dropped by the host layout.
 
 `staged_reference` is the block's functional reference in this order: every stage's own
 reference (GemmDesign's K-tile order and epilogue, AttentionDesign's flash order, the layer_norm
@@ -123,13 +125,6 @@ def unsupported(d) -> str | None:
     if d.kind == "encoder_pool" and d.mode not in POOL_STAGED:
         return f"{d.mode} pooling (a weighted sum: {', '.join(POOL_STAGED)})"
     return None
-
-
-def needs_host_layout(d) -> bool:
-    """The launch's inputs are converted before binding (host_inputs)."""
-    if d.kind == "encoder_attention":
-        return dims(d)["Sp"] != d.seq
-    return d.kind in ("encoder_embedding", "encoder_pool") or getattr(d, "masked", False)
 
 
 def input_names(d) -> tuple[str, ...]:
@@ -224,21 +219,28 @@ def host_inputs(d, inputs: Sequence[torch.Tensor], gen=None) -> list[torch.Tenso
     table, the pool's weights (see above)."""
     if d.kind == "encoder_embedding":
         word, pos, typ, ln_w, ln_b, ids, *types = inputs
-        typ32 = OPERANDS.derived(("encoder_type_f32",), (typ,), lambda: typ.float().contiguous())
         pos_ids = torch.arange(d.seq, dtype=torch.int32).repeat(d.batch)
         type_ids = (types[0].reshape(-1).to(torch.int32).clamp(0, d.type_vocab - 1) if d.typed
                     else torch.zeros(d.batch * d.seq, dtype=torch.int32))
-        return [word, pos, typ32, ln_w, ln_b, ids.reshape(-1), pos_ids, type_ids]
-    if d.kind == "encoder_attention" and needs_host_layout(d):
-        ins = list(inputs)
-        mask = torch.full((d.batch, dims(d)["Sp"]), float("-inf"))
-        mask[:, :d.seq] = ins[3].reshape(d.batch, d.seq)
-        ins[3] = mask
+        return [word, pos, _f32(typ), _f32(ln_w), _f32(ln_b), ids.reshape(-1), pos_ids, type_ids]
+    if d.kind in ("encoder_attention", "encoder_ffn"):
+        ins = list(inputs[:len(input_names(d))])
+        ins[-2:] = [_f32(ins[-2]), _f32(ins[-1])]          # the layer_norm's weight and bias
+        sp = dims(d).get("Sp", 0)
+        if d.kind == "encoder_attention" and sp != d.seq:
+            mask = torch.full((d.batch, sp), float("-inf"))
+            mask[:, :d.seq] = ins[3].reshape(d.batch, d.seq)
+            ins[3] = mask
         return ins
     if d.kind == "encoder_pool":
         x, mask = inputs
         return [x, pool_weights(d, mask)] + ([torch.zeros(d.hidden)] if d.normalize else [])
     return list(inputs[:len(input_names(d))])
+
+
+def _f32(t: torch.Tensor) -> torch.Tensor:
+    """A weight in fp32 (bf16 values widened: exact), made once per weight content."""
+    return OPERANDS.derived(("encoder_f32",), (t,), lambda: t.float().contiguous())
 
 
 def pool_weights(d, mask: torch.Tensor) -> torch.Tensor:
@@ -279,8 +281,7 @@ def staged_reference(d, inputs: Sequence[torch.Tensor], outputs: Sequence[torch.
                      **_: Any) -> None:
     """The block's reference in the order its stage programs compute (see above)."""
     m = dims(d)
-    if needs_host_layout(d):
-        inputs = host_inputs(d, inputs)
+    inputs = host_inputs(d, inputs)
     t: dict[str, torch.Tensor] = dict(zip(input_names(d), inputs))
     t.update(zip(OUTPUT_NAMES, outputs))
     for name, (shape, dt) in scratch(d).items():

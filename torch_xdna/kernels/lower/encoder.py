@@ -53,9 +53,8 @@ def encoder_programs(d, gen: Generation, inputs=None, **_) -> tuple[ir.ArrayProg
             notes = {"stage": f"{d.kind}.{st.label}",
                      "scratch_args": tuple(dict.fromkeys(x for x in used if x in scratch))}
             if not progs:                # the first program names the launch's buffers
-                notes["launch_args"] = ES.input_names(d) + ES.OUTPUT_NAMES
-                if ES.needs_host_layout(d):
-                    notes["host_layout"] = ES.HOST_LAYOUT
+                notes.update(launch_args=ES.input_names(d) + ES.OUTPUT_NAMES,
+                             host_layout=ES.HOST_LAYOUT)
             progs.append(rename_args(p, {}, notes))
     out = tuple(progs)
     if not gathers:
