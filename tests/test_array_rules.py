@@ -37,10 +37,7 @@ CATALOG_SHAPES = {
 # The decode and prefill attention stages left it when their key-tile loop took a runtime trip
 # count (no tile past kv_len is streamed, so none is shim zero padding); the qwen3-0.6b heads
 # (N = 151,936) when the last N panel moved back to end at N (kernels/lower/gemm.py).
-# The last two (catalog GEMMs 512^3 and int8 128x256x512, a held B panel re-streamed as p x K/tk
-# different elements) left it when the GEMM plan started to penalize tilings without an upstream
-# form (ops/gemm.py EDGE_PENALTY_S).
-NO_UPSTREAM_FORM: set[str] = set()
+NO_UPSTREAM_FORM = {"gemm[bf16]_1x512x512x512", "gemm[int8]_1x128x256x512"}
 
 
 @functools.lru_cache(maxsize=1)

@@ -62,8 +62,10 @@ def attention_program(d, gen: Generation, kv_len: int | None = None, q_offset: i
     q_tiles = ceil_div(Lq, tq)
     items = B * Hkv * q_tiles
     cores, cols = plan.cores, plan.columns
-    if item_io or items % cores:        # every core busy in every round: an all-padding item
-        cores = item_cores(items, plan.cores)     # would be shim zero padding (no mlir-aie form)
+    if item_io or (d.mask and items % cores):
+        # every core busy in every round: an all-padding item would be shim zero padding (no
+        # mlir-aie form; the masked designs are the encoders', kernels/lower/encoder.py)
+        cores = item_cores(items, plan.cores)
         cols = min(cols, cores)
     ntiles = ceil_div(n, tkv)           # key tiles this launch streams (the runtime trip count)
     rounds = ceil_div(items, cores)

@@ -50,9 +50,8 @@ from torch_xdna.runtime.sim.cost import compute_efficiency, dram_time_s, onchip_
 TILE_CANDIDATES = (4, 8, 16, 32, 48, 64, 96, 128, 192, 256)
 L1_MN_CANDIDATES = (4, 8, 16, 32, 64, 128)
 L1_K_CANDIDATES = (256, 128, 64, 32, 16, 8)
-# added to the score of a tiling whose lowering has no mlir-aie form (M padded on the shim DMA:
-# m_edge; a held B panel re-streamed as different elements) or more mem-tile BDs than the tile
-# has: chosen only when no tiling avoids
+# added to the score of a tiling whose lowering pads M on the shim DMA (m_edge), which has no
+# mlir-aie form: chosen only when no tiling avoids
 # it (the search still minimizes the score; the cost notes exclude it)
 EDGE_PENALTY_S = 1.0
 L2_FACTORS = (1, 2, 3, 4, 6, 8)
@@ -429,15 +428,17 @@ class GemmDesign(Design):
         t_sync = syncs * gen.sync_point_us.value * 1e-6      # waits overlap the queued transfers
         score = max(t_dram, t_sync, t_chip, t_comp) + fill
         quant_bufs = 2 if self.weight_only else 0
-        # no upstream form: M padded on the shim, or a held B panel re-streamed as p x K/tk
-        # different elements (mlir-aie repeats whole objects only: array/mlir.form_errors)
+        # no upstream form: M padded on the shim (a held B panel re-streamed as p x K/tk
+        # different elements has none either, array/mlir.form_errors, but is not penalized yet:
+        # the large bf16 GEMMs' plans, e.g. 1024^3, hold one)
         # a held panel re-streamed p times: each B out-fifo's depth-2 BDs chain p times on the
         # mem tile (usage.endpoint_bds, upstream's repeat_count expansion)
         pc = min(gen.core_rows.value // gm, gn)
         held_bds = 2 * pc * (p - 1) if resident and p > 1 else 0
         mt_bds = 2 * (4 + gm + 1) + (4 if partial else 0) + 2 * quant_bufs + held_bds
-        if (m_edge(m_total, tm, gm, p if resident else 1) or (resident and p > 1 and kt > 1)
-                or mt_bds > gen.memtile_bds.value):
+        if mt_bds > gen.memtile_bds.value:
+            return None                   # does not fit the mem tile's BDs
+        if m_edge(m_total, tm, gm, p if resident else 1):
             score += EDGE_PENALTY_S
         macs = self.batch * self.m * self.k * self.n
         padded = nb_batch * round_up(m_total, tm) * kp * round_up(self.n, tn)
