@@ -67,7 +67,7 @@ from torch_xdna.hw import NPU4
 from torch_xdna.kernels.blocks.operands import OPERANDS
 from torch_xdna.kernels.blocks.llm_stages import Stage, as_shape, cast_bf16, in_shapes, out_shape
 from torch_xdna.kernels.ops.attention import AttentionDesign
-from torch_xdna.kernels.ops.gemm import GemmDesign
+from torch_xdna.kernels.ops.gemm import UpstreamGemmDesign as GemmDesign
 from torch_xdna.kernels.ops.vector import EmbeddingDesign, VectorDesign
 
 BF16, F32 = torch.bfloat16, torch.float32

@@ -79,6 +79,7 @@ class GemmDesign(Design):
     rounding: str = "rne"          # bf16 operand rounding: rne | floor
     w_group: int = 0               # >0: weight-only int8/int4, W [N, K] with scales per group
     kind = "gemm"
+    upstream_only = False         # UpstreamGemmDesign: only tilings with an mlir-aie form
 
     def __post_init__(self):
         if self.dtype not in DTYPES:
@@ -428,9 +429,9 @@ class GemmDesign(Design):
         t_sync = syncs * gen.sync_point_us.value * 1e-6      # waits overlap the queued transfers
         score = max(t_dram, t_sync, t_chip, t_comp) + fill
         quant_bufs = 2 if self.weight_only else 0
-        # no upstream form: M padded on the shim (a held B panel re-streamed as p x K/tk
-        # different elements has none either, array/mlir.form_errors, but is not penalized yet:
-        # the large bf16 GEMMs' plans, e.g. 1024^3, hold one)
+        # no upstream form: M padded on the shim; a held B panel re-streamed as p x K/tk
+        # different elements (array/mlir.form_errors) only for UpstreamGemmDesign (the large
+        # bf16 GEMMs' plans, e.g. 1024^3, hold one: the cost model keeps its choice for now)
         # a held panel re-streamed p times: each B out-fifo's depth-2 BDs chain p times on the
         # mem tile (usage.endpoint_bds, upstream's repeat_count expansion)
         pc = min(gen.core_rows.value // gm, gn)
@@ -438,7 +439,8 @@ class GemmDesign(Design):
         mt_bds = 2 * (4 + gm + 1) + (4 if partial else 0) + 2 * quant_bufs + held_bds
         if mt_bds > gen.memtile_bds.value:
             return None                   # does not fit the mem tile's BDs
-        if m_edge(m_total, tm, gm, p if resident else 1):
+        if m_edge(m_total, tm, gm, p if resident else 1) or (
+                self.upstream_only and resident and p > 1 and kt > 1):
             score += EDGE_PENALTY_S
         macs = self.batch * self.m * self.k * self.n
         padded = nb_batch * round_up(m_total, tm) * kp * round_up(self.n, tn)
@@ -496,6 +498,21 @@ def n_edge_columns(n: int, tn: int, gn: int, per_col: int, cols: int, align: int
         if pc and n_panel_start(n0, width, n, align) != n0:
             extra += width - max(0, min(width, n - n0))
     return extra
+
+
+@dataclass(frozen=True)
+class UpstreamGemmDesign(GemmDesign):
+    """A GemmDesign planned only among tilings whose lowering has an mlir-aie form: no held B
+    panel re-streamed as p x K/tk different elements (mlir-aie repeats whole objects only:
+    aie.objectfifo repeat_count, AIEOps.td; array/mlir.form_errors). The fused blocks' GEMM
+    stages built for the chip use it (kernels/blocks/encoder_stages.py); its own key, so its
+    plan and artifact are never a GemmDesign's."""
+
+    upstream_only = True
+
+    @property
+    def key(self) -> tuple:
+        return super().key + ("upstream_form",)
 
 
 def m_edge(m_total: int, tm: int, gm: int, pl: int) -> bool:
