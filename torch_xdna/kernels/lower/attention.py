@@ -196,7 +196,8 @@ def attention_program(d, gen: Generation, kv_len: int | None = None, q_offset: i
                 continue
             off, tv = q_rows(w)
             rest = (2 * tkv - g * tq) // tq
-            if tv == tq and dp == D:       # whole rows: the element's tail is filler, not padding
+            if d.mask and tv == tq and dp == D:     # (the encoders': kernels/lower/encoder.py)
+                # whole rows: the element's tail is filler, not shim padding
                 b.task(f"kv{c}", "q", off, (g, tv, D), (Lq * D, D, 1))
                 if rest * tq * dp + q_pad_tail:
                     _q_filler(b, f"kv{c}", rest * tq * dp + q_pad_tail, B * Hkv * S * D)

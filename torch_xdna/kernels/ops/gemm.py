@@ -50,9 +50,9 @@ from torch_xdna.runtime.sim.cost import compute_efficiency, dram_time_s, onchip_
 TILE_CANDIDATES = (4, 8, 16, 32, 48, 64, 96, 128, 192, 256)
 L1_MN_CANDIDATES = (4, 8, 16, 32, 64, 128)
 L1_K_CANDIDATES = (256, 128, 64, 32, 16, 8)
-# added to the score of a tiling whose lowering pads M on the shim DMA (m_edge), which has no
-# mlir-aie form: chosen only when no tiling avoids
-# it (the search still minimizes the score; the cost notes exclude it)
+# added to an UpstreamGemmDesign's score of a tiling whose lowering has no mlir-aie form (M
+# padded on the shim DMA: m_edge; a held B panel re-streamed as different elements): chosen only
+# when no tiling avoids it (the search still minimizes the score; the cost notes exclude it)
 EDGE_PENALTY_S = 1.0
 L2_FACTORS = (1, 2, 3, 4, 6, 8)
 KC_STEPS = (16, 8, 4, 2, 1)
@@ -255,14 +255,14 @@ class GemmDesign(Design):
         return int(l1)
 
     def _l1_k(self, gen: Generation, tm: int, tn: int, s: int) -> int | None:
-        """Largest K step that fits L1 with this output tile (fewer kernel calls per tile),
-        one dividing K first: a K edge would be shim zero padding in the lowering, which
-        mlir-aie refuses (AIEDMATasksToNPU.cpp: 'Padding is only supported by memtile dma
-        bds.'; array/mlir.form_errors)."""
+        """Largest K step that fits L1 with this output tile (fewer kernel calls per tile);
+        for UpstreamGemmDesign one dividing K first: a K edge would be shim zero padding in the
+        lowering, which mlir-aie refuses (AIEDMATasksToNPU.cpp: 'Padding is only supported by
+        memtile dma bds.'; array/mlir.form_errors)."""
         kmax = max(s, round_up(self.k, s))
         fits = [tk for tk in L1_K_CANDIDATES if not (tk % s or tk > kmax and tk > s)
                 and self._l1(tm, tk, tn) <= gen.l1_usable]
-        whole = [tk for tk in fits if self.k % tk == 0]
+        whole = [tk for tk in fits if self.k % tk == 0] if self.upstream_only else []
         return (whole or fits or [None])[0]
 
     def _tile_cycles(self, gen: Generation, tm: int, tn: int, kp: int, extra_calls: int = 0) -> float:
@@ -429,9 +429,10 @@ class GemmDesign(Design):
         t_sync = syncs * gen.sync_point_us.value * 1e-6      # waits overlap the queued transfers
         score = max(t_dram, t_sync, t_chip, t_comp) + fill
         quant_bufs = 2 if self.weight_only else 0
-        # no upstream form: M padded on the shim; a held B panel re-streamed as p x K/tk
-        # different elements (array/mlir.form_errors) only for UpstreamGemmDesign (the large
-        # bf16 GEMMs' plans, e.g. 1024^3, hold one: the cost model keeps its choice for now)
+        # UpstreamGemmDesign: no tiling without an mlir-aie form (array/mlir.form_errors) unless
+        # nothing else fits: M padded on the shim, a held B panel re-streamed as p x K/tk
+        # different elements. GemmDesign keeps the cost model's choice for now (the large bf16
+        # GEMMs' plans, e.g. 1024^3, hold such a panel; edge tiles pad on the shim)
         # a held panel re-streamed p times: each B out-fifo's depth-2 BDs chain p times on the
         # mem tile (usage.endpoint_bds, upstream's repeat_count expansion)
         pc = min(gen.core_rows.value // gm, gn)
@@ -439,8 +440,8 @@ class GemmDesign(Design):
         mt_bds = 2 * (4 + gm + 1) + (4 if partial else 0) + 2 * quant_bufs + held_bds
         if mt_bds > gen.memtile_bds.value:
             return None                   # does not fit the mem tile's BDs
-        if m_edge(m_total, tm, gm, p if resident else 1) or (
-                self.upstream_only and resident and p > 1 and kt > 1):
+        if self.upstream_only and (m_edge(m_total, tm, gm, p if resident else 1)
+                                   or (resident and p > 1 and kt > 1)):
             score += EDGE_PENALTY_S
         macs = self.batch * self.m * self.k * self.n
         padded = nb_batch * round_up(m_total, tm) * kp * round_up(self.n, tn)
@@ -502,9 +503,11 @@ def n_edge_columns(n: int, tn: int, gn: int, per_col: int, cols: int, align: int
 
 @dataclass(frozen=True)
 class UpstreamGemmDesign(GemmDesign):
-    """A GemmDesign planned only among tilings whose lowering has an mlir-aie form: no held B
-    panel re-streamed as p x K/tk different elements (mlir-aie repeats whole objects only:
-    aie.objectfifo repeat_count, AIEOps.td; array/mlir.form_errors). The fused blocks' GEMM
+    """A GemmDesign planned among tilings whose lowering has an mlir-aie form (whenever one
+    fits): no M or K edge padded on the shim DMA (AIEDMATasksToNPU.cpp 'Padding is only
+    supported by memtile dma bds.'), no held B panel re-streamed as p x K/tk different elements
+    (mlir-aie repeats whole objects only: aie.objectfifo repeat_count, AIEOps.td;
+    array/mlir.form_errors). The fused blocks' GEMM
     stages built for the chip use it (kernels/blocks/encoder_stages.py); its own key, so its
     plan and artifact are never a GemmDesign's."""
 
