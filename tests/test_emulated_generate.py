@@ -10,11 +10,9 @@ stages' order with the core kernels' GEMM order (TORCH_XDNA_LAYER_ORDER=plan,
 TORCH_XDNA_GEMM_ORDER=kernel) is the reference the tokens must equal."""
 from __future__ import annotations
 
-import json
-
 import pytest
 
-import fake_toolchain
+from emulated_env import build_artifacts, run_job, select_backend
 from llm_fixtures import build_model
 from torch_xdna.cli.main import main
 from torch_xdna.runtime.backends import set_device_for_testing
@@ -28,52 +26,15 @@ ARGS = ["--precision", "bf16", "--max-context", "256", "--prefill-chunk", "16"]
 def built(tmp_path_factory):
     """(model dir, artifact store, build summary) of the tiny Qwen3, built once."""
     root = tmp_path_factory.mktemp("emugen")
-    model, store = root / "tiny-qwen3", root / "store"
+    model = root / "tiny-qwen3"
     build_model("qwen3", model, seed=5)
-    mp = pytest.MonkeyPatch()
-    fake_toolchain.install(root / "tc", mp)
-    try:
-        import io
-        from contextlib import redirect_stdout
-        out = io.StringIO()
-        with redirect_stdout(out):
-            rc = main(["kernels", "build", "--model", str(model), "--artifact-dir", str(store),
-                       "--json", *ARGS])
-        assert rc == 0, out.getvalue()
-        yield model, store, json.loads(out.getvalue())
-    finally:
-        mp.undo()
-
-
-def _backend(monkeypatch, store=None, kernel_order: bool = True):
-    """Select the simulator (store None) or the emulated NPU with `store`'s artifacts, the
-    functional level's order, and a device opened anew from that environment; returns the
-    previous process device (give it back to set_device_for_testing)."""
-    if kernel_order:
-        monkeypatch.setenv("TORCH_XDNA_LAYER_ORDER", "plan")
-        monkeypatch.setenv("TORCH_XDNA_GEMM_ORDER", "kernel")
-    else:
-        monkeypatch.delenv("TORCH_XDNA_LAYER_ORDER", raising=False)
-        monkeypatch.delenv("TORCH_XDNA_GEMM_ORDER", raising=False)
-    if store is not None:
-        monkeypatch.setenv("TORCH_XDNA_BACKEND", "xrt")
-        monkeypatch.setenv("TORCH_XDNA_XRT", "emulated")
-        monkeypatch.setenv("TORCH_XDNA_ARTIFACT_DIR", str(store))
-    release_devices()
-    return set_device_for_testing(None)
+    store, summary = build_artifacts(root, model, *ARGS)
+    return model, store, summary
 
 
 def _generate(model, capsys, monkeypatch, store=None, kernel_order: bool = True) -> dict:
-    prev = _backend(monkeypatch, store, kernel_order)
-    try:
-        capsys.readouterr()
-        rc = main(["generate", str(model), PROMPT, "--max-tokens", "8", "--temperature", "0",
-                   "--json", *ARGS])
-        assert rc == 0
-        return json.loads(capsys.readouterr().out)
-    finally:
-        set_device_for_testing(prev)
-        release_devices()
+    return run_job(["generate", str(model), PROMPT, "--max-tokens", "8", "--temperature", "0",
+                    "--json", *ARGS], capsys, monkeypatch, store, kernel_order)
 
 
 def test_kernels_build_model_builds_every_launch_of_the_engine(built):
@@ -103,7 +64,7 @@ def test_generate_on_the_emulated_npu_equals_the_simulator(built, capsys, monkey
 def test_a_missing_artifact_is_named_with_the_build_command(built, capsys, monkeypatch, tmp_path):
     """A context the artifacts were not built for: the error names the design and what to do."""
     model, store, _ = built
-    prev = _backend(monkeypatch, store)
+    prev = select_backend(monkeypatch, store)
     try:
         rc = main(["generate", str(model), PROMPT, "--max-tokens", "2", "--json", "--precision",
                    "bf16", "--max-context", "128", "--prefill-chunk", "16"])
@@ -122,7 +83,7 @@ def _serve_chat(model, monkeypatch, store=None) -> tuple[str, str]:
     from torch_xdna.server.background import BackgroundServer
     from torch_xdna.server.config import ServerConfig
     from torch_xdna.server.registry import ModelRegistry
-    prev = _backend(monkeypatch, store)
+    prev = select_backend(monkeypatch, store)
     try:
         reg = ModelRegistry(max_context=256, prefill_chunk=16)
         reg.add_dir(model, name="tiny")

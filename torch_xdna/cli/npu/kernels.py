@@ -17,6 +17,7 @@ examples:
   xdna kernels build --design add_one --shape 1024 --design gemm --shape 64x64x64
   xdna kernels build --model ~/models/Qwen3-0.6B      every design that model launches
   xdna kernels build --all-for qwen3-0.6b             the same for a built-in model shape
+  xdna kernels build --all-for all-MiniLM-L6-v2 --dry-run   the default embedding model's
   xdna kernels build --design relu --shape 4096 --dry-run --out build/relu
                                                       MLIR, kernel sources, stream: no toolchain
 
@@ -35,8 +36,10 @@ def register(subparsers) -> None:
     b.add_argument("--shape", action="append", default=[], metavar="S",
                    help="its shape, e.g. 256x512x256 for a GEMM's MxKxN")
     b.add_argument("--dtype", default=None, help="operand dtype (default: the design's)")
-    b.add_argument("--model", metavar="DIR", help="every design a Hugging Face decoder directory launches")
-    b.add_argument("--all-for", metavar="PROFILE", help="the same for a built-in shape (e.g. qwen3-0.6b)")
+    b.add_argument("--model", metavar="DIR", help="every design a Hugging Face decoder or embedding "
+                   "model directory launches")
+    b.add_argument("--all-for", metavar="PROFILE", help="the same for a built-in shape (e.g. qwen3-0.6b, "
+                   "all-MiniLM-L6-v2: the bundled default embedding model)")
     b.add_argument("--precision", default="bf16", help="weights for --model/--all-for (bf16|int8|int4)")
     b.add_argument("--max-context", type=int, default=4096, metavar="TOKENS",
                    help="KV capacity the engine will run with for --model/--all-for (as `xdna "
@@ -45,6 +48,10 @@ def register(subparsers) -> None:
                    help="prompt tokens per prefill launch the engine will use (as `xdna generate "
                         "--prefill-chunk`; default 128): one design per rows bucket 1, 2, 4, ... "
                         "up to it")
+    b.add_argument("--max-batch", type=int, default=32, metavar="N",
+                   help="sequences per launch an embedding model's engine will use (as the "
+                        "Embedder's max_batch; default 32): one design set per batch bucket 1, 2, "
+                        "4, ... up to it and per sequence bucket")
     b.add_argument("--generation", default=None, help="NPU generation (default: TORCH_XDNA_GENERATION or npu4)")
     b.add_argument("--artifact-dir", type=Path, default=None, help="where to install (default: the store)")
     b.add_argument("--keep-build", type=Path, default=None, metavar="DIR",
@@ -93,11 +100,14 @@ def _examples(args, gen) -> tuple[list, list[str]]:
     exs = [catalog.example(d, s, args.dtype) for d, s in zip(args.design, args.shape)]
     skipped: list[str] = []
     if args.model or args.all_for:
-        from torch_xdna.engine.llm.designs import model_designs
-        found, why = model_designs(args.model or args.all_for, args.precision, gen,
-                                   context=args.max_context, chunk=args.prefill_chunk)
-        exs += found
-        skipped += why
+        from torch_xdna.engine.embed.designs import model_designs as encoder_designs
+        found_why = encoder_designs(args.model or args.all_for, max_batch=args.max_batch)
+        if found_why is None:              # not an encoder: a decoder's designs
+            from torch_xdna.engine.llm.designs import model_designs
+            found_why = model_designs(args.model or args.all_for, args.precision, gen,
+                                      context=args.max_context, chunk=args.prefill_chunk)
+        exs += found_why[0]
+        skipped += found_why[1]
     if not exs and not skipped:
         raise CliError("nothing to build: give --design NAME --shape S, --model DIR or --all-for "
                        "PROFILE (see `xdna kernels list`)")

@@ -70,6 +70,14 @@ def batch_bucket(n: int, max_batch: int) -> int:
     return min(b, max_batch)
 
 
+def launch_shapes(buckets: tuple[int, ...], max_batch: int,
+                  max_batch_tokens: int) -> list[tuple[int, int]]:
+    """Every (batch, seq) an Embedder's Programs may take: seq a bucket, batch a power of two up
+    to max_batch, padded tokens within max_batch_tokens unless one sequence (plan_batches)."""
+    sizes = sorted({batch_bucket(k, max_batch) for k in range(1, max_batch + 1)})
+    return [(b, s) for s in buckets for b in sizes if b == 1 or b * s <= max_batch_tokens]
+
+
 def bert_designs(sp: EncoderSpec, b: int, s: int, precision: str = "bf16",
                  table_dtype: torch.dtype = torch.bfloat16) -> tuple:
     """A BERT-family Program's designs for one (batch, seq) bucket: embedding, attention, FFN

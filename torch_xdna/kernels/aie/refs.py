@@ -280,6 +280,15 @@ def _head_host_layout(d, gen, inputs):
     return host_inputs(d, inputs, gen)
 
 
+def _encoder_host_layout(d, gen, inputs):
+    """The encoder blocks' stages take fp32 norm parameters, the embedding's id rows, the pool's
+    weights, the attention's padded mask (encoder_stages.host_inputs)."""
+    from torch_xdna.kernels.blocks.encoder_stages import host_inputs, unsupported
+    if unsupported(d) is not None:
+        return list(inputs)
+    return host_inputs(d, inputs, gen)
+
+
 def _register_lowering() -> None:
     from torch_xdna.kernels.lower import lower
     from torch_xdna.runtime.sim import txn_level
@@ -287,6 +296,8 @@ def _register_lowering() -> None:
     txn_level.register_host_layout("gemm", _gemm_host_layout)
     txn_level.register_host_layout("llm_layer", _layer_host_layout)
     txn_level.register_host_layout("llm_head", _head_host_layout)
+    for kind in ("encoder_embedding", "encoder_attention", "encoder_ffn", "encoder_pool"):
+        txn_level.register_host_layout(kind, _encoder_host_layout)
 
 
 # -- the fused decoder layer's per-token stages (kernels/lower/llm_layer.py) --------------------

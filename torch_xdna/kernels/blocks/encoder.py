@@ -27,17 +27,12 @@ from torch_xdna.kernels.ops.attention import attention_reference
 from torch_xdna.kernels.base import Design
 from torch_xdna.kernels.ops.gemm import GemmDesign
 from torch_xdna.kernels.blocks import encoder_exact as exact
+from torch_xdna.kernels.blocks import encoder_stages
+from torch_xdna.kernels.blocks.encoder_stages import layer_norm_design
 from torch_xdna.kernels.blocks.operands import OPERANDS
 from torch_xdna.kernels.blocks.toolkit import combine_plans
 from torch_xdna.kernels.ops.vector import OPS as VECTOR_OPS, EmbeddingDesign, VectorDesign
 from torch_xdna.runtime.plan import Plan, PlanError
-
-
-def layer_norm_design(rows: int, dim: int, eps: float) -> VectorDesign:
-    f32 = torch.float32
-    return VectorDesign("layer_norm", ((rows, dim), (dim,), (dim,)), (f32, torch.bfloat16, torch.bfloat16),
-                        (rows, dim), f32, (("eps", eps), ("has_bias", True), ("has_weight", True),
-                                           ("norm_dims", 1)))
 
 
 def _operand_w(t: torch.Tensor) -> torch.Tensor:
@@ -158,6 +153,12 @@ def scatter_rows(out: torch.Tensor, rows: torch.Tensor, y: torch.Tensor) -> None
     out.index_copy_(0, rows, y.to(out.dtype))
 
 
+def _staged(d: Design) -> bool:
+    """numerics.layer_order() == "plan" and the block runs as stages: its functional level then
+    computes in the stage programs' order (blocks/encoder_stages.py)."""
+    return numerics.layer_order() == "plan" and encoder_stages.unsupported(d) is None
+
+
 class FusedBlock(Design):
     """Shared plan logic: subclasses list their component designs."""
 
@@ -213,6 +214,9 @@ class EncoderEmbeddingDesign(FusedBlock):
     def reference(self, inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor],
                   **scalars: Any) -> None:
         word, pos, typ, ln_w, ln_b, ids, *types = inputs
+        if _staged(self):                    # the stage programs' order (txn-identical)
+            encoder_stages.staged_reference(self, inputs, outputs)
+            return
         if self.precision == "fp32":
             outputs[0].copy_(exact.embedding(word, pos, typ, ln_w, ln_b, ids,
                                              types[0] if self.typed else None, self.batch,
@@ -280,6 +284,9 @@ class EncoderAttentionDesign(FusedBlock):
                   **scalars: Any) -> None:
         x, w_qkv, b_qkv, mask, w_o, b_o, ln_w, ln_b = inputs
         b, s, h, nh, d = self.batch, self.seq, self.hidden, self.heads, self.head_dim
+        if _staged(self):                    # the stage programs' order (txn-identical)
+            encoder_stages.staged_reference(self, inputs, outputs)
+            return
         if self.precision == "fp32":
             outputs[0].copy_(exact.attention(x, w_qkv, b_qkv, mask, w_o, b_o, ln_w, ln_b, b, s,
                                              nh, self.eps))
@@ -368,6 +375,9 @@ class EncoderFFNDesign(FusedBlock):
     def reference(self, inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor],
                   **scalars: Any) -> None:
         x, w1, b1, w2, b2, ln_w, ln_b = inputs[:7]
+        if _staged(self):                    # the stage programs' order (txn-identical)
+            encoder_stages.staged_reference(self, inputs[:7], outputs)
+            return
         if self.precision == "fp32":
             outputs[0].copy_(exact.ffn(x, w1, b1, w2, b2, ln_w, ln_b, self.act, self.eps))
             return
@@ -445,6 +455,9 @@ class EncoderPoolDesign(FusedBlock):
     def reference(self, inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor],
                   **scalars: Any) -> None:
         x, mask = inputs
+        if _staged(self):                    # the stage programs' order (txn-identical)
+            encoder_stages.staged_reference(self, inputs, outputs)
+            return
         b, s, h = self.batch, self.seq, self.hidden
         x = x.view(b, s, h).float()
         keep = mask.view(b, s) == 0

@@ -274,13 +274,13 @@ def staged_reference(layer, inputs: Sequence[torch.Tensor], outputs: Sequence[to
         if st.kind == "design" and st.ins[-1] in WEIGHTS:     # a GEMM on a stored weight
             ds = st.design
             ws = weights[st.ins[-1]]
-            a_in = _as(t[st.ins[0]], (ds.m, ds.k))
+            a_in = as_shape(t[st.ins[0]], (ds.m, ds.k))
             b_in = [numerics.operand(ws[0]).t()] if a.precision == "bf16" else list(ws)
-            ds.reference([a_in, *b_in], [_as(t[st.outs[0]], _out_shape(ds))])
+            ds.reference([a_in, *b_in], [as_shape(t[st.outs[0]], out_shape(ds))])
         elif st.kind == "design":
             ds = st.design
-            ins = [_as(t[nm], sh) for nm, sh in zip(st.ins, _in_shapes(ds))]
-            out = _as(t[st.outs[0]], _out_shape(ds))
+            ins = [as_shape(t[nm], sh) for nm, sh in zip(st.ins, in_shapes(ds))]
+            out = as_shape(t[st.outs[0]], out_shape(ds))
             ds.reference(ins, [out], **stage_scalars(st, pos, n))
         elif st.kind == "qk_rope":
             qkv = t["T_qkv"].float()
@@ -300,23 +300,32 @@ def staged_reference(layer, inputs: Sequence[torch.Tensor], outputs: Sequence[to
             t["T_m"].copy_(cast_bf16(silu_mul_rows(gu[:, :I], gu[:, I:])))
 
 
-def _in_shapes(ds) -> tuple:
+def in_shapes(ds) -> tuple:
+    """A stage design's inputs as its reference takes them (GEMM: A, B[, bias][, residual];
+    attention: q, k, v[, mask])."""
     if ds.kind == "gemm":
-        return ((ds.m, ds.k), (ds.k, ds.n))
+        n, lead = ds.n, ((ds.batch,) if ds.batch > 1 else ())
+        return ((*lead, ds.m, ds.k), (*lead, ds.k, n)) + (((n,),) if ds.bias else ()) + \
+            (((*lead, ds.m, n),) if ds.residual else ())
     if ds.kind == "attention":
-        return ((ds.batch, ds.heads, ds.q_len, ds.head_dim),
-                (ds.batch, ds.kv_heads, ds.kv_len, ds.head_dim),
-                (ds.batch, ds.kv_heads, ds.kv_len, ds.head_dim))
+        q = (ds.batch, ds.heads, ds.q_len, ds.head_dim)
+        kv = (ds.batch, ds.kv_heads, ds.kv_len, ds.head_dim)
+        return (q, kv, kv) + ((ds.mask_shape,) if ds.mask else ())
+    if ds.kind == "embedding":
+        return ((ds.vocab, ds.dim), (ds.n_idx,))
     return tuple(ds.in_shapes)
 
 
-def _out_shape(ds) -> tuple:
+def out_shape(ds) -> tuple:
     if ds.kind == "gemm":
-        return (ds.m, ds.n)
+        return ((ds.batch,) if ds.batch > 1 else ()) + (ds.m, ds.n)
     if ds.kind == "attention":
         return (ds.batch, ds.heads, ds.q_len, ds.head_dim)
+    if ds.kind == "embedding":
+        return (ds.n_idx, ds.dim)
     return tuple(ds.out_shape)
 
 
-def _as(x: torch.Tensor, shape) -> torch.Tensor:
+def as_shape(x: torch.Tensor, shape) -> torch.Tensor:
+    """x viewed as `shape` (a copy only when x is not contiguous)."""
     return x.view(shape) if x.is_contiguous() else x.reshape(shape)

@@ -62,7 +62,9 @@ def attention_program(d, gen: Generation, kv_len: int | None = None, q_offset: i
     q_tiles = ceil_div(Lq, tq)
     items = B * Hkv * q_tiles
     cores, cols = plan.cores, plan.columns
-    if item_io:                         # every core busy in every round (no all-padding items)
+    if item_io or (d.mask and items % cores):
+        # every core busy in every round: an all-padding item would be shim zero padding (no
+        # mlir-aie form; the masked designs are the encoders', kernels/lower/encoder.py)
         cores = item_cores(items, plan.cores)
         cols = min(cols, cores)
     ntiles = ceil_div(n, tkv)           # key tiles this launch streams (the runtime trip count)
@@ -193,10 +195,16 @@ def attention_program(d, gen: Generation, kv_len: int | None = None, q_offset: i
                 b.task(f"kv{c}", "q", w * qe, (qe,), (1,))
                 continue
             off, tv = q_rows(w)
-            b.task(f"kv{c}", "q", off, (g, tv, D), (Lq * D, D, 1),
-                   ((2 * tkv - g * tq) // tq, tq - tv, dp - D))
+            rest = (2 * tkv - g * tq) // tq
+            if d.mask and tv == tq and dp == D:     # (the encoders': kernels/lower/encoder.py)
+                # whole rows: the element's tail is filler, not shim padding
+                b.task(f"kv{c}", "q", off, (g, tv, D), (Lq * D, D, 1))
+                if rest * tq * dp + q_pad_tail:
+                    _q_filler(b, f"kv{c}", rest * tq * dp + q_pad_tail, B * Hkv * S * D)
+                continue
+            b.task(f"kv{c}", "q", off, (g, tv, D), (Lq * D, D, 1), (rest, tq - tv, dp - D))
             if q_pad_tail:
-                b.task(f"kv{c}", "q", 0, (0,), (1,), (q_pad_tail,))
+                _q_filler(b, f"kv{c}", q_pad_tail, B * Hkv * S * D)
         for j in range(ntiles):
             for k, t in enumerate(tiles):
                 w = rd * cores + k
@@ -219,6 +227,16 @@ def attention_program(d, gen: Generation, kv_len: int | None = None, q_offset: i
                                j * tkv, g, tq, tkv, rows, Lq)
         b.end_round()
     return b.build()
+
+
+def _q_filler(b, fifo: str, n: int, k_elems: int) -> None:
+    """Fill the rest of a Q element after its Q rows (n bf16: unused rows and the mask part,
+    never read: attn_q takes the Q rows only) with K bytes instead of shim zero padding, which mlir-aie refuses (AIEDMATasksToNPU.cpp:
+    'Padding is only supported by memtile dma bds.'); padded only when K is shorter."""
+    if k_elems >= n:
+        b.task(fifo, "k", 0, (n,), (1,))
+    else:
+        b.task(fifo, "q", 0, (0,), (1,), (n,))
 
 
 def item_cores(items: int, plan_cores: int) -> int:
@@ -245,7 +263,9 @@ def _mask_task(b, fifo, mshape, live, kv_valid, item, k0, g, tq, tkv, rows, Lq):
     tv = min(tq, Lq - t0)
     sb, sh, sq = (Hm * Lm * Sm if Bm > 1 else 0), (Lm * Sm if Hm > 1 else 0), (Sm if Lm > 1 else 0)
     off = bb * sb + h * g * sh + t0 * sq + k0
-    kv = min(kv_valid, Sm - k0)
+    # a tile inside the mask buffer is read whole, as K and V are (keys past kv_len are masked
+    # by the kernel whatever the mask holds there): no per-tile edge padding
+    kv = tkv if k0 + tkv <= Sm else min(kv_valid, Sm - k0)
     sizes, strides = (g, tv, kv), (sh, sq, 1)
     pads = ((rows - g * tq) // tq, tq - tv, tkv - kv)
     b.task(fifo, "mask", off, sizes, strides, pads)

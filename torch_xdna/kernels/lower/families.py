@@ -6,6 +6,7 @@ from torch_xdna.kernels.lower.attention import attention_program
 from torch_xdna.kernels.lower.dispatch import LOWERINGS
 from torch_xdna.kernels.lower.dma import concat_program, embedding_program, gather_program, \
     llm_embed_program
+from torch_xdna.kernels.lower.encoder import encoder_programs
 from torch_xdna.kernels.lower.fused import gated_gemm_programs, llm_block_programs, \
     prologue_gemm_programs
 from torch_xdna.kernels.lower.gemm import gemm_programs
@@ -26,4 +27,8 @@ LOWERINGS.update({
     "llm_mlp": llm_block_programs,
     "llm_head": llm_block_programs,
     "llm_layer": llm_block_programs,
+    "encoder_attention": encoder_programs,
+    "encoder_ffn": encoder_programs,
+    "encoder_embedding": encoder_programs,
+    "encoder_pool": encoder_programs,
 })

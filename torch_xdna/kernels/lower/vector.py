@@ -213,8 +213,10 @@ def vector_program(d, gen: Generation) -> ir.ArrayProgram:
             cores = min(cores, n_units)
             cols = min(cols, ceil_div(cores, gen.core_rows.value))
     row_op = d.op in ROW_OPS
-    if n_out == n_in and not row_op and (n_in % work or ceil_div(n_in, work) % cores):
-        fit = whole_units(n_in, work, cores, [numel(s) for s in d.in_shapes])
+    if n_out == n_in and (n_in % work or ceil_div(n_in, work) % cores):
+        # no zero-padded tail unit; a row op's units stay whole rows
+        fit = (whole_units(n_in, work, cores, granule=d._row_len()) if row_op else
+               whole_units(n_in, work, cores, [numel(s) for s in d.in_shapes]))
         if fit is not None:             # no zero-padded tail unit (no shim edge padding)
             work, n_units, cores = fit
             cols = min(cols, ceil_div(cores, gen.core_rows.value))

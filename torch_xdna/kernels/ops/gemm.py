@@ -50,6 +50,10 @@ from torch_xdna.runtime.sim.cost import compute_efficiency, dram_time_s, onchip_
 TILE_CANDIDATES = (4, 8, 16, 32, 48, 64, 96, 128, 192, 256)
 L1_MN_CANDIDATES = (4, 8, 16, 32, 64, 128)
 L1_K_CANDIDATES = (256, 128, 64, 32, 16, 8)
+# added to an UpstreamGemmDesign's score of a tiling whose lowering has no mlir-aie form (M
+# padded on the shim DMA: m_edge; a held B panel re-streamed as different elements): chosen only
+# when no tiling avoids it (the search still minimizes the score; the cost notes exclude it)
+EDGE_PENALTY_S = 1.0
 L2_FACTORS = (1, 2, 3, 4, 6, 8)
 KC_STEPS = (16, 8, 4, 2, 1)
 ELEM_BYTES = {"bf16": 2, "int8": 1, "bfp16": 9 / 8, "int4": 0.5}
@@ -75,6 +79,7 @@ class GemmDesign(Design):
     rounding: str = "rne"          # bf16 operand rounding: rne | floor
     w_group: int = 0               # >0: weight-only int8/int4, W [N, K] with scales per group
     kind = "gemm"
+    upstream_only = False         # UpstreamGemmDesign: only tilings with an mlir-aie form
 
     def __post_init__(self):
         if self.dtype not in DTYPES:
@@ -232,26 +237,33 @@ class GemmDesign(Design):
         ea, _, _ = self._bytes()
         pc = min(gen.core_rows.value // gm, gn)
         return int(2 * (gm // a_cols) * tm * tk * ea + 2 * b_steps * pc * self._b_tile_bytes(tk, tn)
-                   + 2 * gm * pc * (c_rows or tm) * tn * self.out_dtype.itemsize)
+                   + 2 * gm * pc * (c_rows or tm) * tn * self._stage_out_bytes())
+
+    def _stage_out_bytes(self) -> int:
+        """Bytes per element of the GEMM stage's C tile: with bias / residual the stage stores
+        the accumulator (fp32 / int32) for the epilogue stage (kernels/lower/gemm.gemm_programs),
+        not the design's output dtype."""
+        return ACC_BYTES if (self.bias or self.residual) else self.out_dtype.itemsize
 
     def _l1(self, tm: int, tk: int, tn: int, c_rows: int | None = None) -> int:
         """L1 per core; `c_rows` the C rows a core stores (stored_rows), else the whole tile."""
         ea, eb, _ = self._bytes()
-        out_b = self.out_dtype.itemsize
+        out_b = self._stage_out_bytes()
         l1 = 2 * tm * tk * ea + 2 * tk * tn * eb + tm * tn * ACC_BYTES + 2 * (c_rows or tm) * tn * out_b
         if self.weight_only:                       # dequantized bf16 tile + scales
             l1 += tk * tn * 2 + 2 * ceil_div(tk, self.w_group) * tn * 2
         return int(l1)
 
     def _l1_k(self, gen: Generation, tm: int, tn: int, s: int) -> int | None:
-        """Largest K step that fits L1 with this output tile (fewer kernel calls per tile)."""
+        """Largest K step that fits L1 with this output tile (fewer kernel calls per tile);
+        for UpstreamGemmDesign one dividing K first: a K edge would be shim zero padding in the
+        lowering, which mlir-aie refuses (AIEDMATasksToNPU.cpp: 'Padding is only supported by
+        memtile dma bds.'; array/mlir.form_errors)."""
         kmax = max(s, round_up(self.k, s))
-        for tk in L1_K_CANDIDATES:
-            if tk % s or tk > kmax and tk > s:
-                continue
-            if self._l1(tm, tk, tn) <= gen.l1_usable:
-                return tk
-        return None
+        fits = [tk for tk in L1_K_CANDIDATES if not (tk % s or tk > kmax and tk > s)
+                and self._l1(tm, tk, tn) <= gen.l1_usable]
+        whole = [tk for tk in fits if self.k % tk == 0] if self.upstream_only else []
+        return (whole or fits or [None])[0]
 
     def _tile_cycles(self, gen: Generation, tm: int, tn: int, kp: int, extra_calls: int = 0) -> float:
         """Core cycles of one output tile: its K loop at the calibrated sustained MAC rate, the
@@ -416,15 +428,29 @@ class GemmDesign(Design):
         syncs = max(0, ceil_div(tasks, depth) - 1)
         t_sync = syncs * gen.sync_point_us.value * 1e-6      # waits overlap the queued transfers
         score = max(t_dram, t_sync, t_chip, t_comp) + fill
+        quant_bufs = 2 if self.weight_only else 0
+        # UpstreamGemmDesign: no tiling without an mlir-aie form (array/mlir.form_errors) unless
+        # nothing else fits: M padded on the shim, a held B panel re-streamed as p x K/tk
+        # different elements. GemmDesign keeps the cost model's choice for now (the large bf16
+        # GEMMs' plans, e.g. 1024^3, hold such a panel; edge tiles pad on the shim)
+        # a held panel re-streamed p times: each B out-fifo's depth-2 BDs chain p times on the
+        # mem tile (usage.endpoint_bds, upstream's repeat_count expansion)
+        pc = min(gen.core_rows.value // gm, gn)
+        held_bds = 2 * pc * (p - 1) if resident and p > 1 else 0
+        mt_bds = 2 * (4 + gm + 1) + (4 if partial else 0) + 2 * quant_bufs + held_bds
+        if mt_bds > gen.memtile_bds.value:
+            return None                   # does not fit the mem tile's BDs
+        if self.upstream_only and (m_edge(m_total, tm, gm, p if resident else 1)
+                                   or (resident and p > 1 and kt > 1)):
+            score += EDGE_PENALTY_S
         macs = self.batch * self.m * self.k * self.n
         padded = nb_batch * round_up(m_total, tm) * kp * round_up(self.n, tn)
-        quant_bufs = 2 if self.weight_only else 0
         # the search compares scores only: the Plan is built for the winner (make_plan)
         return (score, cores, lambda: Plan(
             design="gemm", dtype=self.dtype, columns=cols, cores=cores, tile=(tm, tk, tn),
             l1_bytes=self._l1(tm, tk, tn, stored_rows(m_total, gm, p, tm)), memtile_bytes=memtile,
             core_bds=2 * (3 + (1 if partial else 0)) + quant_bufs,
-            memtile_bds=2 * (4 + gm + 1) + (4 if partial else 0) + 2 * quant_bufs,
+            memtile_bds=mt_bds,
             core_locks=2 * (3 + (1 if partial else 0)) + quant_bufs,
             shim_tasks=min(depth, tasks), double_buffered=True,
             dram_read_bytes=int(read), dram_write_bytes=int(c_write), macs=macs,
@@ -473,6 +499,33 @@ def n_edge_columns(n: int, tn: int, gn: int, per_col: int, cols: int, align: int
         if pc and n_panel_start(n0, width, n, align) != n0:
             extra += width - max(0, min(width, n - n0))
     return extra
+
+
+@dataclass(frozen=True)
+class UpstreamGemmDesign(GemmDesign):
+    """A GemmDesign planned among tilings whose lowering has an mlir-aie form (whenever one
+    fits): no M or K edge padded on the shim DMA (AIEDMATasksToNPU.cpp 'Padding is only
+    supported by memtile dma bds.'), no held B panel re-streamed as p x K/tk different elements
+    (mlir-aie repeats whole objects only: aie.objectfifo repeat_count, AIEOps.td;
+    array/mlir.form_errors). The fused blocks' GEMM
+    stages built for the chip use it (kernels/blocks/encoder_stages.py); its own key, so its
+    plan and artifact are never a GemmDesign's."""
+
+    upstream_only = True
+
+    @property
+    def key(self) -> tuple:
+        return super().key + ("upstream_form",)
+
+
+def m_edge(m_total: int, tm: int, gm: int, pl: int) -> bool:
+    """The lowering would zero-pad M on the shim DMA (a partial M tile, or an output block with
+    fewer M tiles than its cores x sub-blocks), which mlir-aie refuses (AIEDMATasksToNPU.cpp:
+    'Padding is only supported by memtile dma bds.'); not when the rows are the same in every
+    tile (stored_rows: the mem tile pads them). `pl`: the held B panel's M sub-blocks."""
+    if stored_rows(m_total, gm, pl, tm) is not None:
+        return False
+    return bool(m_total % tm or ceil_div(m_total, tm) % (gm * pl))
 
 
 def stored_rows(m_total: int, gm: int, p: int, tm: int) -> int | None:
