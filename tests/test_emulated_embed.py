@@ -85,3 +85,39 @@ def test_embed_on_the_emulated_npu_equals_the_simulator(built, capsys, monkeypat
     fast = _vectors(_embed(model, capsys, monkeypatch, kernel_order=False))
     cos = torch.nn.functional.cosine_similarity(v_emu, fast, dim=-1)
     assert float(cos.min()) >= 0.9999, cos
+
+
+def _serve_embeddings(model, monkeypatch, store=None) -> tuple[torch.Tensor, str]:
+    """(vectors, the server's backend) of one /v1/embeddings request through `xdna serve`'s
+    app and the official OpenAI client."""
+    import openai
+    from emulated_env import select_backend
+    from torch_xdna.runtime.backends import set_device_for_testing
+    from torch_xdna.runtime.xrt.session import release_devices
+    from torch_xdna.server.app import create_app
+    from torch_xdna.server.background import BackgroundServer
+    from torch_xdna.server.config import ServerConfig
+    from torch_xdna.server.registry import ModelRegistry
+    prev = select_backend(monkeypatch, store)
+    try:
+        reg = ModelRegistry()
+        reg.add_dir(model, name="tiny-bert")
+        app = create_app(ServerConfig(default_model=False), registry=reg)
+        with BackgroundServer(app) as srv:
+            client = openai.OpenAI(base_url=srv.url + "/v1", api_key="none")
+            r = client.embeddings.create(model="tiny-bert", input=TEXTS)
+            return (torch.tensor([d.embedding for d in r.data]),
+                    app.state.server.dev.backend)
+    finally:
+        set_device_for_testing(prev)
+        release_devices()
+
+
+def test_serve_embeddings_on_the_emulated_npu_equals_the_simulator(built, monkeypatch):
+    """`xdna serve`'s /v1/embeddings, asked with the official OpenAI client: the emulated NPU's
+    vectors are the simulator's (emulated results)."""
+    model, store, _ = built
+    sim, sim_backend = _serve_embeddings(model, monkeypatch)
+    emu, emu_backend = _serve_embeddings(model, monkeypatch, store)
+    assert (sim_backend, emu_backend) == ("sim", "xrt")
+    assert emu.shape == (3, 64) and torch.equal(emu, sim)
