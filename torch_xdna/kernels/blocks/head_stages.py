@@ -23,13 +23,10 @@ from typing import Any, Sequence
 
 import torch
 
-from torch_xdna.hw import NPU4
 from torch_xdna.kernels import numerics
-from torch_xdna.kernels.blocks.llm_stages import Stage
-from torch_xdna.kernels.blocks.operands import OPERANDS
+from torch_xdna.kernels.blocks.llm_stages import Stage, stage_weight
 from torch_xdna.kernels.blocks.weights import STAGED_PRECISIONS, default_group, weight_tensors
 from torch_xdna.kernels.ops.gemm import GemmDesign
-from torch_xdna.kernels.ops.gemm_pack import pack_weight_tiles
 from torch_xdna.kernels.ops.vector import VectorDesign
 
 BF16, F32 = torch.bfloat16, torch.float32
@@ -68,14 +65,7 @@ def host_inputs(head, inputs: Sequence[torch.Tensor], gen=None) -> list[torch.Te
     bf16 lm_head as W^T [H, V], int8 / int4 as the GEMV stage's packed tiles (for `gen`);
     derived once per weight (operands.OPERANDS, keyed by storage and version)."""
     x, norm, *ws = inputs[:2 + weight_tensors(head.precision)]
-    if head.precision == "bf16":
-        w = OPERANDS.derived(("head_wt",), tuple(ws),
-                             lambda: numerics.operand(ws[0]).t().contiguous().to(BF16))
-    else:
-        g, gemv = gen or NPU4, stages(head)[1].design
-        w = OPERANDS.derived(("head_pack", gemv.key, g.name), tuple(ws),
-                             lambda: pack_weight_tiles(gemv, g, *ws))
-    return [x, norm, w]
+    return [x, norm, stage_weight(stages(head)[1].design, ws, gen)]
 
 
 def staged_reference(head, inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor],

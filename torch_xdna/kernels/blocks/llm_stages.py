@@ -213,13 +213,7 @@ def host_inputs(layer, inputs: Sequence[torch.Tensor], gen=None) -> list[torch.T
     gemms = {st.ins[1]: st.design for st in stages(layer) if st.ins[-1] in WEIGHTS}
 
     def wt(name):
-        ws = weights[name]
-        if layer.attention.precision == "bf16":
-            return OPERANDS.derived(("layer_wt",), ws,
-                                    lambda: numerics.operand(ws[0]).t().contiguous().to(BF16))
-        g = gen or NPU4
-        return OPERANDS.derived(("layer_pack", gemms[name].key, g.name), ws,
-                                lambda: pack_weight_tiles(gemms[name], g, *ws))
+        return stage_weight(gemms[name], weights[name], gen)
 
     def cs():
         c, s = numerics.operand(cos), numerics.operand(sin).clone()
@@ -229,6 +223,19 @@ def host_inputs(layer, inputs: Sequence[torch.Tensor], gen=None) -> list[torch.T
     return [named["x"], named["attn_norm"], named["q_norm"], named["k_norm"], wt("w_qkv_t"),
             wt("w_o_t"), OPERANDS.derived(("layer_cs",), (cos, sin), cs), named["mlp_norm"],
             wt("w_gate_up_t"), wt("w_down_t")]
+
+
+def stage_weight(gemm: GemmDesign, ws: Sequence[torch.Tensor], gen=None) -> torch.Tensor:
+    """A stored weight (W [N, K], or W and its scales) as GEMM stage `gemm` takes it: bf16 as
+    B = W^T [K, N], int8 / int4 as its packed tiles for `gen`; derived once per weight
+    (operands.OPERANDS: keyed by storage and version)."""
+    ws = tuple(ws)
+    if gemm.dtype == "bf16":
+        return OPERANDS.derived(("stage_wt",), ws,
+                                lambda: numerics.operand(ws[0]).t().contiguous().to(BF16))
+    g = gen or NPU4
+    return OPERANDS.derived(("stage_pack", gemm.key, g.name), ws,
+                            lambda: pack_weight_tiles(gemm, g, *ws))
 
 
 # -- the per-token stages' numerics (also the core-kernel references) --------------------------
