@@ -174,6 +174,8 @@ def soak(requests: int = 20000, minutes: float | None = None, max_batch: int = 4
          log=print, kinds: list[str] | None = None) -> dict:
     """Run the soak; `kinds` narrows the mix to those request kinds (to bisect a growth)."""
     import httpx
+    from torch_xdna.runtime.settings import bound_native_caches
+    bound_native_caches()            # as `xdna serve` does, before the models run any op
     from torch_xdna.server.app import ServerConfig, create_app
     from torch_xdna.server.background import BackgroundServer
     from torch_xdna.server.registry import ModelRegistry

@@ -85,3 +85,15 @@ def test_native_cache_bounds_are_set_when_unset_and_kept_when_set(monkeypatch):
     monkeypatch.setenv("LRU_CACHE_CAPACITY", "0")          # crashes this torch: refused
     with pytest.raises(EnvError, match="LRU_CACHE_CAPACITY='0'"):
         settings.bound_native_caches()
+
+
+def test_importing_torch_xdna_leaves_the_native_caches_alone():
+    """Installing the package changes nothing for a CPU-only program: only `xdna serve` (and the
+    soak benchmark) bound torch's and oneDNN's primitive caches."""
+    import subprocess
+    import sys
+    code = ("import os; os.environ.pop('LRU_CACHE_CAPACITY', None); "
+            "os.environ.pop('ONEDNN_PRIMITIVE_CACHE_CAPACITY', None); import torch, torch_xdna; "
+            "print(os.environ.get('LRU_CACHE_CAPACITY'), os.environ.get('ONEDNN_PRIMITIVE_CACHE_CAPACITY'))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.stdout.split() == ["None", "None"], out.stderr

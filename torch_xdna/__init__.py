@@ -11,8 +11,6 @@ __version__ = "0.1.0"
 
 
 def _register() -> None:
-    from torch_xdna.runtime.settings import bound_native_caches
-    bound_native_caches()                # before any torch op reads the cache capacities
     from torch_xdna.device import register
     register()
     import importlib

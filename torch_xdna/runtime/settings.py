@@ -229,10 +229,11 @@ NATIVE_CACHES = ("LRU_CACHE_CAPACITY", "ONEDNN_PRIMITIVE_CACHE_CAPACITY")
 def bound_native_caches() -> None:
     """Give torch's and oneDNN's shape-keyed primitive caches our bounds when the user set none.
     Why: each new input shape (a prompt length, a merged embedding batch) JIT-compiles a
-    primitive that the caches keep, ~0.7 MB a shape (both caches) up to 1,024 each: a long-running server's
-    RSS grew ~6 MB per 1,000 requests (docs/serving.md, Soak). Both libraries read the variables
-    when a thread first uses them, so this runs on `import torch_xdna` (PyTorch's backend
-    autoload imports it before any op); a value the user set is checked and kept."""
+    primitive that the caches keep, ~0.7 MB a shape (both caches) up to 1,024 each: a
+    long-running server's RSS grew ~6 MB per 1,000 requests (docs/serving.md, Soak). Both
+    libraries read the variables when a thread first uses them, so `xdna serve` (and the soak
+    benchmark) call this before any op; `import torch_xdna` does not (installing the package
+    leaves CPU-only programs as they were). A value the user set is checked and kept."""
     for name in NATIVE_CACHES:
         if read_raw(name) is None:
             os.environ[name] = str(SETTINGS[name].default)

@@ -138,6 +138,8 @@ def _port_free(host: str, port: int) -> str | None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from torch_xdna.runtime.settings import bound_native_caches
+    bound_native_caches()            # a long-running server: before any op reads the capacities
     try:
         from torch_xdna.server.app import ServerConfig, create_app
         from torch_xdna.server.state import backend_description
