@@ -289,6 +289,15 @@ def _encoder_host_layout(d, gen, inputs):
     return host_inputs(d, inputs, gen)
 
 
+def _whisper_host_layout(d, gen, inputs):
+    """The Whisper blocks' stages take transposed weights, fp32 norm parameters and position
+    tables, the mel window time-major (whisper_stages.host_inputs)."""
+    from torch_xdna.kernels.blocks.whisper_stages import host_inputs, unsupported
+    if unsupported(d) is not None:
+        return list(inputs)
+    return host_inputs(d, inputs, gen)
+
+
 def _register_lowering() -> None:
     from torch_xdna.kernels.lower import lower
     from torch_xdna.runtime.sim import txn_level
@@ -298,6 +307,9 @@ def _register_lowering() -> None:
     txn_level.register_host_layout("llm_head", _head_host_layout)
     for kind in ("encoder_embedding", "encoder_attention", "encoder_ffn", "encoder_pool"):
         txn_level.register_host_layout(kind, _encoder_host_layout)
+    from torch_xdna.kernels.blocks.whisper_stages import KINDS
+    for kind in KINDS:
+        txn_level.register_host_layout(kind, _whisper_host_layout)
 
 
 # -- the fused decoder layer's per-token stages (kernels/lower/llm_layer.py) --------------------
@@ -401,3 +413,11 @@ def attn_finish(o: torch.Tensor, ml: torch.Tensor, state: torch.Tensor) -> None:
     from torch_xdna.kernels.ops.attention import flash_finish
     o.copy_(flash_finish(o, ml[:, 1].clone()))
     state[1] += 1
+
+
+@ck.register("embed_bf16_f32")
+def embed_bf16(row, out, group, scale) -> None:
+    """One bf16 table row (its bytes) times bf16(scale) -> fp32 (embed.cc, golden.embed_row)."""
+    from torch_xdna.kernels.aie.golden import embed_row
+    vals = row.reshape(-1).view(torch.bfloat16) if row.dtype == torch.uint8 else row
+    out.copy_(embed_row([vals], "bf16", int(group), float(scale)).reshape(out.shape))

@@ -112,15 +112,19 @@ def attention_items(layer, gen=None) -> dict:
     whole stream element per item (E = 2 tkv rows of dp), T_a one output tile (rows of dp); row
     gi * tq + r of an item is query head h * group + gi at token t * tq + r. Rows past an item's
     valid ones are never written by qk_rope nor read by attn_cast."""
-    d = dims(layer)
     a = next(st.design for st in stages(layer) if st.label == "attention")
+    return item_layout(a, dims(layer)["R"], gen)
+
+
+def item_layout(a: AttentionDesign, rows: int, gen=None) -> dict:
+    """The item layout (see attention_items) of attention stage `a` over `rows` query rows."""
     g = gen or NPU4
     tq, tkv, dp = a.plan(g).tile
-    q_tiles = -(-d["R"] // tq)
+    q_tiles = -(-rows // tq)
     rm = g.mmul_shape.value["bf16"][0]
-    rows = -(-a.group * tq // rm) * rm           # lower/attention.py: the core's query rows
+    core_rows = -(-a.group * tq // rm) * rm      # lower/attention.py: the core's query rows
     return dict(tq=tq, tkv=tkv, dp=dp, E=2 * tkv, g=a.group, q_tiles=q_tiles,
-                items=d["Hkv"] * q_tiles, rows=rows)
+                items=a.kv_heads * q_tiles, rows=core_rows)
 
 
 def scratch(layer, gen=None) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:

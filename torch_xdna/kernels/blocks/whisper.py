@@ -37,6 +37,7 @@ from torch_xdna.kernels.activations import apply_epilogue
 from torch_xdna.kernels.base import Design
 from torch_xdna.kernels.blocks.encoder import layer_norm_design
 from torch_xdna.kernels.blocks.llm import EmbedDesign
+from torch_xdna.kernels.blocks import whisper_stages
 from torch_xdna.kernels.blocks.operands import OPERANDS
 from torch_xdna.kernels.blocks.toolkit import (
     KV_TILE, attend, combine_plans, fused_plan, gemm_plan, inference_mode, kv_bucket,
@@ -154,6 +155,15 @@ class _Num:
         return apply_epilogue(name, x)
 
 
+def _staged(d: Design, inputs, outputs, pos: int = 0, n: int | None = None) -> bool:
+    """numerics.layer_order() == "plan" and the block runs as stages: compute it in the stage
+    programs' order (blocks/whisper_stages.py, bit-identical to the transaction level)."""
+    if numerics.layer_order() != "plan" or whisper_stages.unsupported(d, n) is not None:
+        return False
+    whisper_stages.staged_reference(d, inputs, outputs, pos=pos, n=n)
+    return True
+
+
 def _heads(t: torch.Tensor, heads: int) -> torch.Tensor:
     """[n, heads*D] -> [heads, n, D]."""
     n = t.shape[0]
@@ -181,6 +191,8 @@ class WhisperStemDesign(WhisperBlockDesign):
 
     @inference_mode
     def reference(self, inputs, outputs, **_: Any) -> None:
+        if _staged(self, inputs, outputs):
+            return
         mel, w1, b1, w2, b2, pos = inputs
         num = _Num(self.precision)
         x = num.act("gelu", F.conv1d(num.rnd(mel).unsqueeze(0), num.w(w1), num.w(b1), padding=1))
@@ -233,6 +245,8 @@ class WhisperEncoderLayerDesign(WhisperBlockDesign):
 
     @inference_mode
     def reference(self, inputs, outputs, **_: Any) -> None:
+        if _staged(self, inputs, outputs):
+            return
         x, l1w, l1b, wqkv, bqkv, wo, bo, l2w, l2b, w1, b1, w2, b2 = _grouped(
             inputs, (3, 5, 9, 11), self.precision)
         num, h, nh = _Num(self.precision), self.hidden, self.heads
@@ -275,6 +289,8 @@ class WhisperCrossKVDesign(WhisperBlockDesign):
 
     @inference_mode
     def reference(self, inputs, outputs, **_: Any) -> None:
+        if _staged(self, inputs, outputs):
+            return
         num, h = _Num(self.precision), self.hidden
         enc, kc, vc = outputs
         if self.final_norm:
@@ -284,8 +300,9 @@ class WhisperCrossKVDesign(WhisperBlockDesign):
             _, wkv, bkv = _grouped(inputs, (1,), self.precision)
         kv = num.linear(enc, wkv, bkv)
         store = kc.dtype
-        kc.copy_(_heads(num.rnd(kv[:, :h]), self.heads).to(store))
-        vc.copy_(_heads(num.rnd(kv[:, h:]), self.heads).to(store))
+        s = self.rows                  # the resident K / V may hold whole KV tiles (cross_rows)
+        kc[:, :s].copy_(_heads(num.rnd(kv[:, :h]), self.heads).to(store))
+        vc[:, :s].copy_(_heads(num.rnd(kv[:, h:]), self.heads).to(store))
 
     def plan(self, gen: Generation) -> Plan:
         s, h = self.rows, self.hidden
@@ -309,6 +326,8 @@ class WhisperEmbedDesign(EmbedDesign):
 
     @inference_mode
     def reference(self, inputs, outputs, pos: int = 0, n: int | None = None, **_: Any) -> None:
+        if _staged(self, inputs, outputs, pos, n):
+            return
         n = self.rows if n is None else n
         tok, table, ids = inputs
         e = tok[ids[:n].long()].float()
@@ -343,6 +362,8 @@ class WhisperDecoderLayerDesign(WhisperBlockDesign):
 
     @inference_mode
     def reference(self, inputs, outputs, pos: int = 0, n: int | None = None, **_: Any) -> None:
+        if _staged(self, inputs, outputs, pos, n):
+            return
         (x, l1w, l1b, wqkv, bqkv, wo, bo, l2w, l2b, wcq, bcq, wco, bco, ck, cv,
          l3w, l3b, w1, b1, w2, b2) = _grouped(inputs, (3, 5, 9, 11, 17, 19), self.precision)
         out, kc, vc = outputs
@@ -358,8 +379,9 @@ class WhisperDecoderLayerDesign(WhisperBlockDesign):
                    q_offset=pos, window=None, softcap=None, exact=num.exact, rounded=True)
         y = num.linear(a.transpose(0, 1).reshape(n, h), wo, bo).add_(xs)
         cq = _heads(num.rnd(num.linear(num.ln(y, l2w, l2b, self.eps), wcq, bcq)), nh)
-        a = attend(cq, ck, cv, scale=scale, q_offset=ck.shape[1], window=None, softcap=None,
-                   exact=num.exact, rounded=True)
+        src = self.source              # the resident K / V may hold whole KV tiles (cross_rows)
+        a = attend(cq, ck[:, :src], cv[:, :src], scale=scale, q_offset=src, window=None,
+                   softcap=None, exact=num.exact, rounded=True)
         z = num.linear(a.transpose(0, 1).reshape(n, h), wco, bco).add_(y)
         f = num.act(self.act, num.linear(num.ln(z, l3w, l3b, self.eps), w1, b1))
         out[:n].copy_(num.linear(f, w2, b2).add_(z))
@@ -413,6 +435,8 @@ class WhisperHeadDesign(WhisperBlockDesign):
 
     @inference_mode
     def reference(self, inputs, outputs, pos: int = 0, n: int | None = None, **_: Any) -> None:
+        if _staged(self, inputs, outputs, pos, n):
+            return
         x, lw, lb, proj = _grouped(inputs, (3,), self.precision)
         n = self.rows if n is None else n
         num = _Num(self.precision)

@@ -49,3 +49,15 @@ def rename_args(prog: ir.ArrayProgram, mapping: dict[str, str], notes: dict | No
     return dataclasses.replace(prog, sequence=dataclasses.replace(seq, args=args, ops=ops),
                                notes=tuple(sorted(merged.items())))
 
+
+
+def read_rows_at(p: ir.ArrayProgram, arg: str, shape: tuple[int, ...], offset: int) -> ir.ArrayProgram:
+    """`p` reading host argument `arg` as a whole buffer of `shape` from element `offset` (a row
+    block of it, e.g. a launch's last valid row) instead of its own smaller buffer from 0: the
+    offset is a per-launch BD base address, the configuration is unchanged."""
+    seq = p.sequence
+    args = tuple(dataclasses.replace(a, type=dataclasses.replace(a.type, shape=shape))
+                 if a.name == arg else a for a in seq.args)
+    ops = tuple(dataclasses.replace(op, offset=op.offset + offset)
+                if isinstance(op, ir.DmaTask) and op.arg == arg else op for op in seq.ops)
+    return dataclasses.replace(p, sequence=dataclasses.replace(seq, args=args, ops=ops))

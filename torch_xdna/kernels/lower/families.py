@@ -11,6 +11,7 @@ from torch_xdna.kernels.lower.fused import gated_gemm_programs, llm_block_progra
     prologue_gemm_programs
 from torch_xdna.kernels.lower.gemm import gemm_programs
 from torch_xdna.kernels.lower.vector import chain_program, vector_program
+from torch_xdna.kernels.lower.whisper import whisper_programs
 
 LOWERINGS.update({
     "gemm": lambda d, gen, **kw: gemm_programs(d, gen),
@@ -31,4 +32,6 @@ LOWERINGS.update({
     "encoder_ffn": encoder_programs,
     "encoder_embedding": encoder_programs,
     "encoder_pool": encoder_programs,
+    **{k: whisper_programs for k in ("whisper_stem", "whisper_encoder_layer", "whisper_cross_kv",
+                                     "whisper_embed", "whisper_decoder_layer", "whisper_head")},
 })

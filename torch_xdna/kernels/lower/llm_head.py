@@ -8,13 +8,11 @@ configuration (stream mode "host"); the GEMV's stream is fixed.
 """
 from __future__ import annotations
 
-import dataclasses
-
 from torch_xdna.array import ir
 from torch_xdna.hw import Generation
 from torch_xdna.kernels.blocks import head_stages as HS
 from torch_xdna.kernels.lower.builder import LoweringError
-from torch_xdna.kernels.lower.dispatch import lower_stage, rename_args
+from torch_xdna.kernels.lower.dispatch import lower_stage, read_rows_at, rename_args
 
 _PROGRAMS: dict = {}                 # (head, generation, stage, valid rows) -> program
 _MAX_PROGRAMS = 256
@@ -44,19 +42,8 @@ def _stage(d, gen: Generation, j: int, n: int) -> ir.ArrayProgram:
                      host_layout="head_stages.host_inputs", per_launch_stream=d.rows > 1)
     p = rename_args(p, dict(zip(names, st.ins + st.outs)), notes)
     if j == 0:
-        p = _read_row(p, "x", (d.rows, d.hidden), (n - 1) * d.hidden)
+        p = read_rows_at(p, "x", (d.rows, d.hidden), (n - 1) * d.hidden)
     if len(_PROGRAMS) > _MAX_PROGRAMS:
         _PROGRAMS.clear()
     _PROGRAMS[key] = p
     return p
-
-
-def _read_row(p: ir.ArrayProgram, arg: str, shape: tuple[int, int], offset: int) -> ir.ArrayProgram:
-    """`p` reading host argument `arg` as a whole [rows, H] buffer from element `offset` (a
-    row of it) instead of a [1, H] buffer from 0."""
-    seq = p.sequence
-    args = tuple(dataclasses.replace(a, type=dataclasses.replace(a.type, shape=shape))
-                 if a.name == arg else a for a in seq.args)
-    ops = tuple(dataclasses.replace(op, offset=op.offset + offset)
-                if isinstance(op, ir.DmaTask) and op.arg == arg else op for op in seq.ops)
-    return dataclasses.replace(p, sequence=dataclasses.replace(seq, args=args, ops=ops))
