@@ -95,6 +95,30 @@ def test_every_design_passes_the_upstream_rules():
     assert refused == NO_UPSTREAM_FORM
 
 
+def test_whisper_base_designs_pass_the_upstream_rules(tmp_path):
+    """A Whisper-base-shaped directory (d_model 512, 6 + 6 layers, 8 heads, 80 mels x 3000
+    frames; one layer each, random weights, reduced vocabulary): every design `xdna kernels build --model`
+    lists for it (the encoder Program's and the decoder's rows buckets 2 and 1) lowers to stage
+    programs with an mlir-aie form and no rule violation."""
+    from whisper_fixtures import make_whisper_dir
+
+    from torch_xdna.engine.asr.designs import model_designs
+    from torch_xdna.kernels.toolchain.launch_abi import lower_example
+    model = make_whisper_dir(tmp_path / "base", "base", layers=1)
+    examples, skipped = model_designs(str(model), "bf16", 2)
+    assert not skipped
+    assert len(examples) == 9           # stem, layer, cross K/V; embed, layer, head x 2 buckets
+    n, bad = 0, []
+    for ex in examples:
+        for prog in lower_example(ex, NPU4):
+            n += 1
+            assert not form_errors(prog), (ex.design.name, prog.name, form_errors(prog)[:1])
+            bad += [f"{ex.design.name} {prog.name}: {v.line()}"
+                    for v in rules.verify(prog, NPU4, contract=kernel_contract_errors)]
+    assert not bad, "\n".join(bad[:20])
+    assert n > 60
+
+
 def test_every_rule_cites_upstream():
     for r in rules.RULES.values():
         assert r.citation and r.upstream

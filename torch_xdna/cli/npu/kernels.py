@@ -36,8 +36,8 @@ def register(subparsers) -> None:
     b.add_argument("--shape", action="append", default=[], metavar="S",
                    help="its shape, e.g. 256x512x256 for a GEMM's MxKxN")
     b.add_argument("--dtype", default=None, help="operand dtype (default: the design's)")
-    b.add_argument("--model", metavar="DIR", help="every design a Hugging Face decoder or embedding "
-                   "model directory launches")
+    b.add_argument("--model", metavar="DIR", help="every design a Hugging Face decoder, embedding "
+                   "or Whisper model directory launches")
     b.add_argument("--all-for", metavar="PROFILE", help="the same for a built-in shape (e.g. qwen3-0.6b, "
                    "all-MiniLM-L6-v2: the bundled default embedding model)")
     b.add_argument("--precision", default="bf16", help="weights for --model/--all-for (bf16|int8|int4)")
@@ -46,8 +46,8 @@ def register(subparsers) -> None:
                         "generate --max-context`; capped by the model's maximum; default 4096)")
     b.add_argument("--prefill-chunk", type=int, default=128, metavar="TOKENS",
                    help="prompt tokens per prefill launch the engine will use (as `xdna generate "
-                        "--prefill-chunk`; default 128): one design per rows bucket 1, 2, 4, ... "
-                        "up to it")
+                        "--prefill-chunk`; default 128; Whisper's decoder at most 64): one design "
+                        "per rows bucket 1, 2, 4, ... up to it")
     b.add_argument("--max-batch", type=int, default=32, metavar="N",
                    help="sequences per launch an embedding model's engine will use (as the "
                         "Embedder's max_batch; default 32): one design set per batch bucket 1, 2, "
@@ -99,7 +99,13 @@ def _examples(args, gen) -> tuple[list, list[str]]:
                        f"{len(args.shape)} shapes)")
     exs = [catalog.example(d, s, args.dtype) for d, s in zip(args.design, args.shape)]
     skipped: list[str] = []
-    if args.model or args.all_for:
+    if args.model and _is_whisper(args.model):
+        from torch_xdna.engine.asr.designs import model_designs as whisper_designs
+        from torch_xdna.engine.asr.whisper import DEFAULT_CHUNK
+        found = whisper_designs(args.model, args.precision, min(args.prefill_chunk, DEFAULT_CHUNK))
+        exs += found[0]
+        skipped += found[1]
+    elif args.model or args.all_for:
         from torch_xdna.engine.embed.designs import model_designs as encoder_designs
         found_why = encoder_designs(args.model or args.all_for, max_batch=args.max_batch)
         if found_why is None:              # not an encoder: a decoder's designs
@@ -112,6 +118,11 @@ def _examples(args, gen) -> tuple[list, list[str]]:
         raise CliError("nothing to build: give --design NAME --shape S, --model DIR or --all-for "
                        "PROFILE (see `xdna kernels list`)")
     return exs, skipped
+
+
+def _is_whisper(model: str) -> bool:
+    from torch_xdna.engine.asr.designs import is_whisper
+    return is_whisper(model)
 
 
 def run_build(args) -> int:

@@ -22,6 +22,7 @@ from typing import Mapping
 
 from torch_xdna.kernels.blocks.weights import default_group
 from torch_xdna.kernels.blocks.whisper import encoder_designs, split_precision, step_designs
+from torch_xdna.kernels.blocks.whisper_stages import cache_rows, cross_rows
 from torch_xdna.models.whisper import WhisperFiles, WhisperSpec, load_whisper_weights, read_whisper
 from torch_xdna.runtime import Device, Launch, Program, get_device
 
@@ -41,8 +42,8 @@ def resident_bytes_estimate(spec: WhisperSpec, precision: Precision, chunk: int 
     wb = 4 if split_precision(precision)[0] == "fp32" else 2
     h, s = spec.d_model, spec.source_positions
     weights = spec.params() * wb
-    cross = 2 * spec.decoder_layers * s * h * wb
-    kv = 2 * spec.decoder_layers * spec.target_positions * h * wb
+    cross = 2 * spec.decoder_layers * cross_rows(s) * h * wb
+    kv = 2 * spec.decoder_layers * cache_rows(spec.target_positions) * h * wb
     acts = spec.n_mels * spec.mel_frames * 4 + 2 * s * h * 4 + chunk * (h + 1) * 4 + spec.vocab * 4
     return weights + cross + kv + acts
 
@@ -153,6 +154,9 @@ class WhisperModel(ResidentDecoder):
                              f"{self.spec.mel_frames} (2 x max_source_positions)")
         check_fits(files, precision, dev, self.chunk)
         self.capacity = self.spec.target_positions
+        # caches hold whole KV tiles (the stage programs read whole tiles inside the buffer);
+        # rows past the positions / encoder frames are zero and masked by kv_len
+        self.kv_rows, self.cross_rows = cache_rows(self.capacity), cross_rows(self.spec.source_positions)
         s, h, nh = self.spec.source_positions, self.spec.d_model, self.spec.decoder_heads
         cache_dt = torch.float32 if pe == "fp32" else torch.bfloat16
         self._encoder: Program | None = None
@@ -163,9 +167,10 @@ class WhisperModel(ResidentDecoder):
             self.enc_x = self.empty((s, h), torch.float32)
             self.enc_out = self.empty((s, h), torch.float32)
             L = self.spec.decoder_layers
-            self.cross_k = [self.empty((nh, s, h // nh), cache_dt) for _ in range(L)]
-            self.cross_v = [self.empty((nh, s, h // nh), cache_dt) for _ in range(L)]
-            self.cache = KVCache.allocate(dev, L, nh, h // nh, self.capacity, cache_dt)
+            cross = torch.zeros((nh, self.cross_rows, h // nh), dtype=cache_dt)
+            self.cross_k = [self.upload(cross) for _ in range(L)]
+            self.cross_v = [self.upload(cross) for _ in range(L)]
+            self.cache = KVCache.allocate(dev, L, nh, h // nh, self.kv_rows, cache_dt)
             self._owned += self.cache.k + self.cache.v
             self.x = self.empty((self.chunk, h), torch.float32)
             self.ids = self.empty((self.chunk,), torch.int32)
@@ -222,7 +227,7 @@ class WhisperModel(ResidentDecoder):
             return prog
         w, s = self.w, self._scalars
         x, ids = self.rows_view(self.x, rows), self.rows_view(self.ids, rows)
-        designs = step_designs(self.spec, self.precision, rows, self.capacity)
+        designs = step_designs(self.spec, self.precision, rows, self.kv_rows)
         launches = [Launch(designs[0], [w["dec.embed_tokens.weight"],
                                         w["dec.embed_positions.weight"], ids], [x], s, op="embed")]
         for i, d in enumerate(designs[1:-1]):

@@ -171,7 +171,9 @@ _OUTPUTS = {"whisper_stem": ("x",), "whisper_encoder_layer": ("out",),
 
 def input_names(d) -> tuple[str, ...]:
     if d.kind == "whisper_cross_kv":
-        return ("x", "ln_w", "ln_b", "w_kv_t", "b_kv") if d.final_norm else ("enc", "w_kv_t", "b_kv")
+        # later layers read the encoder output the first one wrote (the launch binds the same
+        # buffer as input and output; the ABI names each once)
+        return ("x", "ln_w", "ln_b", "w_kv_t", "b_kv") if d.final_norm else ("enc_in", "w_kv_t", "b_kv")
     return _INPUTS[d.kind]
 
 
@@ -253,7 +255,7 @@ def stages(d, pos: int = 0, n: int | None = None) -> tuple[Stage, ...]:
         S, Sc = m["S"], m["Sc"]
         split = tuple(Transfer("T_kv", w * H + h * D, (S, D), (2 * H, 1), out, h * Sc * D, (S * D,), (1,))
                       for w, out in enumerate(("k", "v")) for h in range(nh))
-        src = "enc"
+        src = "enc" if d.final_norm else "enc_in"
         first = ()
         if d.final_norm:
             first = (Stage("ln", "design", ("x", "ln_w", "ln_b"), ("enc",), _ln(S, H, d.eps, F32)),)

@@ -83,7 +83,7 @@ def buffer_types(d, inputs=None) -> dict[str, tuple[tuple[int, ...], torch.dtype
         out.update(mel_t=((m["T"] + 2, m["M"]), bf16), zeros=((H,), bf16))
     elif d.kind == "whisper_cross_kv":
         heads = ((m["nh"], m["Sc"], m["D"]), bf16)
-        out.update(enc=((m["S"], H), f32), k=heads, v=heads)
+        out.update(enc=((m["S"], H), f32), enc_in=((m["S"], H), f32), k=heads, v=heads)
     elif d.kind == "whisper_decoder_layer":
         cache = ((m["nh"], m["C"], m["D"]), bf16)
         out.update(k_cache=cache, v_cache=cache)
