@@ -325,6 +325,17 @@ def qk_norm_rope(xcs, w, out, work, rows, d, eps, offset) -> None:
     out.copy_(y.reshape(out.shape).to(out.dtype))
 
 
+@ck.register("qk_rope_bf16")
+def qk_rope(xcs, out, rows, d) -> None:
+    """xcs = [rows x d heads | cos d | signed_sin d] -> out bf16 (qk_rope.cc, rope only)."""
+    from torch_xdna.kernels.blocks.llm_stages import qk_rope_rows
+    rows, d = int(rows), int(d)
+    x = xcs[:rows * d].reshape(rows, d)
+    cos, ssin = xcs[rows * d:rows * d + d], xcs[rows * d + d:rows * d + 2 * d]
+    y = qk_rope_rows(x.float(), cos.float().unsqueeze(0), ssin.float().unsqueeze(0))
+    out.copy_(y.reshape(out.shape).to(out.dtype))
+
+
 @ck.register("silu_mul_bf16_f32")
 def silu_mul(gate, up, out, n) -> None:
     from torch_xdna.kernels.blocks.llm_stages import silu_mul_rows
