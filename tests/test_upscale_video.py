@@ -117,6 +117,19 @@ def test_batched_frames_cut_dispatches(video, espcn):
     assert len(short) == 20 and pts == sorted(pts) and len(set(pts)) == 20
 
 
+def test_batch_that_does_not_plan_runs_in_halves(tmp_path):
+    """64/32-feature ESPCN on 96x96 tiles: 2 images per forward exceed the mem tile in the last
+    conv's plan, so the batch runs as single images (remembered for the tile shape), exactly
+    equal to upscaling each alone."""
+    torch.manual_seed(2)
+    up = Upscaler(ESPCN(2, channels=1, features=(64, 32)), tile=96, cache_dir=tmp_path)
+    x = torch.rand(2, 1, 96, 96)
+    st = UpscaleStats()
+    y = up.upscale_tensor(x, st)
+    assert up.max_batch == {(96, 96): 1} and st.dispatches == 2
+    assert torch.equal(y, torch.cat([up.upscale_tensor(x[i:i + 1]) for i in range(2)]))
+
+
 @pytest.mark.parametrize("suffix,codec", [(".mkv", "ffv1"), (".mp4", "libx264rgb")])
 def test_lossless_output_is_frame_exact_and_audio_copied(video, espcn, tmp_path, capsys, suffix,
                                                          codec):

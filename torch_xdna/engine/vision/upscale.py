@@ -15,6 +15,7 @@ from pathlib import Path
 
 import torch
 
+from torch_xdna.compiler.options import FallbackRefused
 from torch_xdna.engine.counters import CounterDelta
 from torch_xdna.engine.vision.image_embedder import allow_recompiles
 from torch_xdna.models.sr import SubpixelBilinear, load_sr
@@ -63,6 +64,7 @@ class Upscaler:
         opts = {"cache_dir": str(cache_dir)} if cache_dir else {}
         allow_recompiles()
         self.fn = torch.compile(self.model, backend="xdna", dynamic=False, options=opts)
+        self.max_batch: dict[tuple[int, int], int] = {}    # tile shape -> images that plan
 
     @classmethod
     def load(cls, model_dir: str | Path | None = None, scale: int | None = None,
@@ -102,7 +104,7 @@ class Upscaler:
                 th = min(tile, h)
                 for xs, xa, xb in tile_windows(w, tile, self.halo):
                     tw = min(tile, w)
-                    y = self.fn(x[:, :, ys:ys + th, xs:xs + tw].contiguous().to("xdna")).cpu()
+                    y = self._forward(x[:, :, ys:ys + th, xs:xs + tw].contiguous())
                     out[:, :, ya * s:yb * s, xa * s:xb * s] = \
                         y[:, :, (ya - ys) * s:(yb - ys) * s, (xa - xs) * s:(xb - xs) * s]
                     stats.tiles += 1
@@ -113,6 +115,23 @@ class Upscaler:
         stats.modeled_us += d["modeled_us"]
         stats.host_s += time.perf_counter() - t0
         return out
+
+    def _forward(self, xt: torch.Tensor) -> torch.Tensor:
+        """One tile position for N images. The conv plans' memory grows with N, so a batch that
+        does not plan on the device (strict() refuses the host) runs in halves, and the size that
+        fits is remembered per tile shape."""
+        from torch._dynamo.exc import BackendCompilerFailed
+        n, key = xt.shape[0], tuple(xt.shape[2:])
+        cap = self.max_batch.get(key, n)
+        if n > cap:
+            return torch.cat([self._forward(part) for part in xt.split(cap)])
+        try:
+            return self.fn(xt.to("xdna")).cpu()
+        except BackendCompilerFailed as e:
+            if n == 1 or not isinstance(e.inner_exception, FallbackRefused):
+                raise
+        self.max_batch[key] = (n + 1) // 2
+        return self._forward(xt)
 
     def upscale_image(self, img, stats: UpscaleStats | None = None, tile: int | None = None):
         """PIL image -> PIL image `scale` times larger. One-channel networks (ESPCN's Y channel)
