@@ -24,14 +24,15 @@ pytest.importorskip("PIL")
 FPS, SECONDS, W, H, RATE = 10, 2, 32, 24, 16000
 
 
-def make_video(path, audio: bool = True) -> None:
-    """A moving colour pattern (H.264, yuv420p) and, if asked, a mono 440 Hz AAC sine."""
+def make_video(path, audio: str | None = "aac", channels: int = 1) -> None:
+    """A moving colour pattern (H.264, yuv420p) and, unless audio is None, a 440 Hz sine."""
     with av.open(str(path), "w") as c:
         v = c.add_stream("libx264", rate=FPS)
         v.width, v.height, v.pix_fmt = W, H, "yuv420p"
-        a = c.add_stream("aac", rate=RATE) if audio else None
+        a = c.add_stream(audio, rate=RATE) if audio else None
+        layout = "mono" if channels == 1 else "stereo"
         if a is not None:
-            a.layout = "mono"
+            a.layout = layout
         yy, xx = np.mgrid[0:H, 0:W]
         for i in range(SECONDS * FPS):
             img = np.stack([(xx * 8 + i * 12) % 256, (yy * 10 + i * 5) % 256,
@@ -40,10 +41,10 @@ def make_video(path, audio: bool = True) -> None:
         c.mux(v.encode(None))
         if a is not None:
             t = np.arange(RATE * SECONDS) / RATE
-            pcm = (0.3 * np.sin(2 * math.pi * 440 * t)).astype(np.float32)
-            for s in range(0, len(pcm), 1024):
-                fr = av.AudioFrame.from_ndarray(pcm[None, s:s + 1024], format="flt",
-                                                layout="mono")
+            pcm = np.repeat((0.3 * np.sin(2 * math.pi * 440 * t)).astype(np.float32), channels)
+            for s in range(0, len(t), 1024):
+                fr = av.AudioFrame.from_ndarray(pcm[None, s * channels:(s + 1024) * channels],
+                                                format="flt", layout=layout)
                 fr.sample_rate, fr.pts = RATE, s
                 c.mux(a.encode(fr))
             c.mux(a.encode(None))
@@ -158,20 +159,35 @@ def test_lossy_containers_and_audio_reencode(video, tmp_path, capsys):
     up = Upscaler.load(scale=2, cache_dir=tmp_path)
     ref = per_image(up, video)
     for name, vcodec, audio in [("o.mp4", "h264", "copied aac"),
-                                ("o.webm", "vp9", "re-encoded aac -> libopus")]:
+                                ("o.webm", "vp9", "re-encoded aac -> opus")]:
         assert main(["upscale", str(video), str(tmp_path / name), "--scale", "2",
                      "--json"]) == 0
         cap = capsys.readouterr()
         assert json.loads(cap.out)["audio"] == audio
         assert "20 frame(s) 32x24 -> 64x48" in cap.err and "measured on this host" in cap.err
         with av.open(str(tmp_path / name)) as c:
-            assert [s.codec_context.name for s in c.streams] == [vcodec, audio.split()[-1]
-                                                                 .replace("libopus", "opus")]
+            assert [s.codec_context.name for s in c.streams] == [vcodec, audio.split()[-1]]
             assert c.streams.audio[0].duration is None or c.streams.audio[0].duration > 0
         got = decoded(tmp_path / name)
         assert len(got) == 20
         err = np.mean([np.abs(g.astype(int) - r).mean() for g, r in zip(got, ref)])
         assert err < 12                                   # mean |diff| in counts of 255
+
+
+def test_audio_copied_where_the_container_takes_it(tmp_path, espcn):
+    """Stereo PCM in .mkv: .mov takes the packets as they are; .mp4 lists PCM but refuses this
+    layout when its trailer is written, so the trial mux sends it to AAC instead."""
+    src = tmp_path / "pcm.mkv"
+    make_video(src, audio="pcm_s16le", channels=2)
+    mov = upscale_video(espcn[1], src, tmp_path / "o.mov")
+    assert mov.audio == "copied pcm_s16le"
+    assert audio_packets(tmp_path / "o.mov") == audio_packets(src)
+    mp4 = upscale_video(espcn[1], src, tmp_path / "o.mp4")
+    assert mp4.audio == "re-encoded pcm_s16le -> aac" and mp4.frames == 20
+    with av.open(str(tmp_path / "o.mp4")) as c:
+        a = c.streams.audio[0]
+        assert (a.codec_context.name, a.channels) == ("aac", 2)
+        assert sum(f.samples for f in c.decode(audio=0)) >= RATE * SECONDS
 
 
 def test_progress_bar(video, espcn, tmp_path, capsys):
@@ -183,7 +199,7 @@ def test_progress_bar(video, espcn, tmp_path, capsys):
 
 def test_no_audio_video(tmp_path, espcn):
     src = tmp_path / "silent.mp4"
-    make_video(src, audio=False)
+    make_video(src, audio=None)
     st = upscale_video(espcn[1], src, tmp_path / "o.mkv", lossless=True)
     assert (st.frames, st.audio) == (20, "none")
     assert len(decoded(tmp_path / "o.mkv")) == 20

@@ -157,6 +157,30 @@ def _video_stream(out: Any, codec_name: str, opts: dict, src: Any, w: int, h: in
     return s
 
 
+def _can_copy(fmt: str, src: Any) -> bool:
+    """Whether muxer `fmt` takes the audio stream's packets as they are: a trial file in memory
+    with the codec in the muxer's table, its header, the first packet and the trailer written
+    (mp4 refuses some PCM layouts only at the trailer, mov FLAC and Opus at the header)."""
+    import io
+
+    import av
+    try:
+        with av.open(src.container.name) as c, \
+                av.open(io.BytesIO(), "w", format=fmt) as trial:
+            a = c.streams[src.index]
+            if a.codec_context.codec.canonical_name not in trial.supported_codecs:
+                return False
+            out = trial.add_stream_from_template(a)
+            for pkt in c.demux(a):
+                if pkt.dts is not None:
+                    pkt.stream = out
+                    trial.mux(pkt)
+                    break
+    except av.error.FFmpegError:
+        return False
+    return True
+
+
 class _Audio:
     """The output side of the input's first audio stream: remuxed packets when the container
     takes the codec, else decoded and re-encoded to the container's default audio codec."""
@@ -164,8 +188,8 @@ class _Audio:
     def __init__(self, out: Any, src: Any):
         import av
         self.src, self.out = src, out
-        name = src.codec_context.name
-        self.copy = name in out.supported_codecs
+        name = src.codec_context.codec.canonical_name
+        self.copy = _can_copy(out.format.name, src)
         if self.copy:
             self.stream = out.add_stream_from_template(src)
             self.label = f"copied {name}"
@@ -174,10 +198,11 @@ class _Audio:
         rates = codec.audio_rates
         rate = src.rate if not rates or src.rate in rates else max(rates)
         self.stream = out.add_stream(codec.name, rate=rate)
-        self.stream.layout = src.layout.name if src.layout.nb_channels <= 2 else "stereo"
+        # a named layout: sources may carry "2 channels" (unspecified), which encoders refuse
+        self.stream.layout = "mono" if src.layout.nb_channels == 1 else "stereo"
         self.resampler = av.AudioResampler(format=codec.audio_formats[0].name,
                                            layout=self.stream.layout, rate=rate)
-        self.label = f"re-encoded {name} -> {codec.name}"
+        self.label = f"re-encoded {name} -> {codec.canonical_name}"
 
     def packet(self, pkt: Any) -> None:
         if self.copy:
