@@ -129,6 +129,8 @@ def test_batch_that_does_not_plan_runs_in_halves(tmp_path):
     y = up.upscale_tensor(x, st)
     assert up.max_batch == {(96, 96): 1} and st.dispatches == 2
     assert torch.equal(y, torch.cat([up.upscale_tensor(x[i:i + 1]) for i in range(2)]))
+    with pytest.raises(ValueError, match="a 64x64 tile does not plan on the NPU.*--tile"):
+        up.upscale_tensor(x, tile=64)                     # one image that does not plan either
 
 
 @pytest.mark.parametrize("suffix,codec", [(".mkv", "ffv1"), (".mp4", "libx264rgb")])

@@ -128,8 +128,12 @@ class Upscaler:
         try:
             return self.fn(xt.to("xdna")).cpu()
         except BackendCompilerFailed as e:
-            if n == 1 or not isinstance(e.inner_exception, FallbackRefused):
+            if not isinstance(e.inner_exception, FallbackRefused):
                 raise
+            if n == 1:
+                raise ValueError(f"{self.name}: a {key[0]}x{key[1]} tile does not plan on the "
+                                 f"NPU (strict(): no host fallback); pick another --tile, e.g. "
+                                 f"{DEFAULT_TILE} or 48") from None
         self.max_batch[key] = (n + 1) // 2
         return self._forward(xt)
 
