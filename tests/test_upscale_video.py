@@ -155,12 +155,12 @@ def test_lossless_output_is_frame_exact_and_audio_copied(video, espcn, tmp_path,
 
 
 def test_lossy_containers_and_audio_reencode(video, tmp_path, capsys):
-    """Default codecs: H.264 in .mp4 (audio copied), VP9 in .webm (AAC is not allowed there:
+    """Default codecs: H.264 in .mp4 and MPEG-4 in .avi (audio copied), VP9 in .webm (no AAC there:
     re-encoded to Opus); the bilinear --scale net; frames close to per-image (lossy codec)."""
     from torch_xdna.cli.main import main
     up = Upscaler.load(scale=2, cache_dir=tmp_path)
     ref = per_image(up, video)
-    for name, vcodec, audio in [("o.mp4", "h264", "copied aac"),
+    for name, vcodec, audio in [("o.mp4", "h264", "copied aac"), ("o.avi", "mpeg4", "copied aac"),
                                 ("o.webm", "vp9", "re-encoded aac -> opus")]:
         assert main(["upscale", str(video), str(tmp_path / name), "--scale", "2",
                      "--json"]) == 0

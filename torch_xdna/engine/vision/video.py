@@ -94,7 +94,7 @@ def probe(path: str | Path) -> VideoInfo:
         n = v.frames
         if not n and c.duration:
             n = round(c.duration / 1e6 * fps)
-        a = c.streams.audio[0].codec_context.name if c.streams.audio else None
+        a = c.streams.audio[0].codec_context.codec.canonical_name if c.streams.audio else None
         return VideoInfo(v.codec_context.width, v.codec_context.height, fps, int(n or 0), a)
 
 
@@ -148,7 +148,10 @@ def _video_stream(out: Any, codec_name: str, opts: dict, src: Any, w: int, h: in
         codec = av.Codec(out.default_video_codec, "w")
         opts = {}
     rate = Fraction(src.average_rate or src.guessed_rate or 25)
+    qscale = opts.pop("qscale", None)      # a context field (fixed quantizer), not an AVOption
     s = out.add_stream(codec.name, rate=rate, options=opts)
+    if qscale:
+        s.codec_context.qscale = int(qscale)
     s.width, s.height = w, h
     s.pix_fmt = _pix_fmt(codec, w, h, lossless)
     # the source's clock keeps variable frame timing; AVI stores one frame per tick, so 1/fps
