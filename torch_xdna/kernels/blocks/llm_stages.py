@@ -47,7 +47,7 @@ from torch_xdna.kernels.blocks.operands import OPERANDS
 from torch_xdna.kernels.blocks.toolkit import rms_norm, rope
 from torch_xdna.kernels.blocks.weights import STAGED_PRECISIONS, default_group, weight_tensors
 from torch_xdna.kernels.ops.attention import AttentionDesign
-from torch_xdna.kernels.ops.gemm import GemmDesign
+from torch_xdna.kernels.ops.gemm import GemmDesign, UpstreamGemmDesign
 from torch_xdna.kernels.ops.gemm_pack import pack_weight_tiles
 from torch_xdna.kernels.ops.vector import VectorDesign
 
@@ -152,8 +152,8 @@ def stages(layer) -> tuple[Stage, ...]:
 
     def gemm(k, n, out):
         if a.precision == "bf16":
-            return GemmDesign(R, k, n, dtype="bf16", out_dtype=out)
-        return GemmDesign(R, k, n, dtype=a.precision, out_dtype=out,
+            return UpstreamGemmDesign(R, k, n, dtype="bf16", out_dtype=out)
+        return UpstreamGemmDesign(R, k, n, dtype=a.precision, out_dtype=out,
                           w_group=a.group or default_group(a.precision))
 
     add = VectorDesign("add", ((R, H), (R, H)), (F32, F32), (R, H), F32)
