@@ -72,9 +72,15 @@ def make_parakeet_dir(path: Path, shape: str = "micro", head: str = "ctc", seed:
             if isinstance(m, torch.nn.BatchNorm1d):
                 m.running_mean.copy_(torch.randn_like(m.running_mean) * 0.1)
                 m.running_var.copy_(torch.rand_like(m.running_var) + 0.5)
-        for head in ("ctc_head", "joint"):     # frame-dependent logits dominate the biases:
-            for name, p in getattr(model, head, torch.nn.Module()).named_parameters():
-                p.mul_(5.0 if name.endswith("weight") else 0.0)   # many distinct tokens
+        if head == "ctc":        # frame-dependent logits dominate the biases: many tokens
+            model.ctc_head.weight.mul_(5.0)
+            model.ctc_head.bias.zero_()
+        else:                    # tokens and blanks vary; durations mostly 1-2 frames
+            w, b, v = model.joint.head.weight, model.joint.head.bias, blank + 1
+            w[:v].mul_(5.0)
+            b.zero_()
+            b[blank] = 1.0
+            b[v:] = torch.tensor([-1.0, 1.0, 1.0, 0.0, 0.0])
     model.save_pretrained(path)
     ParakeetFeatureExtractor(feature_size=n_mels).save_pretrained(path)
     return path

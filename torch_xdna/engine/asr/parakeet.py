@@ -138,15 +138,22 @@ class ParakeetModel:
         t = s.frames_out(self.max_frames)
         n_out = s.vocab if s.head == "ctc" else s.decoder_hidden
         try:
-            self.w = {k: self._keep(self.dev.upload(v)) for k, v in weights.items()}
-            self.mel = self._keep(self.dev.empty((self.max_frames, s.n_mels), torch.float32))
-            self.x = self._keep(self.dev.empty((t, s.hidden), torch.float32))
-            self.out = self._keep(self.dev.empty((t, n_out), torch.float32))
+            self.w = {k: self.upload(v) for k, v in weights.items()}
+            self.mel = self.empty((self.max_frames, s.n_mels), torch.float32)
+            self.x = self.empty((t, s.hidden), torch.float32)
+            self.out = self.empty((t, n_out), torch.float32)
         except BaseException:
             self.close()
             raise
 
-    def _keep(self, a: TensorArg) -> TensorArg:
+    def upload(self, t: torch.Tensor) -> TensorArg:
+        """A resident copy of `t` this model owns (close() frees it; the TDT decoder's too)."""
+        a = self.dev.upload(t.contiguous())
+        self._owned.append(a)
+        return a
+
+    def empty(self, shape: tuple[int, ...], dtype: torch.dtype) -> TensorArg:
+        a = self.dev.empty(shape, dtype)
         self._owned.append(a)
         return a
 
@@ -185,9 +192,8 @@ class ParakeetModel:
                 self.dev.free(a.buffer)
             self._programs = {f: pr for f, pr in self._programs.items()
                               if s.frames_out(f) != old_rows}
-        pe = self._keep(self.dev.upload(rel_positions(rows, s.hidden)))
-        keys = [self._keep(self.dev.empty((s.heads, 2 * rows - 1, s.head_dim), dt))
-                for _ in range(s.layers)]
+        pe = self.upload(rel_positions(rows, s.hidden))
+        keys = [self.empty((s.heads, 2 * rows - 1, s.head_dim), dt) for _ in range(s.layers)]
         d = ConformerRelPosDesign(rows, s.hidden, s.heads, self.precision)
         self.dev.run_program(Program([Launch(d, [pe, self.w[f"L{i}.rel.w"]], [keys[i]],
                                              op=f"layer{i}.relpos") for i in range(s.layers)],

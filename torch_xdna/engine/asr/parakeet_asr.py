@@ -115,9 +115,7 @@ class ParakeetTranscriber:
         return self.model.files.path.name
 
     def close(self) -> None:
-        if self.decoder is not None:
-            self.decoder.close()
-        self.model.close()
+        self.model.close()           # the TDT decoder's buffers too
 
     def text_of(self, ids: list[int]) -> str:
         if self.tokenizer is None:
@@ -196,7 +194,7 @@ class ParakeetTranscriber:
                 text = self.text_of([t for t, _ in cur])
                 start = round(cur[0][1] * frame_s, 3)
                 if text.strip():
-                    segs.append(Segment(len(segs), start, round(max(end, start), 3),
+                    segs.append(Segment(len(segs), start, min(round(max(end, start), 3), duration),
                                         " " + text.strip(), [t for t, _ in cur]))
             cur.clear()
 

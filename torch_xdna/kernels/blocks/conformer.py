@@ -328,3 +328,76 @@ class ConformerHeadDesign(Design):
 
     def plan(self, gen: Generation) -> Plan:
         return combine_plans(self.kind, [gemm_plan(gen, self.rows, self.hidden, self.out, "bf16")])
+
+
+# -- TDT transducer (prediction network and joint network, one token step) ---------------------
+@dataclass(frozen=True)
+class TransducerPredictDesign(Design):
+    """The prediction network on one token: e = emb[id]; per LSTM layer l, gates = [e, h_l]
+    W_l^T + b_l (W_l = [W_ih | W_hh], b_l = b_ih + b_hh: one GEMV), i, f, o = sigmoid,
+    g = tanh, c_l = f c_l + i g, h_l = o tanh(c_l), e = h_l; out = e P^T + p.
+    inputs: ids int32 [1], emb [V, D], per layer W_l [4D, 2D], b_l [4D], then P [D, D], p [D];
+    outputs: h [L, D], c [L, D] (read and updated in place), out [1, D] fp32.
+    scalar run: 0 after a blank (the output and state are kept; the launch returns at once), so
+    every decoding step runs the same Program (one hardware context, no reconfiguration)."""
+
+    hidden: int
+    layers: int
+    vocab: int
+    precision: str = "bf16"
+    kind = "transducer_predict"
+
+    @inference_mode
+    def reference(self, inputs, outputs, run: int = 1, **_: Any) -> None:
+        if not run:
+            return
+        ar = Arith(self.precision)
+        ids, emb, *ws = inputs
+        h, c, out = outputs
+        x = emb[ids[:1].long()].float()
+        for layer in range(self.layers):
+            w, b = ws[2 * layer], ws[2 * layer + 1]
+            gates = ar.linear(torch.cat([x, h[layer:layer + 1].float()], dim=1), w, b)
+            i, f, g, o = gates.chunk(4, dim=1)
+            cell = torch.sigmoid(f) * c[layer:layer + 1] + torch.sigmoid(i) * torch.tanh(g)
+            x = torch.sigmoid(o) * torch.tanh(cell)
+            c[layer:layer + 1].copy_(cell)
+            h[layer:layer + 1].copy_(x)
+        out.copy_(ar.linear(x, ws[-2], ws[-1]))
+
+    def plan(self, gen: Generation) -> Plan:
+        d = self.hidden
+        lstm = [gemm_plan(gen, 1, 2 * d, 4 * d, "bf16"), vector_plan(gen, "sigmoid", 1, 3 * d),
+                vector_plan(gen, "tanh", 2, d), vector_plan(gen, "mul", 3, d, 2),
+                vector_plan(gen, "add", 1, d, 2)]
+        return combine_plans(self.kind, lstm * self.layers + [gemm_plan(gen, 1, d, d, "bf16")])
+
+    def launch_plan(self, gen: Generation, run: int = 1, **_: Any) -> Plan:
+        """run=0: the core reads its flag and returns (a one-element vector pass)."""
+        return self.plan(gen) if run else combine_plans(self.kind, [vector_plan(gen, "copy", 1, 1)])
+
+
+@dataclass(frozen=True)
+class TransducerJointDesign(Design):
+    """logits = relu(enc[frame] + dec) W^T + b over tokens and durations.
+    inputs: enc [T, D] (the encoder projection), dec [1, D], W [V + n_durations, D], b;
+    output: logits [1, V + n_durations] fp32; scalar: frame."""
+
+    hidden: int
+    rows: int
+    out: int
+    precision: str = "bf16"
+    kind = "transducer_joint"
+
+    @inference_mode
+    def reference(self, inputs, outputs, frame: int = 0, **_: Any) -> None:
+        ar = Arith(self.precision)
+        enc, dec, w, b = inputs
+        x = torch.relu(enc[frame:frame + 1].float() + dec.float())
+        outputs[0].copy_(ar.linear(x, w, b))
+
+    def plan(self, gen: Generation) -> Plan:
+        d = self.hidden
+        return combine_plans(self.kind, [vector_plan(gen, "add", 1, d, 2),
+                                         vector_plan(gen, "relu", 1, d),
+                                         gemm_plan(gen, 1, d, self.out, "bf16")])
