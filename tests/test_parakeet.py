@@ -229,8 +229,8 @@ def test_cli_server_and_errors(ctc, tmp_path, capsys):
 
 
 def test_estimate_equals_what_the_sim_charges(ctc, tdt):
-    """estimate_parakeet's encoder figure is what the simulator charges for the encoder Program
-    of a 30-s window (steady state), at CTC and TDT micro shapes."""
+    """estimate_parakeet's figures are what the simulator charges: the encoder Program of a 30-s
+    window (steady state) at CTC and TDT micro shapes, and TDT's token and blank steps."""
     from torch_xdna.engine.asr.parakeet import load_parakeet_model
     from torch_xdna.engine.asr.parakeet_estimate import estimate_parakeet
     from torch_xdna.engine.counters import CounterDelta
@@ -244,6 +244,26 @@ def test_estimate_equals_what_the_sim_charges(ctc, tdt):
             charged = delta.take()["modeled_us"] / 1e3
             est = estimate_parakeet(m.spec, "bf16")
             assert abs(est["modeled_encoder_ms_per_window"] - charged) < 1e-6 * charged + 1e-6
+            if m.spec.head == "tdt":              # a token step and a blank step, as decode() runs
+                from torch_xdna.engine.asr.transducer import TdtDecoder
+                dec = TdtDecoder(m)
+                enc = m.upload(torch.randn(m.rows, m.spec.decoder_hidden))
+                prog = dec.program(enc)
+                for buf in (dec.h, dec.c):
+                    m.dev.write(buf.buffer, torch.zeros(buf.shape))
+                m.dev.write(dec.ids.buffer, torch.tensor([3], dtype=torch.int32))
+                m.dev.run_program(prog)           # the step's hardware context loaded
+                got = []
+                for run in (1, 0):
+                    delta = CounterDelta(m.dev)
+                    if run:
+                        m.dev.write(dec.ids.buffer, torch.tensor([3], dtype=torch.int32))
+                    dec._scalars.update(frame=5, run=run)
+                    m.dev.run_program(prog)
+                    m.dev.download(dec.logits)
+                    got.append(delta.take()["modeled_us"] / 1e3)
+                assert got[0] == pytest.approx(est["modeled_step_ms"], rel=1e-9)
+                assert got[1] == pytest.approx(est["modeled_blank_step_ms"], rel=1e-9)
         finally:
             m.close()
 

@@ -26,10 +26,11 @@ import torch
 
 from torch_xdna.engine.asr.audio import SAMPLE_RATE, load_audio
 from torch_xdna.engine.asr.fbank import ParakeetFeatures
-from torch_xdna.engine.asr.parakeet import MAX_WINDOW_FRAMES, ParakeetModel, load_parakeet_model
+from torch_xdna.engine.asr.parakeet import MAX_WINDOW_FRAMES, ParakeetModel, host_weights
 from torch_xdna.engine.asr.transcribe import (Segment, TranscribeOptions, TranscribeStats,
                                               Transcription, TranscriberBusy)
 from torch_xdna.engine.counters import CounterDelta
+from torch_xdna.models.parakeet import load_parakeet_weights, read_parakeet
 from torch_xdna.runtime import Device
 
 OVERLAP_FRAMES = 400             # 4 s of mel frames shared by consecutive windows
@@ -80,7 +81,8 @@ class ParakeetTranscriber:
     """A ParakeetModel plus its front end, tokenizer and decoding. One transcription at a time.
     The interface of engine/asr/transcribe.Transcriber (transcribe, close, name, model.dev)."""
 
-    def __init__(self, model: ParakeetModel, overlap: int = OVERLAP_FRAMES):
+    def __init__(self, model: ParakeetModel, overlap: int = OVERLAP_FRAMES,
+                 sd: dict[str, torch.Tensor] | None = None):
         self.model = model
         self.spec = model.spec
         self.features = ParakeetFeatures(model.files.front)
@@ -94,7 +96,7 @@ class ParakeetTranscriber:
         self.decoder = None
         if self.spec.head == "tdt":
             from torch_xdna.engine.asr.transducer import TdtDecoder
-            self.decoder = TdtDecoder(model)
+            self.decoder = TdtDecoder(model, sd)
         self._lock = threading.Lock()
 
     @classmethod
@@ -108,7 +110,15 @@ class ParakeetTranscriber:
         if precision not in ("bf16", "fp32"):
             raise ValueError(f"Parakeet runs in bf16 (or fp32, the verification mode); "
                              f"precision {precision!r} is not supported for it")
-        return cls(load_parakeet_model(model_dir, precision, device, max_frames), overlap)
+        files = read_parakeet(model_dir)
+        sd = load_parakeet_weights(files)              # read once: encoder and TDT networks
+        model = ParakeetModel(files, host_weights(files.spec, sd, precision), precision, device,
+                              max_frames)
+        try:
+            return cls(model, overlap, sd)
+        except BaseException:
+            model.close()
+            raise
 
     @property
     def name(self) -> str:

@@ -91,8 +91,9 @@ def estimate_parakeet(spec: ParakeetSpec, precision: str = "bf16", window_s: int
                                        precision)
         joint = TransducerJointDesign(spec.decoder_hidden, t, spec.joint_out, precision)
         charge(cost, [pred, joint])                     # the step context is loaded once
-        step_us = charge(cost, [pred, joint], run=1) + flush_us(gen, 4)
-        blank_us = charge(cost, [pred, joint], run=0)
+        read = flush_us(gen, spec.joint_out * 4)        # the logits' read-back
+        step_us = charge(cost, [pred, joint], run=1) + flush_us(gen, 4) + read
+        blank_us = charge(cost, [pred, joint], run=0) + read
         dec_us = tokens * step_us + blank_steps * blank_us
         out.update(tokens_per_window=tokens, blank_steps=blank_steps,
                    modeled_step_ms=step_us / 1e3, modeled_blank_step_ms=blank_us / 1e3,

@@ -23,12 +23,13 @@ from torch_xdna.runtime import Launch, Program, TensorArg
 class TdtDecoder:
     """The TDT decoding network of a ParakeetModel (spec.head == "tdt"), resident on its device."""
 
-    def __init__(self, model):
+    def __init__(self, model, sd: dict[str, torch.Tensor] | None = None):
+        """`sd`: the directory's state dict when the caller has read it (else read here)."""
         from torch_xdna.models.parakeet import load_parakeet_weights
         self.model, self.dev, s = model, model.dev, model.spec
         self.spec = s
         dt = torch.float32 if model.precision == "fp32" else torch.bfloat16
-        sd = load_parakeet_weights(model.files)
+        sd = sd if sd is not None else load_parakeet_weights(model.files)
         host = {"emb": sd["decoder.embedding.weight"].to(dt),
                 "proj.w": sd["decoder.decoder_projector.weight"].to(dt),
                 "proj.b": sd["decoder.decoder_projector.bias"].to(dt),

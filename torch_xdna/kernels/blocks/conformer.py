@@ -185,13 +185,12 @@ class ConformerStemDesign(Design):
         outputs[0].copy_(y * self.scale if self.scale != 1.0 else y)
 
     def plan(self, gen: Generation) -> Plan:
-        t, m = self.shapes()[-1]
+        rows = [r for r, _ in self.shapes()]
+        conv_rows = rows[:1] + [r for r in rows[1:] for _ in ("depthwise", "pointwise")]
         plans: list[Plan] = []
-        for j, rows in enumerate(self.shapes()):
-            n_convs = 1 if j == 0 else 2
-            for c in range(n_convs):
-                idx = 0 if j == 0 else 2 * j - 1 + c
-                plans += _tiled(gen, lambda r, i=idx: self.convs(r)[i], rows[0])
+        for i, r in enumerate(conv_rows):            # convs() order, each tiled along time
+            plans += _tiled(gen, lambda n, i=i: self.convs(n)[i], r)
+        t, m = self.shapes()[-1]
         plans += [gemm_plan(gen, t, self.channels * m, self.hidden, "bf16"),
                   vector_plan(gen, "mul", t, self.hidden)]
         return combine_plans(self.kind, plans)
