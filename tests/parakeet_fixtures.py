@@ -14,6 +14,7 @@ LETTERS = "abcdefghijklmnopqrstuvwxyz'"
 SHAPES = {   # hidden, layers, heads, ffn, subsampling channels (TDT-0.6B: 1024, 24, 8, 4096, 256)
     "micro": (64, 2, 4, 128, 16),
     "small": (128, 3, 4, 256, 32),
+    "tdt-0.6b-2l": (1024, 2, 8, 4096, 256),     # Parakeet-TDT-0.6B's dims, 2 of its 24 layers
 }
 
 
