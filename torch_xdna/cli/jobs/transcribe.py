@@ -62,8 +62,8 @@ def run(args: argparse.Namespace) -> int:
     from torch_xdna.engine.asr.transcribe import TranscribeOptions
     model = args.model or settings.get(MODEL_ENV)
     if not model:
-        raise CliError(f"no Whisper model: pass --model DIR (a Hugging Face Whisper directory) "
-                       f"or set {MODEL_ENV}")
+        raise CliError("no speech model: pass --model DIR (a Hugging Face Whisper or Parakeet "
+                       f"directory) or set {MODEL_ENV}")
     if not os.path.isfile(args.file):
         raise CliError(f"{args.file}: no such audio file")
     audio = load_audio(args.file)                # refuse an undecodable file before loading
