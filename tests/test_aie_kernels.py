@@ -573,7 +573,7 @@ def test_qk_norm_rope(lib, rows, d, offset):
     """The fused layer's q/k stage: per-head RMSNorm (own weight row per head) then RoPE, both
     rounded to bf16; bit-exact with its golden, and within the rms_norm bound of the layer's
     reference functions (llm_layer_stages.qk_norm_rope_rows)."""
-    from torch_xdna.kernels.blocks.llm_stages import qk_norm_rope_rows
+    from torch_xdna.kernels.stages.llm_layer import qk_norm_rope_rows
     x, w = bf16(rows, d, scale=2), bf16(rows, d)
     ang = torch.tensor(77.0) * (1.0 / (10000 ** (torch.arange(0, d, 2).float() / d))).repeat(2)
     cos, ssin = ang.cos().to(torch.bfloat16), ang.sin().to(torch.bfloat16)
@@ -590,7 +590,7 @@ def test_qk_norm_rope(lib, rows, d, offset):
 def test_qk_rope(lib, rows, d):
     """The q/k stage of layers without q/k norm (Llama): RoPE on the bf16 heads, rounded to
     bf16; bit-exact with its golden and with the layer's reference (llm_stages.qk_rope_rows)."""
-    from torch_xdna.kernels.blocks.llm_stages import qk_rope_rows
+    from torch_xdna.kernels.stages.llm_layer import qk_rope_rows
     x = bf16(rows, d, scale=2)
     ang = torch.tensor(77.0) * (1.0 / (10000 ** (torch.arange(0, d, 2).float() / d))).repeat(2)
     cos, ssin = ang.cos().to(torch.bfloat16), ang.sin().to(torch.bfloat16)

@@ -183,7 +183,7 @@ def test_stage_programs_print_as_mlir():
 def test_generation_at_txn_level_matches_functional(tmp_path, monkeypatch):
     """A tiny Qwen3 model (tests/llm_fixtures) generates the same tokens with its layer
     and head launches (prefill bucket and decode) executed as instruction streams as at the
-    functional level in the stages' order (blocks/llm_stages.py, blocks/head_stages.py)."""
+    functional level in the stages' order (stages/llm_layer.py, stages/llm_head.py)."""
     from llm_fixtures import build_model
     from torch_xdna.engine.llm.generate import GenerationConfig, load_decoder
     from torch_xdna.runtime.sim import SimDevice

@@ -36,7 +36,7 @@ import torch.nn.functional as F
 from torch_xdna.hw import Generation
 from torch_xdna.kernels.activations import apply_epilogue
 from torch_xdna.kernels.base import Design
-from torch_xdna.kernels.blocks.encoder_stages import layer_norm_design
+from torch_xdna.kernels.stages.encoder import layer_norm_design
 from torch_xdna.kernels.blocks.toolkit import (combine_plans, gemm_plan, inference_mode,
                                                operand_rounding, resident_operand, vector_plan)
 from torch_xdna.kernels.ops.conv import ConvDesign, out_size

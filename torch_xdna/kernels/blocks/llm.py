@@ -38,7 +38,8 @@ from torch_xdna.hw.vector_costs import dequant_cycles
 from torch_xdna.kernels import numerics
 from torch_xdna.kernels.activations import apply_epilogue
 from torch_xdna.kernels.base import Design, ceil_div, round_up
-from torch_xdna.kernels.blocks import head_stages, llm_stages
+from torch_xdna.kernels.stages import llm_head as head_stages
+from torch_xdna.kernels.stages import llm_layer as llm_stages
 from torch_xdna.kernels.blocks.operands import KV_MIRROR
 from torch_xdna.kernels.blocks.toolkit import (
     KV_TILE, attend, combine_plans, fused_plan, gemm_plan, inference_mode, kv_bucket, kv_launch_plan,
@@ -508,7 +509,7 @@ class DecoderLayerDesign(Design):
         self.mlp.reference([outputs[0], *inputs[na:]], [outputs[0]], **scalars)
 
     def runs(self) -> tuple:
-        """The 12 executable stage programs (blocks/llm_stages.py), or the two blocks' structural
+        """The 12 executable stage programs (stages/llm_layer.py), or the two blocks' structural
         stages when the layer is not lowered as executable stages."""
         r = self.__dict__.get("_runs")
         if r is None:

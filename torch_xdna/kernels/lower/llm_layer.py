@@ -1,4 +1,4 @@
-"""DecoderLayerDesign -> one executable ArrayProgram per stage (kernels/blocks/llm_stages.py).
+"""DecoderLayerDesign -> one executable ArrayProgram per stage (kernels/stages/llm_layer.py).
 
 GEMM, norm, residual and attention stages are their designs' own lowerings (same tiling as
 their plans), with host arguments renamed onto the layer's buffers. The per-token stages are
@@ -28,7 +28,7 @@ from torch_xdna.array import ir
 from torch_xdna.hw import Generation
 from torch_xdna.kernels.lower.builder import Builder, LoweringError, acq, call, elem, forever, \
     loop, rel, tt
-from torch_xdna.kernels.blocks import llm_stages as LS
+from torch_xdna.kernels.stages import llm_layer as LS
 from torch_xdna.kernels.lower.dispatch import lower_stage, rename_args
 
 

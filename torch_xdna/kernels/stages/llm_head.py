@@ -24,7 +24,7 @@ from typing import Any, Sequence
 import torch
 
 from torch_xdna.kernels import numerics
-from torch_xdna.kernels.blocks.llm_stages import Stage, stage_weight
+from torch_xdna.kernels.stages.llm_layer import Stage, stage_weight
 from torch_xdna.kernels.blocks.weights import STAGED_PRECISIONS, default_group, weight_tensors
 from torch_xdna.kernels.ops.gemm import GemmDesign, UpstreamGemmDesign
 from torch_xdna.kernels.ops.vector import VectorDesign
