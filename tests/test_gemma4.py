@@ -1,0 +1,169 @@
+"""Gemma 4 text decoders (E2B/E4B structure) on the decoder rail, against transformers 5.25.
+
+Random-weight directories from transformers configs with small dims but Gemma 4's structure:
+sliding and full-attention layers of different head dims (16 / 32, like E2B's 256 / 512) with
+proportional RoPE on the full layers, the last 3 of 6 layers reusing earlier layers' KV
+(num_kv_shared_layers) with double-wide MLPs, per-layer inputs (PLE), per-layer output
+scalars, value norms, final logit soft-capping. Norm weights and layer scalars are perturbed so
+the plain-w RMSNorm and the scalars are exercised. The main directory is the multimodal
+Gemma4ForConditionalGeneration checkpoint (with a tiny vision tower, which is ignored); the
+text-only gemma4_text directory is checked too. fp32 verification mode: logits within 1e-4 and
+32 greedy tokens identical to transformers over a prompt longer than the sliding window.
+"""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from llm_fixtures import check_against_transformers, hf_greedy, save_tokenizer
+from torch_xdna.engine.llm.estimate import estimate, resolve_spec
+from torch_xdna.engine.llm.generate import GenerationConfig, load_decoder
+from torch_xdna.models.spec import UnsupportedModelError
+
+TEXT = dict(
+    vocab_size=400, hidden_size=64, intermediate_size=96, num_hidden_layers=6,
+    num_attention_heads=4, num_key_value_heads=2, head_dim=16, global_head_dim=32,
+    sliding_window=8, layer_types=["sliding_attention", "sliding_attention", "full_attention"] * 2,
+    num_kv_shared_layers=3, hidden_size_per_layer_input=8, vocab_size_per_layer_input=400,
+    use_double_wide_mlp=True, final_logit_softcapping=30.0, max_position_embeddings=512,
+    initializer_range=0.08, bos_token_id=1, eos_token_id=2, pad_token_id=0,
+    rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 1e4},
+                     "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25,
+                                        "rope_theta": 1e6}})
+VISION = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+              num_key_value_heads=2, head_dim=16)
+PROMPT = torch.randint(5, 390, (20,), generator=torch.Generator().manual_seed(3)).tolist()
+
+
+def build_gemma4(path, multimodal: bool, **text):
+    """Save a tiny random Gemma 4 (multimodal or text-only) to `path`; the fp32 HF model."""
+    from transformers import (AutoModelForCausalLM, Gemma4Config, Gemma4ForConditionalGeneration,
+                              Gemma4TextConfig)
+    torch.manual_seed(0)
+    cfg = {**TEXT, **text}
+    if multimodal:
+        model = Gemma4ForConditionalGeneration(Gemma4Config(
+            text_config=cfg, vision_config=VISION, audio_config=None))
+    else:
+        model = AutoModelForCausalLM.from_config(Gemma4TextConfig(**cfg))
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.add_(torch.randn_like(p) * 0.2)
+        for name, b in model.named_buffers():
+            if name.endswith("layer_scalar"):
+                b.copy_(torch.rand_like(b) + 0.5)
+    model = model.float().eval()
+    model.save_pretrained(path)
+    save_tokenizer(path)
+    return model
+
+
+@pytest.fixture(scope="module")
+def multimodal(tmp_path_factory):
+    path = tmp_path_factory.mktemp("gemma4")
+    return path, build_gemma4(path, True)
+
+
+def test_spec_reads_gemma4_structure(multimodal):
+    path, _ = multimodal
+    _, spec = resolve_spec(str(path))
+    assert spec.family == "gemma4" and spec.layer_head_dims == (16, 16, 32) * 2
+    assert spec.kv_source == (0, 1, 2, 1, 1, 2) and spec.cache_layers == (0, 1, 2)
+    assert spec.layer_intermediate == (96,) * 3 + (192,) * 3
+    assert spec.ropes["global"].type == "proportional" and spec.attn_scale == 1.0
+    assert spec.norm_offset == 0.0 and spec.per_layer_dim == 8 and spec.final_softcap == 30.0
+
+
+@pytest.mark.parametrize("chunk", [128, 8])
+def test_multimodal_dir_greedy_identical_to_transformers(multimodal, chunk):
+    """The text part of a Gemma4ForConditionalGeneration directory (vision tower ignored):
+    teacher-forced logits within 1e-4, then 32 greedy tokens identical, one dispatch and one
+    launch per layer (+ embed + head) per token; prefill in one chunk or in 8-row chunks."""
+    path, hf = multimodal
+    eng = load_decoder(path, "fp32", max_context=96, prefill_chunk=chunk, quiet=True,
+                       cache_dir=False)
+    assert len(eng.decoder.cache.k) == 3                 # layers 3-5 own no KV
+    check_against_transformers(eng, hf, PROMPT, None)
+    r = eng.complete(PROMPT, GenerationConfig(max_tokens=32, stop_token_ids=()))
+    assert r.token_ids == hf_greedy(hf, PROMPT, 32)
+    assert r.stats.dispatches_per_token == 1.0 and r.stats.launches_per_token == 6 + 2
+    eng.close()
+
+
+def test_text_only_dir_matches_transformers(tmp_path):
+    """A gemma4_text directory (Gemma4ForCausalLM), with K=V full-attention layers that have
+    their own KV heads (attention_k_eq_v, num_global_key_value_heads) and no KV sharing."""
+    hf = build_gemma4(tmp_path, False, num_kv_shared_layers=0, attention_k_eq_v=True,
+                      num_global_key_value_heads=1)
+    eng = load_decoder(tmp_path, "fp32", max_context=64, quiet=True, cache_dir=False)
+    assert eng.spec.layer_kv_heads == (2, 2, 1) * 2 and len(eng.decoder.cache.k) == 6
+    check_against_transformers(eng, hf, PROMPT[:12], None)
+    eng.close()
+
+
+def quantized_reference(model, engine, precision: str):
+    """A copy of the fp32 HF `model` whose matmul weights hold what the engine's quantized
+    weights dequantize to, with the engine's kinds and group sizes (the PLE gate and projection
+    of each layer are MLP weights, the PLE table and its projection head weights)."""
+    from torch_xdna.engine.llm.quantize import quantize
+    from torch_xdna.kernels.blocks.weights import dequantize
+    fake = type(model)(model.config).eval()
+    fake.load_state_dict(model.state_dict())
+    policy, spec = engine.decoder.policy, engine.spec
+    with torch.no_grad():
+        for name, p in fake.named_parameters():
+            if p.dim() != 2 or "vision" in name:
+                continue
+            kind = ("attention" if ".self_attn." in name else
+                    "mlp" if ".mlp." in name or ".per_layer_input_gate." in name
+                    or ".per_layer_projection." in name else "head")
+            g = policy.block_group(spec, kind)
+            p.copy_(dequantize(quantize(p, precision, g), precision, g))
+    return fake
+
+
+def test_bf16_and_int4_within_tolerance(multimodal):
+    """NPU precisions: teacher-forced logits near transformers'. Attention scale 1 on unit-RMS
+    q and k makes this tiny random model's softmax sharp: transformers itself in bf16 differs
+    from its fp32 logits by 2-6% of the logit scale on this model (7-12% on others of these
+    shapes), so the bound is 10% for bf16 weights; int4 is compared with the fp32 model holding
+    the engine's dequantized int4 weights (the same bound: bf16 activations remain)."""
+    path, hf = multimodal
+    for precision in ("bf16", "int4"):
+        eng = load_decoder(path, precision, max_context=64, quiet=True, cache_dir=False)
+        ref = hf if precision == "bf16" else quantized_reference(hf, eng, precision)
+        check_against_transformers(eng, ref, PROMPT[:12], 0.10)
+        eng.close()
+
+
+def test_estimate_gemma4_e2b_shapes():
+    """Modeled (never measured): Gemma-4-E2B shapes at int4. 15 layers own a KV cache (20
+    reuse one), so the cache per position is theirs; but every layer still reads the KV it
+    attends over, so the bytes a token reads grow with the context through all 7 full-attention
+    layers (sliding layers read at most their window)."""
+    _, spec = resolve_spec("gemma-4-e2b")
+    assert spec.layers == 35 and len(spec.cache_layers) == 15
+    assert spec.layer_head_dims.count(512) == 7 and 2.2e9 < spec.params() - 262144 * 35 * 256 < 2.4e9
+    rows = {c: estimate(spec, "int4", c) for c in (1024, 4096, 32768)}
+    grow = rows[32768]["kv_mb_per_token"] - rows[4096]["kv_mb_per_token"]
+    full_read = 2 * 7 * spec.kv_heads * 512 * 2                  # K and V, bf16, per position
+    assert grow * 1e6 == pytest.approx((32768 - 4096) * full_read, rel=0.02)
+    assert rows[1024]["modeled_decode_tok_s"] > rows[32768]["modeled_decode_tok_s"]
+    assert rows[1024]["dispatches_per_token"] == 1 and rows[1024]["launches_per_token"] == 37
+
+
+def test_refused_features_are_named(tmp_path):
+    from torch_xdna.models.families import spec_from_config
+    base = {"model_type": "gemma4_text", **{k: v for k, v in TEXT.items()
+                                             if k != "initializer_range"}}
+    with pytest.raises(UnsupportedModelError, match="enable_moe_block"):
+        spec_from_config({**base, "enable_moe_block": True, "num_experts": 8, "top_k_experts": 2})
+    with pytest.raises(UnsupportedModelError, match="use_bidirectional_attention"):
+        spec_from_config({**base, "use_bidirectional_attention": "all"})
+    (tmp_path / "config.json").write_text(json.dumps({**base, "per_layer_config": {
+        "2": {"head_dim": 32, "sliding_window": 4}}}))
+    with pytest.raises(UnsupportedModelError, match="per_layer_config"):
+        load_decoder(tmp_path, quiet=True)
