@@ -167,3 +167,67 @@ def test_refused_features_are_named(tmp_path):
         "2": {"head_dim": 32, "sliding_window": 4}}}))
     with pytest.raises(UnsupportedModelError, match="per_layer_config"):
         load_decoder(tmp_path, quiet=True)
+
+
+GEMMA_TEMPLATE = (
+    "{{ bos_token }}{% for m in messages %}<start_of_turn>"
+    "{{ 'model' if m['role'] == 'assistant' else m['role'] }}\n{{ m['content'] }}<end_of_turn>\n"
+    "{% endfor %}{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}")
+
+
+def test_served_with_openai_and_ollama_clients(multimodal, tmp_path):
+    """The Gemma 4 directory behind xdna serve's routes, unchanged: the chat template comes from
+    its tokenizer_config.json (a Gemma-style turn template here); two concurrent OpenAI chats
+    (batched decode declines Gemma 4's per-layer shapes: they run one after the other), a
+    streamed one, and Ollama's /api/chat all answer the engine's own greedy text."""
+    import concurrent.futures
+    import shutil
+
+    import ollama
+    import openai
+    from torch_xdna.server.app import ServerConfig, create_app
+    from torch_xdna.server.background import BackgroundServer
+    from torch_xdna.server.registry import ModelRegistry
+    src, _ = multimodal
+    path = tmp_path / "gemma-4-tiny"
+    shutil.copytree(src, path)
+    tcfg = json.loads((path / "tokenizer_config.json").read_text())
+    (path / "tokenizer_config.json").write_text(json.dumps({**tcfg, "chat_template": GEMMA_TEMPLATE}))
+    msgs = [{"role": "user", "content": "hello world"}]
+    eng = load_decoder(path, "bf16", quiet=True, cache_dir=False)
+    prompt = eng.tokenizer.apply_chat_template(msgs, add_generation_prompt=True)
+    assert prompt.endswith("<start_of_turn>user\nhello world<end_of_turn>\n<start_of_turn>model\n")
+    want = eng.complete(msgs, GenerationConfig(max_tokens=6, stop_token_ids=())).text
+    eng.close()
+    reg = ModelRegistry(max_models=2)
+    name = reg.add_dir(path).id
+    with BackgroundServer(create_app(ServerConfig(default_model=False), registry=reg)) as srv:
+        client = openai.OpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0)
+
+        def chat(_):
+            return client.chat.completions.create(model=name, messages=msgs, max_tokens=6,
+                                                  temperature=0).choices[0].message.content
+        with concurrent.futures.ThreadPoolExecutor(2) as pool:
+            assert list(pool.map(chat, range(2))) == [want] * 2
+        stream = client.chat.completions.create(model=name, messages=msgs, max_tokens=6,
+                                                temperature=0, stream=True)
+        assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices) == want
+        o = ollama.Client(host=srv.url).chat(model=name, messages=msgs,
+                                              options={"num_predict": 6, "temperature": 0})
+        assert o.message.content == want
+
+
+def test_prefix_cache_reuse_gives_the_same_tokens(multimodal):
+    """A follow-up prompt sharing a 64-token block reuses the cache-owning layers' KV rows (the
+    KV-shared layers read them), and generates what a cold prefill does."""
+    path, _ = multimodal
+    long = torch.randint(5, 390, (70,), generator=torch.Generator().manual_seed(4)).tolist()
+    cfg = GenerationConfig(max_tokens=8, stop_token_ids=())
+    eng = load_decoder(path, "fp32", max_context=128, quiet=True, cache_dir=False)
+    assert eng.prefix_cache is not None
+    eng.complete(long, cfg)
+    warm = eng.complete(long[:66] + [7, 8, 9], cfg)
+    assert eng.prefix_cache.stats.reused_tokens == 64
+    eng.prefix_cache.clear()
+    assert warm.token_ids == eng.complete(long[:66] + [7, 8, 9], cfg).token_ids
+    eng.close()
