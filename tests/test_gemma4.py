@@ -17,7 +17,7 @@ import json
 import pytest
 import torch
 
-from llm_fixtures import check_against_transformers, hf_greedy, save_tokenizer
+from llm_fixtures import check_against_transformers, hf_greedy, save_tokenizer, served_answers
 from torch_xdna.engine.llm.estimate import estimate, resolve_spec
 from torch_xdna.engine.llm.generate import GenerationConfig, load_decoder
 from torch_xdna.models.spec import UnsupportedModelError
@@ -180,14 +180,7 @@ def test_served_with_openai_and_ollama_clients(multimodal, tmp_path):
     its tokenizer_config.json (a Gemma-style turn template here); two concurrent OpenAI chats
     (batched decode declines Gemma 4's per-layer shapes: they run one after the other), a
     streamed one, and Ollama's /api/chat all answer the engine's own greedy text."""
-    import concurrent.futures
     import shutil
-
-    import ollama
-    import openai
-    from torch_xdna.server.app import ServerConfig, create_app
-    from torch_xdna.server.background import BackgroundServer
-    from torch_xdna.server.registry import ModelRegistry
     src, _ = multimodal
     path = tmp_path / "gemma-4-tiny"
     shutil.copytree(src, path)
@@ -199,22 +192,8 @@ def test_served_with_openai_and_ollama_clients(multimodal, tmp_path):
     assert prompt.endswith("<start_of_turn>user\nhello world<end_of_turn>\n<start_of_turn>model\n")
     want = eng.complete(msgs, GenerationConfig(max_tokens=6, stop_token_ids=())).text
     eng.close()
-    reg = ModelRegistry(max_models=2)
-    name = reg.add_dir(path).id
-    with BackgroundServer(create_app(ServerConfig(default_model=False), registry=reg)) as srv:
-        client = openai.OpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0)
-
-        def chat(_):
-            return client.chat.completions.create(model=name, messages=msgs, max_tokens=6,
-                                                  temperature=0).choices[0].message.content
-        with concurrent.futures.ThreadPoolExecutor(2) as pool:
-            assert list(pool.map(chat, range(2))) == [want] * 2
-        stream = client.chat.completions.create(model=name, messages=msgs, max_tokens=6,
-                                                temperature=0, stream=True)
-        assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices) == want
-        o = ollama.Client(host=srv.url).chat(model=name, messages=msgs,
-                                              options={"num_predict": 6, "temperature": 0})
-        assert o.message.content == want
+    got = served_answers(path, msgs, clients=2)
+    assert got == {"openai": [want] * 2, "stream": want, "ollama": want}
 
 
 def test_prefix_cache_reuse_gives_the_same_tokens(multimodal):
