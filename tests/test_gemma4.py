@@ -210,3 +210,18 @@ def test_prefix_cache_reuse_gives_the_same_tokens(multimodal):
     eng.prefix_cache.clear()
     assert warm.token_ids == eng.complete(long[:66] + [7, 8, 9], cfg).token_ids
     eng.close()
+
+
+def test_weights_checked_against_per_layer_shapes(multimodal, tmp_path):
+    """The safetensors headers are checked against each layer's own shapes before loading: a
+    config whose full-attention head dim disagrees with the weights names the weight."""
+    import shutil
+
+    from torch_xdna.models.hf import ModelDirError
+    src, _ = multimodal
+    shutil.copytree(src, tmp_path / "m")
+    cfg = json.loads((tmp_path / "m" / "config.json").read_text())
+    cfg["text_config"]["per_layer_config"] = {"2": {"head_dim": 64}, "5": {"head_dim": 64}}
+    (tmp_path / "m" / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ModelDirError, match=r"language_model\.layers\.2\.self_attn\.q_proj\.weight"):
+        load_decoder(tmp_path / "m", quiet=True)
