@@ -225,3 +225,22 @@ def test_weights_checked_against_per_layer_shapes(multimodal, tmp_path):
     (tmp_path / "m" / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(ModelDirError, match=r"language_model\.layers\.2\.self_attn\.q_proj\.weight"):
         load_decoder(tmp_path / "m", quiet=True)
+
+
+def test_rope_tables_bit_equal_to_transformers():
+    """Sliding (default, head_dim) and full (proportional, global head dim) RoPE tables equal
+    transformers' Gemma4TextRotaryEmbedding bit for bit, at E2B's head dims and 32K positions."""
+    from transformers import Gemma4TextConfig
+    from transformers.models.gemma4.modeling_gemma4 import Gemma4TextRotaryEmbedding
+
+    from torch_xdna.models.families import BUILTIN_CONFIGS, spec_from_config
+    cfg = BUILTIN_CONFIGS["gemma-4-e2b"]
+    spec = spec_from_config(cfg)
+    hf = Gemma4TextRotaryEmbedding(Gemma4TextConfig(**{k: v for k, v in cfg.items()
+                                                       if k != "model_type"}))
+    pos = torch.arange(32768)[None]
+    for table, layer_type in (("local", "sliding_attention"), ("global", "full_attention")):
+        cos, sin = hf(torch.zeros(1, dtype=torch.float32), pos, layer_type)
+        ours = spec.ropes[table].tables(spec.rope_dim(table), 32768)
+        assert torch.equal(ours[0], cos[0]) and torch.equal(ours[1], sin[0]), table
+    assert spec.rope_dim("global") == 512 and spec.rope_dim("local") == 256
