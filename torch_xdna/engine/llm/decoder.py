@@ -134,7 +134,7 @@ def resident_bytes_estimate(spec: DecoderSpec, policy: PrecisionPolicy, capacity
     """Device bytes a Decoder of `spec` holds: weights in their stored formats, norms, RoPE
     tables, the KV cache at `capacity` and the activation/logit buffers. From shapes only, so
     an impossible config is refused before anything is read or allocated."""
-    h, f = spec.hidden, spec.intermediate
+    h = spec.hidden
     wb = weight_bytes
     ga, gm, gh = (policy.block_group(spec, k) for k in SITE_KINDS)
     norm = 4 if policy.exact else 2
