@@ -94,12 +94,14 @@ def test_multimodal_dir_greedy_identical_to_transformers(multimodal, chunk):
 
 
 def test_text_only_dir_matches_transformers(tmp_path):
-    """A gemma4_text directory (Gemma4ForCausalLM), with K=V full-attention layers that have
-    their own KV heads (attention_k_eq_v, num_global_key_value_heads) and no KV sharing."""
+    """A gemma4_text directory (Gemma4ForCausalLM) shaped like the 31B model: K=V
+    full-attention layers with their own KV heads (attention_k_eq_v,
+    num_global_key_value_heads), no KV sharing, no per-layer inputs (layer scalars remain)."""
     hf = build_gemma4(tmp_path, False, num_kv_shared_layers=0, attention_k_eq_v=True,
-                      num_global_key_value_heads=1)
+                      num_global_key_value_heads=1, hidden_size_per_layer_input=0)
     eng = load_decoder(tmp_path, "fp32", max_context=64, quiet=True, cache_dir=False)
     assert eng.spec.layer_kv_heads == (2, 2, 1) * 2 and len(eng.decoder.cache.k) == 6
+    assert eng.spec.per_layer_dim == 0 and eng.spec.layer_scale
     check_against_transformers(eng, hf, PROMPT[:12], None)
     eng.close()
 
