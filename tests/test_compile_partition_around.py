@@ -2,8 +2,9 @@
 around that node. Two ways a node ends up on the host:
 - it has no NPU lowering at all (`bessel_j0`): the partitioner leaves it out;
 - its lowering fails for its shapes (a conv1d dilated so far that even an 8-frame time tile's
-  input band, 3,008 frames x 80 channels, does not fit a mem tile beside its weight panel):
-  the graph is partitioned again with that node alone on the host.
+  input band, 3,008 frames x 80 channels, does not fit a mem tile beside its weight panel; a
+  softmax over 40,000-wide rows that fits no core's L1): the graph is partitioned again with
+  that node alone on the host.
 Values against PyTorch on CPU (bf16 operands, fp32 accumulation: atol = rtol = 2e-2 x
 max(1, max|ref|), compile_fixtures.py).
 Under strict mode (fallback 'error') such a graph is refused at compile time in one line.
@@ -63,6 +64,24 @@ def test_unlowerable_node_runs_alone_on_the_host(tmp_path):
     assert s.host_ops == {"aten.convolution": 1}, s.host_ops
     assert s.partitions == 2 and s.nodes_npu >= 5           # before and after the conv
     close(out, ref)
+
+
+def test_chain_op_that_fits_no_plan_runs_alone_on_the_host(tmp_path):
+    """The GEMMs around an oversized softmax stay on the NPU (the whole graph went to the host
+    when the failed chain could not be blamed on one node)."""
+    torch.manual_seed(0)
+    w1, w2 = torch.randn(64, 40000) * 0.1, torch.randn(40000, 16) * 0.01
+
+    def f(x):
+        return (torch.softmax((x @ w1) * 2.0, dim=-1) * 3.0) @ w2
+    x = torch.randn(2, 64)
+    fn = torch.compile(f, backend="xdna", dynamic=False,
+                       options={"cache_dir": str(tmp_path), "fallback": "silent"})
+    with torch.no_grad():
+        out, ref = fn(x), f(x)
+    s = B.HISTORY[-1]
+    assert s.host_ops == {"aten._softmax": 1} and (s.partitions, s.nodes_npu) == (2, 4), s.host_ops
+    torch.testing.assert_close(out, ref, atol=2e-2 * float(ref.abs().max()), rtol=2e-2)
 
 
 def test_op_without_kernel_splits_the_graph_into_two_npu_partitions(tmp_path):
