@@ -5,6 +5,8 @@ from a transformers config; nothing is downloaded).
 Whisper's front end is conv1d(80 -> 512, k=3) over 3,000 frames then conv1d(512 -> 512, k=3,
 stride 2): one input band of either is the whole sequence and does not fit a mem tile, so the
 compiler splits each conv along time (compiler/lower_conv.py `time_tiles`): 2 + 2 launches.
+The halo and edge-padding arithmetic is checked on its own for strides, dilations, 'same'
+padding and a residual epilogue.
 Values against PyTorch on CPU with atol = rtol = 2e-2 x max(1, max|ref|) (bf16 operands, fp32
 accumulation; tests/compile_fixtures.py). The default test uses 1
 encoder layer for speed; the full whisper-base (6 + 6 layers, WhisperForConditionalGeneration)
@@ -59,6 +61,45 @@ def test_whisper_front_end_convs_are_time_tiled():
                                                        (FRAMES // stride // 2, FRAMES // stride)]
         assert tiles[0][2] == 0 and tiles[-1][3] == FRAMES
         assert tiles[0][4].pre_pad == (1, 0) and all(t.padding == (0,) for *_, t in tiles)
+
+
+class LongConv(torch.nn.Module):
+    """relu(conv1d(x) [+ x]) over 3,001 frames: too long for one band, so time-tiled."""
+
+    def __init__(self, k: int, stride: int, padding, dilation: int, residual: bool):
+        super().__init__()
+        c_out = 80 if residual else 64
+        self.conv = torch.nn.Conv1d(80, c_out, k, stride=stride, padding=padding,
+                                    dilation=dilation)
+        self.residual = residual
+
+    def forward(self, x):
+        y = self.conv(x)
+        return torch.relu(y + x if self.residual else y)
+
+
+@pytest.mark.filterwarnings("ignore:Using padding='same'")       # PyTorch's CPU reference
+@pytest.mark.parametrize("k,stride,padding,dilation,residual", [
+    (3, 2, 1, 1, False), (5, 3, 0, 2, False), (4, 1, "same", 1, False), (7, 1, 9, 3, True)])
+def test_time_tiled_conv_halo_and_edge_padding_match_cpu(k, stride, padding, dilation, residual,
+                                                          tmp_path):
+    """Halo windows (stride, dilation), edge padding (symmetric, 'same' with an even kernel
+    through pre_pad), the residual sliced like the output: equal to conv1d on CPU."""
+    torch.manual_seed(0)
+    m = LongConv(k, stride, padding, dilation, residual).eval()
+    x = torch.randn(2, 80, 3001)
+    with torch.no_grad():
+        ref = m(x)
+    fn = torch.compile(m, backend="xdna", dynamic=False,
+                       options={"cache_dir": str(tmp_path), "fallback": "error"})
+    with torch.no_grad():
+        out = fn(x)
+    s = B.HISTORY[-1]
+    assert s.nodes_host == 0 and s.dispatches == 1
+    convs = {k_: v for k_, v in s.design_names.items() if k_.startswith("conv1d")}
+    assert sum(convs.values()) >= 2, convs
+    assert all(("+residual+relu" if residual else "+relu") in k_ for k_ in convs), convs
+    close(out, ref)
 
 
 def test_whisper_base_encoder_compiles_with_no_host_node(tmp_path):
