@@ -472,8 +472,10 @@ class AttentionDesign(Design):
         best = None
         # double-buffered K/V tiles; single-buffered only when nothing else fits (wide heads)
         for buffers in (2, 1):
+            if best is not None:           # single buffers only when no double-buffered tile fits
+                break
             for tq in Q_TILES:
-                if best is not None or (tq > self.q_len and tq > 1):
+                if tq > self.q_len and tq > 1:
                     continue
                 for tkv in ((self.kv_tile,) if self.kv_tile else KV_TILES):
                     if tkv > round_up(self.kv_len, KV_TILES[-1]) and tkv > KV_TILES[-1] \
