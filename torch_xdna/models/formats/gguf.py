@@ -156,7 +156,10 @@ class GGUFModel:
         want = (experts, width, cfg["hidden_size"])
         for n in ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"):
             t = self.tensors.get(f"blk.0.{n}.weight")
-            got = tuple(int(x) for x in reversed(t.shape.tolist())) if t is not None else None
+            if t is None:
+                raise _err(p, f"tensor blk.0.{n}.weight missing (llama.cpp's {a} routes every "
+                              "layer through stacked experts)")
+            got = tuple(int(x) for x in reversed(t.shape.tolist()))
             exp = (want[0], want[2], want[1]) if n == "ffn_down_exps" else want
             if got != exp:
                 raise _err(p, f"tensor blk.0.{n}.weight has shape {got}, the metadata implies "
