@@ -2,6 +2,11 @@
 llama.cpp's convert_hf_to_gguf.py writes them (ggml-org/llama.cpp: convert_hf_to_gguf.py
 LlamaModel.permute for llama q/k, Gemma3Model.norm_shift, LlamaModel.generate_extra_tensors'
 rope_freqs for Llama 3 scaling, 1-D tensors kept F32; tensor names from gguf-py's TensorNameMap).
+Qwen3-MoE as convert_hf_to_gguf.py (ggml-org/llama.cpp commit 0024aa74) writes it:
+TextModel.set_gguf_parameters' expert_count / expert_used_count, Qwen2MoeModel's
+expert_feed_forward_length, each projection of all experts as one 3-D tensor (modify_tensors:
+transformers' fused gate_up_proj [E, 2I, H] split into gate [E, I, H] and up, down [E, H, I]),
+the router ffn_gate_inp always F32 (prepare_tensors' FFN_GATE_INP rule).
 
 Quantized blocks come from gguf.quants.quantize (Q8_0, Q4_0 are bit-exact with ggml-quants.c);
 gguf-py has no Q4_K quantizer, so `quantize_q4_k` encodes the block layout of ggml-common.h
@@ -17,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-ARCH = {"qwen3": "qwen3", "llama": "llama", "gemma3": "gemma3"}
+ARCH = {"qwen3": "qwen3", "llama": "llama", "gemma3": "gemma3", "qwen3_moe": "qwen3moe"}
 FTYPE = {"F32": 0, "F16": 1, "Q4_0": 2, "Q8_0": 7, "BF16": 32, "Q4_K_M": 15}
 
 
@@ -176,6 +181,10 @@ def write_gguf(model, family: str, path: Path, qtype: str, tokenizer) -> Path:
     w.add_value_length(cfg.head_dim)
     w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
     w.add_file_type(FTYPE[qtype])
+    if family == "qwen3_moe":
+        w.add_expert_count(getattr(cfg, "num_experts", None) or cfg.num_local_experts)
+        w.add_expert_used_count(cfg.num_experts_per_tok)
+        w.add_expert_feed_forward_length(cfg.moe_intermediate_size)
     rp = cfg.rope_parameters
     if family == "gemma3":
         full = rp["full_attention"]
@@ -191,7 +200,7 @@ def write_gguf(model, family: str, path: Path, qtype: str, tokenizer) -> Path:
     sd = model.state_dict()
     if getattr(cfg, "tie_word_embeddings", False):
         sd.pop("lm_head.weight", None)
-    for hf, t in sd.items():
+    for hf, t in _split_experts(sd).items():
         t = t.detach().float()
         if family == "llama" and hf.endswith("q_proj.weight"):
             t = permute(t, cfg.num_attention_heads)
@@ -202,7 +211,7 @@ def write_gguf(model, family: str, path: Path, qtype: str, tokenizer) -> Path:
         name = names.get_name(hf, try_suffixes=(".weight", ".bias"))
         assert name is not None, hf
         a = t.numpy()
-        if a.ndim == 1 or qtype == "F32":
+        if a.ndim == 1 or qtype == "F32" or name.endswith("ffn_gate_inp.weight"):
             w.add_tensor(name, a.astype(np.float32))
         elif qtype == "F16":
             w.add_tensor(name, a.astype(np.float16))
@@ -224,6 +233,47 @@ def write_gguf(model, family: str, path: Path, qtype: str, tokenizer) -> Path:
     return path
 
 
+def _split_experts(sd: dict) -> dict:
+    """convert_hf_to_gguf.py Qwen2MoeModel.modify_tensors: a fused experts.gate_up_proj
+    [E, 2I, H] becomes experts.gate_proj.weight and experts.up_proj.weight [E, I, H] (gate
+    first), experts.down_proj [E, H, I] experts.down_proj.weight."""
+    out = {}
+    for hf, t in sd.items():
+        if hf.endswith("mlp.experts.gate_up_proj"):
+            base, n = hf.removesuffix(".gate_up_proj"), t.shape[-2] // 2
+            out[base + ".gate_proj.weight"] = t[..., :n, :]
+            out[base + ".up_proj.weight"] = t[..., n:, :]
+        elif hf.endswith("mlp.experts.down_proj"):
+            out[hf + ".weight"] = t
+        else:
+            out[hf] = t
+    return out
+
+
+def random_model(cfg, seed: int = 0):
+    """A random-weight HF causal LM of `cfg` in fp32, its norm weights moved off 1 (so a norm
+    applied wrongly changes the tokens)."""
+    from transformers import AutoModelForCausalLM
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(cfg, attn_implementation="eager")
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.add_(torch.randn_like(p) * 0.2)
+    return model.float().eval()
+
+
+def greedy(model, ids: list[int], n: int) -> list[int]:
+    """`n` greedy tokens of a HF causal LM after `ids` (full recompute each step: the reference)."""
+    from llm_fixtures import hf_logits
+    ids, out = list(ids), []
+    for _ in range(n):
+        t = int(hf_logits(model, ids)[-1].argmax())
+        out.append(t)
+        ids.append(t)
+    return out
+
+
 def dequantized_like(model, qtype: str):
     """A copy of `model` whose 2-D weights hold what a `qtype` GGUF stores, dequantized
     (gguf.quants), i.e. the reference the engine must match for that file."""
@@ -234,7 +284,7 @@ def dequantized_like(model, qtype: str):
     with torch.no_grad():
         for name, p in ref.named_parameters():
             a = p.detach().float().numpy()
-            if p.dim() != 2:
+            if p.dim() not in (2, 3) or name.endswith("mlp.gate.weight"):    # router: F32
                 continue
             if qtype == "F16":
                 p.copy_(torch.from_numpy(a.astype(np.float16).astype(np.float32)))

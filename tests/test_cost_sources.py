@@ -105,3 +105,33 @@ def test_vector_plans_charge_the_sourced_cost():
     plan = lambda op: VectorDesign(op, ((n,),), (f32,), (n,), f32).plan(NPU4)
     # same tiling: the cycle ratio is the per-element cost ratio (minus kernel-call cycles)
     assert plan("gelu").compute_cycles > 3 * plan("relu").compute_cycles
+
+
+def test_npu5_memory_from_its_own_sources():
+    """npu5 (Strix Halo): the published memory system (256-bit LPDDR5X-8000, 256 GB/s) and
+    clocks (xdna-driver npu5_regs.c) are its own; the NPU's DMA rates are npu4's, carried over
+    and marked ASSUMED. The DRAM peak agrees with bus width x transfer rate on every generation."""
+    from torch_xdna.hw import NPU4, NPU5
+    assert (NPU5.dram_bus_bits.value, NPU5.dram_mts.value) == (256, 8000)
+    assert NPU5.dram_theoretical_bps.value == NPU5.dram_peak_bps == 256e9
+    for gen in GENERATIONS.values():
+        assert gen.dram_peak_bps == pytest.approx(gen.dram_theoretical_bps.value, rel=1e-3), gen.name
+    assert "npu5_regs.c" in NPU5.core_clock_hz.source and "npu5_regs.c" in NPU5.npu_clock_hz.source
+    for f in ("npu_read_bps", "npu_mixed_bps", "shim_dma_bps", "weight_stream_bps",
+              "flush_us_per_mb", "reachable_memory_fraction"):
+        a, b = getattr(NPU4, f), getattr(NPU5, f)
+        assert b.value == a.value and "ASSUMED" in b.source and a.source in b.source, f
+        assert "ASSUMED" not in a.source
+
+
+def test_estimate_npu5_vs_npu4():
+    """Modeled: the same times on both (every cost term reads the NPU-side rates, equal by
+    assumption); only the DRAM peak and its share differ."""
+    from torch_xdna.engine.llm.estimate import estimate, resolve_spec
+    from torch_xdna.hw import NPU4, NPU5
+    _, spec = resolve_spec("qwen3-0.6b")
+    a, b = (estimate(spec, "int4", 1024, gen=g) for g in (NPU4, NPU5))
+    assert b["modeled_decode_ms_per_token"] == a["modeled_decode_ms_per_token"]
+    assert b["modeled_prefill_ms"] == a["modeled_prefill_ms"] and b["dram_bps"] == a["dram_bps"]
+    assert (a["dram_peak_bps"], b["dram_peak_bps"]) == (136.5e9, 256e9)
+    assert b["dram_peak_ms_per_token"] == pytest.approx(a["dram_peak_ms_per_token"] * 136.5 / 256)

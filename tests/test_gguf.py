@@ -14,6 +14,7 @@ import torch
 
 from gguf_fixtures import (add_gpt2_tokenizer, add_spm_tokenizer, dequantized_like,
                            spm_tokenizer_dir, write_gguf)
+from gguf_fixtures import greedy as _greedy, random_model
 from llm_fixtures import CHAT_TEMPLATE, TEXT, VOCAB, _config, hf_logits, save_tokenizer
 from torch_xdna.engine.llm.generate import GenerationConfig, load_decoder
 from torch_xdna.kernels.quant import unpack_int4
@@ -39,26 +40,10 @@ def _gemma_config():
 
 
 def _hf_model(family: str, seed: int = 0, **over):
-    from transformers import AutoModelForCausalLM
     cfg = _gemma_config() if family == "gemma3" else _config(family)
     for k, v in over.items():
         setattr(cfg, k, v)
-    torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(cfg, attn_implementation="eager")
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "norm" in name:
-                p.add_(torch.randn_like(p) * 0.2)
-    return model.float().eval()
-
-
-def _greedy(model, ids: list[int], n: int) -> list[int]:
-    ids, out = list(ids), []
-    for _ in range(n):
-        t = int(hf_logits(model, ids)[-1].argmax())
-        out.append(t)
-        ids.append(t)
-    return out
+    return random_model(cfg, seed)
 
 
 @pytest.fixture(scope="module")

@@ -27,7 +27,9 @@ GPTOSS_REPORT = ("gpt-oss-20b on the Strix Halo NPU via FastFlowLM, user report 
 GPTOSS_NOTE = ("user report, closed source: layout assumed (one fused launch per layer, the "
                "router and top-4 experts streamed per token); MXFP4 experts (4.25 bits) charged "
                "as int4 g32 (4.5 bits, +6% expert bytes); attention sinks and biases not "
-               "charged; modeled on npu4 (hw npu5 = Strix Halo is today a copy of npu4)")
+               "charged; modeled on npu4: npu5 (Strix Halo) has npu4's NPU-side rates (assumed, "
+               "hw/generations.py NPU5_ASSUMED) and differs in the DRAM peak only, which no "
+               "cost term reads, so it models the same")
 QWEN35_NOTE = ("closed source: layout assumed (the project's hybrid layout: one fused launch per "
                "layer, gated DeltaNet layers reading and writing their fp32 state, int4 g32)")
 FLM_0922 = ("ROCm/FastFlowLM release v0.9.22 notes (github.com/ROCm/FastFlowLM/releases/tag/v0.9.22: "

@@ -44,6 +44,18 @@ SRC_AM020_CORE = ("AMD AM020 AIE-ML architecture manual, 'Functional Overview' (
                   "units and one 256-bit store unit per core; docs.amd.com/r/en-US/am020-versal-"
                   "aie-ml/Functional-Overview, rev 1.5)")
 SRC_BACKTEST = "fitted in benchmarks/backtest (derive.py; docs/simulator.md section 3b)"
+# npu5 (Strix Halo) from its own sources; what none publishes is carried over from npu4 and says so
+SRC_NPU5_REGS = ("amd/xdna-driver src/driver/amdxdna/npu5_regs.c @ 01267a15bb981bbf2eea5c4819518480f0f32859 "
+                 "(NPU5_MPNPUCLK_FREQ_MAX 1267, NPU5_HCLK_FREQ_MAX 1800: npu4's DPM table)")
+SRC_HALO_MEM = ("AMD Ryzen AI Max 300 'Strix Halo' launch (CES 2025): LPDDR5X-8000 on a 256-bit "
+                "bus, 256 GB/s peak (reported e.g. svethardware.cz/amd-predstavuje-ryzen-ai-max-"
+                "strix-halo-s-az-16-jadry-a-gpu-se-40-cu/61477; 8000 MT/s x 32 bytes)")
+NPU5_ASSUMED = ("ASSUMED for npu5, npu4's figure carried over (no Strix Halo NPU DMA measurement "
+                "is published): the same 8-column AIE2P array and shim DMA read at 39% of "
+                "Strix's 136.5 GB/s DRAM peak on npu4, an NPU-side limit a wider DRAM bus is not "
+                "expected to raise; consistent with FastFlowLM's gpt-oss-20b on Strix Halo, "
+                "19.5 tok/s published vs 18.0 modeled with these rates (benchmarks/backtest). "
+                "npu4's source: ")
 # mlir-aie files the upstream-rules verifier (array/rules.py) takes its limits from. "@ <commit>":
 # read at that commit; "index version": read from the code-search index, which gave no commit
 MLIR_AIE_0155 = "Xilinx/mlir-aie @ 0155ebd7c8b77cd6846781dd0597a7adee9a7620"
@@ -94,6 +106,8 @@ class Generation:
     measured_gemm_ops: Sourced[dict] = field(default_factory=dict)  # dtype -> ops/s, whole array
     # memory and data movement
     dram_theoretical_bps: Sourced[float] = Sourced(0.0, "")
+    dram_bus_bits: Sourced[int] = Sourced(0, "")              # LPDDR5X bus width
+    dram_mts: Sourced[int] = Sourced(0, "")                   # transfers per second / 1e6
     npu_read_bps: Sourced[float] = Sourced(0.0, "")
     shim_dma_bps: Sourced[float] = Sourced(0.0, "")
     onchip_bps: Sourced[float] = Sourced(0.0, "")
@@ -142,6 +156,11 @@ class Generation:
     @property
     def cores(self) -> int:
         return self.columns.value * self.core_rows.value
+
+    @property
+    def dram_peak_bps(self) -> float:
+        """The DRAM interface's peak from its width and transfer rate (checks dram_theoretical_bps)."""
+        return self.dram_bus_bits.value / 8 * self.dram_mts.value * 1e6
 
     @property
     def l1_usable(self) -> int:
@@ -196,6 +215,9 @@ AIE2P = Generation(
     measured_gemm_ops=S({"int8": 38.05e12, "bf16": 14.71e12, "bfp16": 24.6e12},
                         SRC_GEMM_PAPER + "; " + SRC_BFP_PAPER),
     dram_theoretical_bps=S(136.5e9, SRC_ROOFLINE),
+    dram_bus_bits=S(128, "Strix Point's 128-bit LPDDR5X interface (AMD Ryzen AI 300 specifications); "
+                    "with " + SRC_ROOFLINE + "'s 136.5 GB/s: 8533 MT/s"),
+    dram_mts=S(8533, "derived: " + SRC_ROOFLINE + " 136.5 GB/s / 16 bytes per transfer (LPDDR5X-8533)"),
     npu_read_bps=S(52.7e9, SRC_ROOFLINE + " (pure read, 8 columns)"),
     shim_dma_bps=S(37.7e9, SRC_ISSUE321 + " df-bw"),
     onchip_bps=S(800e9, SRC_ROOFLINE),
@@ -229,7 +251,20 @@ AIE2P = Generation(
 )
 
 NPU4 = AIE2P
-NPU5 = replace(AIE2P, name="npu5", marketing="XDNA2 (Ryzen AI Max 'Strix Halo')", pci_ids=(("17f0", 0x11),))
+NPU5 = replace(
+    AIE2P,
+    name="npu5",
+    marketing="XDNA2 (Ryzen AI Max 'Strix Halo')",
+    pci_ids=(("17f0", 0x11),),
+    npu_clock_hz=S(1.267e9, SRC_NPU5_REGS + " npuclk"),
+    core_clock_hz=S(1.8e9, SRC_NPU5_REGS + " hclk; " + SRC_TOPS),
+    dram_theoretical_bps=S(256e9, SRC_HALO_MEM),
+    dram_bus_bits=S(256, SRC_HALO_MEM),
+    dram_mts=S(8000, SRC_HALO_MEM),
+    **{f: S(getattr(AIE2P, f).value, NPU5_ASSUMED + getattr(AIE2P, f).source)
+       for f in ("npu_read_bps", "npu_mixed_bps", "shim_dma_bps", "weight_stream_bps",
+                 "flush_us_per_mb", "reachable_memory_fraction")},
+)
 NPU6 = replace(AIE2P, name="npu6", marketing="XDNA2 (Ryzen AI 300 'Krackan Point')", pci_ids=(("17f0", 0x20),))
 
 AIE2 = replace(

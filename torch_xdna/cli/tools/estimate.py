@@ -97,6 +97,11 @@ def run(args: argparse.Namespace) -> int:
           f"at {rows[0]['dram_bps'] / 1e9:.1f} GB/s; prefill tok/s = a whole prompt of that "
           f"many tokens)")
     print(table(rows))
+    r = rows[0]
+    print(f"memory: {r['generation']} DRAM peak {r['dram_peak_bps'] / 1e9:.1f} GB/s; the NPU's "
+          f"modeled single-pass stream {r['dram_bps'] / 1e9:.1f} GB/s is "
+          f"{r['dram_bps'] / r['dram_peak_bps']:.0%} of it (at the peak, {r['precision']}@"
+          f"{r['context']} would need {r['dram_peak_ms_per_token']:.2f} ms/token)")
     if spec.experts:
         print(f"mixture of experts: {spec.experts} experts, {spec.experts_per_token} per token, "
               f"{spec.params(active=True) / 1e6:.0f}M active params; MB/tok counts the router and "

@@ -115,4 +115,8 @@ def estimate(spec: DecoderSpec, precision="bf16", context: int = 1024, *, group:
         "modeled_prefill_ms": prefill_us / 1e3,
         "modeled_prefill_tok_s": context / (prefill_us * 1e-6) if prefill_us else 0.0,
         "dram_bps": floor_bps,
+        # the memory system's own peak (npu4 Strix 136.5 GB/s, npu5 Strix Halo 256 GB/s): what
+        # the DRAM alone would allow; the NPU's DMA, not the DRAM, sets the modeled rate
+        "dram_peak_bps": gen.dram_theoretical_bps.value,
+        "dram_peak_ms_per_token": step["dram_bytes"] / gen.dram_theoretical_bps.value * 1e3,
     }

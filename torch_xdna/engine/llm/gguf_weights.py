@@ -3,7 +3,8 @@ transform that takes Q8_0 / Q4_0 blocks as they are instead of re-quantizing deq
 
 Q8_0 -> int8 group 32 and Q4_0 -> int4 group 32 (kernels/quant.py formats) keep every q exactly;
 the per-block fp16 scale d becomes the bf16 scale the array reads, the one rounding on this path
-(reported in the load notes with its largest relative change). Every other GGUF type is
+(reported in the load notes with its largest relative change); stacked expert tensors
+(ffn_{gate,up,down}_exps) map the same way, expert by expert. Every other GGUF type is
 dequantized to fp32 and then quantized like an HF checkpoint (the notes name those tensors).
 """
 from __future__ import annotations
@@ -16,9 +17,10 @@ from torch_xdna.kernels.quant import pack_int4
 from torch_xdna.models.formats.gguf import NATIVE, QK, GGUFModel, native_blocks
 
 SITE_KIND = {"qkv": "attention", "o": "attention", "gate_up": "mlp", "down": "mlp",
-             "embed": "head", "lm_head": "head"}
+             "experts_gate_up": "mlp", "experts_down": "mlp", "embed": "head", "lm_head": "head"}
 _PARTS = {"qkv": ("attn_q", "attn_k", "attn_v"), "o": ("attn_output",),
-          "gate_up": ("ffn_gate", "ffn_up"), "down": ("ffn_down",)}
+          "gate_up": ("ffn_gate", "ffn_up"), "down": ("ffn_down",),
+          "experts_gate_up": ("ffn_gate_exps", "ffn_up_exps"), "experts_down": ("ffn_down_exps",)}
 
 
 def site_gguf_names(g: GGUFModel, site: str) -> list[str]:
@@ -34,7 +36,7 @@ def site_gguf_names(g: GGUFModel, site: str) -> list[str]:
 def _kind_sites(g: GGUFModel, layers: int) -> dict[str, list[str]]:
     out: dict[str, list[str]] = {"attention": [], "mlp": [], "head": []}
     for site in ["embed", "lm_head"] + [f"layers.{i}.{p}" for i in range(layers)
-                                        for p in ("qkv", "o", "gate_up", "down")]:
+                                        for p in _PARTS]:
         out[SITE_KIND[site.rsplit(".", 1)[-1]]] += site_gguf_names(g, site)
     return out
 
@@ -66,8 +68,8 @@ def native_transform(g: GGUFModel, cfg: dict, policy, spec,
         blocks = [native_blocks(g, cfg, n) for n in site_gguf_names(g, site)]
         if any(b is None or b[0] != prec for b in blocks):
             return base(site, w)
-        q = torch.cat([b[1] for b in blocks])
-        d = torch.cat([b[2] for b in blocks]).float()
+        q = _join(site, [b[1] for b in blocks], spec.experts)
+        d = _join(site, [b[2] for b in blocks], spec.experts).float()
         scales = d.to(torch.bfloat16)
         changed = scales.float() != d
         stats["native"] += 1
@@ -93,6 +95,15 @@ def native_transform(g: GGUFModel, cfg: dict, policy, spec,
                 f"{stats['max_rel']:.2e})")
     transform.report = report                     # type: ignore[attr-defined]
     return transform
+
+
+def _join(site: str, parts: list[torch.Tensor], experts: int) -> torch.Tensor:
+    """A site's rows from its tensors' rows: concatenated, except the stacked experts' gate and
+    up, which the loader interleaves per expert (expert e's gate rows, then its up rows)."""
+    if site.endswith("experts_gate_up"):
+        return torch.cat([p.reshape(experts, -1, p.shape[-1]) for p in parts], dim=1).reshape(
+            -1, parts[0].shape[-1])
+    return torch.cat(parts)
 
 
 def dequantized_notes(g: GGUFModel) -> list[str]:

@@ -2,8 +2,9 @@
 
 Read with the `gguf` package (PyPI gguf, ggml-org/llama.cpp gguf-py). What a file says is turned
 into the same things a HF directory gives the engine:
-  - a HF-style config dict from the `{arch}.*` keys (qwen3, llama, gemma3), so models/families.py
-    builds the DecoderSpec and refuses unsupported features by name, as for config.json;
+  - a HF-style config dict from the `{arch}.*` keys (qwen3, llama, gemma3, qwen3moe), so
+    models/families.py builds the DecoderSpec and refuses unsupported features by name, as for
+    config.json;
   - a `tokenizers` tokenizer from `tokenizer.ggml.*`: "gpt2" byte-level BPE with every
     pre-tokenizer split llama.cpp names (models/formats/gguf_pre.py) and "llama" SentencePiece BPE
     (Gemma, Llama 2), special tokens, BOS rule, chat template; any other tokenizer model is
@@ -15,6 +16,13 @@ into the same things a HF directory gives the engine:
     int8 with one fp16 scale per 32 weights (ggml-common.h block_q8_0), Q4_0 is 4-bit q with
     value (q - 8) * d per 32 (block_q4_0: low nibbles hold elements 0..15, high nibbles 16..31).
     Every other type (Q4_K, Q6_K, ...) is dequantized with gguf.quants and said so in `notes`.
+
+Mixture of experts (qwen3moe), as ggml-org/llama.cpp convert_hf_to_gguf.py (commit 0024aa74,
+Qwen2MoeModel / Qwen3MoeModel, TextModel.set_gguf_parameters) writes it and src/models/qwen3moe.cpp
+reads it: keys {arch}.expert_count, expert_used_count, expert_feed_forward_length; per layer the
+router blk.N.ffn_gate_inp [E, H] (always F32) and each projection of all experts stacked into one
+3-D tensor, blk.N.ffn_gate_exps / ffn_up_exps [E, I, H] and ffn_down_exps [E, H, I] (torch
+order; GGUF lists ne reversed), quantized along the last axis so one expert's rows are one slice.
 """
 from __future__ import annotations
 
@@ -31,7 +39,12 @@ from torch_xdna.models.hf import ModelDirError
 
 log = logging.getLogger("torch_xdna.gguf")
 GGUF_MAGIC = b"GGUF"
-ARCH_MODEL_TYPE = {"qwen3": "qwen3", "llama": "llama", "gemma3": "gemma3_text"}
+ARCH_MODEL_TYPE = {"qwen3": "qwen3", "llama": "llama", "gemma3": "gemma3_text", "qwen3moe": "qwen3_moe"}
+MOE_ARCHS = ("qwen3moe",)
+# stacked expert tensor -> the per-expert HF projection it holds (convert_hf_to_gguf.py
+# Qwen2MoeModel.modify_tensors stacks model.layers.N.mlp.experts.E.{w}.weight along dim 0)
+EXPERT_TENSORS = {"ffn_gate_exps": "gate_proj", "ffn_up_exps": "up_proj", "ffn_down_exps": "down_proj"}
+GATING_SOFTMAX = 1                        # gguf ExpertGatingFuncType.SOFTMAX (llama-hparams.h)
 QK = 32                                   # block size of Q8_0 / Q4_0 (ggml-common.h QK8_0, QK4_0)
 # tokenizer.ggml.token_type values (llama.cpp llama-vocab.h / gguf TokenType)
 TT_NORMAL, TT_UNKNOWN, TT_CONTROL, TT_USER_DEFINED, TT_UNUSED, TT_BYTE = 1, 2, 3, 4, 5, 6
@@ -68,16 +81,19 @@ class GGUFModel:
     def config(self) -> dict:
         """A HF-style config dict for models/families.py (transformers' key names)."""
         a, p = self.arch, self.path
-        need = ("embedding_length", "block_count", "feed_forward_length", "attention.head_count")
+        moe = a in MOE_ARCHS
+        need = ("embedding_length", "block_count", "attention.head_count") + (
+            () if moe else ("feed_forward_length",))
         missing = [f"{a}.{k}" for k in need if self.key(k) is None]
         if missing:
             raise _err(p, f"metadata key(s) {', '.join(missing)} missing; not a complete {a} GGUF")
         for k in ("attention.head_count", "attention.head_count_kv", "feed_forward_length"):
             if isinstance(self.key(k), list):
                 raise _err(p, f"{a}.{k} varies per layer; per-layer shapes are not supported")
-        if self.key("expert_count"):
+        if self.key("expert_count") and not moe:       # e.g. Mixtral, written as arch llama
             raise _err(p, f"{a}.expert_count={self.key('expert_count')}: mixture-of-experts "
-                          "models are not supported by the xdna decode engine")
+                          f"models are not supported by the xdna decode engine for arch {a} "
+                          f"(supported: {', '.join(MOE_ARCHS)})")
         hidden, heads = int(self.key("embedding_length")), int(self.key("attention.head_count"))
         head_dim = int(self.key("attention.key_length") or hidden // heads)
         if int(self.key("attention.value_length") or head_dim) != head_dim:
@@ -89,7 +105,7 @@ class GGUFModel:
             "model_type": ARCH_MODEL_TYPE[a], "hidden_size": hidden,
             "num_hidden_layers": int(self.key("block_count")), "num_attention_heads": heads,
             "num_key_value_heads": int(self.key("attention.head_count_kv") or heads),
-            "head_dim": head_dim, "intermediate_size": int(self.key("feed_forward_length")),
+            "head_dim": head_dim, "intermediate_size": int(self.key("feed_forward_length") or 0),
             "vocab_size": vocab, "max_position_embeddings": int(self.key("context_length") or 4096),
             "rms_norm_eps": float(self.key("attention.layer_norm_rms_epsilon") or 1e-6),
             "tie_word_embeddings": "output.weight" not in self.tensors,
@@ -113,7 +129,45 @@ class GGUFModel:
         else:
             cfg["hidden_act"] = "silu"
             cfg["rope_parameters"] = rope
+        if moe:
+            cfg.update(self._moe(cfg))
         return cfg
+
+    def _moe(self, cfg: dict) -> dict:
+        """The Qwen3-MoE config keys. llama.cpp src/models/qwen3moe.cpp: every layer routes (its
+        ffn_gate_inp is required), softmax gating, the top-k weights always renormalized
+        (build_moe_ffn(..., LLM_FFN_SILU, norm_w=true, ...); the converter writes no
+        expert_weights_norm key for it), expert width expert_feed_forward_length, else
+        feed_forward_length / expert_used_count."""
+        a, p = self.arch, self.path
+        experts, used = int(self.key("expert_count") or 0), int(self.key("expert_used_count") or 0)
+        if experts < 1 or used < 1:
+            raise _err(p, f"{a}.expert_count and {a}.expert_used_count must be > 0 (got "
+                          f"{experts}, {used})")
+        if int(self.key("expert_shared_count") or 0):
+            raise _err(p, f"{a}.expert_shared_count={self.key('expert_shared_count')}: shared "
+                          "experts are not implemented")
+        gating = self.key("expert_gating_func")
+        if gating is not None and int(gating) != GATING_SOFTMAX:
+            raise _err(p, f"{a}.expert_gating_func={gating}: only softmax gating ({GATING_SOFTMAX}) "
+                          "is implemented")
+        width = int(self.key("expert_feed_forward_length") or 0) or (
+            int(self.key("feed_forward_length") or 0) // used)
+        want = (experts, width, cfg["hidden_size"])
+        for n in ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"):
+            t = self.tensors.get(f"blk.0.{n}.weight")
+            if t is None:
+                raise _err(p, f"tensor blk.0.{n}.weight missing (llama.cpp's {a} routes every "
+                              "layer through stacked experts)")
+            got = tuple(int(x) for x in reversed(t.shape.tolist()))
+            exp = (want[0], want[2], want[1]) if n == "ffn_down_exps" else want
+            if got != exp:
+                raise _err(p, f"tensor blk.0.{n}.weight has shape {got}, the metadata implies "
+                              f"{exp} (expert_count, rows, cols)")
+        return {"num_experts": experts, "num_experts_per_tok": used,
+                "moe_intermediate_size": width, "norm_topk_prob": True,
+                "decoder_sparse_step": 1, "mlp_only_layers": [],
+                "intermediate_size": cfg["intermediate_size"] or width}
 
     def _gemma3(self, cfg: dict, rope: dict) -> dict:
         # llama.cpp (src/llama-model.cpp, LLM_ARCH_GEMMA3): every 6th layer global unless the
@@ -150,17 +204,20 @@ class GGUFModel:
         return ids
 
     # --- tensors --------------------------------------------------------------------------
-    def tensor(self, name: str) -> torch.Tensor:
-        """A tensor dequantized to fp32, in torch's [rows, cols] order (GGUF lists ne reversed)."""
+    def tensor(self, name: str, expert: int | None = None) -> torch.Tensor:
+        """A tensor dequantized to fp32, in torch's [rows, cols] order (GGUF lists ne reversed);
+        `expert`: only that slice of a stacked 3-D expert tensor (its blocks never span two)."""
         from gguf import GGMLQuantizationType as T
         from gguf.quants import dequantize
         t = self.tensors[name]
         shape = tuple(int(x) for x in reversed(t.shape.tolist()))
+        data = t.data if expert is None else t.data[expert]
+        shape = shape if expert is None else shape[1:]
         try:
             if t.tensor_type == T.F32:
-                arr = np.asarray(t.data, dtype=np.float32)
+                arr = np.asarray(data, dtype=np.float32)
             else:
-                arr = dequantize(np.asarray(t.data), t.tensor_type)
+                arr = dequantize(np.asarray(data), t.tensor_type)
         except NotImplementedError:
             raise _err(self.path, f"tensor {name}: type {t.tensor_type.name} cannot be "
                                   "dequantized by the gguf package") from None
@@ -237,7 +294,7 @@ def tensor_names(arch: str) -> dict[str, str]:
          B + "ffn_gate.weight": L + "mlp.gate_proj.weight",
          B + "ffn_up.weight": L + "mlp.up_proj.weight",
          B + "ffn_down.weight": L + "mlp.down_proj.weight"}
-    if arch in ("qwen3", "gemma3"):
+    if arch in ("qwen3", "gemma3", "qwen3moe"):
         m[B + "attn_q_norm.weight"] = L + "self_attn.q_norm.weight"
         m[B + "attn_k_norm.weight"] = L + "self_attn.k_norm.weight"
     if arch == "gemma3":
@@ -246,7 +303,18 @@ def tensor_names(arch: str) -> dict[str, str]:
         m[B + "post_ffw_norm.weight"] = L + "post_feedforward_layernorm.weight"
     else:
         m[B + "ffn_norm.weight"] = L + "post_attention_layernorm.weight"
+    if arch in MOE_ARCHS:                  # the experts: EXPERT_TENSORS, split per expert
+        m[B + "ffn_gate_inp.weight"] = L + "mlp.gate.weight"
     return m
+
+
+def expert_tensor(arch: str, name: str) -> tuple[int, str] | None:
+    """(layer, HF projection) of a stacked expert tensor blk.N.ffn_{gate,up,down}_exps.weight."""
+    parts = name.split(".")
+    if (arch in MOE_ARCHS and len(parts) == 4 and parts[0] == "blk" and parts[1].isdigit()
+            and parts[2] in EXPERT_TENSORS and parts[3] == "weight"):
+        return int(parts[1]), EXPERT_TENSORS[parts[2]]
+    return None
 
 
 def _hf_name(arch: str, name: str) -> str | None:
@@ -310,6 +378,13 @@ def hf_state_dict(g: GGUFModel, cfg: dict) -> LazyTensors:
     for name in g.tensors:
         if name == "rope_freqs.weight":
             continue                               # folded into the rope config
+        stacked = expert_tensor(g.arch, name)
+        if stacked is not None:                    # one HF tensor per expert, a slice each
+            layer, proj = stacked
+            for e in range(int(g.tensors[name].shape[-1])):
+                dict.__setitem__(out, f"model.layers.{layer}.mlp.experts.{e}.{proj}.weight",
+                                 lambda name=name, e=e: g.tensor(name, e))
+            continue
         hf = _hf_name(g.arch, name)
         if hf is None:
             raise _err(g.path, f"tensor {name} has no place in the {g.arch} spec; this file has "
@@ -332,12 +407,14 @@ NATIVE = {"Q8_0": "int8", "Q4_0": "int4"}
 
 def native_blocks(g: GGUFModel, cfg: dict, name: str) -> tuple[str, torch.Tensor, torch.Tensor] | None:
     """(precision, q int8 [N, K] in [-128, 127] / [-8, 7], d fp16 [N, K/32]) of a Q8_0/Q4_0
-    tensor (un-permuted like its weight), or None for any other type."""
+    tensor (un-permuted like its weight; a 3-D expert tensor [E, I, K] gives N = E * I rows,
+    expert-major), or None for any other type."""
     t = g.tensors[name]
     prec = NATIVE.get(t.tensor_type.name)
     if prec is None:
         return None
-    k, n = (int(x) for x in t.shape.tolist())
+    dims = [int(x) for x in t.shape.tolist()]
+    k, n = dims[0], int(np.prod(dims[1:]))      # a stacked expert tensor: all experts' rows
     raw = np.asarray(t.data, dtype=np.uint8).reshape(n, k // QK, -1)
     d = torch.from_numpy(np.ascontiguousarray(raw[..., :2]).view(np.float16)[..., 0].copy())
     if prec == "int8":                              # block_q8_0: fp16 d, int8 qs[32]
