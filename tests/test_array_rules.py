@@ -99,7 +99,8 @@ def test_whisper_base_designs_pass_the_upstream_rules(tmp_path):
     """A Whisper-base-shaped directory (d_model 512, 6 + 6 layers, 8 heads, 80 mels x 3000
     frames; one layer each, random weights, reduced vocabulary): every design `xdna kernels build --model`
     lists for it (the encoder Program's and the decoder's rows buckets 2 and 1) lowers to stage
-    programs with an mlir-aie form and no rule violation."""
+    programs with an mlir-aie form and no rule violation; each design's modeled kernel runs
+    (Design.runs) are its stage programs."""
     from whisper_fixtures import make_whisper_dir
 
     from torch_xdna.engine.asr.designs import model_designs
@@ -110,7 +111,10 @@ def test_whisper_base_designs_pass_the_upstream_rules(tmp_path):
     assert len(examples) == 9           # stem, layer, cross K/V; embed, layer, head x 2 buckets
     n, bad = 0, []
     for ex in examples:
-        for prog in lower_example(ex, NPU4):
+        progs = lower_example(ex, NPU4)
+        # the cost model charges one kernel run per stage program, as the staged artifact runs
+        assert len(ex.design.runs()) == len(progs), ex.design.name
+        for prog in progs:
             n += 1
             assert not form_errors(prog), (ex.design.name, prog.name, form_errors(prog)[:1])
             bad += [f"{ex.design.name} {prog.name}: {v.line()}"

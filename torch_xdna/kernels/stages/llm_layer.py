@@ -66,6 +66,20 @@ class Stage:
     design: Any = None
 
 
+def program_runs(key: tuple, stage_list: Sequence[Stage]) -> tuple:
+    """Design.runs of a block that runs as `stage_list`: one entry per stage program, in order
+    (a GEMM stage with a bias, activation or residual is its GEMM program then its epilogue
+    program: kernels/lower/gemm.gemm_programs), so the cost model charges the kernel runs and
+    configure points its staged artifact does."""
+    out = []
+    for st in stage_list:
+        ds = st.design if st.kind == "design" else None
+        two = ds is not None and ds.kind == "gemm" and (ds.bias or ds.residual
+                                                        or ds.epilogue != "none")
+        out += [(key, st.label, j) for j in range(2 if two else 1)]
+    return tuple(out)
+
+
 def unsupported(layer, n: int | None = None) -> str | None:
     """Why this layer does not run as stages (None: it does)."""
     a, m = layer.attention, layer.mlp
