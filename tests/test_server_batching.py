@@ -202,7 +202,9 @@ def test_slots_follow_the_memory_budget_and_none_fitting_serves_alone(live):
             alone = [ask(live.url, "chat", p, False, max_tokens=8) for p in PROMPTS]
         finally:
             srv.batcher.max_batch = 4
-        dev.memory_budget = used + per // 2                     # not one slot fits
+        # not one slot fits (allocated bytes read again: the process-wide device may have freed
+        # earlier tests' buffers meanwhile, e.g. by garbage collection)
+        dev.memory_budget = dev.counters.allocated_bytes + per // 2
         assert slots_for_budget(engine, 4) == 0
         n0 = runner.alone
         got = _concurrently(lambda p: ask(live.url, "chat", p, False, max_tokens=8), PROMPTS)
