@@ -1,4 +1,4 @@
-"""Mixture-of-experts decoders (Qwen3-MoE): the spec, the bytes they are charged, estimates,
+"""Mixture-of-experts decoders (Qwen3-MoE; gpt-oss: tests/test_gpt_oss.py): the spec, the bytes they are charged, estimates,
 refusals and serving. Logits and greedy tokens against transformers: tests/test_llm_families.py.
 
 A random-weight Qwen3-MoE directory (transformers' Qwen3MoeConfig, save_pretrained: per-expert
@@ -15,13 +15,12 @@ import shutil
 import pytest
 import torch
 
-from llm_fixtures import build_model
-from torch_xdna.engine.llm.decoder import PrecisionPolicy, estimate_step
+from llm_fixtures import build_model, decode_charged
+from torch_xdna.engine.llm.decoder import PrecisionPolicy
 from torch_xdna.engine.llm.estimate import estimate, resolve_spec
 from torch_xdna.engine.llm.generate import GenerationConfig, load_decoder
 from torch_xdna.kernels.blocks.moe import MoeBlockDesign, expected_hits
 from torch_xdna.models.spec import UnsupportedModelError
-from torch_xdna.runtime.sim.cost import CostModel
 
 PROMPT = [5, 17, 33, 101, 7, 250, 64, 12, 99, 3, 42, 77]      # 12 tokens: chunks of 8 + 4
 
@@ -60,15 +59,9 @@ def _moe_block(eng) -> MoeBlockDesign:
 def test_decode_charges_router_and_top_k_experts_only(moe):
     path, _ = moe
     eng = _engine(path, "int4")
-    dec, spec = eng.decoder, eng.spec
-    dec.reset()
-    dec.forward(PROMPT)
-    before = dec.dev.counters.dram_bytes
-    dec.forward([9])
-    got = dec.dev.counters.dram_bytes - before
+    spec = eng.spec
     # the same step from shapes alone (decode: exactly top_k experts, no routing assumption)
-    want = estimate_step(spec, dec.policy, CostModel(dec.dev.gen), 1, len(PROMPT), 1,
-                         dec.capacity, True)
+    got, want = decode_charged(eng, PROMPT)
     assert got == want["dram_bytes"]
     moe_block = _moe_block(eng)
     per_expert = moe_block.expert_bytes()
@@ -167,20 +160,3 @@ def test_policy_groups_divide_the_expert_width(moe):
     path, _ = moe
     _, spec = resolve_spec(str(path))
     assert PrecisionPolicy.parse("int4").block_group(spec, "mlp") == 32
-
-
-
-
-def test_gpt_oss_20b_estimate_shapes_and_refused_at_load(tmp_path):
-    """gpt-oss is modeled from its config (shapes only) and refused at load, naming what is
-    missing; the estimate streams 4 of 32 experts per layer."""
-    _, spec = resolve_spec("gpt-oss-20b")
-    assert 20.5e9 < spec.params() < 21.5e9 and spec.experts == 32 and spec.experts_per_token == 4
-    assert spec.layer_window[:2] == (128, None) and spec.ropes["global"].type == "yarn"
-    r = estimate(spec, "int4", 1024)
-    per_expert = 3 * 2880 * 2880 * (0.5 + 2 / 32)
-    assert r["expert_mb_per_token"] * 1e6 == pytest.approx(24 * 4 * per_expert)
-    from torch_xdna.models.families import BUILTIN_CONFIGS
-    (tmp_path / "config.json").write_text(json.dumps(BUILTIN_CONFIGS["gpt-oss-20b"]))
-    with pytest.raises(UnsupportedModelError, match="attention sinks"):
-        load_decoder(tmp_path, quiet=True)

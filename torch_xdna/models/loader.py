@@ -20,6 +20,7 @@ from typing import Any, Callable
 
 import torch
 
+from torch_xdna.kernels import quant
 from torch_xdna.models.families import family_of, spec_from_config
 from torch_xdna.models import validate
 from torch_xdna.models.hf import ModelDirError, read_config, read_json, safetensors_files
@@ -108,10 +109,16 @@ def site_names(spec: DecoderSpec) -> list[str]:
             out += [p + "attn_norm", p + "qkv", p + "o", p + "mlp_norm"]
         if spec.is_moe(i):       # the router, then every expert stacked along N (expert-major)
             out += [p + "router", p + "experts_gate_up", p + "experts_down"]
+            out += ([p + "router_bias"] if spec.router_bias else []) + (
+                [p + "experts_gate_up_bias", p + "experts_down_bias"] if spec.expert_bias else [])
         else:
             out += [p + "gate_up", p + "down"]
         if spec.linear_bias:
             out += [p + b for b in bias]
+        elif spec.attention_bias:
+            out += [p + "qkv_bias", p + "o_bias"]
+        if spec.attention_sinks:
+            out.append(p + "sinks")
         if spec.qk_norm and not spec.is_linear(i):
             out += [p + "q_norm"] + ([] if spec.kv_shared(i) else [p + "k_norm"])
         if spec.sandwich_norms:
@@ -255,6 +262,8 @@ def _site_tensor(spec: DecoderSpec, sd: dict[str, torch.Tensor], site: str, path
         return torch.cat([get(n.q_bias, i), get(n.k_bias, i), get(n.v_bias, i)], dim=0)
     if part == "gate_up_bias":
         return get(n.up_bias, i)
+    if part.startswith("experts_") and n.experts_gate_up:   # stacked (gpt-oss)
+        return stacked_experts(spec, sd, getattr(n, part).format(i=i), part, path)
     if part == "experts_gate_up":      # [E * 2I, H]: expert e's gate rows then its up rows
         return torch.cat([torch.cat([get(n.expert_gate.replace("{e}", str(e)), i),
                                      get(n.expert_up.replace("{e}", str(e)), i)])
@@ -263,6 +272,28 @@ def _site_tensor(spec: DecoderSpec, sd: dict[str, torch.Tensor], site: str, path
         return torch.cat([get(n.expert_down.replace("{e}", str(e)), i)
                           for e in range(spec.experts)], dim=0)
     return get(getattr(n, part), i)
+
+
+def stacked_experts(spec: DecoderSpec, sd: dict[str, torch.Tensor], name: str, part: str,
+                    path: Path) -> torch.Tensor:
+    """A stacked expert site in the engine's layout (expert-major rows, nn.Linear [N, K]):
+    gate_up [E, H, 2I] (or MXFP4 blocks [E, 2I, H/32, 16] + scales, decoded exactly) with its
+    interleaved gate/up columns (gate = 0::2, up = 1::2, transformers' _apply_gate) reordered
+    to expert e's gate rows then its up rows; down [E, I, H] -> [E*H, I]; biases alike."""
+    if name + "_blocks" in sd:                    # MXFP4: the checkpoint's [E, N, K] order
+        blocks, scales = sd.pop(name + "_blocks"), sd.pop(name + "_scales", None)
+        if scales is None:
+            raise ModelDirError(f"{path}: weight {name + '_scales'!r} is missing (the MXFP4 "
+                                f"scales of {name}_blocks)")
+        w = quant.decode_mxfp4(blocks.flatten(-2), scales)
+    elif name in sd:
+        t = sd.pop(name).float()
+        w = t if t.dim() == 2 else t.transpose(1, 2)           # biases [E, N]; weights -> [E, N, K]
+    else:
+        raise ModelDirError(f"{path}: weight {name!r} is missing (needed for {part})")
+    if "gate_up" in part:
+        w = torch.cat([w[:, 0::2], w[:, 1::2]], dim=1)
+    return w.reshape(-1, *w.shape[2:]).contiguous() if w.dim() == 3 else w.reshape(-1)
 
 
 def load_weights(mf: ModelFiles, transform: Transform, transform_id: str,

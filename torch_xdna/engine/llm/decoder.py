@@ -29,7 +29,7 @@ from torch_xdna.kernels.blocks.llm import (
 from torch_xdna.kernels.blocks.linear_attn import DeltaNetBlockDesign, DeltaNetLayerDesign
 from torch_xdna.kernels.blocks.moe import MoeBlockDesign, MoeLayerDesign
 from torch_xdna.kernels.blocks.ple import PleEmbedDesign, PleLayerDesign
-from torch_xdna.kernels.blocks.weights import PRECISIONS, default_group, weight_bytes
+from torch_xdna.kernels.blocks.weights import EXACT_PRECISIONS, PRECISIONS, default_group, weight_bytes
 from torch_xdna.models.hf import ModelDirError
 from torch_xdna.models.spec import DecoderSpec
 from torch_xdna.runtime import Device, Launch, PlanError, Program, TensorArg, get_device
@@ -71,9 +71,13 @@ class PrecisionPolicy:
         for k, p in kinds.items():
             if p not in PRECISIONS:
                 raise ValueError(f"unknown precision {p!r} for {k}; use one of {', '.join(PRECISIONS)}")
-        exact = {p == "fp32" for p in kinds.values()}
-        if len(exact) > 1:
-            raise ValueError("precision fp32 (verification mode) cannot be mixed with NPU precisions")
+        # fp32 (verification mode, set by the attention site) mixes only with formats that
+        # decode exactly (mxfp4 experts); NPU precisions never with fp32
+        exact = kinds["attention"] == "fp32"
+        allowed = ("fp32",) + EXACT_PRECISIONS if exact else tuple(p for p in PRECISIONS if p != "fp32")
+        if any(p not in allowed for p in kinds.values()):
+            raise ValueError("precision fp32 (verification mode) cannot be mixed with NPU precisions "
+                             f"(fp32 attention takes fp32 or {', '.join(EXACT_PRECISIONS)} elsewhere)")
         return cls(group=group, **kinds)
 
     @property
@@ -248,8 +252,10 @@ def step_designs(spec: DecoderSpec, policy: PrecisionPolicy, rows: int, capacity
                          bias=spec.linear_bias, gated=spec.gated_mlp, **common)
     moe = MoeBlockDesign(precision=pm, group=gm, experts=spec.experts,
                          top_k=spec.experts_per_token, intermediate=spec.expert_intermediate,
-                         act=spec.act, norm_topk=spec.norm_topk_prob,
-                         **common) if spec.experts else None
+                         act=spec.act, norm_topk=spec.norm_topk_prob, router_bias=spec.router_bias,
+                         expert_bias=spec.expert_bias, topk_first=spec.router_topk_first,
+                         limit=spec.swiglu_limit, alpha=spec.swiglu_alpha,
+                         verify=policy.exact and pm != "fp32", **common) if spec.experts else None
     for i in range(spec.layers):
         if spec.is_linear(i):
             dn = DeltaNetBlockDesign(
@@ -263,7 +269,8 @@ def step_designs(spec: DecoderSpec, policy: PrecisionPolicy, rows: int, capacity
             head_dim=spec.head_dim_at(i), capacity=capacity, qk_norm=spec.qk_norm,
             post_norm=spec.sandwich_norms, window=spec.layer_window[i], scale=spec.attn_scale,
             softcap=spec.attn_softcap, cache_bytes=4 if policy.exact else 2, kv_dtype=kv_dtype,
-            layer_norm=spec.layer_norm, bias=spec.linear_bias, rope=bool(spec.ropes),
+            layer_norm=spec.layer_norm, bias=spec.qkvo_bias, rope=bool(spec.ropes),
+            sinks=spec.attention_sinks,
             output_gate=spec.attn_output_gate, rotary_dim=spec.rotary_dim,
             v_norm=spec.v_norm, kv_shared=spec.kv_shared(i), **common)
         if spec.per_layer_shapes:         # Gemma 4: the layer's MLP width, PLE tail, scalar
@@ -441,8 +448,9 @@ class Decoder(ResidentDecoder):
             ins += [*w[p + "attn_norm_bias"]]
         if spec.qk_norm:
             ins += [*w[p + "q_norm"]] + ([] if spec.kv_shared(i) else [*w[p + "k_norm"]])
-        ins += [*w[p + "qkv"]] + ([*w[p + "qkv_bias"]] if spec.linear_bias else [])
-        ins += [*w[p + "o"]] + ([*w[p + "o_bias"]] if spec.linear_bias else [])
+        ins += [*w[p + "qkv"]] + ([*w[p + "qkv_bias"]] if spec.qkvo_bias else [])
+        ins += [*w[p + "o"]] + ([*w[p + "o_bias"]] if spec.qkvo_bias else [])
+        ins += [*w[p + "sinks"]] if spec.attention_sinks else []
         if spec.sandwich_norms:
             ins += [*w[p + "attn_post_norm"]]
         return ins + (list(self.rope[spec.layer_rope[i]]) if spec.ropes else [])
@@ -451,8 +459,11 @@ class Decoder(ResidentDecoder):
         """Layer i's MLP-block operands, in the design's order (activations `x` first)."""
         spec, w, p = self.spec, self.w, f"layers.{i}."
         if spec.is_moe(i):
-            return [x, *w[p + "mlp_norm"], *w[p + "router"], *w[p + "experts_gate_up"],
-                    *w[p + "experts_down"]]
+            rb = [*w[p + "router_bias"]] if spec.router_bias else []
+            eb = spec.expert_bias
+            return [x, *w[p + "mlp_norm"], *w[p + "router"], *rb, *w[p + "experts_gate_up"],
+                    *(w[p + "experts_gate_up_bias"] if eb else ()), *w[p + "experts_down"],
+                    *(w[p + "experts_down_bias"] if eb else ())]
         b = spec.linear_bias
         ins = [x, *w[p + "mlp_norm"]] + ([*w[p + "mlp_norm_bias"]] if spec.layer_norm else [])
         ins += [*w[p + "gate_up"]] + ([*w[p + "gate_up_bias"]] if b else [])

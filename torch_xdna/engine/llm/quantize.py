@@ -6,6 +6,7 @@ Formats (weights in nn.Linear layout [N, K], groups along K) are kernels/quant.p
   int8   (q int8 [N,K], scales bf16 [N,K/g])          symmetric, weight-only
   int4   (packed uint8 [N,K/2], scales bf16 [N,K/g])  symmetric, weight-only
   bfp16  (blocks uint8 [N, K/8*9])                    8 values share an exponent
+  mxfp4  (codes uint8 [N,K/2], scales uint8 [N,K/32]) E2M1 values, E8M0 scale per 32 (OCP MX)
 The reading side is kernels/llm_blocks.dequantize.
 """
 from __future__ import annotations
@@ -27,6 +28,8 @@ def quantize(w: torch.Tensor, precision: str, group: int = 0) -> tuple[torch.Ten
         return (w.to(torch.bfloat16).contiguous(),)
     if precision == "bfp16":
         return (quant.encode_bfp16(w).contiguous(),)
+    if precision == "mxfp4":            # lossless for weights that already are MXFP4 values
+        return tuple(t.contiguous() for t in quant.encode_mxfp4(w))
     g = group or default_group(precision)
     if precision == "int8":
         q, s = quant.quantize_int8(w, g)
