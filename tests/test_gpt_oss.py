@@ -185,3 +185,21 @@ def test_policy_rules():
         PrecisionPolicy.parse({"default": "fp32", "mlp": "int4"})
     with pytest.raises(ValueError, match="fp32"):
         PrecisionPolicy.parse({"default": "bf16", "mlp": "fp32"})
+
+
+def test_batched_decode_equals_alone(dirs):
+    """Concurrent sequences in one batch session (the server's path): each sequence's tokens
+    equal its one-at-a-time tokens (bf16 operands, MXFP4 experts)."""
+    from torch_xdna.engine.llm.batching import BatchSession
+    _, _, mx, _ = dirs
+    eng = load_decoder(mx, {"default": "bf16", "mlp": "mxfp4"}, max_context=96, quiet=True,
+                       cache_dir=False, prefix_cache=0)
+    g = torch.Generator().manual_seed(2)
+    prompts = [torch.randint(5, 390, (n,), generator=g).tolist() for n in (7, 19, 12)]
+    cfg = GenerationConfig(max_tokens=6, stop_token_ids=())
+    alone = [eng.complete(p, cfg).token_ids for p in prompts]
+    with BatchSession(eng, slots=3) as session:
+        seqs = [session.add(p, cfg) for p in prompts]
+        session.run()
+    assert [s.token_ids for s in seqs] == alone
+    eng.close()
