@@ -203,3 +203,14 @@ def test_batched_decode_equals_alone(dirs):
         session.run()
     assert [s.token_ids for s in seqs] == alone
     eng.close()
+
+
+def test_native_precision_keeps_the_checkpoints_mxfp4_experts(dirs):
+    """precision 'native' (the CLI's default) of an MXFP4 checkpoint: bf16 elsewhere, the
+    experts MXFP4 as stored."""
+    _, _, mx, _ = dirs
+    eng = load_decoder(mx, quiet=True, max_context=32, cache_dir=False)
+    p = eng.decoder.policy
+    assert (p.attention, p.mlp, p.head) == ("bf16", "mxfp4", "bf16")
+    assert eng.decoder.w["layers.0.experts_down"][0].dtype == torch.uint8
+    eng.close()
