@@ -225,3 +225,27 @@ def decode_charged(engine, prompt: list[int]) -> tuple[int, dict]:
     got = dec.dev.counters.dram_bytes - before
     return got, estimate_step(engine.spec, dec.policy, CostModel(dec.dev.gen), 1, len(prompt), 1,
                               dec.capacity, True)
+
+
+def prefill_hits(monkeypatch, engine, model, ids: list[int]) -> tuple[list, list]:
+    """(what the simulator charged each MoE launch of one prefill chunk of `ids`: (valid rows,
+    distinct experts), transformers' distinct experts per MoE layer for the same rows: top-k
+    of its router logits, which is the same set whether the softmax runs before the top-k or
+    after it)."""
+    from torch_xdna.kernels.blocks.moe import MoeBlockDesign
+    charged: list[tuple[int, int]] = []
+    orig = MoeBlockDesign.routed_plan
+
+    def spy(self, gen, outs, n=None, **kw):
+        plan = orig(self, gen, outs, n=n, **kw)
+        charged.append((n, plan.notes["experts_hit"]))
+        return plan
+    monkeypatch.setattr(MoeBlockDesign, "routed_plan", spy)
+    engine.decoder.reset()
+    engine.decoder.forward(ids)
+    with torch.no_grad():
+        out = model(torch.tensor([ids]), output_router_logits=True)
+    k = model.config.num_experts_per_tok
+    want = [int(torch.unique(torch.topk(lg.float(), k, -1).indices).numel())
+            for lg in out.router_logits]
+    return charged, want

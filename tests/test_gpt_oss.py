@@ -19,7 +19,9 @@ import shutil
 import pytest
 import torch
 
-from llm_fixtures import build_model, check_against_transformers, decode_charged, hf_greedy
+from llm_fixtures import (
+    build_model, check_against_transformers, decode_charged, hf_greedy, prefill_hits,
+)
 from torch_xdna.engine.llm.decoder import PrecisionPolicy
 from torch_xdna.engine.llm.estimate import estimate, resolve_spec
 from torch_xdna.engine.llm.generate import GenerationConfig, load_decoder
@@ -111,6 +113,17 @@ def test_mxfp4_npu_numerics_and_bytes_charged(dirs):
     f, h = s.expert_intermediate, s.hidden
     per_expert = 3 * f * h * 4.25 / 8 + (2 * f + h) * 2
     assert want["expert_bytes"] == s.layers * s.experts_per_token * per_expert
+    eng.close()
+
+
+def test_grouped_prefill_charges_the_experts_transformers_routes_to(dirs, monkeypatch):
+    """A 16-row prefill chunk runs each expert its rows chose once (grouped) and is charged
+    exactly those experts per layer: transformers' router picks for the same rows."""
+    src, hf, _, _ = dirs
+    eng = _engine(src, "fp32", chunk=16)
+    charged, want = prefill_hits(monkeypatch, eng, hf, PROMPT[:16])
+    assert [h for _, h in charged] == want and all(n == 16 for n, _ in charged)
+    assert len(want) == 4 and all(2 <= h <= 8 for h in want)
     eng.close()
 
 

@@ -15,7 +15,7 @@ import shutil
 import pytest
 import torch
 
-from llm_fixtures import build_model, decode_charged
+from llm_fixtures import build_model, decode_charged, prefill_hits
 from torch_xdna.engine.llm.decoder import PrecisionPolicy
 from torch_xdna.engine.llm.estimate import estimate, resolve_spec
 from torch_xdna.engine.llm.generate import GenerationConfig, load_decoder
@@ -77,22 +77,8 @@ def test_prefill_charges_exactly_the_experts_hit(moe, monkeypatch):
     """Each MoE launch of an 8-row prefill chunk is charged the distinct experts its rows
     chose, and those are transformers' router choices for the same rows."""
     path, hf = moe
-    charged: list[tuple[int, int]] = []
-    orig = MoeBlockDesign.routed_plan
-
-    def spy(self, gen, outs, n=None, **kw):
-        plan = orig(self, gen, outs, n=n, **kw)
-        charged.append((n, plan.notes["experts_hit"]))
-        return plan
-    monkeypatch.setattr(MoeBlockDesign, "routed_plan", spy)
     eng = _engine(path, "fp32")
-    eng.decoder.reset()
-    eng.decoder.forward(PROMPT[:8])
-    with torch.no_grad():
-        out = hf(torch.tensor([PROMPT[:8]]), output_router_logits=True)
-    k = hf.config.num_experts_per_tok
-    want = [int(torch.unique(torch.topk(torch.softmax(lg.float(), -1), k, -1).indices).numel())
-            for lg in out.router_logits]
+    charged, want = prefill_hits(monkeypatch, eng, hf, PROMPT[:8])
     assert [h for _, h in charged] == want and all(n == 8 for n, _ in charged)
     assert len(want) == 2 and max(want) <= 8
     eng.close()

@@ -1,7 +1,9 @@
 """Supported decoder families as data: config.json -> DecoderSpec, and built-in shapes.
 
 Each family is one builder plus a weight-name map. Config features the engine does not implement
-are refused here, by name, before any weight is read.
+are refused here, by name, before any weight is read. The rules the builders share (refusals,
+RoPE parameters, the common fields, windows, MoE fields) are models/family_parts.py's; gpt-oss's
+builder is in models/families_moe.py; FAMILIES below stays the one table.
 """
 from __future__ import annotations
 
@@ -10,9 +12,8 @@ from typing import Callable
 
 from torch_xdna.models.families_moe import gpt_oss
 from torch_xdna.models.family_parts import (  # noqa: F401  (MOE_FAMILIES, LLAMA_NAMES: named from here)
-    LAYER, LLAMA_NAMES, MOE_FAMILIES, act, base_spec, classic_rope, common_checks, layer_types,
-    moe_fields,
-    refuse, rope_spec, windows,
+    LAYER, LLAMA_NAMES, MOE_FAMILIES, base_spec, classic_rope, common_checks, layer_types,
+    moe_fields, refuse, rope_spec, windows,
 )
 from torch_xdna.models.spec import DecoderSpec, RopeSpec, UnsupportedModelError, WeightNames
 
