@@ -249,3 +249,15 @@ def prefill_hits(monkeypatch, engine, model, ids: list[int]) -> tuple[list, list
     want = [int(torch.unique(torch.topk(lg.float(), k, -1).indices).numel())
             for lg in out.router_logits]
     return charged, want
+
+
+def copy_without(src: Path, dst: Path, tensor: str) -> Path:
+    """A copy of model directory `src` at `dst` whose model.safetensors lacks `tensor` (the
+    loaders must refuse it naming the tensor)."""
+    import shutil
+    from safetensors.torch import load_file, save_file
+    shutil.copytree(src, dst)
+    sd = load_file(str(dst / "model.safetensors"))
+    del sd[tensor]
+    save_file(sd, str(dst / "model.safetensors"), metadata={"format": "pt"})
+    return dst

@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from llm_fixtures import (
-    build_model, check_against_transformers, decode_charged, hf_greedy, prefill_hits,
+    build_model, check_against_transformers, copy_without, decode_charged, hf_greedy, prefill_hits,
 )
 from torch_xdna.engine.llm.decoder import PrecisionPolicy
 from torch_xdna.engine.llm.estimate import estimate, resolve_spec
@@ -227,3 +227,20 @@ def test_native_precision_keeps_the_checkpoints_mxfp4_experts(dirs):
     assert (p.attention, p.mlp, p.head) == ("bf16", "mxfp4", "bf16")
     assert eng.decoder.w["layers.0.experts_down"][0].dtype == torch.uint8
     eng.close()
+
+
+def test_refusals_named(dirs, tmp_path):
+    """Another quantization method is refused by name; an MXFP4 checkpoint missing a scales
+    tensor is refused naming it, before any weight is read."""
+    from torch_xdna.models.hf import ModelDirError
+    from torch_xdna.models.spec import UnsupportedModelError
+    _, _, mx, _ = dirs
+    d = tmp_path / "gptq"
+    shutil.copytree(mx, d)
+    cfg = json.loads((d / "config.json").read_text())
+    (d / "config.json").write_text(json.dumps({**cfg, "quantization_config": {"quant_method": "gptq"}}))
+    with pytest.raises(UnsupportedModelError, match="gptq"):
+        load_decoder(d, quiet=True)
+    d = copy_without(mx, tmp_path / "noscales", "model.layers.2.mlp.experts.down_proj_scales")
+    with pytest.raises(ModelDirError, match=r"layers\.2\.mlp\.experts\.down_proj_scales"):
+        load_decoder(d, quiet=True)

@@ -15,7 +15,7 @@ import shutil
 import pytest
 import torch
 
-from llm_fixtures import build_model, decode_charged, prefill_hits
+from llm_fixtures import build_model, copy_without, decode_charged, prefill_hits
 from torch_xdna.engine.llm.decoder import PrecisionPolicy
 from torch_xdna.engine.llm.estimate import estimate, resolve_spec
 from torch_xdna.engine.llm.generate import GenerationConfig, load_decoder
@@ -130,14 +130,9 @@ def test_unsupported_moe_configs_refused_by_name(moe, tmp_path):
 
 
 def test_missing_expert_weight_named(moe, tmp_path):
-    from safetensors.torch import load_file, save_file
     from torch_xdna.models.hf import ModelDirError
     path, _ = moe
-    d = tmp_path / "broken"
-    shutil.copytree(path, d)
-    sd = load_file(str(d / "model.safetensors"))
-    del sd["model.layers.2.mlp.experts.5.up_proj.weight"]
-    save_file(sd, str(d / "model.safetensors"), metadata={"format": "pt"})
+    d = copy_without(path, tmp_path / "broken", "model.layers.2.mlp.experts.5.up_proj.weight")
     with pytest.raises(ModelDirError, match=r"experts\.5\.up_proj"):
         load_decoder(d, quiet=True)
 
