@@ -22,7 +22,7 @@ import torch
 from llm_fixtures import (
     build_model, check_against_transformers, copy_without, decode_charged, hf_greedy, prefill_hits,
 )
-from torch_xdna.engine.llm.decoder import PrecisionPolicy
+from torch_xdna.engine.llm.decoder import PrecisionPolicy, resident_bytes_estimate
 from torch_xdna.engine.llm.estimate import estimate, resolve_spec
 from torch_xdna.engine.llm.generate import GenerationConfig, load_decoder
 from torch_xdna.kernels import quant
@@ -102,12 +102,15 @@ def test_mxfp4_dir_experts_stay_mxfp4_and_tokens_identical(dirs):
 
 def test_mxfp4_npu_numerics_and_bytes_charged(dirs):
     """bf16 operands with MXFP4 experts (the NPU's numerics): logits near transformers' fp32
-    ones, and a decode token is charged the router plus exactly 2 experts per layer at
+    ones, the resident bytes as estimated from shapes, and a decode token is charged the router plus exactly 2 experts per layer at
     4.25 bits per weight (+ their bf16 biases), as the estimate from shapes says."""
     _, _, mx, hf_mx = dirs
     eng = _engine(mx, {"default": "bf16", "mlp": "mxfp4"})
     check_against_transformers(eng, hf_mx, PROMPT, 0.05)
-    s = eng.spec
+    s, dec = eng.spec, eng.decoder
+    # the memory check's estimate from shapes counts every resident byte (MXFP4 experts, biases,
+    # sinks), so a model that passes it fits
+    assert resident_bytes_estimate(s, dec.policy, dec.capacity, dec.chunk) == dec.resident_bytes
     got, want = decode_charged(eng, PROMPT)
     assert got == want["dram_bytes"]
     f, h = s.expert_intermediate, s.hidden

@@ -147,7 +147,8 @@ def resident_bytes_estimate(spec: DecoderSpec, policy: PrecisionPolicy, capacity
         q = spec.heads * spec.head_dim_at(i)
         kv = 0 if spec.kv_shared(i) else 2 * spec.kv_heads_at(i) * spec.head_dim_at(i)
         return (wb(q * (2 if spec.attn_output_gate else 1) + kv, h, policy.attention, ga)
-                + wb(h, q, policy.attention, ga) + 2 * spec.head_dim_at(i) * spec.qk_norm * norm)
+                + wb(h, q, policy.attention, ga) + 2 * spec.head_dim_at(i) * spec.qk_norm * norm
+                + ((q + kv + h) * spec.qkvo_bias + spec.heads * spec.attention_sinks) * norm)
     vd, hv, c = spec.linear_v_heads * spec.linear_v_dim, spec.linear_v_heads, spec.linear_conv_dim
     lin = (wb(c + vd + 2 * hv, h, policy.attention, ga) + wb(h, vd, policy.attention, ga)
            + 4 * (c * spec.linear_conv + 2 * hv) + norm * spec.linear_v_dim
@@ -159,8 +160,9 @@ def resident_bytes_estimate(spec: DecoderSpec, policy: PrecisionPolicy, capacity
         fi = spec.intermediate_at(i)
         return wb((2 if spec.gated_mlp else 1) * fi, h, policy.mlp, gm) + wb(h, fi, policy.mlp, gm)
     fe = spec.expert_intermediate
-    moe = spec.experts * (h * norm + wb(2 * fe, h, policy.mlp, gm)
-                          + wb(h, fe, policy.mlp, gm)) if spec.experts else 0
+    moe = spec.experts * ((h + spec.router_bias) * norm + wb(2 * fe, h, policy.mlp, gm)
+                          + wb(h, fe, policy.mlp, gm)
+                          + (2 * fe + h) * spec.expert_bias * norm) if spec.experts else 0
     mlps = sum(moe if spec.is_moe(i) else dense(i) for i in range(spec.layers))
     norms = (2 + 2 * spec.sandwich_norms) * h + spec.layer_scale
     head = wb(spec.vocab, h, policy.head, gh) * (1 if spec.tie_embeddings else 2)
