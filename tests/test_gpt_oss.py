@@ -82,7 +82,8 @@ def test_fp32_greedy_tokens_identical_to_transformers(dirs):
 
 def test_mxfp4_dir_experts_stay_mxfp4_and_tokens_identical(dirs):
     """The MXFP4 directory: experts resident as MXFP4 codes + E8M0 scales (4.25 bits per
-    weight), decoding to exactly transformers' dequantized values; fp32 verification numerics
+    weight), the checkpoint's own bytes (rows reordered gate | up), decoding to exactly
+    transformers' dequantized values; fp32 verification numerics
     around them: 32 greedy tokens identical to transformers run on the dequantized weights."""
     _, _, mx, hf_mx = dirs
     eng = _engine(mx, {"default": "fp32", "mlp": "mxfp4"})
@@ -95,6 +96,11 @@ def test_mxfp4_dir_experts_stay_mxfp4_and_tokens_identical(dirs):
     ref = torch.cat([ref[:, 0::2], ref[:, 1::2]], dim=1).reshape(e * 2 * f, h)       # gate | up
     host = [dec.dev.download(t) for t in (codes, scales)]
     assert torch.equal(dequantize(host, "mxfp4"), ref)
+    from safetensors.torch import load_file                  # the checkpoint's bytes, kept
+    sd = load_file(str(mx / "model.safetensors"))
+    name = "model.layers.1.mlp.experts.gate_up_proj"
+    for got, t in zip(host, (sd[name + "_blocks"].flatten(-2), sd[name + "_scales"])):
+        assert torch.equal(got, torch.cat([t[:, 0::2], t[:, 1::2]], dim=1).flatten(0, 1))
     r = eng.complete(PROMPT, GenerationConfig(max_tokens=32, stop_token_ids=()))
     assert r.token_ids == hf_greedy(hf_mx, PROMPT, 32)
     eng.close()

@@ -163,6 +163,7 @@ MXFP4_BLOCK = 32
 E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
 _E2M1_LUT = torch.tensor(E2M1_VALUES + tuple(-v for v in E2M1_VALUES), dtype=torch.float32)
 _E8M0_BIAS = 127
+_E2M1_MIDPOINTS = torch.tensor([(a + b) / 2 for a, b in zip(E2M1_VALUES, E2M1_VALUES[1:])])
 
 
 def mxfp4_nbytes(n: int, k: int) -> int:
@@ -198,11 +199,11 @@ def encode_mxfp4(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     e = torch.where(amax > 0, e2 - (m == 0.5).int(), torch.full_like(e2, -_E8M0_BIAS))
     e = e.clamp(-_E8M0_BIAS, 127)
     x = torch.ldexp(g, -e.unsqueeze(-1).float())
-    dist = (x.abs().unsqueeze(-1) - _E2M1_LUT[:8]).abs()
-    near = dist == dist.amin(-1, keepdim=True)
-    even = near.clone()
-    even[..., 1::2] = False
-    idx = torch.where(even.any(-1), even.int().argmax(-1), near.int().argmax(-1))
+    mag = x.abs()
+    # nearest grid value: count the midpoints below |x|; on a midpoint take the even code
+    idx = torch.bucketize(mag, _E2M1_MIDPOINTS)
+    on_mid = (mag == _E2M1_MIDPOINTS[idx.clamp(max=len(E2M1_VALUES) - 2)]) & (idx % 2 == 1)
+    idx = idx + on_mid.long()
     codes = (idx | torch.where(torch.signbit(x) & (idx > 0), 8, 0)).reshape(w.shape)
     packed = (codes[..., 0::2] | (codes[..., 1::2] << 4)).to(torch.uint8)
     return packed, (e + _E8M0_BIAS).to(torch.uint8)

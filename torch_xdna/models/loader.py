@@ -20,7 +20,6 @@ from typing import Any, Callable
 
 import torch
 
-from torch_xdna.kernels import quant
 from torch_xdna.models.families import family_of, spec_from_config
 from torch_xdna.models import validate
 from torch_xdna.models.hf import ModelDirError, read_config, read_json, safetensors_files
@@ -28,7 +27,8 @@ from torch_xdna.models.spec import DecoderSpec, UnsupportedModelError
 from torch_xdna.runtime.cachedir import CacheDir, sign, verify, warn_once
 
 CACHE_FORMAT = "xdna-decoder-weights-v2"     # v2: signed entries
-Transform = Callable[[str, torch.Tensor], tuple[torch.Tensor, ...]]
+# (site, the site's float tensor, or its stored (codes, scales) pair for MXFP4 experts) -> tensors
+Transform = Callable[[str, Any], tuple[torch.Tensor, ...]]
 
 
 @dataclass
@@ -275,25 +275,28 @@ def _site_tensor(spec: DecoderSpec, sd: dict[str, torch.Tensor], site: str, path
 
 
 def stacked_experts(spec: DecoderSpec, sd: dict[str, torch.Tensor], name: str, part: str,
-                    path: Path) -> torch.Tensor:
+                    path: Path) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """A stacked expert site in the engine's layout (expert-major rows, nn.Linear [N, K]):
-    gate_up [E, H, 2I] (or MXFP4 blocks [E, 2I, H/32, 16] + scales, decoded exactly) with its
-    interleaved gate/up columns (gate = 0::2, up = 1::2, transformers' _apply_gate) reordered
-    to expert e's gate rows then its up rows; down [E, I, H] -> [E*H, I]; biases alike."""
-    if name + "_blocks" in sd:                    # MXFP4: the checkpoint's [E, N, K] order
+    gate_up [E, H, 2I] with its interleaved gate/up columns (gate = 0::2, up = 1::2,
+    transformers' _apply_gate) reordered to expert e's gate rows then its up rows; down
+    [E, I, H] -> [E*H, I]; biases alike. An MXFP4 checkpoint's blocks [E, N, K/32, 16] + scales
+    [E, N, K/32] are already [N, K]-ordered: their rows are reordered the same way and the site
+    is returned as its stored (codes [E*N, K/2], scales [E*N, K/32]) pair, byte for byte
+    (engine/llm/quantize.py passes it through to an mxfp4 site, decodes it for any other)."""
+    def rows(t: torch.Tensor) -> torch.Tensor:          # [E, N, ...] -> [E*N, ...], gate | up
+        if "gate_up" in part:
+            t = torch.cat([t[:, 0::2], t[:, 1::2]], dim=1)
+        return t.reshape(-1, *t.shape[2:]).contiguous()
+    if name + "_blocks" in sd:
         blocks, scales = sd.pop(name + "_blocks"), sd.pop(name + "_scales", None)
         if scales is None:
             raise ModelDirError(f"{path}: weight {name + '_scales'!r} is missing (the MXFP4 "
                                 f"scales of {name}_blocks)")
-        w = quant.decode_mxfp4(blocks.flatten(-2), scales)
-    elif name in sd:
-        t = sd.pop(name).float()
-        w = t if t.dim() == 2 else t.transpose(1, 2)           # biases [E, N]; weights -> [E, N, K]
-    else:
+        return rows(blocks.flatten(-2)), rows(scales)
+    if name not in sd:
         raise ModelDirError(f"{path}: weight {name!r} is missing (needed for {part})")
-    if "gate_up" in part:
-        w = torch.cat([w[:, 0::2], w[:, 1::2]], dim=1)
-    return w.reshape(-1, *w.shape[2:]).contiguous() if w.dim() == 3 else w.reshape(-1)
+    t = sd.pop(name)
+    return rows(t if t.dim() == 2 else t.transpose(1, 2))      # biases [E, N]; weights [E, N, K]
 
 
 def load_weights(mf: ModelFiles, transform: Transform, transform_id: str,
@@ -322,7 +325,7 @@ def load_weights(mf: ModelFiles, transform: Transform, transform_id: str,
     out: dict[str, tuple[torch.Tensor, ...]] = {}
     bar = tqdm(sites, desc=f"loading weights ({transform_id})", unit="site", leave=False,
                disable=quiet or not sys.stderr.isatty())
-    for site in bar:
+    for site in bar:          # a site may arrive already stored (MXFP4 experts: codes, scales)
         out[site] = tuple(transform(site, _site_tensor(spec, sd, site, mf.path)))
     # weights the spec has no place for would be silently dropped: refuse the ones that change
     # the computation (biases, experts, extra norms); buffers like rotary inv_freq are harmless

@@ -119,7 +119,8 @@ class PrecisionPolicy:
                  "lm_head": "head", "ple_gate": "mlp", "ple_out": "mlp", "ple_embed": "head",
                  "ple_proj": "head"}       # the MoE router stays bf16 (fp32), like the norms
 
-        def transform(site: str, w: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        def transform(site: str, w) -> tuple[torch.Tensor, ...]:
+            """w: the site's float tensor, or an MXFP4 checkpoint's stored (codes, scales)."""
             kind = kinds.get(site.rsplit(".", 1)[-1])
             if site.endswith((".lin_alog", ".lin_dt", ".lin_conv")):   # fp32 gate parameters
                 return (w.to(torch.float32).contiguous(),)

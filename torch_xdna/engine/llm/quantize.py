@@ -19,8 +19,15 @@ from torch_xdna.kernels.blocks.weights import PRECISIONS, default_group
 __all__ = ["quantize", "PRECISIONS", "default_group"]
 
 
-def quantize(w: torch.Tensor, precision: str, group: int = 0) -> tuple[torch.Tensor, ...]:
-    """The stored tensors of weight `w` [N, K] in `precision` (see the module docstring)."""
+def quantize(w: "torch.Tensor | tuple[torch.Tensor, torch.Tensor]", precision: str,
+             group: int = 0) -> tuple[torch.Tensor, ...]:
+    """The stored tensors of weight `w` [N, K] in `precision` (see the module docstring). `w`
+    may already be stored as MXFP4 (codes, scales) (a gpt-oss checkpoint's experts): kept byte
+    for byte for an mxfp4 site, decoded (exactly) and converted for any other."""
+    if isinstance(w, tuple):
+        if precision == "mxfp4":
+            return tuple(t.contiguous() for t in w)
+        w = quant.decode_mxfp4(*w)
     w = w.detach().float()
     if precision == "fp32":
         return (w.contiguous(),)
