@@ -201,12 +201,14 @@ def test_gpt_oss_20b_estimate_mxfp4_and_int4():
 
 
 def test_policy_rules():
-    """fp32 verification mixes only with mxfp4 (exactly decoded) sites."""
+    """fp32 verification mixes only with mxfp4 (exactly decoded) MLP weights."""
     assert PrecisionPolicy.parse({"default": "fp32", "mlp": "mxfp4"}).exact
     with pytest.raises(ValueError, match="fp32"):
         PrecisionPolicy.parse({"default": "fp32", "mlp": "int4"})
     with pytest.raises(ValueError, match="fp32"):
         PrecisionPolicy.parse({"default": "bf16", "mlp": "fp32"})
+    with pytest.raises(ValueError, match="fp32"):
+        PrecisionPolicy.parse({"default": "fp32", "head": "mxfp4"})
 
 
 def test_batched_decode_equals_alone(dirs):

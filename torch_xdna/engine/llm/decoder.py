@@ -71,13 +71,17 @@ class PrecisionPolicy:
         for k, p in kinds.items():
             if p not in PRECISIONS:
                 raise ValueError(f"unknown precision {p!r} for {k}; use one of {', '.join(PRECISIONS)}")
-        # fp32 (verification mode, set by the attention site) mixes only with formats that
-        # decode exactly (mxfp4 experts); NPU precisions never with fp32
-        exact = kinds["attention"] == "fp32"
-        allowed = ("fp32",) + EXACT_PRECISIONS if exact else tuple(p for p in PRECISIONS if p != "fp32")
-        if any(p not in allowed for p in kinds.values()):
+        # fp32 (verification mode, set by the attention site) mixes only with MLP weights in a
+        # format that decodes exactly (mxfp4 experts: their blocks run the verification
+        # numerics); NPU precisions never with fp32
+        if kinds["attention"] == "fp32":
+            bad = kinds["head"] != "fp32" or kinds["mlp"] not in ("fp32",) + EXACT_PRECISIONS
+        else:
+            bad = "fp32" in kinds.values()
+        if bad:
             raise ValueError("precision fp32 (verification mode) cannot be mixed with NPU precisions "
-                             f"(fp32 attention takes fp32 or {', '.join(EXACT_PRECISIONS)} elsewhere)")
+                             f"(fp32 attention and head take an fp32 or "
+                             f"{'/'.join(EXACT_PRECISIONS)} mlp)")
         return cls(group=group, **kinds)
 
     @property
@@ -252,7 +256,8 @@ def step_designs(spec: DecoderSpec, policy: PrecisionPolicy, rows: int, capacity
     out: list[tuple[str, int, Design]] = [("embed", -1, embed)]
     mlp = MlpBlockDesign(precision=pm, group=gm, intermediate=spec.intermediate,
                          act=spec.act, post_norm=spec.sandwich_norms, layer_norm=spec.layer_norm,
-                         bias=spec.linear_bias, gated=spec.gated_mlp, **common)
+                         bias=spec.linear_bias, gated=spec.gated_mlp,
+                         verify=policy.exact and pm != "fp32", **common)
     moe = MoeBlockDesign(precision=pm, group=gm, experts=spec.experts,
                          top_k=spec.experts_per_token, intermediate=spec.expert_intermediate,
                          act=spec.act, norm_topk=spec.norm_topk_prob, router_bias=spec.router_bias,

@@ -393,6 +393,7 @@ class MlpBlockDesign(DecoderBlockDesign):
     layer_norm: bool = False
     bias: bool = False          # up (or gate_up) bias after w_gate_up, down bias after w_down
     gated: bool = True          # False: down(act(up(h))), w_gate_up holds up only [I, H]
+    verify: bool = False        # fp32 verification numerics over exactly-decoding (mxfp4) weights
     kind = "llm_mlp"
     label = "mlp"
 
