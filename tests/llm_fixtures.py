@@ -1,4 +1,4 @@
-"""Tiny random-weight Qwen3 / Llama / Gemma 3 / Qwen3-MoE / OPT / Qwen3.5 directories for the LLM engine tests.
+"""Tiny random-weight Qwen3 / Llama / Gemma 3 / Qwen3-MoE / gpt-oss / OPT / Qwen3.5 directories for the LLM engine tests.
 
 Built with transformers (test-only reference) and saved with save_pretrained (safetensors), plus a
 byte-level BPE tokenizer trained locally on a small text and a chat template. Nothing downloads.
@@ -61,6 +61,15 @@ def _config(family: str, **overrides):
                               num_hidden_layers=3, num_key_value_heads=2, tie_word_embeddings=False,
                               rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
                               **common)
+    if family == "gpt_oss":            # 8 experts, 2 per token; sliding 8 / full; YaRN; sinks
+        from transformers import GptOssConfig
+        return GptOssConfig(
+            intermediate_size=64, num_local_experts=8, num_experts_per_tok=2, num_hidden_layers=4,
+            num_key_value_heads=2, sliding_window=8, attention_bias=True, tie_word_embeddings=False,
+            layer_types=["sliding_attention", "full_attention"] * 2, swiglu_limit=0.75,
+            rope_parameters={"rope_type": "yarn", "factor": 4.0, "beta_fast": 32.0, "beta_slow": 1.0,
+                             "truncate": False, "original_max_position_embeddings": 128,
+                             "rope_theta": 150000.0}, **common)
     if family == "qwen3_5":            # hybrid: 3 gated DeltaNet layers, then gated attention
         from transformers import Qwen3_5TextConfig
         return Qwen3_5TextConfig(
@@ -95,6 +104,8 @@ def build_model(family: str, path: Path, seed: int = 0, attn: str = "eager", **o
         for name, p in model.named_parameters():
             if "norm" in name:                 # non-trivial norm weights exercise (1+w) vs w
                 p.add_(torch.randn_like(p) * 0.2)
+            elif family == "gpt_oss" and name.endswith(("_bias", "sinks")):   # zero-initialized
+                p.add_(torch.randn_like(p) * 0.5)
     model = model.float().eval()
     path.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(path)
@@ -198,3 +209,55 @@ def served_answers(path: Path, msgs: list[dict], clients: int = 3, max_tokens: i
         o = ollama.Client(host=srv.url).chat(model=name, messages=msgs,
                                               options={"num_predict": max_tokens, "temperature": 0})
     return {"openai": openai_answers, "stream": streamed, "ollama": o.message.content}
+
+
+def decode_charged(engine, prompt: list[int]) -> tuple[int, dict]:
+    """(DRAM bytes the simulator charged one decode token after `prompt`, the same step
+    modeled from shapes alone by estimate_step): a MoE decode token hits exactly top_k experts,
+    so the two must agree byte for byte."""
+    from torch_xdna.engine.llm.decoder import estimate_step
+    from torch_xdna.runtime.sim.cost import CostModel
+    dec = engine.decoder
+    dec.reset()
+    dec.forward(prompt)
+    before = dec.dev.counters.dram_bytes
+    dec.forward([9])
+    got = dec.dev.counters.dram_bytes - before
+    return got, estimate_step(engine.spec, dec.policy, CostModel(dec.dev.gen), 1, len(prompt), 1,
+                              dec.capacity, True)
+
+
+def prefill_hits(monkeypatch, engine, model, ids: list[int]) -> tuple[list, list]:
+    """(what the simulator charged each MoE launch of one prefill chunk of `ids`: (valid rows,
+    distinct experts), transformers' distinct experts per MoE layer for the same rows: top-k
+    of its router logits, which is the same set whether the softmax runs before the top-k or
+    after it)."""
+    from torch_xdna.kernels.blocks.moe import MoeBlockDesign
+    charged: list[tuple[int, int]] = []
+    orig = MoeBlockDesign.routed_plan
+
+    def spy(self, gen, outs, n=None, **kw):
+        plan = orig(self, gen, outs, n=n, **kw)
+        charged.append((n, plan.notes["experts_hit"]))
+        return plan
+    monkeypatch.setattr(MoeBlockDesign, "routed_plan", spy)
+    engine.decoder.reset()
+    engine.decoder.forward(ids)
+    with torch.no_grad():
+        out = model(torch.tensor([ids]), output_router_logits=True)
+    k = model.config.num_experts_per_tok
+    want = [int(torch.unique(torch.topk(lg.float(), k, -1).indices).numel())
+            for lg in out.router_logits]
+    return charged, want
+
+
+def copy_without(src: Path, dst: Path, tensor: str) -> Path:
+    """A copy of model directory `src` at `dst` whose model.safetensors lacks `tensor` (the
+    loaders must refuse it naming the tensor)."""
+    import shutil
+    from safetensors.torch import load_file, save_file
+    shutil.copytree(src, dst)
+    sd = load_file(str(dst / "model.safetensors"))
+    del sd[tensor]
+    save_file(sd, str(dst / "model.safetensors"), metadata={"format": "pt"})
+    return dst

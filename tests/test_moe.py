@@ -1,4 +1,4 @@
-"""Mixture-of-experts decoders (Qwen3-MoE): the spec, the bytes they are charged, estimates,
+"""Mixture-of-experts decoders (Qwen3-MoE; gpt-oss: tests/test_gpt_oss.py): the spec, the bytes they are charged, estimates,
 refusals and serving. Logits and greedy tokens against transformers: tests/test_llm_families.py.
 
 A random-weight Qwen3-MoE directory (transformers' Qwen3MoeConfig, save_pretrained: per-expert
@@ -15,13 +15,12 @@ import shutil
 import pytest
 import torch
 
-from llm_fixtures import build_model
-from torch_xdna.engine.llm.decoder import PrecisionPolicy, estimate_step
+from llm_fixtures import build_model, copy_without, decode_charged, prefill_hits
+from torch_xdna.engine.llm.decoder import PrecisionPolicy
 from torch_xdna.engine.llm.estimate import estimate, resolve_spec
 from torch_xdna.engine.llm.generate import GenerationConfig, load_decoder
 from torch_xdna.kernels.blocks.moe import MoeBlockDesign, expected_hits
 from torch_xdna.models.spec import UnsupportedModelError
-from torch_xdna.runtime.sim.cost import CostModel
 
 PROMPT = [5, 17, 33, 101, 7, 250, 64, 12, 99, 3, 42, 77]      # 12 tokens: chunks of 8 + 4
 
@@ -60,15 +59,9 @@ def _moe_block(eng) -> MoeBlockDesign:
 def test_decode_charges_router_and_top_k_experts_only(moe):
     path, _ = moe
     eng = _engine(path, "int4")
-    dec, spec = eng.decoder, eng.spec
-    dec.reset()
-    dec.forward(PROMPT)
-    before = dec.dev.counters.dram_bytes
-    dec.forward([9])
-    got = dec.dev.counters.dram_bytes - before
+    spec = eng.spec
     # the same step from shapes alone (decode: exactly top_k experts, no routing assumption)
-    want = estimate_step(spec, dec.policy, CostModel(dec.dev.gen), 1, len(PROMPT), 1,
-                         dec.capacity, True)
+    got, want = decode_charged(eng, PROMPT)
     assert got == want["dram_bytes"]
     moe_block = _moe_block(eng)
     per_expert = moe_block.expert_bytes()
@@ -84,22 +77,8 @@ def test_prefill_charges_exactly_the_experts_hit(moe, monkeypatch):
     """Each MoE launch of an 8-row prefill chunk is charged the distinct experts its rows
     chose, and those are transformers' router choices for the same rows."""
     path, hf = moe
-    charged: list[tuple[int, int]] = []
-    orig = MoeBlockDesign.routed_plan
-
-    def spy(self, gen, outs, n=None, **kw):
-        plan = orig(self, gen, outs, n=n, **kw)
-        charged.append((n, plan.notes["experts_hit"]))
-        return plan
-    monkeypatch.setattr(MoeBlockDesign, "routed_plan", spy)
     eng = _engine(path, "fp32")
-    eng.decoder.reset()
-    eng.decoder.forward(PROMPT[:8])
-    with torch.no_grad():
-        out = hf(torch.tensor([PROMPT[:8]]), output_router_logits=True)
-    k = hf.config.num_experts_per_tok
-    want = [int(torch.unique(torch.topk(torch.softmax(lg.float(), -1), k, -1).indices).numel())
-            for lg in out.router_logits]
+    charged, want = prefill_hits(monkeypatch, eng, hf, PROMPT[:8])
     assert [h for _, h in charged] == want and all(n == 8 for n, _ in charged)
     assert len(want) == 2 and max(want) <= 8
     eng.close()
@@ -151,14 +130,9 @@ def test_unsupported_moe_configs_refused_by_name(moe, tmp_path):
 
 
 def test_missing_expert_weight_named(moe, tmp_path):
-    from safetensors.torch import load_file, save_file
     from torch_xdna.models.hf import ModelDirError
     path, _ = moe
-    d = tmp_path / "broken"
-    shutil.copytree(path, d)
-    sd = load_file(str(d / "model.safetensors"))
-    del sd["model.layers.2.mlp.experts.5.up_proj.weight"]
-    save_file(sd, str(d / "model.safetensors"), metadata={"format": "pt"})
+    d = copy_without(path, tmp_path / "broken", "model.layers.2.mlp.experts.5.up_proj.weight")
     with pytest.raises(ModelDirError, match=r"experts\.5\.up_proj"):
         load_decoder(d, quiet=True)
 
@@ -167,20 +141,3 @@ def test_policy_groups_divide_the_expert_width(moe):
     path, _ = moe
     _, spec = resolve_spec(str(path))
     assert PrecisionPolicy.parse("int4").block_group(spec, "mlp") == 32
-
-
-
-
-def test_gpt_oss_20b_estimate_shapes_and_refused_at_load(tmp_path):
-    """gpt-oss is modeled from its config (shapes only) and refused at load, naming what is
-    missing; the estimate streams 4 of 32 experts per layer."""
-    _, spec = resolve_spec("gpt-oss-20b")
-    assert 20.5e9 < spec.params() < 21.5e9 and spec.experts == 32 and spec.experts_per_token == 4
-    assert spec.layer_window[:2] == (128, None) and spec.ropes["global"].type == "yarn"
-    r = estimate(spec, "int4", 1024)
-    per_expert = 3 * 2880 * 2880 * (0.5 + 2 / 32)
-    assert r["expert_mb_per_token"] * 1e6 == pytest.approx(24 * 4 * per_expert)
-    from torch_xdna.models.families import BUILTIN_CONFIGS
-    (tmp_path / "config.json").write_text(json.dumps(BUILTIN_CONFIGS["gpt-oss-20b"]))
-    with pytest.raises(UnsupportedModelError, match="attention sinks"):
-        load_decoder(tmp_path, quiet=True)

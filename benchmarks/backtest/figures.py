@@ -25,11 +25,12 @@ FLM_LLAMA1B_BY_CONTEXT: dict[int, float] = {1024: 36.7, 2048: 35.8, 4096: 33.2, 
 GPTOSS_REPORT = ("gpt-oss-20b on the Strix Halo NPU via FastFlowLM, user report (r/LocalLLaMA, "
                  "2026-03), as recorded in shared/docs/xdna2-facts.md 'Added 2026-12'")
 GPTOSS_NOTE = ("user report, closed source: layout assumed (one fused launch per layer, the "
-               "router and top-4 experts streamed per token); MXFP4 experts (4.25 bits) charged "
-               "as int4 g32 (4.5 bits, +6% expert bytes); attention sinks and biases not "
-               "charged; modeled on npu4: npu5 (Strix Halo) has npu4's NPU-side rates (assumed, "
-               "hw/generations.py NPU5_ASSUMED) and differs in the DRAM peak only, which no "
-               "cost term reads, so it models the same")
+               "router and top-4 experts streamed per token); MXFP4 experts charged at 4.25 bits "
+               "per weight (the engine's mxfp4 format), the other weights assumed int4 g32; "
+               "biases and sinks charged; the layer charged as its structural stages (biases "
+               "and sinks have no executable stage lowering); modeled on npu4: npu5 (Strix "
+               "Halo) has npu4's NPU-side rates (assumed, hw/generations.py NPU5_ASSUMED) and "
+               "differs in the DRAM peak only, which no cost term reads, so it models the same")
 QWEN35_NOTE = ("closed source: layout assumed (the project's hybrid layout: one fused launch per "
                "layer, gated DeltaNet layers reading and writing their fp32 state, int4 g32)")
 FLM_0922 = ("ROCm/FastFlowLM release v0.9.22 notes (github.com/ROCm/FastFlowLM/releases/tag/v0.9.22: "

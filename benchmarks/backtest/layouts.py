@@ -308,10 +308,10 @@ for _ctx in (4096, 32768, 131072):
     LAYOUTS[f"flm_llama_ctx{_ctx // 1024}k"] = lambda g, c=_ctx: _flm_context_scaling(g, c)
 
 
-def _flm_short(gen: Generation, model: str):
+def _flm_short(gen: Generation, model: str, precision="int4"):
     """FastFlowLM release-note decode speed at a short prompt. ASSUMED: layout as _flm (int4
     g32, one fused launch per layer), context FLM_SHORT_CONTEXT tokens."""
-    us, terms = _decode_us(gen, model, "int4", FLM_SHORT_CONTEXT)
+    us, terms = _decode_us(gen, model, precision, FLM_SHORT_CONTEXT)
     return 1e6 / us, terms, {}
 
 
@@ -322,23 +322,26 @@ LAYOUTS["flm_qwen3_1p7b_short"] = lambda g: _flm_short(g, "qwen3-1.7b")
 
 # --- mixture of experts: gpt-oss-20b (FastFlowLM user report, Strix Halo) -------------------------
 GPTOSS_CONTEXT = 27000      # "~27K tokens" in the report
+# the report's "MXFP4 experts" as the engine stores them (4.25 bits per weight); ASSUMED: the
+# other weights (attention, embeddings, lm_head) int4 g32, as FastFlowLM's q4nx-like models
+GPTOSS_PRECISION = {"default": "int4", "mlp": "mxfp4"}
 
 
 def _gptoss_prefill(gen: Generation):
     """ASSUMED: the project's MoE layout (engine/llm: one fused launch per layer, 128-row chunks,
-    each chunk streaming the experts its rows hit, expected under uniform routing), int4 g32
-    standing in for MXFP4, plus FastFlowLM's fixed per-prompt time (flm_prompt_overhead_s)."""
+    each chunk streaming the experts its rows hit, expected under uniform routing), MXFP4
+    experts (GPTOSS_PRECISION), plus FastFlowLM's fixed per-prompt time (flm_prompt_overhead_s)."""
     _, spec = resolve_spec("gpt-oss-20b")
-    r = estimate(spec, "int4", GPTOSS_CONTEXT, gen=gen)
+    r = estimate(spec, GPTOSS_PRECISION, GPTOSS_CONTEXT, gen=gen)
     npu_s, fixed_s = r["modeled_prefill_ms"] / 1e3, flm_prompt_overhead_s()
     return GPTOSS_CONTEXT / (npu_s + fixed_s), {"prefill_npu": npu_s * 1e6,
                                                 "flm_prompt_overhead": fixed_s * 1e6}, \
         {"npu_only_tok_s": r["modeled_prefill_tok_s"]}
 
 
-LAYOUTS["flm_gptoss_short"] = lambda g: _flm_short(g, "gpt-oss-20b")
+LAYOUTS["flm_gptoss_short"] = lambda g: _flm_short(g, "gpt-oss-20b", GPTOSS_PRECISION)
 LAYOUTS["flm_gptoss_27k"] = lambda g: (lambda us, t: (1e6 / us, t, {}))(
-    *_decode_us(g, "gpt-oss-20b", "int4", GPTOSS_CONTEXT))
+    *_decode_us(g, "gpt-oss-20b", GPTOSS_PRECISION, GPTOSS_CONTEXT))
 LAYOUTS["flm_gptoss_prefill_27k"] = _gptoss_prefill
 
 

@@ -1,4 +1,5 @@
-"""Quantized numerics: bfp16 blocks (AIE2P v8bfp16ebs8) and int8/int4 weights with group scales.
+"""Quantized numerics: bfp16 blocks (AIE2P v8bfp16ebs8), int8/int4 weights with group scales and
+MXFP4 weights (OCP microscaling: E2M1 values, one E8M0 scale per 32).
 
 bfp16 ("bfp16ebs8"): 8 values share one 8-bit exponent (the largest biased fp32 exponent in the
 block) and each keeps an 8-bit two's-complement mantissa, 9 bytes per block. A value x becomes
@@ -10,6 +11,14 @@ Weights: symmetric per-group quantization along the last axis (K of a Linear wei
 scale = max|w| / qmax per group of `group_size` values, q = round-half-even(w / scale). int4
 values pack two per byte, element 2i in the low nibble and 2i+1 in the high nibble. Scales are
 bf16 (what the array reads).
+
+MXFP4 (the OCP MX format gpt-oss checkpoints store their experts in, transformers'
+integrations/mxfp4.py): 4-bit E2M1 codes (sign bit 3, magnitude index 0-2 into
+{0, 0.5, 1, 1.5, 2, 3, 4, 6}), two per byte, element 2i in the low nibble (as int4 packs), and one
+uint8 E8M0 scale per 32 values along K, value 2^(scale - 127): 4.25 bits per weight. Decoding is
+exact in fp32 and in bf16 (a code has one mantissa bit). Encoding (ours: round to nearest E2M1,
+ties to even codes, the scale the smallest power of two putting the block's max|w| within 6)
+re-encodes any decoded MXFP4 block to the same values.
 """
 from __future__ import annotations
 
@@ -147,3 +156,54 @@ def dequantize_int8(q: torch.Tensor, scales: torch.Tensor, group_size: int = 0) 
 
 def dequantize_int4(packed: torch.Tensor, scales: torch.Tensor, group_size: int = 32) -> torch.Tensor:
     return dequantize(unpack_int4(packed), scales, group_size)
+
+
+# --- MXFP4 (E2M1 values, an E8M0 scale per 32) -------------------------------------------------
+MXFP4_BLOCK = 32
+E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
+_E2M1_LUT = torch.tensor(E2M1_VALUES + tuple(-v for v in E2M1_VALUES), dtype=torch.float32)
+_E8M0_BIAS = 127
+_E2M1_MIDPOINTS = torch.tensor([(a + b) / 2 for a, b in zip(E2M1_VALUES, E2M1_VALUES[1:])])
+
+
+def mxfp4_nbytes(n: int, k: int) -> int:
+    """Bytes of an [N, K] weight in MXFP4: K/2 code bytes and K/32 scale bytes per row."""
+    return n * (k // 2 + k // MXFP4_BLOCK)
+
+
+def decode_mxfp4(blocks: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """uint8 codes [..., K // 2] and uint8 E8M0 scales [..., K // 32] -> fp32 [..., K] (exact;
+    transformers' convert_moe_packed_tensors computes the same values)."""
+    b = blocks.to(torch.int64)
+    codes = torch.stack((b & 0xF, b >> 4), dim=-1).reshape(*blocks.shape[:-1], blocks.shape[-1] * 2)
+    vals = _E2M1_LUT[codes]
+    k = vals.shape[-1]
+    if scales.shape[-1] * MXFP4_BLOCK != k:
+        raise ValueError(f"mxfp4: {k} values need {k // MXFP4_BLOCK} scales per row, got "
+                         f"{scales.shape[-1]}")
+    exp = scales.to(torch.int32) - _E8M0_BIAS
+    grouped = vals.reshape(*vals.shape[:-1], k // MXFP4_BLOCK, MXFP4_BLOCK)
+    return torch.ldexp(grouped, exp.unsqueeze(-1).float()).reshape(vals.shape)
+
+
+def encode_mxfp4(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """fp32 [..., K] (K % 32 == 0) -> (codes uint8 [..., K // 2], E8M0 scales uint8 [..., K // 32]):
+    round to nearest E2M1 (ties to the even code), scale 2^e with e the smallest exponent for
+    which max|w| / 2^e <= 6 (clamped to E8M0's range; an all-zero block gets 2^-127)."""
+    k = w.shape[-1]
+    if k % MXFP4_BLOCK:
+        raise ValueError(f"mxfp4: last axis {k} is not a multiple of {MXFP4_BLOCK}")
+    g = w.float().reshape(*w.shape[:-1], k // MXFP4_BLOCK, MXFP4_BLOCK)
+    amax = g.abs().amax(-1)
+    m, e2 = torch.frexp(amax / 6.0)                   # amax/6 = m 2^e2, m in [0.5, 1)
+    e = torch.where(amax > 0, e2 - (m == 0.5).int(), torch.full_like(e2, -_E8M0_BIAS))
+    e = e.clamp(-_E8M0_BIAS, 127)
+    x = torch.ldexp(g, -e.unsqueeze(-1).float())
+    mag = x.abs()
+    # nearest grid value: count the midpoints below |x|; on a midpoint take the even code
+    idx = torch.bucketize(mag, _E2M1_MIDPOINTS)
+    on_mid = (mag == _E2M1_MIDPOINTS[idx.clamp(max=len(E2M1_VALUES) - 2)]) & (idx % 2 == 1)
+    idx = idx + on_mid.long()
+    codes = (idx | torch.where(torch.signbit(x) & (idx > 0), 8, 0)).reshape(w.shape)
+    packed = (codes[..., 0::2] | (codes[..., 1::2] << 4)).to(torch.uint8)
+    return packed, (e + _E8M0_BIAS).to(torch.uint8)

@@ -1,18 +1,22 @@
 """Supported decoder families as data: config.json -> DecoderSpec, and built-in shapes.
 
 Each family is one builder plus a weight-name map. Config features the engine does not implement
-are refused here, by name, before any weight is read.
+are refused here, by name, before any weight is read. The rules the builders share (refusals,
+RoPE parameters, the common fields, windows, MoE fields) are models/family_parts.py's; gpt-oss's
+builder is in models/families_moe.py; FAMILIES below stays the one table.
 """
 from __future__ import annotations
 
 import math
 from typing import Callable
 
+from torch_xdna.models.families_moe import gpt_oss
+from torch_xdna.models.family_parts import (  # noqa: F401  (MOE_FAMILIES, LLAMA_NAMES: named from here)
+    LAYER, LLAMA_NAMES, MOE_FAMILIES, base_spec, classic_rope, common_checks, layer_types,
+    moe_fields, refuse, rope_spec, windows,
+)
 from torch_xdna.models.spec import DecoderSpec, RopeSpec, UnsupportedModelError, WeightNames
 
-ROPE_TYPES = ("default", "linear", "llama3", "freq_factors", "yarn", "proportional")
-ACTS = {"silu": "silu", "swish": "silu", "gelu_pytorch_tanh": "gelu_tanh", "gelu_tanh": "gelu_tanh",
-        "relu": "relu"}
 # config keys a family spells its own way -> the common spelling the checks and builders read
 CONFIG_ALIASES = {"opt": {"ffn_dim": "intermediate_size", "activation_function": "hidden_act"}}
 
@@ -33,22 +37,14 @@ def common_config(cfg):
         return cfg
     return {**{dst: cfg[src] for src, dst in aliases.items() if src in cfg}, **cfg}
 
-_L = "model.layers.{i}."
-LLAMA_NAMES = WeightNames(
-    embed="model.embed_tokens.weight", final_norm="model.norm.weight", lm_head="lm_head.weight",
-    attn_norm=_L + "input_layernorm.weight", q=_L + "self_attn.q_proj.weight",
-    k=_L + "self_attn.k_proj.weight", v=_L + "self_attn.v_proj.weight",
-    o=_L + "self_attn.o_proj.weight", mlp_norm=_L + "post_attention_layernorm.weight",
-    gate=_L + "mlp.gate_proj.weight", up=_L + "mlp.up_proj.weight",
-    down=_L + "mlp.down_proj.weight")
-QWEN3_NAMES = WeightNames(**{**LLAMA_NAMES.__dict__, "q_norm": _L + "self_attn.q_norm.weight",
-                             "k_norm": _L + "self_attn.k_norm.weight"})
-QWEN3_MOE_NAMES = WeightNames(**{**QWEN3_NAMES.__dict__, "router": _L + "mlp.gate.weight",
-                                 "expert_gate": _L + "mlp.experts.{e}.gate_proj.weight",
-                                 "expert_up": _L + "mlp.experts.{e}.up_proj.weight",
-                                 "expert_down": _L + "mlp.experts.{e}.down_proj.weight"})
+QWEN3_NAMES = WeightNames(**{**LLAMA_NAMES.__dict__, "q_norm": LAYER + "self_attn.q_norm.weight",
+                             "k_norm": LAYER + "self_attn.k_norm.weight"})
+QWEN3_MOE_NAMES = WeightNames(**{**QWEN3_NAMES.__dict__, "router": LAYER + "mlp.gate.weight",
+                                 "expert_gate": LAYER + "mlp.experts.{e}.gate_proj.weight",
+                                 "expert_up": LAYER + "mlp.experts.{e}.up_proj.weight",
+                                 "expert_down": LAYER + "mlp.experts.{e}.down_proj.weight"})
 QWEN3_5_NAMES = WeightNames(**{**QWEN3_NAMES.__dict__, **{
-    k: _L + "linear_attn." + v for k, v in (
+    k: LAYER + "linear_attn." + v for k, v in (
         ("lin_qkv", "in_proj_qkv.weight"), ("lin_z", "in_proj_z.weight"),
         ("lin_b", "in_proj_b.weight"), ("lin_a", "in_proj_a.weight"),
         ("lin_conv", "conv1d.weight"), ("lin_dt", "dt_bias"), ("lin_alog", "A_log"),
@@ -67,202 +63,56 @@ OPT_NAMES = WeightNames(
     up_bias=_O + "fc1.bias", down_bias=_O + "fc2.bias",
     final_norm_bias="model.decoder.final_layer_norm.bias")
 GEMMA3_NAMES = WeightNames(**{**QWEN3_NAMES.__dict__,
-                              "attn_post_norm": _L + "post_attention_layernorm.weight",
-                              "mlp_norm": _L + "pre_feedforward_layernorm.weight",
-                              "mlp_post_norm": _L + "post_feedforward_layernorm.weight"})
-
-
-def _refuse(family: str, feature: str, hint: str = "") -> None:
-    raise UnsupportedModelError(
-        f"{family}: config feature {feature} is not supported by the xdna decode engine"
-        + (f"; {hint}" if hint else ""))
-
-
-MOE_KEYS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_intermediate_size")
-
-
-def _common_checks(family: str, cfg: dict, moe: bool = False) -> None:
-    for key in (() if moe else MOE_KEYS):
-        if cfg.get(key):
-            _refuse(family, f"{key}={cfg[key]} (mixture of experts)",
-                    "mixture-of-experts families: " + ", ".join(MOE_FAMILIES))
-    for key in ("shared_expert_intermediate_size", "n_shared_experts"):
-        if cfg.get(key):
-            _refuse(family, f"{key}={cfg[key]} (shared experts)", "not implemented")
-    if cfg.get("attention_bias"):
-        _refuse(family, "attention_bias=true", "q/k/v/o projection biases are not implemented")
-    if cfg.get("mlp_bias"):
-        _refuse(family, "mlp_bias=true", "MLP biases are not implemented")
-    if cfg.get("quantization_config"):
-        method = cfg["quantization_config"].get("quant_method", "?")
-        _refuse(family, f"quantization_config ({method})",
-                "load the original bf16/fp32 checkpoint and pass --precision int8|int4|bfp16")
-    if cfg.get("attention_dropout") not in (None, 0, 0.0):
-        pass                                  # dropout is inactive at inference
-
-
-def _act(family: str, cfg: dict) -> str:
-    name = cfg.get("hidden_activation") or cfg.get("hidden_act") or "silu"
-    if name not in ACTS:
-        _refuse(family, f"hidden_act={name!r}", f"supported: {', '.join(ACTS)}")
-    return ACTS[name]
-
-
-def _yarn_mscale(scale: float, mscale: float = 1.0) -> float:
-    return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
-
-
-def _rope(family: str, params: dict | None, theta_default: float,
-          max_positions: int = 0) -> RopeSpec:
-    """A RopeSpec from a transformers>=5 `rope_parameters` entry or a classic `rope_scaling`."""
-    params = dict(params or {})
-    rtype = params.get("rope_type") or params.get("type") or "default"
-    if rtype not in ROPE_TYPES:
-        _refuse(family, f"rope_scaling type {rtype!r}", f"implemented: {', '.join(ROPE_TYPES)}")
-    theta = float(params.get("rope_theta", theta_default))
-    if rtype == "default":
-        return RopeSpec(theta)
-    factor = float(params["factor"]) if params.get("factor") is not None else 1.0
-    if rtype == "linear":
-        return RopeSpec(theta, "linear", factor)
-    if rtype == "proportional":
-        return RopeSpec(theta, "proportional", factor,
-                        partial=float(params.get("partial_rotary_factor") or 1.0))
-    if rtype == "freq_factors":                  # GGUF rope_freqs (models/formats/gguf.py)
-        return RopeSpec(theta, "freq_factors",
-                        freq_factors=tuple(float(x) for x in params.get("freq_factors", ())))
-    if rtype == "yarn":
-        original = int(params.get("original_max_position_embeddings") or max_positions)
-        if params.get("factor") is None:
-            factor = (max_positions / original) if original else 1.0
-        att = params.get("attention_factor")
-        if att is None:
-            ms, ms_all = params.get("mscale"), params.get("mscale_all_dim")
-            att = (_yarn_mscale(factor, ms) / _yarn_mscale(factor, ms_all) if ms and ms_all
-                   else _yarn_mscale(factor))
-        return RopeSpec(theta, "yarn", factor, original_max_positions=original,
-                        beta_fast=float(params.get("beta_fast") or 32),
-                        beta_slow=float(params.get("beta_slow") or 1),
-                        attention_factor=float(att), truncate=bool(params.get("truncate", True)))
-    return RopeSpec(theta, "llama3", factor, float(params.get("low_freq_factor", 1.0)),
-                    float(params.get("high_freq_factor", 4.0)),
-                    int(params.get("original_max_position_embeddings", 8192)))
-
-
-def _ids(v) -> tuple[int, ...]:
-    if v is None:
-        return ()
-    return tuple(v) if isinstance(v, (list, tuple)) else (int(v),)
-
-
-def _base(family: str, cfg: dict, names: WeightNames, **kw) -> DecoderSpec:
-    heads = int(cfg["num_attention_heads"])
-    hidden = int(cfg["hidden_size"])
-    head_dim = int(cfg.get("head_dim") or hidden // heads)
-    layers = int(cfg["num_hidden_layers"])
-    fields = dict(
-        family=family, hidden=hidden, layers=layers, heads=heads,
-        kv_heads=int(cfg.get("num_key_value_heads") or heads), head_dim=head_dim,
-        intermediate=int(cfg["intermediate_size"]), vocab=int(cfg["vocab_size"]),
-        max_positions=int(cfg.get("max_position_embeddings", 4096)),
-        rms_eps=float(cfg.get("rms_norm_eps", 1e-6)), act=_act(family, cfg),
-        tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-        attn_scale=head_dim ** -0.5, names=names,
-        bos_token_id=cfg.get("bos_token_id"), eos_token_ids=_ids(cfg.get("eos_token_id")))
-    fields.update(kw)
-    return DecoderSpec(**fields)
-
-
-def _layer_types(cfg: dict, layers: int) -> list[str]:
-    types = cfg.get("layer_types")
-    if types:
-        if len(types) != layers:
-            raise UnsupportedModelError(
-                f"config layer_types has {len(types)} entries for {layers} layers")
-        return list(types)
-    return ["full_attention"] * layers
-
-
-def _windows(family: str, cfg: dict, types: list[str]) -> tuple:
-    bad = sorted(set(types) - {"full_attention", "sliding_attention"})
-    if bad:
-        _refuse(family, f"layer_types {bad}", "only full_attention and sliding_attention exist here")
-    window = cfg.get("sliding_window")
-    if "sliding_attention" in types and not window:
-        raise UnsupportedModelError(f"{family}: sliding_attention layers without sliding_window")
-    return tuple(int(window) if t == "sliding_attention" else None for t in types)
-
-
-def _classic_rope(cfg: dict) -> dict:
-    """transformers<5 configs: rope_theta + rope_scaling -> one rope_parameters dict."""
-    if cfg.get("rope_parameters"):
-        return cfg["rope_parameters"]
-    return {**(cfg.get("rope_scaling") or {}), "rope_theta": cfg.get("rope_theta", 10000.0)}
+                              "attn_post_norm": LAYER + "post_attention_layernorm.weight",
+                              "mlp_norm": LAYER + "pre_feedforward_layernorm.weight",
+                              "mlp_post_norm": LAYER + "post_feedforward_layernorm.weight"})
 
 
 def llama(cfg: dict, family: str = "llama", names: WeightNames = LLAMA_NAMES, **kw) -> DecoderSpec:
-    _common_checks(family, cfg, moe=bool(kw.get("experts")))
-    rope = _rope(family, _classic_rope(cfg), 10000.0, int(cfg.get("max_position_embeddings", 0)))
+    common_checks(family, cfg, moe=bool(kw.get("experts")))
+    rope = rope_spec(family, classic_rope(cfg), 10000.0, int(cfg.get("max_position_embeddings", 0)))
     layers = int(cfg["num_hidden_layers"])
-    types = _layer_types(cfg, layers)
+    types = layer_types(cfg, layers)
     if not cfg.get("use_sliding_window", False):
         types = ["full_attention"] * layers           # Qwen lists sliding types but disables them
-    return _base(family, cfg, names, ropes={"global": rope}, layer_rope=("global",) * layers,
-                 layer_window=_windows(family, cfg, types), **kw)
+    return base_spec(family, cfg, names, ropes={"global": rope}, layer_rope=("global",) * layers,
+                 layer_window=windows(family, cfg, types), **kw)
 
 
 def qwen3(cfg: dict) -> DecoderSpec:
     return llama(cfg, "qwen3", QWEN3_NAMES, qk_norm=True)
 
 
-def _moe_fields(family: str, cfg: dict) -> dict:
-    """The mixture-of-experts fields of a transformers MoE config (Qwen3-MoE style: every
-    `decoder_sparse_step`-th layer not in `mlp_only_layers` is a MoE layer)."""
-    experts = int(cfg.get("num_experts") or cfg.get("num_local_experts") or 0)
-    k = int(cfg.get("num_experts_per_tok") or 0)
-    width = int(cfg.get("moe_intermediate_size") or 0)
-    if experts < 1 or not 1 <= k <= experts or width < 1:
-        raise UnsupportedModelError(
-            f"{family}: config needs num_experts >= 1, 1 <= num_experts_per_tok <= num_experts "
-            f"and moe_intermediate_size >= 1 (got {experts}, {k}, {width})")
-    layers = int(cfg["num_hidden_layers"])
-    step = int(cfg.get("decoder_sparse_step") or 1)
-    dense = set(cfg.get("mlp_only_layers") or ())
-    return dict(experts=experts, experts_per_token=k, expert_intermediate=width,
-                norm_topk_prob=bool(cfg.get("norm_topk_prob", False)),
-                moe_layers=tuple(i not in dense and (i + 1) % step == 0 for i in range(layers)))
-
-
 def qwen3_moe(cfg: dict) -> DecoderSpec:
-    fields = _moe_fields("qwen3_moe", cfg)
+    fields = moe_fields("qwen3_moe", cfg)
     return llama(cfg, "qwen3_moe", QWEN3_MOE_NAMES, qk_norm=True, **fields)
 
 
 def gemma3(cfg: dict) -> DecoderSpec:
     family = "gemma3"
-    _common_checks(family, cfg)
+    common_checks(family, cfg)
     layers = int(cfg["num_hidden_layers"])
     types = cfg.get("layer_types")
     if not types:
         pattern = int(cfg.get("sliding_window_pattern") or cfg.get("_sliding_window_pattern") or 6)
         types = ["full_attention" if (i + 1) % pattern == 0 else "sliding_attention"
                  for i in range(layers)]
-    types = _layer_types({"layer_types": types}, layers)
+    types = layer_types({"layer_types": types}, layers)
     rp = cfg.get("rope_parameters")
     if rp and "full_attention" in rp:
         mp = int(cfg.get("max_position_embeddings", 0))
-        ropes = {"global": _rope(family, rp["full_attention"], 1e6, mp),
-                 "local": _rope(family, rp.get("sliding_attention"), 1e4, mp)}
+        ropes = {"global": rope_spec(family, rp["full_attention"], 1e6, mp),
+                 "local": rope_spec(family, rp.get("sliding_attention"), 1e4, mp)}
     else:
-        ropes = {"global": _rope(family, _classic_rope(cfg), 1e6,
+        ropes = {"global": rope_spec(family, classic_rope(cfg), 1e6,
                                  int(cfg.get("max_position_embeddings", 0))),
                  "local": RopeSpec(float(cfg.get("rope_local_base_freq", 10000.0)))}
     hidden = int(cfg["hidden_size"])
     qpa = cfg.get("query_pre_attn_scalar")
-    spec = _base(
+    spec = base_spec(
         family, cfg, GEMMA3_NAMES,
         ropes=ropes, layer_rope=tuple("local" if t == "sliding_attention" else "global" for t in types),
-        layer_window=_windows(family, cfg, types), qk_norm=True, norm_offset=1.0,
+        layer_window=windows(family, cfg, types), qk_norm=True, norm_offset=1.0,
         embed_scale=math.sqrt(hidden), sandwich_norms=True,
         final_softcap=cfg.get("final_logit_softcapping"), attn_softcap=cfg.get("attn_logit_softcapping"),
         tie_embeddings=bool(cfg.get("tie_word_embeddings", True)))
@@ -282,23 +132,23 @@ def qwen3_5(cfg: dict) -> DecoderSpec:
     DeltaNet linear attention (a recurrent state per layer instead of KV); (1+w) RMSNorms."""
     family = "qwen3_5"
     cfg = common_config(cfg)
-    _common_checks(family, cfg)
+    common_checks(family, cfg)
     layers = int(cfg["num_hidden_layers"])
     every = int(cfg.get("full_attention_interval") or 4)
     types = cfg.get("layer_types") or ["full_attention" if (i + 1) % every == 0
                                        else "linear_attention" for i in range(layers)]
-    types = _layer_types({"layer_types": types}, layers)
+    types = layer_types({"layer_types": types}, layers)
     bad = sorted(set(types) - {"full_attention", "linear_attention"})
     if bad:
-        _refuse(family, f"layer_types {bad}", "full_attention and linear_attention only")
-    rp = _classic_rope(cfg)
+        refuse(family, f"layer_types {bad}", "full_attention and linear_attention only")
+    rp = classic_rope(cfg)
     heads, hidden = int(cfg["num_attention_heads"]), int(cfg["hidden_size"])
     head_dim = int(cfg.get("head_dim") or hidden // heads)
     partial = float(rp.get("partial_rotary_factor") or cfg.get("partial_rotary_factor") or 1.0)
     rotary = int(head_dim * partial)
-    spec = _base(
+    spec = base_spec(
         family, cfg, QWEN3_5_NAMES,
-        ropes={"global": _rope(family, rp, 10000.0, int(cfg.get("max_position_embeddings", 0)))},
+        ropes={"global": rope_spec(family, rp, 10000.0, int(cfg.get("max_position_embeddings", 0)))},
         layer_rope=("global",) * layers, layer_window=(None,) * layers, qk_norm=True,
         norm_offset=1.0, tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
         layer_kinds=tuple("linear" if t == "linear_attention" else "attention" for t in types),
@@ -352,10 +202,10 @@ def _gemma4_layer_shapes(family: str, cfg: dict, types: list[str]) -> tuple[list
     for key, over in dict(plc).items():
         i = int(key)
         if not (isinstance(over, dict) and 0 <= i < len(types)):
-            _refuse(family, f"per_layer_config[{key!r}]", "layer index -> {head_dim, num_key_value_heads}")
+            refuse(family, f"per_layer_config[{key!r}]", "layer index -> {head_dim, num_key_value_heads}")
         for k, v in over.items():
             if k not in GEMMA4_LAYER_KEYS:
-                _refuse(family, f"per_layer_config[{key}].{k}", f"overrides of {GEMMA4_LAYER_KEYS} only")
+                refuse(family, f"per_layer_config[{key}].{k}", f"overrides of {GEMMA4_LAYER_KEYS} only")
             (dims if k == "head_dim" else kvs)[i] = int(v)
     return dims, kvs
 
@@ -380,15 +230,15 @@ def gemma4(cfg: dict) -> DecoderSpec:
     family = "gemma4"
     cfg = common_config(cfg)
     if cfg.get("enable_moe_block"):
-        _refuse(family, "enable_moe_block=true (a dense MLP plus a routed-experts block per "
+        refuse(family, "enable_moe_block=true (a dense MLP plus a routed-experts block per "
                 "layer, Gemma 4 26B-A4B)", "the dense Gemma 4 models (E2B, E4B, 31B) run")
-    _common_checks(family, cfg)
+    common_checks(family, cfg)
     if cfg.get("use_bidirectional_attention") == "all":
-        _refuse(family, "use_bidirectional_attention='all'", "causal decoding only")
+        refuse(family, "use_bidirectional_attention='all'", "causal decoding only")
     layers = int(cfg["num_hidden_layers"])
     types = list(cfg.get("layer_types") or ["full_attention" if (i + 1) % 6 == 0 else
                                              "sliding_attention" for i in range(layers)])
-    types = _layer_types({"layer_types": types}, layers)
+    types = layer_types({"layer_types": types}, layers)
     types[-1] = "full_attention"                      # as transformers forces it
     mp = int(cfg.get("max_position_embeddings", 0))
     rp = cfg.get("rope_parameters") or {
@@ -405,12 +255,12 @@ def gemma4(cfg: dict) -> DecoderSpec:
         cfg.get("vision_language")) else ()
     ignored += tuple(f"{prefix}layers.{i}.self_attn.{w}" for i in range(layers) if source[i] != i
                      for w in ("k_proj", "v_proj", "k_norm", "v_norm"))
-    return _base(
+    return base_spec(
         family, cfg, gemma4_names(prefix),
-        ropes={"global": _rope(family, rp.get("full_attention"), 1e6, mp),
-               "local": _rope(family, rp.get("sliding_attention"), 1e4, mp)},
+        ropes={"global": rope_spec(family, rp.get("full_attention"), 1e6, mp),
+               "local": rope_spec(family, rp.get("sliding_attention"), 1e4, mp)},
         layer_rope=tuple("local" if t == "sliding_attention" else "global" for t in types),
-        layer_window=_windows(family, cfg, types), qk_norm=True, attn_scale=1.0,
+        layer_window=windows(family, cfg, types), qk_norm=True, attn_scale=1.0,
         embed_scale=math.sqrt(int(cfg["hidden_size"])), sandwich_norms=True,
         final_softcap=cfg.get("final_logit_softcapping"),
         tie_embeddings=cfg.get("tie_word_embeddings") is not False,
@@ -429,7 +279,7 @@ def opt(cfg: dict) -> DecoderSpec:
     learned absolute positions (row = position + 2), full multi-head attention, tied lm_head."""
     family = "opt"
     cfg = common_config(cfg)
-    _common_checks(family, {k: v for k, v in cfg.items() if k not in ("attention_bias",)})
+    common_checks(family, {k: v for k, v in cfg.items() if k not in ("attention_bias",)})
     hidden = int(cfg["hidden_size"])
     for key, ok, why in (
             ("do_layer_norm_before", cfg.get("do_layer_norm_before", True) is True,
@@ -442,10 +292,10 @@ def opt(cfg: dict) -> DecoderSpec:
             ("layer_norm_elementwise_affine", cfg.get("layer_norm_elementwise_affine", True) is True,
              "LayerNorm without weights is not implemented")):
         if not ok:
-            _refuse(family, f"{key}={cfg.get(key)!r}", why)
+            refuse(family, f"{key}={cfg.get(key)!r}", why)
     layers = int(cfg["num_hidden_layers"])
     positions = int(cfg.get("max_position_embeddings", 2048))
-    return _base(family, {**cfg, "num_key_value_heads": cfg["num_attention_heads"],
+    return base_spec(family, {**cfg, "num_key_value_heads": cfg["num_attention_heads"],
                           "rms_norm_eps": 1e-5, "hidden_act": cfg.get("hidden_act") or "relu"},
                  OPT_NAMES, layer_rope=("",) * layers, layer_window=(None,) * layers,
                  tie_embeddings=bool(cfg.get("tie_word_embeddings", True)), layer_norm=True,
@@ -454,35 +304,11 @@ def opt(cfg: dict) -> DecoderSpec:
                  position_offset=OPT_POSITION_OFFSET)
 
 
-GPT_OSS_MISSING = ("attention sinks, q/k/v/o and expert biases, the clamped SwiGLU "
-                   "(alpha 1.702, limit 7) and MXFP4 expert weights")
-
-
-def gpt_oss(cfg: dict) -> DecoderSpec:
-    """gpt-oss (OpenAI): every layer MoE (experts as wide as intermediate_size, top-k of the
-    router logits then a softmax over them), alternating sliding-window (128) and full layers,
-    YaRN RoPE. Shapes only: `xdna estimate` models it (biases and sinks are negligible bytes;
-    MXFP4 experts, 4.25 bits per weight, are charged as the int4 g32 format, 4.5 bits, when the
-    estimate asks for int4); running it needs GPT_OSS_MISSING, so loading is refused."""
-    family = "gpt_oss"
-    layers = int(cfg["num_hidden_layers"])
-    types = _layer_types(cfg, layers)
-    moe = _moe_fields(family, {**cfg, "moe_intermediate_size": cfg.get("intermediate_size")})
-    mp = int(cfg.get("max_position_embeddings", 0))
-    return _base(family, cfg, LLAMA_NAMES, ropes={"global": _rope(family, _classic_rope(cfg), 150000.0, mp)},
-                 layer_rope=("global",) * layers, layer_window=_windows(family, cfg, types),
-                 **{**moe, "norm_topk_prob": True},
-                 run_refusal=f"gpt_oss: the xdna decode engine models this family's shapes "
-                             f"(xdna estimate) but cannot run it yet: {GPT_OSS_MISSING} are not "
-                             f"implemented")
-
-
 FAMILIES: dict[str, Callable[[dict], DecoderSpec]] = {
     "qwen3": qwen3, "llama": llama, "gemma3_text": gemma3, "qwen3_moe": qwen3_moe,
     "gpt_oss": gpt_oss, "opt": opt, "qwen3_5_text": qwen3_5, "qwen3_5": qwen3_5,
     "gemma4_text": gemma4, "gemma4": gemma4,
 }
-MOE_FAMILIES = ("qwen3_moe", "gpt_oss (estimate only)")
 HINTS = {
     "gemma3": "this is the multimodal Gemma 3 config; only the text-only gemma3_text models "
               "(e.g. gemma-3-1b) are supported",

@@ -27,7 +27,8 @@ from torch_xdna.models.spec import DecoderSpec, UnsupportedModelError
 from torch_xdna.runtime.cachedir import CacheDir, sign, verify, warn_once
 
 CACHE_FORMAT = "xdna-decoder-weights-v2"     # v2: signed entries
-Transform = Callable[[str, torch.Tensor], tuple[torch.Tensor, ...]]
+# (site, the site's float tensor, or its stored (codes, scales) pair for MXFP4 experts) -> tensors
+Transform = Callable[[str, Any], tuple[torch.Tensor, ...]]
 
 
 @dataclass
@@ -108,10 +109,16 @@ def site_names(spec: DecoderSpec) -> list[str]:
             out += [p + "attn_norm", p + "qkv", p + "o", p + "mlp_norm"]
         if spec.is_moe(i):       # the router, then every expert stacked along N (expert-major)
             out += [p + "router", p + "experts_gate_up", p + "experts_down"]
+            out += ([p + "router_bias"] if spec.router_bias else []) + (
+                [p + "experts_gate_up_bias", p + "experts_down_bias"] if spec.expert_bias else [])
         else:
             out += [p + "gate_up", p + "down"]
         if spec.linear_bias:
             out += [p + b for b in bias]
+        elif spec.attention_bias:
+            out += [p + "qkv_bias", p + "o_bias"]
+        if spec.attention_sinks:
+            out.append(p + "sinks")
         if spec.qk_norm and not spec.is_linear(i):
             out += [p + "q_norm"] + ([] if spec.kv_shared(i) else [p + "k_norm"])
         if spec.sandwich_norms:
@@ -255,6 +262,8 @@ def _site_tensor(spec: DecoderSpec, sd: dict[str, torch.Tensor], site: str, path
         return torch.cat([get(n.q_bias, i), get(n.k_bias, i), get(n.v_bias, i)], dim=0)
     if part == "gate_up_bias":
         return get(n.up_bias, i)
+    if part.startswith("experts_") and n.experts_gate_up:   # stacked (gpt-oss)
+        return stacked_experts(spec, sd, getattr(n, part).format(i=i), part, path)
     if part == "experts_gate_up":      # [E * 2I, H]: expert e's gate rows then its up rows
         return torch.cat([torch.cat([get(n.expert_gate.replace("{e}", str(e)), i),
                                      get(n.expert_up.replace("{e}", str(e)), i)])
@@ -263,6 +272,31 @@ def _site_tensor(spec: DecoderSpec, sd: dict[str, torch.Tensor], site: str, path
         return torch.cat([get(n.expert_down.replace("{e}", str(e)), i)
                           for e in range(spec.experts)], dim=0)
     return get(getattr(n, part), i)
+
+
+def stacked_experts(spec: DecoderSpec, sd: dict[str, torch.Tensor], name: str, part: str,
+                    path: Path) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """A stacked expert site in the engine's layout (expert-major rows, nn.Linear [N, K]):
+    gate_up [E, H, 2I] with its interleaved gate/up columns (gate = 0::2, up = 1::2,
+    transformers' _apply_gate) reordered to expert e's gate rows then its up rows; down
+    [E, I, H] -> [E*H, I]; biases alike. An MXFP4 checkpoint's blocks [E, N, K/32, 16] + scales
+    [E, N, K/32] are already [N, K]-ordered: their rows are reordered the same way and the site
+    is returned as its stored (codes [E*N, K/2], scales [E*N, K/32]) pair, byte for byte
+    (engine/llm/quantize.py passes it through to an mxfp4 site, decodes it for any other)."""
+    def rows(t: torch.Tensor) -> torch.Tensor:          # [E, N, ...] -> [E*N, ...], gate | up
+        if "gate_up" in part:
+            t = torch.cat([t[:, 0::2], t[:, 1::2]], dim=1)
+        return t.reshape(-1, *t.shape[2:]).contiguous()
+    if name + "_blocks" in sd:
+        blocks, scales = sd.pop(name + "_blocks"), sd.pop(name + "_scales", None)
+        if scales is None:
+            raise ModelDirError(f"{path}: weight {name + '_scales'!r} is missing (the MXFP4 "
+                                f"scales of {name}_blocks)")
+        return rows(blocks.flatten(-2)), rows(scales)
+    if name not in sd:
+        raise ModelDirError(f"{path}: weight {name!r} is missing (needed for {part})")
+    t = sd.pop(name)
+    return rows(t if t.dim() == 2 else t.transpose(1, 2))      # biases [E, N]; weights [E, N, K]
 
 
 def load_weights(mf: ModelFiles, transform: Transform, transform_id: str,
@@ -291,7 +325,7 @@ def load_weights(mf: ModelFiles, transform: Transform, transform_id: str,
     out: dict[str, tuple[torch.Tensor, ...]] = {}
     bar = tqdm(sites, desc=f"loading weights ({transform_id})", unit="site", leave=False,
                disable=quiet or not sys.stderr.isatty())
-    for site in bar:
+    for site in bar:          # a site may arrive already stored (MXFP4 experts: codes, scales)
         out[site] = tuple(transform(site, _site_tensor(spec, sd, site, mf.path)))
     # weights the spec has no place for would be silently dropped: refuse the ones that change
     # the computation (biases, experts, extra norms); buffers like rotary inv_freq are harmless

@@ -156,6 +156,16 @@ class WeightNames:
     ple_out: str = ""
     ple_norm: str = ""
     layer_scalar: str = ""
+    # gpt-oss: per-head attention sinks [Hq], the router's bias [E], and the experts stacked in
+    # one tensor per projection (no '{e}'): gate_up [E, H, 2I] with gate/up columns interleaved
+    # and its bias [E, 2I], down [E, I, H] and its bias [E, H]; an MXFP4 checkpoint stores each
+    # stacked weight as NAME_blocks [E, N, K/32, 16] uint8 + NAME_scales [E, N, K/32] uint8
+    sinks: str = ""
+    router_bias: str = ""
+    experts_gate_up: str = ""
+    experts_gate_up_bias: str = ""
+    experts_down: str = ""
+    experts_down_bias: str = ""
 
 
 @dataclass(frozen=True)
@@ -228,9 +238,26 @@ class DecoderSpec:
     per_layer_vocab: int = 0               # rows of the PLE table
     layer_scale: bool = False              # each layer's output times its stored scalar
     ignored_weights: tuple[str, ...] = ()  # name prefixes the engine does not use (vision/audio)
+    # gpt-oss: q/k/v/o biases without LayerNorm or MLP biases, a learned logit per head in every
+    # softmax denominator (attention sinks), a router with a bias whose softmax runs over the
+    # top-k logits (router_topk_first), biased experts, and the clamped SwiGLU of its experts
+    # (swiglu_limit > 0: gate clamped above, up clamped both ways, (up + 1) * gate *
+    # sigmoid(alpha gate))
+    attention_bias: bool = False
+    attention_sinks: bool = False
+    router_bias: bool = False
+    router_topk_first: bool = False
+    expert_bias: bool = False
+    swiglu_limit: float = 0.0
+    swiglu_alpha: float = 1.702
     # non-empty: the engine models this family's shapes (`xdna estimate`) but cannot run it;
     # the reason names what is missing (models/loader.read_model refuses with it)
     run_refusal: str = ""
+
+    @property
+    def qkvo_bias(self) -> bool:
+        """Biases on the attention projections (OPT-style blocks, or gpt-oss's alone)."""
+        return self.linear_bias or self.attention_bias
 
     def is_linear(self, layer: int) -> bool:
         return bool(self.layer_kinds) and self.layer_kinds[layer] == "linear"

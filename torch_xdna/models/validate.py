@@ -13,6 +13,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+from torch_xdna.models.families_moe import fused_expert_shapes
 from torch_xdna.models.hf import ModelDirError, field_error, read_json, safetensors_files
 from torch_xdna.models.spec import DecoderSpec
 
@@ -220,8 +221,10 @@ def check_tokenizer(d: Path, spec: DecoderSpec) -> None:
         Tokenizer(d)                                 # raises ModelDirError naming the file
 
 
-def expected_shapes(spec: DecoderSpec) -> dict[str, tuple[tuple[int, ...], str]]:
-    """HF weight name -> (shape, the config fields that imply it)."""
+def expected_shapes(spec: DecoderSpec, have: frozenset[str] = frozenset()
+                    ) -> dict[str, tuple[tuple[int, ...], str]]:
+    """HF weight name -> (shape, the config fields that imply it); `have`: the checkpoint's
+    names (stacked experts: dense or MXFP4, whichever it holds)."""
     n, h = spec.names, spec.hidden
     out: dict[str, tuple[tuple[int, ...], str]] = {
         n.embed: ((spec.vocab, h), "vocab_size x hidden_size"),
@@ -246,10 +249,11 @@ def expected_shapes(spec: DecoderSpec) -> dict[str, tuple[tuple[int, ...], str]]
     if spec.layer_norm:
         out[n.final_norm_bias] = ((h,), "hidden_size")
         per_layer[n.attn_norm_bias] = per_layer[n.mlp_norm_bias] = ((h,), "hidden_size")
-    if spec.linear_bias:
+    if spec.qkvo_bias:
         per_layer.update({n.q_bias: ((spec.q_dim,), hd), n.k_bias: ((spec.kv_dim,), kvd),
-                          n.v_bias: ((spec.kv_dim,), kvd), n.o_bias: ((h,), "hidden_size"),
-                          n.up_bias: ((spec.intermediate,), "intermediate_size"),
+                          n.v_bias: ((spec.kv_dim,), kvd), n.o_bias: ((h,), "hidden_size")})
+    if spec.linear_bias:
+        per_layer.update({n.up_bias: ((spec.intermediate,), "intermediate_size"),
                           n.down_bias: ((h,), "hidden_size")})
     if spec.qk_norm:
         per_layer[n.q_norm] = ((spec.head_dim,), "head_dim")
@@ -259,7 +263,9 @@ def expected_shapes(spec: DecoderSpec) -> dict[str, tuple[tuple[int, ...], str]]
         per_layer[n.mlp_post_norm] = ((h,), "hidden_size")
     dense = (n.gate, n.up, n.down, n.up_bias, n.down_bias)
     moe: dict[str, tuple[tuple[int, ...], str]] = {}
-    if spec.experts:
+    if spec.experts and n.experts_gate_up:       # stacked experts (gpt-oss)
+        out.update(fused_expert_shapes(spec, have))
+    elif spec.experts:
         ie, what = spec.expert_intermediate, "moe_intermediate_size"
         moe[n.router] = ((spec.experts, h), "num_experts x hidden_size")
         for e in range(spec.experts):
@@ -337,7 +343,7 @@ def weight_shapes(model_dir: Path) -> dict[str, tuple[tuple[int, ...], Path]]:
 def check_weights(d: Path, spec: DecoderSpec) -> None:
     """Every weight the spec needs exists with the shape config.json implies."""
     have = weight_shapes(d)
-    for name, (shape, why) in expected_shapes(spec).items():
+    for name, (shape, why) in expected_shapes(spec, frozenset(have)).items():
         got = have.get(name)
         if got is None:
             raise ModelDirError(

@@ -29,7 +29,7 @@ from torch_xdna.kernels.blocks.llm import (
 from torch_xdna.kernels.blocks.linear_attn import DeltaNetBlockDesign, DeltaNetLayerDesign
 from torch_xdna.kernels.blocks.moe import MoeBlockDesign, MoeLayerDesign
 from torch_xdna.kernels.blocks.ple import PleEmbedDesign, PleLayerDesign
-from torch_xdna.kernels.blocks.weights import PRECISIONS, default_group, weight_bytes
+from torch_xdna.kernels.blocks.weights import EXACT_PRECISIONS, PRECISIONS, default_group, weight_bytes
 from torch_xdna.models.hf import ModelDirError
 from torch_xdna.models.spec import DecoderSpec
 from torch_xdna.runtime import Device, Launch, PlanError, Program, TensorArg, get_device
@@ -71,9 +71,17 @@ class PrecisionPolicy:
         for k, p in kinds.items():
             if p not in PRECISIONS:
                 raise ValueError(f"unknown precision {p!r} for {k}; use one of {', '.join(PRECISIONS)}")
-        exact = {p == "fp32" for p in kinds.values()}
-        if len(exact) > 1:
-            raise ValueError("precision fp32 (verification mode) cannot be mixed with NPU precisions")
+        # fp32 (verification mode, set by the attention site) mixes only with MLP weights in a
+        # format that decodes exactly (mxfp4 experts: their blocks run the verification
+        # numerics); NPU precisions never with fp32
+        if kinds["attention"] == "fp32":
+            bad = kinds["head"] != "fp32" or kinds["mlp"] not in ("fp32",) + EXACT_PRECISIONS
+        else:
+            bad = "fp32" in kinds.values()
+        if bad:
+            raise ValueError("precision fp32 (verification mode) cannot be mixed with NPU precisions "
+                             f"(fp32 attention and head take an fp32 or "
+                             f"{'/'.join(EXACT_PRECISIONS)} mlp)")
         return cls(group=group, **kinds)
 
     @property
@@ -115,7 +123,8 @@ class PrecisionPolicy:
                  "lm_head": "head", "ple_gate": "mlp", "ple_out": "mlp", "ple_embed": "head",
                  "ple_proj": "head"}       # the MoE router stays bf16 (fp32), like the norms
 
-        def transform(site: str, w: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        def transform(site: str, w) -> tuple[torch.Tensor, ...]:
+            """w: the site's float tensor, or an MXFP4 checkpoint's stored (codes, scales)."""
             kind = kinds.get(site.rsplit(".", 1)[-1])
             if site.endswith((".lin_alog", ".lin_dt", ".lin_conv")):   # fp32 gate parameters
                 return (w.to(torch.float32).contiguous(),)
@@ -143,7 +152,8 @@ def resident_bytes_estimate(spec: DecoderSpec, policy: PrecisionPolicy, capacity
         q = spec.heads * spec.head_dim_at(i)
         kv = 0 if spec.kv_shared(i) else 2 * spec.kv_heads_at(i) * spec.head_dim_at(i)
         return (wb(q * (2 if spec.attn_output_gate else 1) + kv, h, policy.attention, ga)
-                + wb(h, q, policy.attention, ga) + 2 * spec.head_dim_at(i) * spec.qk_norm * norm)
+                + wb(h, q, policy.attention, ga) + 2 * spec.head_dim_at(i) * spec.qk_norm * norm
+                + ((q + kv + h) * spec.qkvo_bias + spec.heads * spec.attention_sinks) * norm)
     vd, hv, c = spec.linear_v_heads * spec.linear_v_dim, spec.linear_v_heads, spec.linear_conv_dim
     lin = (wb(c + vd + 2 * hv, h, policy.attention, ga) + wb(h, vd, policy.attention, ga)
            + 4 * (c * spec.linear_conv + 2 * hv) + norm * spec.linear_v_dim
@@ -155,8 +165,9 @@ def resident_bytes_estimate(spec: DecoderSpec, policy: PrecisionPolicy, capacity
         fi = spec.intermediate_at(i)
         return wb((2 if spec.gated_mlp else 1) * fi, h, policy.mlp, gm) + wb(h, fi, policy.mlp, gm)
     fe = spec.expert_intermediate
-    moe = spec.experts * (h * norm + wb(2 * fe, h, policy.mlp, gm)
-                          + wb(h, fe, policy.mlp, gm)) if spec.experts else 0
+    moe = spec.experts * ((h + spec.router_bias) * norm + wb(2 * fe, h, policy.mlp, gm)
+                          + wb(h, fe, policy.mlp, gm)
+                          + (2 * fe + h) * spec.expert_bias * norm) if spec.experts else 0
     mlps = sum(moe if spec.is_moe(i) else dense(i) for i in range(spec.layers))
     norms = (2 + 2 * spec.sandwich_norms) * h + spec.layer_scale
     head = wb(spec.vocab, h, policy.head, gh) * (1 if spec.tie_embeddings else 2)
@@ -245,11 +256,14 @@ def step_designs(spec: DecoderSpec, policy: PrecisionPolicy, rows: int, capacity
     out: list[tuple[str, int, Design]] = [("embed", -1, embed)]
     mlp = MlpBlockDesign(precision=pm, group=gm, intermediate=spec.intermediate,
                          act=spec.act, post_norm=spec.sandwich_norms, layer_norm=spec.layer_norm,
-                         bias=spec.linear_bias, gated=spec.gated_mlp, **common)
+                         bias=spec.linear_bias, gated=spec.gated_mlp,
+                         verify=policy.exact and pm != "fp32", **common)
     moe = MoeBlockDesign(precision=pm, group=gm, experts=spec.experts,
                          top_k=spec.experts_per_token, intermediate=spec.expert_intermediate,
-                         act=spec.act, norm_topk=spec.norm_topk_prob,
-                         **common) if spec.experts else None
+                         act=spec.act, norm_topk=spec.norm_topk_prob, router_bias=spec.router_bias,
+                         expert_bias=spec.expert_bias, topk_first=spec.router_topk_first,
+                         limit=spec.swiglu_limit, alpha=spec.swiglu_alpha,
+                         verify=policy.exact and pm != "fp32", **common) if spec.experts else None
     for i in range(spec.layers):
         if spec.is_linear(i):
             dn = DeltaNetBlockDesign(
@@ -263,7 +277,8 @@ def step_designs(spec: DecoderSpec, policy: PrecisionPolicy, rows: int, capacity
             head_dim=spec.head_dim_at(i), capacity=capacity, qk_norm=spec.qk_norm,
             post_norm=spec.sandwich_norms, window=spec.layer_window[i], scale=spec.attn_scale,
             softcap=spec.attn_softcap, cache_bytes=4 if policy.exact else 2, kv_dtype=kv_dtype,
-            layer_norm=spec.layer_norm, bias=spec.linear_bias, rope=bool(spec.ropes),
+            layer_norm=spec.layer_norm, bias=spec.qkvo_bias, rope=bool(spec.ropes),
+            sinks=spec.attention_sinks,
             output_gate=spec.attn_output_gate, rotary_dim=spec.rotary_dim,
             v_norm=spec.v_norm, kv_shared=spec.kv_shared(i), **common)
         if spec.per_layer_shapes:         # Gemma 4: the layer's MLP width, PLE tail, scalar
@@ -441,8 +456,9 @@ class Decoder(ResidentDecoder):
             ins += [*w[p + "attn_norm_bias"]]
         if spec.qk_norm:
             ins += [*w[p + "q_norm"]] + ([] if spec.kv_shared(i) else [*w[p + "k_norm"]])
-        ins += [*w[p + "qkv"]] + ([*w[p + "qkv_bias"]] if spec.linear_bias else [])
-        ins += [*w[p + "o"]] + ([*w[p + "o_bias"]] if spec.linear_bias else [])
+        ins += [*w[p + "qkv"]] + ([*w[p + "qkv_bias"]] if spec.qkvo_bias else [])
+        ins += [*w[p + "o"]] + ([*w[p + "o_bias"]] if spec.qkvo_bias else [])
+        ins += [*w[p + "sinks"]] if spec.attention_sinks else []
         if spec.sandwich_norms:
             ins += [*w[p + "attn_post_norm"]]
         return ins + (list(self.rope[spec.layer_rope[i]]) if spec.ropes else [])
@@ -451,8 +467,11 @@ class Decoder(ResidentDecoder):
         """Layer i's MLP-block operands, in the design's order (activations `x` first)."""
         spec, w, p = self.spec, self.w, f"layers.{i}."
         if spec.is_moe(i):
-            return [x, *w[p + "mlp_norm"], *w[p + "router"], *w[p + "experts_gate_up"],
-                    *w[p + "experts_down"]]
+            rb = [*w[p + "router_bias"]] if spec.router_bias else []
+            eb = spec.expert_bias
+            return [x, *w[p + "mlp_norm"], *w[p + "router"], *rb, *w[p + "experts_gate_up"],
+                    *(w[p + "experts_gate_up_bias"] if eb else ()), *w[p + "experts_down"],
+                    *(w[p + "experts_down_bias"] if eb else ())]
         b = spec.linear_bias
         ins = [x, *w[p + "mlp_norm"]] + ([*w[p + "mlp_norm_bias"]] if spec.layer_norm else [])
         ins += [*w[p + "gate_up"]] + ([*w[p + "gate_up_bias"]] if b else [])

@@ -25,6 +25,8 @@ def weight_specs(n: int, k: int, precision: str, group: int) -> tuple[Spec, ...]
         return (((n, k), F32 if precision == "fp32" else BF16),)
     if precision == "bfp16":
         return (((n, k // 8 * 9), torch.uint8),)
+    if precision == "mxfp4":
+        return (((n, k // 2), torch.uint8), ((n, k // 32), torch.uint8))
     q = ((n, k), torch.int8) if precision == "int8" else ((n, k // 2), torch.uint8)
     return (q, ((n, k // group), BF16))
 

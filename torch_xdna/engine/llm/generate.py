@@ -355,7 +355,7 @@ def load_decoder(model_dir: str | Path, precision: str | Mapping[str, str] = "na
     the device.
 
     precision: native (bf16; for a GGUF file what its blocks are: Q8_0 -> int8, Q4_0 -> int4 per
-    site kind, group 32, else bf16) | auto (per site kind, the cheapest modeled precision within
+    site kind, group 32, else bf16; an MXFP4 checkpoint (gpt-oss) keeps its experts mxfp4) | auto (per site kind, the cheapest modeled precision within
     an accuracy `budget` measured on a calibration text, chosen once and saved beside the model:
     engine/precision_auto.py) | bf16 | int8 | int4 | bfp16 | fp32 (verification mode), or per
     site {'attention': ..., 'mlp': ..., 'head': ..., 'default': ...}. Quantized weights are cached on
@@ -378,13 +378,16 @@ def load_decoder(model_dir: str | Path, precision: str | Mapping[str, str] = "na
             from torch_xdna.engine.llm.gguf_weights import auto_precision
             precision = auto_precision(g, files.spec.layers)
             group = group or (32 if set(precision.values()) & {"int8", "int4"} else 0)
+        elif (files.config.get("quantization_config") or {}).get("quant_method") == "mxfp4":
+            precision = {"default": "bf16", "mlp": "mxfp4"}     # the experts stay MXFP4
         else:
             precision = "bf16"
     policy = PrecisionPolicy.parse(precision, group)
     device = device or get_device()
     capacity = resolve_capacity(files.spec, policy, device, max_context, prefill_chunk, kv_dtype)
     check_fits(files.spec, policy, capacity, device, prefill_chunk, kv_dtype)
-    quantized = any(p in ("int8", "int4", "bfp16") for p in (policy.attention, policy.mlp, policy.head))
+    quantized = any(p in ("int8", "int4", "bfp16", "mxfp4")
+                    for p in (policy.attention, policy.mlp, policy.head))
     cdir = None
     if quantized and cache_dir is not False:
         cdir = Path(cache_dir) if cache_dir else default_cache_dir()

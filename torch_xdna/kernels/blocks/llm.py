@@ -180,7 +180,7 @@ class AttentionBlockDesign(DecoderBlockDesign):
     pos..pos+n-1 into the cache first.
 
     inputs: x [rows,H] fp32, attn_norm [H], (q_norm [D], k_norm [D])?, *w_qkv [(Hq+2Hkv)D, H],
-            *w_o [H, Hq*D], (post_norm [H])?, cos [P,D], sin [P,D]
+            *w_o [H, Hq*D], (sinks [Hq])?, (post_norm [H])?, cos [P,D], sin [P,D]
     outputs: out [rows,H] fp32 (may alias x), k_cache [Hkv,S,D], v_cache [Hkv,S,D]
              (kv_dtype int8: int8 caches, then k_scale [Hkv,S], v_scale [Hkv,S] fp32)
     scalars: pos (first position), n (valid rows, default rows)
@@ -209,6 +209,8 @@ class AttentionBlockDesign(DecoderBlockDesign):
     v_norm: bool = False        # values RMS-normalized without a weight (Gemma 4)
     kv_shared: bool = False     # attends over another layer's cache: w_qkv holds q only, only
     #                             the q norm is an input, and nothing is written (Gemma 4)
+    sinks: bool = False         # a learned logit per q head in every softmax denominator
+    #                             (gpt-oss), an input [Hq] after w_o (and its bias)
     kind = "llm_attention"
     label = "attention"
 
@@ -244,6 +246,9 @@ class AttentionBlockDesign(DecoderBlockDesign):
             i += 2
         wqkv, bqkv, i = take_linear(inputs, i, nt, self.bias, exact)
         wo, bo, i = take_linear(inputs, i, nt, self.bias, exact)
+        sinks = None
+        if self.sinks:
+            sinks, i = resident_operand(inputs[i], exact), i + 1
         if self.post_norm:
             pn = resident_operand(inputs[i], exact)
             i += 1
@@ -299,7 +304,7 @@ class AttentionBlockDesign(DecoderBlockDesign):
         a = attend(qk.narrow(1, 0, hq).transpose(0, 1), keys, vals,
                    scale=self.scale, q_offset=pos, k_offset=start, window=self.window,
                    softcap=self.softcap, exact=exact, rounded=True, tkv=tkv, splits=self.splits,
-                   valid=valid, host=rnd is host_gemv.operand)
+                   valid=valid, host=rnd is host_gemv.operand, sinks=sinks)
         a = a.transpose(0, 1).reshape(n, hq * d)
         if self.output_gate:
             a = a * torch.sigmoid(qkv.narrow(1, hq + 2 * hkv, hq).reshape(n, hq * d))
@@ -349,7 +354,8 @@ class AttentionBlockDesign(DecoderBlockDesign):
         w = (weight_bytes(qkv_n, h, self.precision, self.group)
              + weight_bytes(h, self.heads * d, self.precision, self.group))
         small = (h + ((2 - self.kv_shared) * d if self.qk_norm else 0) + (h if self.post_norm else 0)
-                 + (h if self.layer_norm else 0) + (qkv_n + h if self.bias else 0)) * 2
+                 + (h if self.layer_norm else 0) + (qkv_n + h if self.bias else 0)
+                 + (self.heads if self.sinks else 0)) * 2
         small += 2 * m * d * 4 if self.rope else 0
         kv_read = int(2 * self.kv_heads * keys * d * self.kv_elem_bytes)
         kv_write = 0 if self.kv_shared else int(2 * self.kv_heads * m * d * self.kv_elem_bytes)
@@ -387,6 +393,7 @@ class MlpBlockDesign(DecoderBlockDesign):
     layer_norm: bool = False
     bias: bool = False          # up (or gate_up) bias after w_gate_up, down bias after w_down
     gated: bool = True          # False: down(act(up(h))), w_gate_up holds up only [I, H]
+    verify: bool = False        # fp32 verification numerics over exactly-decoding (mxfp4) weights
     kind = "llm_mlp"
     label = "mlp"
 
@@ -510,7 +517,7 @@ class DecoderLayerDesign(Design):
     def n_attention_inputs(self) -> int:
         a = self.attention
         return (2 + a.layer_norm + ((2 - a.kv_shared) if a.qk_norm else 0) + 2 * weight_tensors(a.precision)
-                + 2 * a.bias + (1 if a.post_norm else 0) + 2 * a.rope)
+                + 2 * a.bias + a.sinks + (1 if a.post_norm else 0) + 2 * a.rope)
 
     def reference(self, inputs, outputs, **scalars: Any) -> None:
         if numerics.layer_order() == "plan":        # the stage programs' order (txn-identical)

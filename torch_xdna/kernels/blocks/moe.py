@@ -17,6 +17,13 @@ the stacked weight are exactly that expert's quantized weight). The router weigh
 Softmax, top-k and the renormalization run in fp32 on the vector unit; experts are summed in
 ascending expert order, as transformers' Qwen3MoeExperts does.
 
+gpt-oss (fields): the router has a bias and its softmax runs over the top-k logits
+(`topk_first`), the experts have biases, and their activation is the clamped SwiGLU
+(`limit` > 0): gate <= limit, -limit <= up <= limit, (up + 1) * gate * sigmoid(alpha gate), all
+as transformers' GptOssExperts computes them (the loader reorders its interleaved gate/up
+columns into gate rows then up rows). Experts in mxfp4 decode exactly to bf16 on the core;
+`verify` runs the fp32 verification numerics over such exactly-decoded weights.
+
 Plans charge exactly the bytes moved: the router, plus each hit expert's weight bytes once per
 launch. Decode (one row) hits exactly top_k experts. A prefill launch's hit count depends on the
 routing: the simulator charges the launch after its reference with the experts it actually chose
@@ -39,8 +46,8 @@ from torch_xdna.kernels.base import ceil_div
 from torch_xdna.kernels.blocks.llm import DecoderBlockDesign, DecoderLayerDesign
 from torch_xdna.kernels.blocks.operands import OPERANDS
 from torch_xdna.kernels.blocks.toolkit import (
-    fused_plan, gemm_plan, inference_mode, linear, matmul, prologue, rms_norm, take_inputs,
-    vector_plan,
+    HOST_GEMV_PRECISIONS, fused_plan, gemm_plan, inference_mode, linear, matmul, prologue,
+    resident_operand, rms_norm, take_linear, vector_plan,
 )
 from torch_xdna.kernels.blocks.weights import weight_bytes, weight_tensors
 from torch_xdna.kernels.host import gemv as host_gemv
@@ -60,7 +67,7 @@ def expert_matmul(x: torch.Tensor, tensors, precision: str, group: int, rnd, sta
                   count: int) -> torch.Tensor:
     """x @ W[start:start+count]^T for the rows of one expert in a stacked resident weight, with
     toolkit.matmul's numerics (the host GEMV for a few rows when the host kernels are on)."""
-    if (precision in ("bf16", "int8", "int4") and rnd is host_gemv.operand
+    if (precision in HOST_GEMV_PRECISIONS and rnd is host_gemv.operand
             and host_gemv.fits(x.shape[0], tensors[0])):
         return host_gemv.bf16_linear(x, OPERANDS.bf16(tensors, precision, group).narrow(0, start, count))
     return linear(x, OPERANDS.get(tensors, precision, group).narrow(0, start, count), rnd, precision)
@@ -72,8 +79,8 @@ class MoeBlockDesign(DecoderBlockDesign):
     h = norm(x); p renormalized over the chosen experts when norm_topk.
 
     inputs: x [rows,H] fp32, mlp_norm [H], router [E,H] (bf16; fp32 in verification mode),
-            *w_gate_up [E*2I, H] (expert-major: expert e's gate rows, then its up rows),
-            *w_down [E*H, I]
+            (router_bias [E])?, *w_gate_up [E*2I, H] (expert-major: expert e's gate rows, then
+            its up rows), (gate_up_bias [E*2I])?, *w_down [E*H, I], (down_bias [E*H])?
     outputs: out [rows,H] fp32 (may alias x), (route int32 [rows, top_k])? the chosen experts
     """
 
@@ -83,14 +90,25 @@ class MoeBlockDesign(DecoderBlockDesign):
     act: str = "silu"
     norm_topk: bool = False
     post_norm: bool = False            # (no MoE family has one; DecoderLayerDesign reads it)
+    router_bias: bool = False
+    expert_bias: bool = False
+    topk_first: bool = False           # softmax over the top-k logits (else top-k of the softmax)
+    limit: float = 0.0                 # > 0: the clamped SwiGLU (gpt-oss)
+    alpha: float = 1.702
+    verify: bool = False               # fp32 verification numerics (weights decode exactly)
     kind = "llm_moe"
     label = "moe"
 
-    def route(self, h: torch.Tensor, router: torch.Tensor, rnd, exact: bool
-              ) -> tuple[torch.Tensor, torch.Tensor]:
+    def route(self, h: torch.Tensor, router: torch.Tensor, rnd, exact: bool,
+              bias: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """(probabilities fp32 [n, k], expert ids [n, k]) of normed rows `h`; `router` is the
-        resident weight as stored."""
+        resident weight as stored (`bias` its bias operand, gpt-oss)."""
         logits = matmul(h, (router,), "fp32" if exact else "bf16", 0, rnd)
+        if bias is not None:
+            logits = logits.add_(bias)
+        if self.topk_first:
+            top, ids = torch.topk(logits, self.top_k, dim=-1)
+            return torch.softmax(top, dim=-1), ids
         probs = torch.softmax(logits, dim=-1)
         top, ids = torch.topk(probs, self.top_k, dim=-1)
         if self.norm_topk:
@@ -102,11 +120,12 @@ class MoeBlockDesign(DecoderBlockDesign):
         n, exact, rnd, x, ln = prologue(self, inputs, n)
         nt = weight_tensors(self.precision)
         router = inputs[2]                             # stored bf16 (fp32 when exact)
-        wgu, i = take_inputs(inputs, 3, nt)
-        wd, _ = take_inputs(inputs, i, nt)
+        rb, i = (resident_operand(inputs[3], exact), 4) if self.router_bias else (None, 3)
+        wgu, bgu, i = take_linear(inputs, i, nt, self.expert_bias, exact)
+        wd, bd, _ = take_linear(inputs, i, nt, self.expert_bias, exact)
         xs = x if n == x.shape[0] else x[:n]
         h = rms_norm(xs, ln, self.eps, self.norm_offset, rnd)
-        top, ids = self.route(h, router, rnd, exact)
+        top, ids = self.route(h, router, rnd, exact, rb)
         if len(outputs) > 1:
             outputs[1][:n].copy_(ids.to(torch.int32))
         f, hd = self.intermediate, self.hidden
@@ -114,22 +133,39 @@ class MoeBlockDesign(DecoderBlockDesign):
         for e in torch.unique(ids).tolist():          # ascending: transformers' summation order
             rows, slot = (ids == e).nonzero(as_tuple=True)
             he = h if n == 1 else h.index_select(0, rows)
-            gu = rnd(expert_matmul(he, wgu, self.precision, self.group, rnd, e * 2 * f, 2 * f))
-            a = apply_epilogue(self.act, gu.narrow(1, 0, f)) * gu.narrow(1, f, f)
+            gu = expert_matmul(he, wgu, self.precision, self.group, rnd, e * 2 * f, 2 * f)
+            gu = rnd(gu if bgu is None else gu.add_(bgu.narrow(0, e * 2 * f, 2 * f)))
+            a = self.activation(gu.narrow(1, 0, f), gu.narrow(1, f, f))
             y = expert_matmul(a, wd, self.precision, self.group, rnd, e * hd, hd)
+            if bd is not None:
+                y = y.add_(bd.narrow(0, e * hd, hd))
             acc.index_add_(0, rows, y * top[rows, slot].unsqueeze(1))
         out = outputs[0]
         (out if n == out.shape[0] else out[:n]).copy_(acc.add_(xs))
 
+    def activation(self, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+        """act(gate) * up, or the clamped SwiGLU (limit > 0) in transformers' operation order."""
+        if not self.limit:
+            return apply_epilogue(self.act, gate) * up
+        gate = gate.clamp(max=self.limit)
+        up = up.clamp(min=-self.limit, max=self.limit)
+        return (up + 1) * (gate * torch.sigmoid(gate * self.alpha))
+
     # -- plans -------------------------------------------------------------------------------
     def expert_bytes(self) -> int:
-        """One expert's weight bytes (gate, up and down) in the stored format."""
+        """One expert's weight bytes (gate, up and down, and their biases) as stored."""
         f, h = self.intermediate, self.hidden
         return (weight_bytes(2 * f, h, self.precision, self.group)
-                + weight_bytes(h, f, self.precision, self.group))
+                + weight_bytes(h, f, self.precision, self.group)
+                + (2 * f + h) * self.operand_bytes * self.expert_bias)
+
+    @property
+    def operand_bytes(self) -> int:
+        """Bytes of a stored float operand (router, biases): bf16, fp32 when verifying."""
+        return 4 if self.precision == "fp32" or self.verify else 2
 
     def router_bytes(self) -> int:
-        return self.experts * self.hidden * (4 if self.precision == "fp32" else 2)
+        return self.experts * (self.hidden + self.router_bias) * self.operand_bytes
 
     def plan(self, gen: Generation) -> Plan:
         """The plan at the expected hit count of a full launch; every expert GEMM is also
@@ -163,8 +199,10 @@ class MoeBlockDesign(DecoderBlockDesign):
         m, h, f, e, k = self.rows, self.hidden, self.intermediate, self.experts, self.top_k
         re = min(m, ceil_div(m * k, hits))              # rows per hit expert (grouped)
         router_p = "bf16"
+        act = ([vector_plan(gen, "clamp", re, 2 * f), vector_plan(gen, "silu", re, f),
+                vector_plan(gen, "add", re, f)] if self.limit else [vector_plan(gen, self.act, re, f)])
         expert = [gemm_plan(gen, re, h, 2 * f, self.precision, group=self.group),
-                  vector_plan(gen, self.act, re, f), vector_plan(gen, "mul", re, f, 2),
+                  *act, vector_plan(gen, "mul", re, f, 2),
                   gemm_plan(gen, re, f, h, self.precision, group=self.group),
                   vector_plan(gen, "mul", re, h, 2)]    # weighted by p, accumulated
         stages = ([vector_plan(gen, "rms_norm", m, h), gemm_plan(gen, m, h, e, router_p),

@@ -30,6 +30,8 @@ from torch_xdna.kernels.ops.vector import VectorDesign
 from torch_xdna.runtime.plan import Plan, PlanError
 
 _F32 = torch.float32
+# stored formats the host GEMV reads as a bf16 copy (its values exactly: dequantized to bf16)
+HOST_GEMV_PRECISIONS = ("bf16", "int8", "int4", "mxfp4")
 KV_TILE = 128                  # launch plans are memoized per KV extent in these units
 
 
@@ -69,8 +71,10 @@ def scalar(v: float) -> torch.Tensor:
 
 def prologue(design, inputs, n: int | None):
     """What every block's reference starts with: the valid row count, the verification-mode flag,
-    its rounding function, and the input rows with their (converted once) norm weight."""
-    exact = design.precision == "fp32"
+    its rounding function, and the input rows with their (converted once) norm weight. A
+    block with `verify` set runs the verification numerics over weights stored in a format
+    that decodes exactly (mxfp4)."""
+    exact = design.precision == "fp32" or getattr(design, "verify", False)
     return ((design.rows if n is None else n), exact, operand_rounding(exact), inputs[0],
             resident_operand(inputs[1], exact))
 
@@ -117,7 +121,7 @@ def matmul(x: torch.Tensor, tensors: Sequence[torch.Tensor], precision: str, gro
     operands, fp32 accumulation, fp32 result). Host speed only: a few rows against a large
     bf16/int8/int4 weight (decode) take host_gemv, which reads the 2-byte weight instead of its
     fp32 operand copy (the same products; fp32 sums associated in another fixed order)."""
-    if (precision in ("bf16", "int8", "int4") and rnd is host_gemv.operand  # kernels on
+    if (precision in HOST_GEMV_PRECISIONS and rnd is host_gemv.operand  # kernels on
             and host_gemv.fits(x.shape[0], tensors[0])):
         # the kernel rounds x to operands itself (the same bits as rnd)
         return host_gemv.bf16_linear(x, OPERANDS.bf16(tensors, precision, group))
@@ -155,7 +159,8 @@ def qk_norm_weight(qn: torch.Tensor, kn: torch.Tensor, hq: int, hkv: int,
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float, q_offset: int,
            window: int | None, softcap: float | None, exact: bool, rounded: bool = False,
            k_offset: int = 0, tkv: int = 16, splits: int = 1,
-           valid: int | None = None, host: bool | None = None) -> torch.Tensor:
+           valid: int | None = None, host: bool | None = None,
+           sinks: torch.Tensor | None = None) -> torch.Tensor:
     """Causal GQA flash attention of q [Hq, n, D] (query 0 at absolute position q_offset) over
     cached k/v [Hkv, S, D] (key 0 at absolute position k_offset) -> fp32 [Hq, n, D].
 
@@ -166,7 +171,9 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float, q
     repeat_interleave copies of the cache). exact=True: no rounding at all (fp32 verification
     mode). rounded=True: q already is an operand. valid: k / v are fp32 tiles holding `valid`
     keys (flash_attention's `valid`; the block's KV mirror). host: whether the host kernels are
-    on, when the caller already knows (TORCH_XDNA_HOST_KERNELS read once per block)."""
+    on, when the caller already knows (TORCH_XDNA_HOST_KERNELS read once per block).
+    sinks: [Hq] a learned logit per q head in each softmax denominator (gpt-oss; the flash
+    kernel's numerics with the sink as the running max's start, flash_attention)."""
     if host is None:
         host = host_gemv.available()
     hq, n, d = q.shape
@@ -175,14 +182,15 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float, q
     qg = (q if rounded or exact else numerics.operand(q)).reshape(hkv, g * n, d)
     # one query row per head (decode): every row sits at q_offset
     qpos = q_offset if n == 1 else (torch.arange(n) + q_offset).repeat(g)
-    if host and host_attention.use_for(g * n, valid, softcap, exact):   # the closed form in C
+    row_sinks = None if sinks is None else sinks.view(hkv, g, 1).expand(hkv, g, n).reshape(hkv, g * n)
+    if host and sinks is None and host_attention.use_for(g * n, valid, softcap, exact):   # in C
         return host_attention.decode_attention(
             qg, k, v, scale=scale, tkv=tkv, splits=splits, q_offset=qpos, k_offset=k_offset,
             valid=valid, window=window).view(hq, n, d)
     out = flash_attention(qg, k, v, scale=scale, tkv=tkv, splits=splits, causal=True,
                           q_offset=qpos, k_offset=k_offset, window=window, softcap=softcap,
                           exact=exact, valid=valid, q_rounded=True,
-                          operand=host_gemv.operand if host else None)
+                          operand=host_gemv.operand if host else None, sinks=row_sinks)
     return out.view(hq, n, d)
 
 
@@ -203,7 +211,7 @@ def take_linear(inputs: Sequence[torch.Tensor], i: int, n: int, bias: bool,
 # -- planning helpers --------------------------------------------------------------------------
 def gemm_design(m: int, k: int, n: int, precision: str, batch: int = 1, group: int = 0) -> GemmDesign:
     """The GEMM a block's matmul on a `precision` weight plans (and lowers) as."""
-    grouped = precision in GROUPED_PRECISIONS
+    grouped = precision in GROUPED_PRECISIONS + ("mxfp4",)
     return GemmDesign(m, k, n, batch=batch, dtype=mm_dtype(precision),
                       w_group=(group or default_group(precision)) if grouped else 0)
 

@@ -2,8 +2,9 @@
 
 A block's `precision` names the format its resident weights are stored in and the numerics its
 matmuls run with: "bf16" (the NPU's operands), "int8" / "int4" (groups of values along K with a
-bf16 scale each, dequantized to bf16 on the core), "bfp16" (block floating point, both operands
-as blocks) and "fp32" (a verification mode: nothing rounded; not what the NPU computes). The
+bf16 scale each, dequantized to bf16 on the core), "mxfp4" (E2M1 codes with an E8M0 scale per
+32 values, 4.25 bits per weight: gpt-oss checkpoints' expert format, decoded to bf16 on the core,
+exactly), "bfp16" (block floating point, both operands as blocks) and "fp32" (a verification mode: nothing rounded; not what the NPU computes). The
 formats themselves are in kernels/quant.py; the engine's quantizer (engine/llm/quantize.py)
 writes them. Subsets of the table (below) name the precisions one family of blocks supports.
 """
@@ -15,14 +16,18 @@ import torch
 
 from torch_xdna.kernels import numerics, quant
 
-PRECISIONS = ("fp32", "bf16", "int8", "int4", "bfp16")
+PRECISIONS = ("fp32", "bf16", "int8", "int4", "bfp16", "mxfp4")
 # int8 / int4: a weight is stored as values plus per-group scales (two tensors)
 GROUPED_PRECISIONS = tuple(p for p in PRECISIONS if p in ("int8", "int4"))
 # what the Whisper blocks take: float weights, or int8 matrices (weight-only, group scales)
 WHISPER_PRECISIONS = tuple(p for p in PRECISIONS if p in ("fp32", "bf16", "int8"))
 # the decoder layer's stage programs (kernels/stages/llm_layer.py): bf16 or weight-only groups
 STAGED_PRECISIONS = tuple(p for p in PRECISIONS if p == "bf16" or p in GROUPED_PRECISIONS)
-_GROUPS = {"int8": 128, "int4": 32}
+# precisions stored as two tensors (values + per-group scales): the grouped ones and mxfp4
+TWO_TENSOR_PRECISIONS = GROUPED_PRECISIONS + ("mxfp4",)
+# precisions whose values are exact in fp32 and bf16: mixable with the fp32 verification mode
+EXACT_PRECISIONS = ("mxfp4",)
+_GROUPS = {"int8": 128, "int4": 32, "mxfp4": quant.MXFP4_BLOCK}
 
 
 def default_group(precision: str) -> int:
@@ -32,7 +37,7 @@ def default_group(precision: str) -> int:
 
 def weight_tensors(precision: str) -> int:
     """How many stored tensors one weight site has in `precision` (int8/int4: values + scales)."""
-    return 2 if precision in GROUPED_PRECISIONS else 1
+    return 2 if precision in TWO_TENSOR_PRECISIONS else 1
 
 
 def weight_bytes(n: int, k: int, precision: str, group: int = 0) -> int:
@@ -41,13 +46,17 @@ def weight_bytes(n: int, k: int, precision: str, group: int = 0) -> int:
     nk = n * k
     if precision == "bfp16":
         return n * quant.bfp16_nbytes(k)
+    if precision == "mxfp4":
+        return quant.mxfp4_nbytes(n, k)
     return {"fp32": 4 * nk, "bf16": 2 * nk, "int8": nk + nk // g * 2,
             "int4": nk // 2 + nk // g * 2}[precision]
 
 
 def mm_dtype(precision: str) -> str:
-    """The GEMM operand dtype of a precision (the fp32 verification mode plans as bf16)."""
-    return "bf16" if precision == "fp32" else precision
+    """The GEMM operand dtype of a precision (the fp32 verification mode plans as bf16; mxfp4
+    as the int4 weight-only GEMM with groups of 32: the same 4-bit codes and per-32 scale
+    decoded on the core before the bf16 mmul, its bytes charged by the block as mxfp4's)."""
+    return {"fp32": "bf16", "mxfp4": "int4"}.get(precision, precision)
 
 
 def dequantize(tensors: Sequence[torch.Tensor], precision: str, group: int = 0) -> torch.Tensor:
@@ -60,6 +69,8 @@ def dequantize(tensors: Sequence[torch.Tensor], precision: str, group: int = 0) 
         return numerics.operand(w)
     if precision == "bfp16":
         return quant.decode_bfp16(w)
+    if precision == "mxfp4":                   # exact in bf16: no rounding to do
+        return quant.decode_mxfp4(w, tensors[1])
     g = group or default_group(precision)
     if precision == "int4":
         return numerics.bf16_round(quant.dequantize_int4(w, tensors[1], g))

@@ -232,7 +232,7 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale:
                     tkv: int, splits: int = 1, causal: bool = True, q_offset: int = 0,
                     k_offset: int = 0, window: int | None = None, softcap: float | None = None,
                     exact: bool = False, valid: int | None = None, q_rounded: bool = False,
-                    operand=None) -> torch.Tensor:
+                    operand=None, sinks: torch.Tensor | None = None) -> torch.Tensor:
     """The flash kernel's result: q [Hkv, R, D] (the R query rows of each KV head's group, at
     absolute position q_offset, or per row when q_offset is an [R] tensor),
     k / v [Hkv, S, D] holding keys at absolute positions k_offset..k_offset+S-1 -> fp32 [Hkv, R, D].
@@ -250,7 +250,11 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale:
     == round_up(valid, tkv), keys past `valid` zero) holding `valid` keys: sim speed, the
     attention block's fp32 KV mirror (the same values the conversion and padding below make).
     q_rounded: q already is an operand (rounding is idempotent: not redone). operand: a
-    function bit-equal to numerics.operand to round with (host_gemv.operand; sim speed)."""
+    function bit-equal to numerics.operand to round with (host_gemv.operand; sim speed).
+    sinks: [Hkv, R] fp32, a learned logit per row in the softmax denominator (gpt-oss's
+    attention sinks: softmax over [scores, sink], the sink's column dropped): every split's
+    running max starts at the sink instead of -inf, and the reduction adds the sink's
+    exp(sink - m_final) to the denominator once (its value row is zero)."""
     rnd = (lambda t: t.float()) if exact else (operand or numerics.operand)
     hkv, r, d = q.shape
     s_len = k.shape[1] if valid is None else valid
@@ -290,12 +294,17 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale:
         run = torch.cummax(tm.unflatten(-1, (segs, per)), dim=-1).values.flatten(-2)
         if segs * per != n_tiles:
             run = run[..., :n_tiles]
+    if sinks is not None:
+        run = torch.maximum(run, sinks.unsqueeze(-1))
     ninf = float("-inf")
     dead = run == ninf                                                 # no visible key yet
     e = torch.exp(st - run.masked_fill(dead, 0.0).unsqueeze(-1))       # exp(S - m') per tile
     p = rnd(e)
-    w = torch.exp(run - run.amax(-1, keepdim=True)).masked_fill_(dead, 0.0)   # to the final max
+    final = run.amax(-1, keepdim=True)
+    w = torch.exp(run - final).masked_fill_(dead, 0.0)                # to the final max
     l = (e.sum(-1) * w).sum(-1)                                        # [Hkv, R]
+    if sinks is not None:
+        l = l + torch.exp(sinks - final.squeeze(-1))
     pv = torch.einsum("hrtk,htkd->hrtd", p, vf.view(hkv, n_tiles, tkv, d))
     o = torch.einsum("hrtd,hrt->hrd", pv, w)
     return o * torch.where(l > 0, 1.0 / l, torch.zeros_like(l)).unsqueeze(-1)
@@ -304,9 +313,11 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale:
 def flash_attention_loop(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float,
                          tkv: int, splits: int = 1, causal: bool = True, q_offset: int = 0,
                          k_offset: int = 0, window: int | None = None,
-                         softcap: float | None = None, exact: bool = False) -> torch.Tensor:
-    """flash_attention as the kernel runs it: tile by tile, running (m, l, O) per split, then
-    the split reduction. Slow; the definition tests check the closed form against."""
+                         softcap: float | None = None, exact: bool = False,
+                         sinks: torch.Tensor | None = None) -> torch.Tensor:
+    """flash_attention as the kernel runs it: tile by tile, running (m, l, O) per split (m
+    starting at the sink when there are sinks), then the split reduction. Slow; the definition
+    tests check the closed form against."""
     rnd = (lambda t: t.float()) if exact else numerics.operand
     hkv, r, d = q.shape
     s_len = k.shape[1]
@@ -317,7 +328,7 @@ def flash_attention_loop(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, s
     ninf = float("-inf")
     parts = []
     for lo, hi in split_ranges(n_tiles, splits):
-        m = torch.full((hkv, r), ninf)
+        m = torch.full((hkv, r), ninf) if sinks is None else sinks.float().clone()
         l = torch.zeros(hkv, r)
         o = torch.zeros(hkv, r, d)
         for t in range(lo, hi):
@@ -347,6 +358,8 @@ def flash_attention_loop(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, s
         w = torch.where(m == ninf, torch.zeros_like(m), torch.exp(m - mf))
         l_tot = l_tot + l * w
         o_tot = o_tot + o * w.unsqueeze(-1)
+    if sinks is not None:
+        l_tot = l_tot + torch.exp(sinks - mf)
     return o_tot * torch.where(l_tot > 0, 1.0 / l_tot, torch.zeros_like(l_tot)).unsqueeze(-1)
 
 
