@@ -17,7 +17,7 @@ ACTS = {"silu": "silu", "swish": "silu", "gelu_pytorch_tanh": "gelu_tanh", "gelu
 CONFIG_ALIASES = {"opt": {"ffn_dim": "intermediate_size", "activation_function": "hidden_act"}}
 
 
-NESTED_TEXT = ("qwen3_5",)       # vision-language configs whose decoder is their text_config
+NESTED_TEXT = ("qwen3_5", "gemma3")   # vision-language configs whose decoder is their text_config
 
 
 def common_config(cfg):
@@ -236,7 +236,10 @@ def qwen3_moe(cfg: dict) -> DecoderSpec:
 
 
 def gemma3(cfg: dict) -> DecoderSpec:
+    """Gemma 3 text (gemma3_text), or the decoder of a multimodal gemma3 config (its text_config;
+    the SigLIP tower and projector are engine/llm/vlm.py's)."""
     family = "gemma3"
+    cfg = common_config(cfg)
     _common_checks(family, cfg)
     layers = int(cfg["num_hidden_layers"])
     types = cfg.get("layer_types")
@@ -261,7 +264,9 @@ def gemma3(cfg: dict) -> DecoderSpec:
         ropes=ropes, layer_rope=tuple("local" if t == "sliding_attention" else "global" for t in types),
         layer_window=_windows(family, cfg, types), qk_norm=True, norm_offset=1.0,
         embed_scale=math.sqrt(hidden), sandwich_norms=True,
-        final_softcap=cfg.get("final_logit_softcapping"), attn_softcap=cfg.get("attn_logit_softcapping"),
+        # Gemma3ForConditionalGeneration's head never soft-caps (transformers 5.25)
+        final_softcap=None if cfg.get("vision_language") else cfg.get("final_logit_softcapping"),
+        attn_softcap=cfg.get("attn_logit_softcapping"),
         tie_embeddings=bool(cfg.get("tie_word_embeddings", True)))
     if qpa:
         spec = _replace(spec, attn_scale=float(qpa) ** -0.5)
@@ -372,14 +377,11 @@ def gpt_oss(cfg: dict) -> DecoderSpec:
 
 
 FAMILIES: dict[str, Callable[[dict], DecoderSpec]] = {
-    "qwen3": qwen3, "llama": llama, "gemma3_text": gemma3, "qwen3_moe": qwen3_moe,
+    "qwen3": qwen3, "llama": llama, "gemma3_text": gemma3, "gemma3": gemma3, "qwen3_moe": qwen3_moe,
     "gpt_oss": gpt_oss, "opt": opt, "qwen3_5_text": qwen3_5, "qwen3_5": qwen3_5,
 }
 MOE_FAMILIES = ("qwen3_moe", "gpt_oss (estimate only)")
-HINTS = {
-    "gemma3": "this is the multimodal Gemma 3 config; only the text-only gemma3_text models "
-              "(e.g. gemma-3-1b) are supported",
-}
+HINTS: dict[str, str] = {}
 
 
 def family_of(cfg: dict) -> Callable[[dict], DecoderSpec]:

@@ -29,6 +29,8 @@ from torch_xdna.kernels.blocks.llm import (
 from torch_xdna.kernels.blocks.linear_attn import DeltaNetBlockDesign, DeltaNetLayerDesign
 from torch_xdna.kernels.blocks.moe import MoeBlockDesign, MoeLayerDesign
 from torch_xdna.kernels.blocks.weights import PRECISIONS, default_group, weight_bytes
+from torch_xdna.kernels.blocks.llm import rows_bucket
+from torch_xdna.kernels.ops.vector import VectorDesign
 from torch_xdna.models.hf import ModelDirError
 from torch_xdna.models.spec import DecoderSpec
 from torch_xdna.runtime import Device, Launch, PlanError, Program, TensorArg, get_device
@@ -328,9 +330,11 @@ class Decoder(ResidentDecoder):
     def chunk_program(self, rows: int, last: bool) -> Program:
         return self.program(rows, last)        # only the last chunk runs the head
 
-    def program(self, rows: int, with_head: bool) -> Program:
-        """The Program of a chunk of `rows` (bucketed) tokens; built once, reused every token."""
-        key = (rows, with_head)
+    def program(self, rows: int, with_head: bool, images: bool = False) -> Program:
+        """The Program of a chunk of `rows` (bucketed) tokens; built once, reused every token.
+        images: after the embedding, rows flagged in image_mask take image_x's rows (a chunk
+        holding image soft tokens, forward_images)."""
+        key = (rows, with_head, images)
         prog = self._programs.get(key)
         if prog is not None:
             return prog
@@ -342,6 +346,12 @@ class Decoder(ResidentDecoder):
                                             self.layout, self.kv_dtype):
             if role == "embed":
                 launches.append(Launch(design, self.embed_inputs(ids), [x], s, op="embed"))
+                if images:                     # a select on the vector unit (exact in fp32)
+                    h = spec.hidden
+                    sel = VectorDesign("where", ((rows, 1), (rows, h), (rows, h)),
+                                       (torch.float32,) * 3, (rows, h), torch.float32)
+                    ins = [self.rows_view(self.image_mask, rows), self.rows_view(self.image_x, rows), x]
+                    launches.append(Launch(sel, ins, [x], s, op="image_rows"))
             elif role == "head":
                 launches.append(Launch(design, self.head_inputs(x), [self.logits], s, op="lm_head"))
             else:
@@ -423,9 +433,69 @@ class Decoder(ResidentDecoder):
         return ins
 
     # -- execution -------------------------------------------------------------------------
+    def forward_images(self, ids: list[int], rows: torch.Tensor, at: list[int],
+                       spans: list[tuple[int, int]]) -> torch.Tensor:
+        """forward(ids) where the tokens at indices `at` of ids take the fp32 `rows` [len(at),
+        hidden] (image soft tokens) instead of their embeddings, and each (start, end) index
+        range of `spans` attends bidirectionally (Gemma 3's image blocks). A chunk never cuts a
+        span, so each image's block is prefilled whole."""
+        pos0 = self.cache.length
+        if pos0 + len(ids) > self.capacity:
+            raise self.context_error(pos0 + len(ids))
+        if rows.shape != (len(at), self.spec.hidden):
+            raise ValueError(f"{len(at)} image positions need rows [{len(at)}, "
+                             f"{self.spec.hidden}], got {list(rows.shape)}")
+        if not hasattr(self, "image_x"):
+            self.image_x = self.empty((self.chunk, self.spec.hidden), torch.float32)
+            self.image_mask = self.empty((self.chunk, 1), torch.float32)
+        dev, s = self.dev, self._scalars
+        row_of = {j: k for k, j in enumerate(at)}
+        try:
+            for start, end in chunk_cuts(len(ids), self.chunk, spans):
+                n = end - start
+                part = ids[start:end]
+                bad = [t for t in part if not 0 <= t < self.vocab]
+                if bad:
+                    raise ValueError(f"token id {bad[0]} is outside the vocabulary (size {self.vocab})")
+                dev.write(self.ids.buffer, torch.tensor(part, dtype=torch.int32))
+                mine = [j for j in range(start, end) if j in row_of]
+                if mine:
+                    xs = torch.zeros(n, self.spec.hidden)
+                    mask = torch.zeros(n, 1)
+                    for j in mine:
+                        xs[j - start], mask[j - start] = rows[row_of[j]], 1.0
+                    dev.write(self.image_x.buffer, xs)
+                    dev.write(self.image_mask.buffer, mask)
+                s["pos"], s["n"] = pos0 + start, n
+                s["spans"] = tuple((pos0 + a, pos0 + b) for a, b in spans if start <= a < end)
+                dev.run_program(self.program(rows_bucket(n, self.chunk), end == len(ids),
+                                             bool(mine)))
+                self.cache.length = pos0 + end
+        finally:
+            s.pop("spans", None)
+        return dev.download(self.logits)[0]
+
     def context_error(self, total: int) -> ContextOverflow:
         return ContextOverflow(f"{total} tokens exceed the KV cache capacity of {self.capacity}; "
                                "pass a larger max_context or a shorter prompt")
+
+
+def chunk_cuts(total: int, chunk: int, spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """(start, end) prefill chunks of at most `chunk` tokens over `total`, cut before a span
+    (start, end) rather than through it; a span longer than a chunk is refused."""
+    for a, b in spans:
+        if b - a > chunk:
+            raise ValueError(f"an image block of {b - a} tokens does not fit one prefill chunk "
+                             f"of {chunk}; load the model with a prefill_chunk of at least {b - a}")
+    cuts, start = [], 0
+    while start < total:
+        end = min(start + chunk, total)
+        for a, b in spans:
+            if a < end < b:
+                end = a
+        cuts.append((start, end))
+        start = end
+    return cuts
 
 
 def default_cache_dir() -> Path:

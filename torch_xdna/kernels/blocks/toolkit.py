@@ -155,7 +155,8 @@ def qk_norm_weight(qn: torch.Tensor, kn: torch.Tensor, hq: int, hkv: int,
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float, q_offset: int,
            window: int | None, softcap: float | None, exact: bool, rounded: bool = False,
            k_offset: int = 0, tkv: int = 16, splits: int = 1,
-           valid: int | None = None, host: bool | None = None) -> torch.Tensor:
+           valid: int | None = None, host: bool | None = None,
+           q_limit: torch.Tensor | None = None) -> torch.Tensor:
     """Causal GQA flash attention of q [Hq, n, D] (query 0 at absolute position q_offset) over
     cached k/v [Hkv, S, D] (key 0 at absolute position k_offset) -> fp32 [Hq, n, D].
 
@@ -166,7 +167,8 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float, q
     repeat_interleave copies of the cache). exact=True: no rounding at all (fp32 verification
     mode). rounded=True: q already is an operand. valid: k / v are fp32 tiles holding `valid`
     keys (flash_attention's `valid`; the block's KV mirror). host: whether the host kernels are
-    on, when the caller already knows (TORCH_XDNA_HOST_KERNELS read once per block)."""
+    on, when the caller already knows (TORCH_XDNA_HOST_KERNELS read once per block).
+    q_limit: [n] the last key each query may see (flash_attention's; the host kernel has none)."""
     if host is None:
         host = host_gemv.available()
     hq, n, d = q.shape
@@ -175,14 +177,15 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float, q
     qg = (q if rounded or exact else numerics.operand(q)).reshape(hkv, g * n, d)
     # one query row per head (decode): every row sits at q_offset
     qpos = q_offset if n == 1 else (torch.arange(n) + q_offset).repeat(g)
-    if host and host_attention.use_for(g * n, valid, softcap, exact):   # the closed form in C
+    limit = None if q_limit is None else q_limit.repeat(g)
+    if host and limit is None and host_attention.use_for(g * n, valid, softcap, exact):
         return host_attention.decode_attention(
             qg, k, v, scale=scale, tkv=tkv, splits=splits, q_offset=qpos, k_offset=k_offset,
             valid=valid, window=window).view(hq, n, d)
     out = flash_attention(qg, k, v, scale=scale, tkv=tkv, splits=splits, causal=True,
                           q_offset=qpos, k_offset=k_offset, window=window, softcap=softcap,
                           exact=exact, valid=valid, q_rounded=True,
-                          operand=host_gemv.operand if host else None)
+                          operand=host_gemv.operand if host else None, q_limit=limit)
     return out.view(hq, n, d)
 
 
