@@ -21,14 +21,15 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from torch_xdna.server.chat import GenerationParams
-from torch_xdna.server.schemas import APIError
+from torch_xdna.server.schemas import APIError, request_image
 
 API_VERSION = "0.12.0"          # the Ollama API level these routes follow (what /api/version says)
 DEFAULTS = {"temperature": 0.8, "top_p": 0.9, "top_k": 40}
 
 
 class _Lenient(BaseModel):
-    # Ollama ignores fields it does not use (images on a text model, ...); so do we
+    # Ollama ignores fields it does not use; so do we (images on a model that takes none are
+    # refused by name: server/generation.py's chat_plan)
     model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
 
 
@@ -59,6 +60,7 @@ class OMessage(_Lenient):
     content: str | None = ""
     tool_calls: list[OToolCall] | None = None
     tool_name: str | None = None
+    images: list[str] | None = None      # base64 image files (vision-language models)
 
 
 class _Gen(_Lenient):
@@ -182,6 +184,10 @@ def openai_messages(msgs: list[OMessage]) -> list[dict]:
     out = []
     for i, m in enumerate(msgs):
         d: dict[str, Any] = {"role": m.role, "content": m.content or ""}
+        if m.images:                     # images first, then the text (Ollama's own order)
+            d["content"] = [{"type": "image", "image": request_image(
+                b, f"messages[{i}].images[{k}]", data_url=False)} for k, b in enumerate(m.images)]
+            d["content"].append({"type": "text", "text": m.content or ""})
         if m.tool_calls:
             d["tool_calls"] = [{"id": f"call_{i}_{k}", "type": "function",
                                 "function": {"name": c.function.name,
