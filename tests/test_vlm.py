@@ -83,3 +83,26 @@ def test_prefill_logits_and_bidirectional_blocks(vlm):
         assert (bidi - causal).abs().max().item() > 1e-3
     finally:
         eng.close()
+
+
+def test_modeled_ttft_estimate_matches_the_engine(vlm):
+    """xdna estimate's modeled TTFT for an image prompt (tower + prefill, config only) is what
+    the simulator charges the engine's own prefill of such a prompt (bf16, within 15%: the estimate leaves out the switch between the two programs); a
+    bigger tower resolution costs more."""
+    from torch_xdna.engine.llm.generate import GenerationConfig
+    from torch_xdna.engine.llm.vlm import load_vlm
+    from torch_xdna.engine.vision.vlm_estimate import EXTRA_PER_IMAGE, estimate_vlm
+    path, _ = vlm
+    eng = load_vlm(path, "bf16", max_context=128, prefix_cache=0)
+    try:
+        ids = eng.encode_prompt(messages(sample_image()))
+        eng.complete(ids, GenerationConfig(max_tokens=1))      # compiles the tower
+        stats = eng.complete(ids, GenerationConfig(max_tokens=1)).stats
+    finally:
+        eng.close()
+    text = len(ids) - MM_TOKENS - EXTRA_PER_IMAGE
+    r = estimate_vlm(path, [32, 128], ("bf16",), text_tokens=text)
+    small, big = r["results"]
+    assert small["prompt_tokens"] == len(ids)
+    assert small["modeled_ttft_ms"] == pytest.approx(stats.modeled_prefill_us / 1e3, rel=0.15)
+    assert big["modeled_tower_ms_per_image"] > small["modeled_tower_ms_per_image"]

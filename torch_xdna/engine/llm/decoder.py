@@ -208,9 +208,12 @@ DEFAULT_LAYOUT = "layer"
 
 def step_designs(spec: DecoderSpec, policy: PrecisionPolicy, rows: int, capacity: int,
                  with_head: bool, layout: str = DEFAULT_LAYOUT,
-                 kv_dtype: str = DEFAULT_KV_DTYPE) -> list[tuple[str, int, Design]]:
+                 kv_dtype: str = DEFAULT_KV_DTYPE, images: bool = False
+                 ) -> list[tuple[str, int, Design]]:
     """The launches of one forward chunk, in order: (role, layer, design). layout "layer": one
-    launch per layer (default); "block": an attention-block and an MLP-block launch per layer."""
+    launch per layer (default); "block": an attention-block and an MLP-block launch per layer.
+    images: after the embedding, a select puts image rows in place of their placeholders
+    (a select on the vector unit, exact in fp32: Decoder.forward_images)."""
     if layout not in LAYOUTS:
         raise ValueError(f"unknown layout {layout!r}; use one of {', '.join(LAYOUTS)}")
     pa, pm, ph = policy.attention, policy.mlp, policy.head
@@ -220,6 +223,10 @@ def step_designs(spec: DecoderSpec, policy: PrecisionPolicy, rows: int, capacity
                             offset=spec.position_offset) if spec.learned_positions else
              EmbedDesign(spec.vocab, spec.hidden, rows, ph, gh, spec.embed_scale))
     out: list[tuple[str, int, Design]] = [("embed", -1, embed)]
+    if images:
+        h = spec.hidden
+        out.append(("image_rows", -1, VectorDesign("where", ((rows, 1), (rows, h), (rows, h)),
+                                                    (torch.float32,) * 3, (rows, h), torch.float32)))
     mlp = MlpBlockDesign(precision=pm, group=gm, intermediate=spec.intermediate,
                          act=spec.act, post_norm=spec.sandwich_norms, layer_norm=spec.layer_norm,
                          bias=spec.linear_bias, gated=spec.gated_mlp, **common)
@@ -343,15 +350,12 @@ class Decoder(ResidentDecoder):
         ids = self.rows_view(self.ids, rows)
         launches = []
         for role, i, design in step_designs(spec, self.policy, rows, self.capacity, with_head,
-                                            self.layout, self.kv_dtype):
+                                            self.layout, self.kv_dtype, images):
             if role == "embed":
                 launches.append(Launch(design, self.embed_inputs(ids), [x], s, op="embed"))
-                if images:                     # a select on the vector unit (exact in fp32)
-                    h = spec.hidden
-                    sel = VectorDesign("where", ((rows, 1), (rows, h), (rows, h)),
-                                       (torch.float32,) * 3, (rows, h), torch.float32)
-                    ins = [self.rows_view(self.image_mask, rows), self.rows_view(self.image_x, rows), x]
-                    launches.append(Launch(sel, ins, [x], s, op="image_rows"))
+            elif role == "image_rows":
+                ins = [self.rows_view(self.image_mask, rows), self.rows_view(self.image_x, rows), x]
+                launches.append(Launch(design, ins, [x], s, op="image_rows"))
             elif role == "head":
                 launches.append(Launch(design, self.head_inputs(x), [self.logits], s, op="lm_head"))
             else:
@@ -506,18 +510,19 @@ def default_cache_dir() -> Path:
 
 def estimate_step(spec: DecoderSpec, policy: PrecisionPolicy, cost, rows: int, pos: int, n: int,
                   capacity: int, with_head: bool, layout: str = DEFAULT_LAYOUT,
-                  kv_dtype: str = DEFAULT_KV_DTYPE, memo: dict | None = None) -> dict:
+                  kv_dtype: str = DEFAULT_KV_DTYPE, memo: dict | None = None,
+                  images: bool = False) -> dict:
     """Modeled cost of one forward chunk from plans only (no weights): the Program's launches
     charged through `cost` (a runtime.sim.cost.CostModel, whose state carries over between
     calls as the device's does) at the launch scalars pos/n, exactly as the sim charges them.
     memo: a dict kept across calls (same spec/policy/capacity) so equal designs are one object
     and their per-KV-extent launch plans are computed once (a 128K-token prefill: 1024 chunks)."""
-    key = (rows, with_head)
+    key = (rows, with_head, images)
     designs = None if memo is None else memo.get(key)
     if designs is None:
         canon: dict = {}
         designs = [canon.setdefault(d, d) for _, _, d in
-                   step_designs(spec, policy, rows, capacity, with_head, layout, kv_dtype)]
+                   step_designs(spec, policy, rows, capacity, with_head, layout, kv_dtype, images)]
         if memo is not None:
             memo[key] = designs
     plans = [d.launch_plan(cost.gen, pos=pos, n=n) if hasattr(d, "launch_plan") else d.plan(cost.gen)

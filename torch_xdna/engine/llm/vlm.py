@@ -39,22 +39,36 @@ class ImagePrompt(list):
 class TowerModule(torch.nn.Module):
     """SigLIP vision tower + Gemma 3 projector: pixels [n, 3, S, S] -> [n, mm_tokens, hidden]."""
 
-    def __init__(self, model_dir: Path):
+    def __init__(self, cfg: Any):
+        """cfg: a transformers Gemma3Config (random weights until loaded)."""
         super().__init__()
+        from transformers import SiglipVisionModel
+        from transformers.models.gemma3.modeling_gemma3 import Gemma3MultiModalProjector
+        self.vision_tower = SiglipVisionModel(cfg.vision_config)
+        self.multi_modal_projector = Gemma3MultiModalProjector(cfg)
+        self.float().eval()
+
+    @staticmethod
+    def config(model_dir: Path, image_size: int | None = None) -> Any:
+        """The directory's Gemma3Config (vision_config.image_size replaced when given)."""
         try:
-            from transformers import Gemma3Config, SiglipVisionModel
-            from transformers.models.gemma3.modeling_gemma3 import Gemma3MultiModalProjector
+            from transformers import Gemma3Config
         except ImportError:
             raise ModuleNotFoundError("image input runs transformers' SigLIP and Gemma 3 "
                                       "projector code: pip install transformers") from None
         cfg = Gemma3Config.from_pretrained(model_dir)
-        self.vision_tower = SiglipVisionModel(cfg.vision_config)
-        self.multi_modal_projector = Gemma3MultiModalProjector(cfg)
-        missing, unexpected = self.load_state_dict(vision_state_dict(model_dir), strict=False)
+        if image_size:
+            cfg.vision_config.image_size = int(image_size)
+        return cfg
+
+    @classmethod
+    def load(cls, model_dir: Path) -> "TowerModule":
+        m = cls(cls.config(model_dir))
+        missing, unexpected = m.load_state_dict(vision_state_dict(model_dir), strict=False)
         if missing or unexpected:
             raise ModelDirError(f"{model_dir}: vision weights do not match config.json "
                                 f"(missing {sorted(missing)[:3]}, unexpected {sorted(unexpected)[:3]})")
-        self.float().eval()
+        return m
 
     def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
         h = self.vision_tower(pixel_values=pixel_values).last_hidden_state
@@ -64,9 +78,9 @@ class TowerModule(torch.nn.Module):
 class VisionTower:
     """The image side on one device: `rows(pixels)` -> [n * mm_tokens, hidden] fp32."""
 
-    def __init__(self, model_dir: Path, spec: VisionLanguageSpec, exact: bool):
+    def __init__(self, module: TowerModule, spec: VisionLanguageSpec, exact: bool):
         self.spec, self.exact = spec, exact
-        self.module = TowerModule(model_dir)
+        self.module = module
         if exact:
             self.fn: Callable = self.module
         else:
@@ -171,5 +185,5 @@ def load_vlm(model_dir: str | Path, precision: str = "native", *, prefill_chunk:
     pre = image_preprocessor(d, spec)
     chunk = max(int(prefill_chunk), spec.tokens_per_image)
     base = load_decoder(d, precision, prefill_chunk=chunk, **kw)
-    tower = VisionTower(d, spec, exact=base.decoder.policy.exact)
+    tower = VisionTower(TowerModule.load(d), spec, exact=base.decoder.policy.exact)
     return VisionEngine(base, spec, tower, pre)

@@ -1,0 +1,99 @@
+"""`xdna estimate DIR` for a vision-language directory (Gemma 3): modeled time to first token of
+an image prompt = the SigLIP tower + projector for each image + the prefill of the prompt's
+tokens (the image soft tokens and the text), per tower resolution, from config.json alone
+(random weights of the same shapes: the cost model depends on shapes, not values).
+
+Gemma 3 resizes every image to vision_config.image_size (pan-and-scan off), so the uploaded
+image's resolution does not change the time; `sizes` models towers built for other sizes (a
+checkpoint whose vision_config.image_size is that, same tokens per image). Every figure is the
+simulator's cost model (modeled), none a measurement; the tower runs compiled under strict()
+as the engine runs it, the prefill is engine/llm/decoder.py's estimate_step over the chunks.
+Each is charged as the first program on the array: the engine's own sequence also pays the
+switch from the tower's program to the decoder's (at the test's micro shapes ~1 ms of ~9 ms;
+tests/test_vlm.py checks the estimate within 15% of what the engine is charged).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from torch_xdna.engine.llm.decoder import DEFAULT_CHUNK, PrecisionPolicy, estimate_step
+from torch_xdna.engine.llm.estimate import default_generation
+from torch_xdna.engine.llm.vlm import TowerModule
+from torch_xdna.kernels.blocks.llm import rows_bucket
+from torch_xdna.models.families import spec_from_config
+from torch_xdna.models.hf import read_config
+from torch_xdna.models.vlm import vlm_spec
+from torch_xdna.runtime.sim.cost import CostModel
+
+EXTRA_PER_IMAGE = 4     # <start_of_image>, <end_of_image> and the "\n\n" on each side
+
+
+def tower_ms(model_dir: Path, size: int) -> float:
+    """Modeled NPU ms of one image through the tower + projector at `size` pixels a side."""
+    from torch_xdna.runtime import get_device
+    torch.manual_seed(0)
+    m = TowerModule(TowerModule.config(model_dir, size)).to("xdna")
+    fn = torch.compile(m, backend="xdna", dynamic=False)
+    x = torch.randn(1, 3, size, size).to("xdna")
+    dev = get_device()
+    with torch.no_grad(), torch.xdna.strict():
+        fn(x)                                                   # compile + plan
+        us0 = dev.counters.modeled_us
+        fn(x)
+        return (dev.counters.modeled_us - us0) / 1e3
+
+
+def prefill_ms(spec, policy: PrecisionPolicy, tokens: int, chunk: int, images: bool = True,
+               cost: CostModel | None = None) -> float:
+    """Modeled ms to prefill a `tokens` prompt from an empty cache (chunks of `chunk`; images:
+    every chunk places image rows, an upper bound when a chunk holds text only). cost: the
+    cost model's state to continue from (after the tower, as the engine runs), else a fresh one."""
+    cost = cost or CostModel(default_generation())
+    memo, pos, us = {}, 0, 0.0
+    cap = tokens + 1
+    while pos < tokens:
+        n = min(chunk, tokens - pos)
+        us += estimate_step(spec, policy, cost, rows_bucket(n, chunk), pos, n, cap,
+                            pos + n == tokens, memo=memo, images=images)["modeled_us"]
+        pos += n
+    return us / 1e3
+
+
+def estimate_vlm(model_dir: str | Path, sizes: list[int] | None = None,
+                 precisions: tuple[str, ...] = ("bf16", "int4"), text_tokens: int = 32,
+                 images: int = 1) -> dict:
+    """Modeled TTFT rows (precision x tower size) for `images` images and `text_tokens` text."""
+    d = Path(model_dir)
+    cfg = read_config(d)
+    vs, spec = vlm_spec(cfg, str(d / "config.json")), spec_from_config(cfg)
+    tokens = text_tokens + images * (vs.tokens_per_image + EXTRA_PER_IMAGE)
+    chunk = max(DEFAULT_CHUNK, vs.tokens_per_image)
+    rows = []
+    for size in sizes or [vs.image_size]:
+        if size % vs.patch_size or (size // vs.patch_size) % round(vs.tokens_per_image ** 0.5):
+            raise ValueError(f"image size {size}: the {size // vs.patch_size} patches a side "
+                             f"must pool to {round(vs.tokens_per_image ** 0.5)} tokens a side "
+                             f"(patch {vs.patch_size})")
+        t_ms = tower_ms(d, size)
+        for p in precisions:
+            pf = prefill_ms(spec, PrecisionPolicy.parse(p), tokens, chunk)
+            rows.append({"precision": p, "image_size": size, "images": images,
+                         "prompt_tokens": tokens, "modeled_tower_ms_per_image": t_ms,
+                         "modeled_prefill_ms": pf, "modeled_ttft_ms": images * t_ms + pf})
+    return {"model": d.name, "kind": "vision-language", "family": spec.family,
+            "tokens_per_image": vs.tokens_per_image, "native_image_size": vs.image_size,
+            "generation": default_generation().name, "results": rows}
+
+
+def describe(r: dict) -> str:
+    head = (f"{r['model']}: {r['family']} vision-language, {r['tokens_per_image']} soft tokens "
+            f"per image (every image resized to {r['native_image_size']} px), {r['generation']}; "
+            f"modeled by the simulator's cost model")
+    lines = [head, "  precision  image px  prompt tok  tower ms/img  prefill ms  TTFT ms"]
+    for x in r["results"]:
+        lines.append(f"  {x['precision']:>9}  {x['image_size']:>8}  {x['prompt_tokens']:>10}  "
+                     f"{x['modeled_tower_ms_per_image']:>12.2f}  {x['modeled_prefill_ms']:>10.2f}"
+                     f"  {x['modeled_ttft_ms']:>7.2f}")
+    return "\n".join(lines)
