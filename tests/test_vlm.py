@@ -106,3 +106,30 @@ def test_modeled_ttft_estimate_matches_the_engine(vlm):
     assert small["prompt_tokens"] == len(ids)
     assert small["modeled_ttft_ms"] == pytest.approx(stats.modeled_prefill_us / 1e3, rel=0.15)
     assert big["modeled_tower_ms_per_image"] > small["modeled_tower_ms_per_image"]
+
+
+def test_txn_level_runs_image_blocks_functionally(vlm, monkeypatch):
+    """TORCH_XDNA_SIM_LEVEL=txn: the layers of a chunk with an image block have no array lowering
+    (their attention is causal only), so they run functionally, counted with the reason; the
+    logits are the functional level's."""
+    from torch_xdna.engine.llm.vlm import load_vlm
+    from torch_xdna.runtime import get_device
+    path, _ = vlm
+    eng = load_vlm(path, "bf16", max_context=128, prefix_cache=0)
+    try:
+        ids = eng.encode_prompt(messages(sample_image()))
+        rows = eng.tower.rows(ids.images)
+        prefill = eng.prefill_for(ids)
+        eng.tower.rows = lambda _images: rows          # the tower is compiled code, not at issue
+        eng.decoder.reset()
+        ref = prefill(list(ids))
+        monkeypatch.setenv("TORCH_XDNA_SIM_LEVEL", "txn")
+        txn = get_device().txn
+        before = txn.fallbacks
+        eng.decoder.reset()
+        got = prefill(list(ids))
+        assert txn.fallbacks > before
+        assert any("bidirectional spans" in why for why in txn.fallback_reasons.values())
+        assert torch.allclose(got, ref, atol=1e-3, rtol=1e-3)
+    finally:
+        eng.close()

@@ -490,7 +490,8 @@ def chunk_cuts(total: int, chunk: int, spans: list[tuple[int, int]]) -> list[tup
     for a, b in spans:
         if b - a > chunk:
             raise ValueError(f"an image block of {b - a} tokens does not fit one prefill chunk "
-                             f"of {chunk}; load the model with a prefill_chunk of at least {b - a}")
+                             f"of {chunk} rows (the most that plans at this model's shapes); "
+                             f"a block longer than a chunk is not implemented")
     cuts, start = [], 0
     while start < total:
         end = min(start + chunk, total)

@@ -131,6 +131,12 @@ class VisionEngine(Engine):
             return prompt
         if not message_images(prompt):
             return super().encode_prompt(prompt, chat_kwargs)
+        if self.decoder.chunk < self.vlm.tokens_per_image:
+            raise ValueError(f"image input: an image is {self.vlm.tokens_per_image} soft tokens, "
+                             f"prefilled in one chunk (the block attends bidirectionally), and at "
+                             f"this model's shapes a prefill chunk plans at most "
+                             f"{self.decoder.chunk} rows on {self.decoder.dev.gen.name}; a "
+                             f"layer-major prefill of longer blocks is not implemented (text chat works)")
         images, msgs = [], []
         for m in prompt:
             content = m.get("content")
