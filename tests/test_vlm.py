@@ -63,26 +63,31 @@ def test_greedy_identical_fp32(vlm):
 def test_prefill_logits_and_bidirectional_blocks(vlm):
     """The last prefill logits equal transformers' with its token_type_ids (bidirectional image
     block) within 1e-4 and differ from its causal-only logits: the block mask matters here.
-    A prefill chunk smaller than the prompt is cut before the image block, never through it."""
+    A prefill chunk is cut before the image block, never through it; a block longer than the
+    chunk runs as one wide chunk (attention over the block, the MLP in chunk-row slices)."""
     from torch_xdna.engine.llm.vlm import load_vlm
     from vlm_fixtures import hf_pixels
     path, model = vlm
-    eng = load_vlm(path, "fp32", max_context=128, prefix_cache=0, prefill_chunk=MM_TOKENS)
-    try:
-        img = sample_image()
-        ids = eng.encode_prompt(messages(img))
-        assert eng.decoder.chunk == MM_TOKENS      # several chunks; the block fills one
-        eng.decoder.reset()
-        got = eng.prefill_for(ids)(list(ids))
-        x = torch.tensor([list(ids)])
-        with torch.no_grad():
-            bidi = model(input_ids=x, pixel_values=hf_pixels(img),
-                         token_type_ids=(x == IMAGE).long()).logits[0, -1]
-            causal = model(input_ids=x, pixel_values=hf_pixels(img)).logits[0, -1]
-        assert (got - bidi).abs().max().item() < 1e-4
-        assert (bidi - causal).abs().max().item() > 1e-3
-    finally:
-        eng.close()
+    img = sample_image()
+    x = None
+    for chunk in (MM_TOKENS, 128, 3):     # the block fills a chunk; one chunk; a wide chunk
+        eng = load_vlm(path, "fp32", max_context=128, prefix_cache=0, prefill_chunk=chunk)
+        try:
+            ids = eng.encode_prompt(messages(img))
+            assert eng.decoder.chunk == chunk
+            eng.decoder.reset()
+            got = eng.prefill_for(ids)(list(ids))
+            if x is None:
+                x = torch.tensor([list(ids)])
+                with torch.no_grad():
+                    bidi = model(input_ids=x, pixel_values=hf_pixels(img),
+                                 token_type_ids=(x == IMAGE).long()).logits[0, -1]
+                    causal = model(input_ids=x, pixel_values=hf_pixels(img)).logits[0, -1]
+                assert (bidi - causal).abs().max().item() > 1e-3
+            assert (got - bidi).abs().max().item() < 1e-4, chunk
+            assert any(k[0] == "wide" for k in eng.decoder._programs) == (chunk < MM_TOKENS)
+        finally:
+            eng.close()
 
 
 def test_modeled_ttft_estimate_matches_the_engine(vlm):

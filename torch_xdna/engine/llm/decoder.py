@@ -29,7 +29,6 @@ from torch_xdna.kernels.blocks.llm import (
 from torch_xdna.kernels.blocks.linear_attn import DeltaNetBlockDesign, DeltaNetLayerDesign
 from torch_xdna.kernels.blocks.moe import MoeBlockDesign, MoeLayerDesign
 from torch_xdna.kernels.blocks.weights import PRECISIONS, default_group, weight_bytes
-from torch_xdna.kernels.blocks.llm import rows_bucket
 from torch_xdna.kernels.ops.vector import VectorDesign
 from torch_xdna.models.hf import ModelDirError
 from torch_xdna.models.spec import DecoderSpec
@@ -225,8 +224,9 @@ def step_designs(spec: DecoderSpec, policy: PrecisionPolicy, rows: int, capacity
     out: list[tuple[str, int, Design]] = [("embed", -1, embed)]
     if images:
         h = spec.hidden
-        out.append(("image_rows", -1, VectorDesign("where", ((rows, 1), (rows, h), (rows, h)),
-                                                    (torch.float32,) * 3, (rows, h), torch.float32)))
+        out.append(("image_rows", -1, VectorDesign(
+            "where", ((rows, 1), (rows, h), (rows, h)), (torch.bool, torch.float32, torch.float32),
+            (rows, h), torch.float32)))
     mlp = MlpBlockDesign(precision=pm, group=gm, intermediate=spec.intermediate,
                          act=spec.act, post_norm=spec.sandwich_norms, layer_norm=spec.layer_norm,
                          bias=spec.linear_bias, gated=spec.gated_mlp, **common)
@@ -437,70 +437,9 @@ class Decoder(ResidentDecoder):
         return ins
 
     # -- execution -------------------------------------------------------------------------
-    def forward_images(self, ids: list[int], rows: torch.Tensor, at: list[int],
-                       spans: list[tuple[int, int]]) -> torch.Tensor:
-        """forward(ids) where the tokens at indices `at` of ids take the fp32 `rows` [len(at),
-        hidden] (image soft tokens) instead of their embeddings, and each (start, end) index
-        range of `spans` attends bidirectionally (Gemma 3's image blocks). A chunk never cuts a
-        span, so each image's block is prefilled whole."""
-        pos0 = self.cache.length
-        if pos0 + len(ids) > self.capacity:
-            raise self.context_error(pos0 + len(ids))
-        if rows.shape != (len(at), self.spec.hidden):
-            raise ValueError(f"{len(at)} image positions need rows [{len(at)}, "
-                             f"{self.spec.hidden}], got {list(rows.shape)}")
-        if not hasattr(self, "image_x"):
-            self.image_x = self.empty((self.chunk, self.spec.hidden), torch.float32)
-            self.image_mask = self.empty((self.chunk, 1), torch.float32)
-        dev, s = self.dev, self._scalars
-        row_of = {j: k for k, j in enumerate(at)}
-        try:
-            for start, end in chunk_cuts(len(ids), self.chunk, spans):
-                n = end - start
-                part = ids[start:end]
-                bad = [t for t in part if not 0 <= t < self.vocab]
-                if bad:
-                    raise ValueError(f"token id {bad[0]} is outside the vocabulary (size {self.vocab})")
-                dev.write(self.ids.buffer, torch.tensor(part, dtype=torch.int32))
-                mine = [j for j in range(start, end) if j in row_of]
-                if mine:
-                    xs = torch.zeros(n, self.spec.hidden)
-                    mask = torch.zeros(n, 1)
-                    for j in mine:
-                        xs[j - start], mask[j - start] = rows[row_of[j]], 1.0
-                    dev.write(self.image_x.buffer, xs)
-                    dev.write(self.image_mask.buffer, mask)
-                s["pos"], s["n"] = pos0 + start, n
-                s["spans"] = tuple((pos0 + a, pos0 + b) for a, b in spans if start <= a < end)
-                dev.run_program(self.program(rows_bucket(n, self.chunk), end == len(ids),
-                                             bool(mine)))
-                self.cache.length = pos0 + end
-        finally:
-            s.pop("spans", None)
-        return dev.download(self.logits)[0]
-
     def context_error(self, total: int) -> ContextOverflow:
         return ContextOverflow(f"{total} tokens exceed the KV cache capacity of {self.capacity}; "
                                "pass a larger max_context or a shorter prompt")
-
-
-def chunk_cuts(total: int, chunk: int, spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
-    """(start, end) prefill chunks of at most `chunk` tokens over `total`, cut before a span
-    (start, end) rather than through it; a span longer than a chunk is refused."""
-    for a, b in spans:
-        if b - a > chunk:
-            raise ValueError(f"an image block of {b - a} tokens does not fit one prefill chunk "
-                             f"of {chunk} rows (the most that plans at this model's shapes); "
-                             f"a block longer than a chunk is not implemented")
-    cuts, start = [], 0
-    while start < total:
-        end = min(start + chunk, total)
-        for a, b in spans:
-            if a < end < b:
-                end = a
-        cuts.append((start, end))
-        start = end
-    return cuts
 
 
 def default_cache_dir() -> Path:

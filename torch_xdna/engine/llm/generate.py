@@ -357,8 +357,8 @@ def load_decoder(model_dir: str | Path, precision: str | Mapping[str, str] = "na
                  device: Device | None = None, cache_dir: str | Path | None | bool = None,
                  quiet: bool = False, layout: str = DEFAULT_LAYOUT,
                  tokenizer_dir: str | Path | None = None, kv_dtype: str = DEFAULT_KV_DTYPE,
-                 prefix_cache: int | None = None, budget: "Budget | str | None" = None
-                 ) -> Engine:
+                 prefix_cache: int | None = None, budget: "Budget | str | None" = None,
+                 decoder_cls: type[Decoder] = Decoder) -> Engine:
     """Load a HF decoder directory or a llama.cpp GGUF file (Qwen3, Llama, Gemma 3 text) onto
     the device.
 
@@ -376,6 +376,7 @@ def load_decoder(model_dir: str | Path, precision: str | Mapping[str, str] = "na
     tokenizer_dir: take tokenizer.json (+ chat template) from this directory instead.
     prefix_cache: bytes of KV kept for reuse by later prompts sharing a prefix (engine/
     prefix_cache.py); None: a share of the free device memory, 0 disables (int8 KV: off).
+    decoder_cls: the Decoder (sub)class to build (image prompts: engine/llm/image_prefill.py).
     """
     files = read_model(model_dir)             # validates every file before anything is allocated
     g = files.gguf
@@ -415,7 +416,7 @@ def load_decoder(model_dir: str | Path, precision: str | Mapping[str, str] = "na
         tok = gguf_tokenizer(g)
     else:
         tok = Tokenizer(files.path) if (files.path / "tokenizer.json").is_file() else None
-    decoder = Decoder(files.spec, weights, policy, max_context=capacity,
+    decoder = decoder_cls(files.spec, weights, policy, max_context=capacity,
                       prefill_chunk=prefill_chunk, device=device, layout=layout, kv_dtype=kv_dtype)
     engine = Engine(files, decoder, tok)
     size = default_max_bytes(device) if prefix_cache is None else int(prefix_cache)

@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from torch_xdna.engine.llm.generate import Engine, Prompt, load_decoder
+from torch_xdna.engine.llm.image_prefill import ImageDecoder
 from torch_xdna.models.hf import ModelDirError, read_config
 from torch_xdna.models.vlm import (VisionLanguageSpec, expand_images, image_preprocessor,
                                    image_spans, vision_state_dict, vlm_spec)
@@ -131,12 +132,6 @@ class VisionEngine(Engine):
             return prompt
         if not message_images(prompt):
             return super().encode_prompt(prompt, chat_kwargs)
-        if self.decoder.chunk < self.vlm.tokens_per_image:
-            raise ValueError(f"image input: an image is {self.vlm.tokens_per_image} soft tokens, "
-                             f"prefilled in one chunk (the block attends bidirectionally), and at "
-                             f"this model's shapes a prefill chunk plans at most "
-                             f"{self.decoder.chunk} rows on {self.decoder.dev.gen.name}; a "
-                             f"layer-major prefill of longer blocks is not implemented (text chat works)")
         images, msgs = [], []
         for m in prompt:
             content = m.get("content")
@@ -181,15 +176,12 @@ class VisionEngine(Engine):
         self.tower.close()
 
 
-def load_vlm(model_dir: str | Path, precision: str = "native", *, prefill_chunk: int = 128,
-             **kw: Any) -> VisionEngine:
-    """load_decoder for a vision-language directory (its text decoder), plus its vision tower
-    on the same device. The prefill chunk holds at least one image's soft tokens (an image
-    block is prefilled whole)."""
+def load_vlm(model_dir: str | Path, precision: str = "native", **kw: Any) -> VisionEngine:
+    """load_decoder for a vision-language directory (its text decoder, able to prefill image
+    rows: engine/llm/image_prefill.py), plus its vision tower on the same device."""
     d = Path(model_dir)
     spec = vlm_spec(read_config(d), str(d / "config.json"))
     pre = image_preprocessor(d, spec)
-    chunk = max(int(prefill_chunk), spec.tokens_per_image)
-    base = load_decoder(d, precision, prefill_chunk=chunk, **kw)
+    base = load_decoder(d, precision, decoder_cls=ImageDecoder, **kw)
     tower = VisionTower(TowerModule.load(d), spec, exact=base.decoder.policy.exact)
     return VisionEngine(base, spec, tower, pre)
