@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from torch_xdna.engine.llm.decoder import Decoder, step_designs
-from torch_xdna.kernels.base import round_up
+from torch_xdna.kernels.base import Design, round_up
 from torch_xdna.kernels.blocks.llm import rows_bucket
 from torch_xdna.runtime import Launch, PlanError, Program, TensorArg
 
@@ -38,6 +38,19 @@ def chunk_cuts(total: int, chunk: int, spans: list[tuple[int, int]]) -> list[tup
         cuts.append((start, end, chunk))
         start = end
     return cuts
+
+
+def wide_designs(spec, policy, rows: int, chunk: int, capacity: int, with_head: bool,
+                 kv_dtype: str) -> list[tuple[str, int, Design]]:
+    """The launches of a wide image chunk of `rows` rows, in order: (role, layer, design), the
+    MLP block (at `chunk` rows) once per slice. The engine's Program and the estimate use it."""
+    mlps = {i: d for role, i, d in step_designs(spec, policy, chunk, capacity, False, "block",
+                                                kv_dtype) if role == "mlp"}
+    out: list[tuple[str, int, Design]] = []
+    for role, i, d in step_designs(spec, policy, rows, capacity, with_head, "block", kv_dtype,
+                                   images=True):
+        out += [(role, i, mlps[i])] * (rows // chunk) if role == "mlp" else [(role, i, d)]
+    return out
 
 
 class ImageDecoder(Decoder):
@@ -66,12 +79,10 @@ class ImageDecoder(Decoder):
             return prog
         spec, s, c = self.spec, self._scalars, self.chunk
         x, ids = self.rows_view(self.wide_x, rows), self.rows_view(self.wide_ids, rows)
-        mlps = {i: d for role, i, d in step_designs(spec, self.policy, c, self.capacity, False,
-                                                    "block", self.kv_dtype) if role == "mlp"}
         self.slice_scalars = [{"pos": 0, "n": c} for _ in range(rows // c)]
-        launches = []
-        for role, i, design in step_designs(spec, self.policy, rows, self.capacity, with_head,
-                                            "block", self.kv_dtype, images=True):
+        launches, k = [], 0
+        for role, i, design in wide_designs(spec, self.policy, rows, c, self.capacity,
+                                            with_head, self.kv_dtype):
             try:
                 design.plan(self.dev.gen)
             except PlanError as e:
@@ -86,12 +97,12 @@ class ImageDecoder(Decoder):
                 launches.append(Launch(design, self.attention_inputs(x, i),
                                        [x, *self.cache.layer_outputs(self.kv_index[i])], s,
                                        op=f"layer{i}.attention"))
-            elif role == "mlp":
-                for k, sc in enumerate(self.slice_scalars):
-                    xs = TensorArg(x.buffer, x.dtype, (c,) + x.shape[1:], x.strides,
-                                   x.offset + k * c * x.strides[0])
-                    launches.append(Launch(mlps[i], self.mlp_inputs(xs, i), [xs], sc,
-                                           op=f"layer{i}.mlp{k}"))
+            elif role == "mlp":                  # slice k of the rows (k counts per layer)
+                k = k + 1 if launches[-1].op.startswith(f"layer{i}.mlp") else 0
+                xs = TensorArg(x.buffer, x.dtype, (c,) + x.shape[1:], x.strides,
+                               x.offset + k * c * x.strides[0])
+                launches.append(Launch(design, self.mlp_inputs(xs, i), [xs],
+                                       self.slice_scalars[k], op=f"layer{i}.mlp{k}"))
             elif role == "head":
                 launches.append(Launch(design, self.head_inputs(x), [self.logits], s, op="lm_head"))
             else:

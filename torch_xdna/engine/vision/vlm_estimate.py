@@ -18,7 +18,9 @@ from pathlib import Path
 
 import torch
 
-from torch_xdna.engine.llm.decoder import DEFAULT_CHUNK, PrecisionPolicy, estimate_step
+from torch_xdna.choices import DEFAULT_KV_DTYPE
+from torch_xdna.engine.llm.decoder import DEFAULT_CHUNK, PrecisionPolicy, estimate_step, plan_chunk
+from torch_xdna.engine.llm.image_prefill import chunk_cuts, wide_designs
 from torch_xdna.engine.llm.estimate import default_generation
 from torch_xdna.engine.llm.vlm import TowerModule
 from torch_xdna.kernels.blocks.llm import rows_bucket
@@ -28,6 +30,7 @@ from torch_xdna.models.vlm import vlm_spec
 from torch_xdna.runtime.sim.cost import CostModel
 
 EXTRA_PER_IMAGE = 4     # <start_of_image>, <end_of_image> and the "\n\n" on each side
+PROMPT_LEAD = 4         # text tokens before the (first) image: <bos><start_of_turn>user\n
 
 
 def tower_ms(model_dir: Path, size: int) -> float:
@@ -45,19 +48,28 @@ def tower_ms(model_dir: Path, size: int) -> float:
         return (dev.counters.modeled_us - us0) / 1e3
 
 
-def prefill_ms(spec, policy: PrecisionPolicy, tokens: int, chunk: int, images: bool = True,
-               cost: CostModel | None = None) -> float:
-    """Modeled ms to prefill a `tokens` prompt from an empty cache (chunks of `chunk`; images:
-    every chunk places image rows, an upper bound when a chunk holds text only). cost: the
-    cost model's state to continue from (after the tower, as the engine runs), else a fresh one."""
-    cost = cost or CostModel(default_generation())
-    memo, pos, us = {}, 0, 0.0
+def prefill_ms(spec, policy: PrecisionPolicy, tokens: int, blocks: list[tuple[int, int]],
+               requested: int = DEFAULT_CHUNK) -> float:
+    """Modeled ms to prefill a `tokens` prompt from an empty cache whose image soft tokens are
+    the index ranges `blocks`, in the chunks the engine takes (engine/llm/image_prefill.py:
+    chunk_cuts; a block longer than a chunk as one wide chunk)."""
+    gen = default_generation()
     cap = tokens + 1
-    while pos < tokens:
-        n = min(chunk, tokens - pos)
-        us += estimate_step(spec, policy, cost, rows_bucket(n, chunk), pos, n, cap,
-                            pos + n == tokens, memo=memo, images=images)["modeled_us"]
-        pos += n
+    chunk = plan_chunk(spec, policy, cap, requested, gen)
+    cost, memo, us = CostModel(gen), {}, 0.0
+    for start, end, rows in chunk_cuts(tokens, chunk, blocks):
+        n, last = end - start, end == tokens
+        img = any(start <= a < end for a, _ in blocks)
+        if rows == chunk:
+            us += estimate_step(spec, policy, cost, rows_bucket(n, chunk), start, n, cap, last,
+                                memo=memo, images=img)["modeled_us"]
+            continue
+        designs = [d for _, _, d in wide_designs(spec, policy, rows, chunk, cap, last,
+                                                 DEFAULT_KV_DTYPE)]
+        plans = [d.launch_plan(gen, pos=start, n=n) if hasattr(d, "launch_plan")
+                 else d.plan(gen) for d in designs]
+        terms = cost.charge_program([(d.key, p, d.runs()) for d, p in zip(designs, plans)])
+        us += sum(t.total for t in terms)
     return us / 1e3
 
 
@@ -69,7 +81,9 @@ def estimate_vlm(model_dir: str | Path, sizes: list[int] | None = None,
     cfg = read_config(d)
     vs, spec = vlm_spec(cfg, str(d / "config.json")), spec_from_config(cfg)
     tokens = text_tokens + images * (vs.tokens_per_image + EXTRA_PER_IMAGE)
-    chunk = max(DEFAULT_CHUNK, vs.tokens_per_image)
+    lead = min(PROMPT_LEAD, text_tokens) + 2          # the turn header, "\n\n", <start_of_image>
+    per = vs.tokens_per_image + EXTRA_PER_IMAGE
+    blocks = [(lead + k * per, lead + k * per + vs.tokens_per_image) for k in range(images)]
     rows = []
     for size in sizes or [vs.image_size]:
         if size % vs.patch_size or (size // vs.patch_size) % round(vs.tokens_per_image ** 0.5):
@@ -78,7 +92,7 @@ def estimate_vlm(model_dir: str | Path, sizes: list[int] | None = None,
                              f"(patch {vs.patch_size})")
         t_ms = tower_ms(d, size)
         for p in precisions:
-            pf = prefill_ms(spec, PrecisionPolicy.parse(p), tokens, chunk)
+            pf = prefill_ms(spec, PrecisionPolicy.parse(p), tokens, blocks)
             rows.append({"precision": p, "image_size": size, "images": images,
                          "prompt_tokens": tokens, "modeled_tower_ms_per_image": t_ms,
                          "modeled_prefill_ms": pf, "modeled_ttft_ms": images * t_ms + pf})
