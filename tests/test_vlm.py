@@ -91,7 +91,8 @@ def test_prefill_logits_and_bidirectional_blocks(vlm):
 
 
 def test_modeled_ttft_estimate_matches_the_engine(vlm):
-    """xdna estimate's modeled TTFT for an image prompt (tower + prefill, config only) is what
+    """The device tower's rows within 3% (relative norm) of transformers' fp32 ones. xdna
+    estimate's modeled TTFT for an image prompt (tower + prefill, config only) is what
     the simulator charges the engine's own prefill of such a prompt (bf16, within 15%: the estimate leaves out the switch between the two programs); a
     bigger tower resolution costs more."""
     from torch_xdna.engine.llm.generate import GenerationConfig
@@ -103,6 +104,12 @@ def test_modeled_ttft_estimate_matches_the_engine(vlm):
         ids = eng.encode_prompt(messages(sample_image()))
         eng.complete(ids, GenerationConfig(max_tokens=1))      # compiles the tower
         stats = eng.complete(ids, GenerationConfig(max_tokens=1)).stats
+        # the device tower (bf16 operands, strict: no host op) against transformers' fp32
+        from torch_xdna.engine.llm.vlm import TowerModule
+        with torch.no_grad():
+            ref = TowerModule.load(path)(torch.from_numpy(ids.images[0])[None])[0]
+        got = eng.tower.rows(ids.images)
+        assert ((got - ref).norm() / ref.norm()).item() < 0.03
     finally:
         eng.close()
     text = len(ids) - MM_TOKENS - EXTRA_PER_IMAGE
