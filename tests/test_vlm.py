@@ -145,3 +145,32 @@ def test_txn_level_runs_image_blocks_functionally(vlm, monkeypatch):
         assert torch.allclose(got, ref, atol=1e-3, rtol=1e-3)
     finally:
         eng.close()
+
+
+def test_cli_generate_with_an_image(vlm, tmp_path, capsys):
+    """xdna generate DIR PROMPT --image FILE (fp32): transformers' greedy tokens; a text-only
+    directory refuses --image by name."""
+    import json
+    from torch_xdna.cli.main import main
+    from torch_xdna.engine.llm.vlm import load_vlm
+    path, model = vlm
+    img = sample_image()
+    png = tmp_path / "x.png"
+    img.save(png)
+    eng = load_vlm(path, "fp32", max_context=128, prefix_cache=0)
+    try:
+        ids = eng.encode_prompt([{"role": "user", "content": [
+            {"type": "image", "image": img}, {"type": "text", "text": "what is this?"}]}])
+    finally:
+        eng.close()
+    assert main(["generate", str(path), "what is this?", "--image", str(png), "--precision",
+                 "fp32", "--max-tokens", "8", "--max-context", "128", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["token_ids"] == hf_greedy_image(model, list(ids), hf_pixels(img), 8)[:len(out["token_ids"])]
+    assert out["usage"]["prompt_tokens"] == len(ids)
+    text_dir = tmp_path / "text"
+    text_dir.mkdir()
+    cfg = json.loads((path / "config.json").read_text())
+    (text_dir / "config.json").write_text(json.dumps(cfg["text_config"]))
+    assert main(["generate", str(text_dir), "hi", "--image", str(png)]) != 0
+    assert "takes text only" in capsys.readouterr().err

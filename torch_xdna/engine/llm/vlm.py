@@ -76,16 +76,38 @@ class TowerModule(torch.nn.Module):
         return self.multi_modal_projector(h)
 
 
+class PatchEmbed(torch.nn.Module):
+    """SigLIP's patch Conv2d (kernel = stride = patch) as patch rows x the flattened kernel: the
+    same products and sums, a GEMM instead of a convolution (the array's conv designs take no
+    14 x 14 kernel, Gemma 3's patch size)."""
+
+    def __init__(self, conv: torch.nn.Conv2d):
+        super().__init__()
+        self.p = int(conv.kernel_size[0])
+        self.weight = torch.nn.Parameter(conv.weight.detach().reshape(conv.out_channels, -1).t()
+                                         .contiguous(), requires_grad=False)
+        self.bias = torch.nn.Parameter(conv.bias.detach().clone(), requires_grad=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, c, h, w = x.shape
+        p, gh, gw = self.p, x.shape[2] // self.p, x.shape[3] // self.p
+        rows = x.reshape(b, c, gh, p, gw, p).permute(0, 2, 4, 1, 3, 5).reshape(b, gh * gw, c * p * p)
+        y = torch.addmm(self.bias, rows.reshape(b * gh * gw, -1), self.weight)
+        return y.reshape(b, gh, gw, -1).permute(0, 3, 1, 2)      # [b, C, gh, gw], as the conv
+
+
 class VisionTower:
     """The image side on one device: `rows(pixels)` -> [n * mm_tokens, hidden] fp32."""
 
-    def __init__(self, module: TowerModule, spec: VisionLanguageSpec, exact: bool):
+    def __init__(self, module: TowerModule, spec: VisionLanguageSpec | None, exact: bool):
         self.spec, self.exact = spec, exact
         self.module = module
         if exact:
             self.fn: Callable = self.module
         else:
             from torch_xdna.engine.vision.image_embedder import allow_recompiles
+            emb = self.module.vision_tower.embeddings
+            emb.patch_embedding = PatchEmbed(emb.patch_embedding)
             self.module.to("xdna")
             allow_recompiles()
             self.fn = torch.compile(self.module, backend="xdna", dynamic=False)
@@ -101,7 +123,7 @@ class VisionTower:
                 else:
                     with torch.xdna.strict():
                         out.append(self.fn(x.to("xdna")).cpu()[0].float())
-        return torch.cat(out) if out else torch.empty(0, self.spec.text_hidden)
+        return torch.cat(out) if out else torch.empty(0, self.spec.text_hidden if self.spec else 0)
 
     def close(self) -> None:
         self.module.to("cpu")

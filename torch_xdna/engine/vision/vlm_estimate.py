@@ -22,7 +22,7 @@ from torch_xdna.choices import DEFAULT_KV_DTYPE
 from torch_xdna.engine.llm.decoder import DEFAULT_CHUNK, PrecisionPolicy, estimate_step, plan_chunk
 from torch_xdna.engine.llm.image_prefill import chunk_cuts, wide_designs
 from torch_xdna.engine.llm.estimate import default_generation
-from torch_xdna.engine.llm.vlm import TowerModule
+from torch_xdna.engine.llm.vlm import TowerModule, VisionTower
 from torch_xdna.kernels.blocks.llm import rows_bucket
 from torch_xdna.models.families import spec_from_config
 from torch_xdna.models.hf import read_config
@@ -37,8 +37,8 @@ def tower_ms(model_dir: Path, size: int) -> float:
     """Modeled NPU ms of one image through the tower + projector at `size` pixels a side."""
     from torch_xdna.runtime import get_device
     torch.manual_seed(0)
-    m = TowerModule(TowerModule.config(model_dir, size)).to("xdna")
-    fn = torch.compile(m, backend="xdna", dynamic=False)
+    m = VisionTower(TowerModule(TowerModule.config(model_dir, size)), None, exact=False)
+    fn = m.fn
     x = torch.randn(1, 3, size, size).to("xdna")
     dev = get_device()
     with torch.no_grad(), torch.xdna.strict():
