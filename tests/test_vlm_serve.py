@@ -1,5 +1,5 @@
 """Image chat through the server with the official clients: openai sending an image_url data URL
-to /v1/chat/completions, ollama sending `images` to /api/chat; the answer is the engine's own
+to /v1/chat/completions, ollama sending `images` to /api/chat and /api/generate; the answer is the engine's own
 greedy answer for the same messages. Bad image input is a 400 whose one-line message names it."""
 from __future__ import annotations
 
@@ -50,6 +50,10 @@ def test_openai_image_url_data_url(live):
                                                       "images": [png_b64(img)]}])
     assert o.message.content == text          # both APIs: the same prompt, the same tokens
     assert o.prompt_eval_count == r.usage.prompt_tokens
+    g = ollama.Client(host=live.url).generate(model=VLM, prompt="what is this?",
+                                              images=[png_b64(img)],
+                                              options={"temperature": 0, "num_predict": 12})
+    assert g.response == text                  # /api/generate: the same chat prompt
     from torch_xdna.engine.llm.generate import GenerationConfig
     reg = live.registry
     eng = reg.get(reg.find(VLM)).engine          # the served engine, asked directly
