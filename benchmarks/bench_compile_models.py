@@ -1,10 +1,12 @@
 """HF models with the model on the `xdna` device: eager op by op vs torch.compile(backend="xdna").
 
-Per forward (tiny random-weight configs, nothing downloaded): launches, dispatches and modeled
-NPU time (simulator cost model: MODELED, not measured on hardware) from torch.xdna.counters(),
-plus the compiled graph's partitions and host nodes and the eager fallback count. Models whose
-conv front end needs torch_xdna.kernels.ops.conv are skipped without it.
-`python benchmarks/bench_compile_models.py [--json PATH] [--only gpt2,t5_encoder]`.
+Per forward (tiny random-weight configs plus the whisper-base shape; nothing downloaded):
+launches, dispatches and modeled NPU time (simulator cost model: MODELED, not measured on
+hardware) from torch.xdna.counters(), plus the compiled graph's partitions and host nodes and the
+eager fallback count. Models whose conv front end needs torch_xdna.kernels.ops.conv are skipped
+without it.
+`python benchmarks/bench_compile_models.py [--json PATH] [--only gpt2,t5_encoder]`
+(`--only whisper_base`: a few minutes on a 2-core host, most of it the eager pass).
 """
 from __future__ import annotations
 
@@ -50,6 +52,18 @@ def models() -> dict:
                               bos_token_id=0, eos_token_id=0, decoder_start_token_id=0)
         return T.WhisperModel(cfg).get_encoder(), {"input_features": torch.randn(1, 8, 32)}
 
+    def whisper_base():
+        """whisper-base shape (6 + 6 layers, d_model 512, 80 mels x 3,000 frames): the front-end
+        convs do not fit one mem-tile band and are time-tiled (compiler/lower_conv.py)."""
+        cfg = T.WhisperConfig(d_model=512, encoder_layers=6, decoder_layers=6,
+                              encoder_attention_heads=8, decoder_attention_heads=8,
+                              encoder_ffn_dim=2048, decoder_ffn_dim=2048, num_mel_bins=80,
+                              max_source_positions=1500, max_target_positions=448,
+                              vocab_size=51865)
+        return T.WhisperForConditionalGeneration(cfg), {
+            "input_features": torch.randn(1, 80, 3000), "use_cache": False,
+            "decoder_input_ids": torch.tensor([[50258, 50259, 50359, 50363, 440, 1203]])}
+
     def vit():
         cfg = T.ViTConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
                           intermediate_size=64, image_size=16, patch_size=8, num_channels=3)
@@ -63,6 +77,7 @@ def models() -> dict:
     return {"bert": (bert, False), "gpt2": (lambda: gpt2(False), False),
             "gpt2_lm": (lambda: gpt2(True), False), "t5_encoder": (lambda: t5(False), False),
             "t5_generation": (lambda: t5(True), False), "whisper_encoder": (whisper, True),
+            "whisper_base": (whisper_base, True),
             "vit": (vit, True), "resnet18_64px": (resnet18, True)}
 
 

@@ -170,3 +170,33 @@ def fake_quantized(model, engine, precision: str):
             g = policy.block_group(spec, kind)
             p.copy_(dequantize(quantize(p, precision, g), precision, g))
     return fake
+
+
+def served_answers(path: Path, msgs: list[dict], clients: int = 3, max_tokens: int = 6
+                   ) -> dict[str, list[str] | str]:
+    """Greedy answers to `msgs` from `xdna serve`'s routes on the directory, through the
+    official clients: `clients` simultaneous OpenAI chats, one streamed OpenAI chat, and
+    Ollama's /api/chat."""
+    import concurrent.futures
+
+    import ollama
+    import openai
+    from torch_xdna.server.app import ServerConfig, create_app
+    from torch_xdna.server.background import BackgroundServer
+    from torch_xdna.server.registry import ModelRegistry
+    reg = ModelRegistry(max_models=2)
+    name = reg.add_dir(path).id
+    with BackgroundServer(create_app(ServerConfig(default_model=False), registry=reg)) as srv:
+        client = openai.OpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0)
+
+        def chat(_):
+            return client.chat.completions.create(model=name, messages=msgs, max_tokens=max_tokens,
+                                                  temperature=0).choices[0].message.content
+        with concurrent.futures.ThreadPoolExecutor(clients) as pool:
+            openai_answers = list(pool.map(chat, range(clients)))
+        stream = client.chat.completions.create(model=name, messages=msgs, max_tokens=max_tokens,
+                                                temperature=0, stream=True)
+        streamed = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+        o = ollama.Client(host=srv.url).chat(model=name, messages=msgs,
+                                              options={"num_predict": max_tokens, "temperature": 0})
+    return {"openai": openai_answers, "stream": streamed, "ollama": o.message.content}

@@ -573,7 +573,7 @@ def test_qk_norm_rope(lib, rows, d, offset):
     """The fused layer's q/k stage: per-head RMSNorm (own weight row per head) then RoPE, both
     rounded to bf16; bit-exact with its golden, and within the rms_norm bound of the layer's
     reference functions (llm_layer_stages.qk_norm_rope_rows)."""
-    from torch_xdna.kernels.blocks.llm_stages import qk_norm_rope_rows
+    from torch_xdna.kernels.stages.llm_layer import qk_norm_rope_rows
     x, w = bf16(rows, d, scale=2), bf16(rows, d)
     ang = torch.tensor(77.0) * (1.0 / (10000 ** (torch.arange(0, d, 2).float() / d))).repeat(2)
     cos, ssin = ang.cos().to(torch.bfloat16), ang.sin().to(torch.bfloat16)
@@ -584,6 +584,23 @@ def test_qk_norm_rope(lib, rows, d, offset):
     assert_bits(out, golden.qk_norm_rope(xcs, w, rows, d, 1e-6, offset), "qk_norm_rope")
     ref = qk_norm_rope_rows(x.float(), w.float(), cos.float(), ssin.float(), 1e-6, offset)
     assert (out.float() - ref).abs().max() <= 2 ** -6 * ref.abs().max()    # a bf16 ulp or two
+
+
+@pytest.mark.parametrize("rows,d", [(6, 64), (3, 128), (2, 24)])
+def test_qk_rope(lib, rows, d):
+    """The q/k stage of layers without q/k norm (Llama): RoPE on the bf16 heads, rounded to
+    bf16; bit-exact with its golden and with the layer's reference (llm_stages.qk_rope_rows)."""
+    from torch_xdna.kernels.stages.llm_layer import qk_rope_rows
+    x = bf16(rows, d, scale=2)
+    ang = torch.tensor(77.0) * (1.0 / (10000 ** (torch.arange(0, d, 2).float() / d))).repeat(2)
+    cos, ssin = ang.cos().to(torch.bfloat16), ang.sin().to(torch.bfloat16)
+    ssin[: d // 2] = -ssin[: d // 2]
+    xcs = torch.cat([x.reshape(-1), cos, ssin])
+    out = torch.empty(rows, d, dtype=torch.bfloat16)
+    lib.qk_rope_bf16(xcs, out, rows, d)
+    assert_bits(out, golden.qk_rope(xcs, rows, d), "qk_rope")
+    ref = qk_rope_rows(x.float(), cos.float().unsqueeze(0), ssin.float().unsqueeze(0))
+    assert_bits(out, ref.to(torch.bfloat16), "qk_rope vs llm_stages.qk_rope_rows")
 
 
 # --- attention ---------------------------------------------------------------------------------

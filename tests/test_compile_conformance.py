@@ -22,23 +22,11 @@ import torch
 from torch_xdna.compiler import backend as B
 from torch_xdna.device import fallback
 from torch_xdna.runtime import get_device
+from compile_fixtures import close, fresh_compile  # noqa: F401  (autouse fixture)
 
 transformers = pytest.importorskip("transformers")
 X = "xdna"
 FIGURES: dict[str, dict] = {}      # per model: launches/dispatches/modeled us per forward
-
-
-@pytest.fixture(autouse=True)
-def _fresh():
-    torch._dynamo.reset()
-    fallback.reset()
-    yield
-    torch._dynamo.reset()
-
-
-def close(out: torch.Tensor, ref: torch.Tensor) -> None:
-    scale = max(1.0, ref.abs().max().item())
-    torch.testing.assert_close(out.float(), ref.float(), atol=2e-2 * scale, rtol=2e-2)
 
 
 def counters() -> tuple[int, int, float]:

@@ -149,6 +149,7 @@ ELSEWHERE = {
     r"store_\w+_f32_(f32|bf16)|store_none_i32_i32": "test_store_kernels",
     r"attn_(init_f32|q_bf16|tile_bf16|finish_f32)": "test_ir_attention_work_item",
     r"qk_norm_rope_bf16": "test_qk_norm_rope",
+    r"qk_rope_bf16": "test_qk_rope",
     r"rope_bf16_f32": "test_rope_equals_llm_blocks",
     r"silu_mul_bf16_f32": "test_silu_mul",
     r"cast_f32_bf16": "test_cast_f32_bf16_rounds_to_nearest_even_and_flushes",

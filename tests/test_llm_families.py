@@ -14,7 +14,7 @@ from __future__ import annotations
 import pytest
 
 from llm_fixtures import (build_model, check_against_transformers, check_greedy_identical,
-                          fake_quantized)
+                          fake_quantized, served_answers)
 from torch_xdna.engine.llm.decoder import LAYOUTS
 from torch_xdna.engine.llm.generate import GenerationConfig, load_decoder
 
@@ -96,30 +96,12 @@ def test_batched_decode_equals_alone(model):
 
 
 def test_served_like_the_dense_decoders(model):
-    """OpenAI chat (three concurrent requests: batched, or one by one for the hybrid) and
-    Ollama /api/chat on the directory: each answer is the engine's own greedy text."""
-    import concurrent.futures
-
-    import ollama
-    import openai
-    from torch_xdna.server.app import ServerConfig, create_app
-    from torch_xdna.server.background import BackgroundServer
-    from torch_xdna.server.registry import ModelRegistry
+    """OpenAI chat (three concurrent requests: batched, or one by one for the hybrid; one
+    streamed) and Ollama /api/chat on the directory: each answer is the engine's own greedy
+    text."""
     path, _ = model
     msgs = [{"role": "user", "content": "hello world"}]
     eng = load_decoder(path, "bf16", quiet=True, cache_dir=False)
     want = eng.complete(msgs, GenerationConfig(max_tokens=6, stop_token_ids=())).text
     eng.close()
-    reg = ModelRegistry(max_models=2)
-    name = reg.add_dir(path).id
-    with BackgroundServer(create_app(ServerConfig(default_model=False), registry=reg)) as srv:
-        client = openai.OpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0)
-
-        def chat(_):
-            return client.chat.completions.create(model=name, messages=msgs, max_tokens=6,
-                                                  temperature=0).choices[0].message.content
-        with concurrent.futures.ThreadPoolExecutor(3) as pool:
-            assert list(pool.map(chat, range(3))) == [want] * 3
-        o = ollama.Client(host=srv.url).chat(model=name, messages=msgs,
-                                              options={"num_predict": 6, "temperature": 0})
-        assert o.message.content == want
+    assert served_answers(path, msgs) == {"openai": [want] * 3, "stream": want, "ollama": want}

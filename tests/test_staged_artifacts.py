@@ -319,7 +319,7 @@ def test_tile_aligned_decode_layer_runs_on_the_emulated_npu(tmp_path, monkeypatc
     stages' order with the core kernels' GEMM order (staged_reference,
     TORCH_XDNA_LAYER_ORDER=plan + TORCH_XDNA_GEMM_ORDER=kernel): emulated results."""
     from torch_xdna.engine.llm.designs import model_designs
-    from torch_xdna.kernels.blocks.llm_stages import staged_reference
+    from torch_xdna.kernels.stages.llm_layer import staged_reference
     import sys
     from pathlib import Path
     sys.path.insert(0, str(Path(__file__).parent))

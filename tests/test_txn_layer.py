@@ -26,13 +26,13 @@ from torch_xdna.runtime.sim import txn_level
 H, HQ, HKV, D, I, CAP = 256, 4, 2, 64, 512, 128
 
 
-def layer(rows: int = 1, precision: str = "bf16", **kw) -> DecoderLayerDesign:
-    a = AttentionBlockDesign(H, rows, precision, 0, 1e-6, 0.0, HQ, HKV, D, CAP, qk_norm=True,
+def layer(rows: int = 1, precision: str = "bf16", qk_norm: bool = True, **kw) -> DecoderLayerDesign:
+    a = AttentionBlockDesign(H, rows, precision, 0, 1e-6, 0.0, HQ, HKV, D, CAP, qk_norm=qk_norm,
                              scale=D ** -0.5, **kw)
     return DecoderLayerDesign(a, MlpBlockDesign(H, rows, precision, 0, 1e-6, 0.0, I))
 
 
-def weights(seed: int = 0, precision: str = "bf16") -> list[torch.Tensor]:
+def weights(seed: int = 0, precision: str = "bf16", qk_norm: bool = True) -> list[torch.Tensor]:
     """The layer's inputs (x left None): weights as the engine stores them (int8 / int4:
     quant.quantize_* values and bf16 scales per group)."""
     from torch_xdna.kernels import quant
@@ -51,7 +51,8 @@ def weights(seed: int = 0, precision: str = "bf16") -> list[torch.Tensor]:
     inv = 1.0 / (10000 ** (torch.arange(0, D, 2).float() / D))
     ang = torch.arange(CAP).float()[:, None] * inv[None]
     ang = torch.cat([ang, ang], -1)
-    return [None, 1 + 0.1 * r(H), 1 + 0.1 * r(D), 1 + 0.1 * r(D), *w((HQ + 2 * HKV) * D, H),
+    qk = [1 + 0.1 * r(D), 1 + 0.1 * r(D)] if qk_norm else []
+    return [None, 1 + 0.1 * r(H), *qk, *w((HQ + 2 * HKV) * D, H),
             *w(H, HQ * D), ang.cos(), ang.sin(), 1 + 0.1 * r(H), *w(2 * I, H), *w(H, I)]
 
 
@@ -59,14 +60,18 @@ def _caches():
     return [torch.zeros(HKV, CAP, D, dtype=torch.bfloat16) for _ in range(2)]
 
 
-@pytest.mark.parametrize("rows,steps,precision,valid", [
-    (1, 3, "bf16", 1), (3, 2, "bf16", 3), (1, 2, "int8", 1), (2, 2, "int4", 2), (4, 2, "bf16", 3)],
-    ids=["decode", "prefill3", "decode-int8", "prefill2-int4", "prefill4-valid3"])
-def test_layer_txn_bit_identical_across_positions(rows, steps, precision, valid, monkeypatch):
+@pytest.mark.parametrize("rows,steps,precision,valid,qk_norm", [
+    (1, 3, "bf16", 1, True), (3, 2, "bf16", 3, True), (1, 2, "int8", 1, True),
+    (2, 2, "int4", 2, True), (4, 2, "bf16", 3, True), (1, 3, "bf16", 1, False),
+    (4, 2, "int8", 3, False)],
+    ids=["decode", "prefill3", "decode-int8", "prefill2-int4", "prefill4-valid3", "decode-llama",
+         "prefill4-valid3-int8-llama"])
+def test_layer_txn_bit_identical_across_positions(rows, steps, precision, valid, qk_norm, monkeypatch):
     """`valid` rows of `rows` per launch (a prefill bucket): the rest are computed but write no
-    KV; their output rows are not defined, so only the valid ones are compared with BLAS."""
-    L = layer(rows, precision)
-    ins = weights(0, precision)
+    KV; their output rows are not defined, so only the valid ones are compared with BLAS. The
+    Llama-style layers (no q/k norm) run the rope-only qk stage (qk_rope_bf16)."""
+    L = layer(rows, precision, qk_norm)
+    ins = weights(0, precision, qk_norm)
     g = torch.Generator().manual_seed(1)
     caches = {k: _caches() for k in ("blas", "plan", "txn")}
     runner = txn_level.TxnRunner(NPU4)
@@ -178,7 +183,7 @@ def test_stage_programs_print_as_mlir():
 def test_generation_at_txn_level_matches_functional(tmp_path, monkeypatch):
     """A tiny Qwen3 model (tests/llm_fixtures) generates the same tokens with its layer
     and head launches (prefill bucket and decode) executed as instruction streams as at the
-    functional level in the stages' order (blocks/llm_stages.py, blocks/head_stages.py)."""
+    functional level in the stages' order (stages/llm_layer.py, stages/llm_head.py)."""
     from llm_fixtures import build_model
     from torch_xdna.engine.llm.generate import GenerationConfig, load_decoder
     from torch_xdna.runtime.sim import SimDevice
@@ -195,5 +200,6 @@ def test_generation_at_txn_level_matches_functional(tmp_path, monkeypatch):
             eng.close()
     assert ids["txn"] == ids["functional"] and len(ids["txn"]) == 4
     txn = devs["txn"].txn
-    assert txn.launches == 3 * 4                 # (2 layers + head) x (prefill + 3 decode steps)
-    assert not any(name.startswith(("llm.layer", "llm.head")) for name in txn.fallback_reasons)
+    assert txn.launches == 4 * 4          # (embed + 2 layers + head) x (prefill + 3 decode steps)
+    assert not any(name.startswith(("llm.embed", "llm.layer", "llm.head"))
+                   for name in txn.fallback_reasons)

@@ -21,8 +21,9 @@ from torch.fx import GraphModule, Node
 
 from torch_xdna.runtime.cachedir import CacheDir, loads_bounded, sign, verify
 
-FORMAT = 5                  # 4: view/reduction rewrites, views of inputs left to the host;
-#                             5: entries signed with the per-user cache key (runtime/cachedir.py)
+FORMAT = 6                  # 4: view/reduction rewrites, views of inputs left to the host;
+#                             5: entries signed with the per-user cache key (runtime/cachedir.py);
+#                             6: convs too long for one band are time-tiled (were host nodes)
 MAX_ENTRY_BYTES = 64 << 20  # a plan is KBs; anything this large is not ours
 log = logging.getLogger("torch_xdna.compiler")
 

@@ -14,6 +14,7 @@ would expand them into index arithmetic; F.interpolate as its xdna_compiler::ups
 """
 from __future__ import annotations
 
+import dataclasses
 import operator
 
 import torch
@@ -193,8 +194,84 @@ def _conv(low, n: Node) -> None:
     if design.out_shape != tuple(val(last).shape):
         raise ConvUnlowerable(f"conv output {design.out_shape} != {tuple(val(last).shape)}")
     out = low.new_value(last)
-    low.launch(design, ins, [out], f"{design.name}:{n.name}")
+    try:
+        low.launch(design, ins, [out], f"{design.name}:{n.name}")
+    except PlanError:
+        tiles = time_tiles(design, low.gen)
+        if tiles is None:
+            raise
+        for o0, o1, i0, i1, tile in tiles:
+            t_ins = list(ins)
+            t_ins[0] = _window(low, ins[0], i0, i1)
+            if residual is not None:
+                t_ins[-1] = _window(low, ins[-1], o0, o1)
+            low.launch(tile, t_ins, [_window(low, out, o0, o1)],
+                       f"{tile.name}:{n.name}[t{o0}:{o1}]")
     low.handled.update(absorbed)
+
+
+MIN_TILE = 8          # output positions per time tile below which tiling is not worth trying
+
+
+def time_tiles(design: ConvDesign, gen) -> list[tuple[int, int, int, int, ConvDesign]] | None:
+    """A forward conv whose input band does not fit (Whisper's conv1d over 3,000 frames: one
+    band is the whole sequence) split along its last spatial dim (time; width in 2-D) into the
+    fewest equal output tiles that all plan: (out_lo, out_hi, in_lo, in_hi, design) each. A
+    tile reads its input window with the halo it needs; the zero padding only the first and
+    last tiles see becomes their pre_pad (inserted on chip), so no padded copy is made. None
+    when tiling cannot help (transposed, weight gradient, or even a MIN_TILE-wide tile fails)."""
+    if design.mode != "forward" or design.transposed:
+        return None
+    length = design.in_shape[-1]
+    out = design.out_shape[-1]
+    k, s, d = design.weight_shape[-1], design.stride[-1], design.dilation[-1]
+    pre = tuple(design.pre_pad) or (0,) * (2 * design.nd)
+    left = design.padding[-1] + pre[0]
+    planned: dict[ConvDesign, bool] = {}
+
+    def tiling(t: int):
+        tiles = []
+        for o0 in range(0, out, t):
+            o1 = min(out, o0 + t)
+            a, b = o0 * s - left, (o1 - 1) * s + d * (k - 1) + 1 - left
+            i0, i1 = max(a, 0), min(b, length)
+            if i1 <= i0:
+                return None                      # a tile entirely in the padding
+            pad = (i0 - a, b - i1) + pre[2:]
+            tile = dataclasses.replace(
+                design, in_shape=tuple(design.in_shape[:-1]) + (i1 - i0,),
+                padding=tuple(design.padding[:-1]) + (0,), pre_pad=pad if any(pad) else ())
+            if tile not in planned:
+                try:
+                    tile.plan(gen)
+                    planned[tile] = True
+                except PlanError:
+                    planned[tile] = False
+            if not planned[tile]:
+                return None
+            tiles.append((o0, o1, i0, i1, tile))
+        return tiles
+
+    if out < 2 or tiling(min(out, MIN_TILE)) is None:
+        return None
+    for n in range(2, out + 1):
+        t = -(-out // n)
+        if -(-out // t) != n:                    # same tile width as a smaller n
+            continue
+        tiles = tiling(t)
+        if tiles is not None:
+            return tiles
+        if t <= MIN_TILE:
+            break
+    return None
+
+
+def _window(low, r: Ref, lo: int, hi: int) -> Ref:
+    """The [lo, hi) window of a ref along its last dim (a strided view, no copy)."""
+    w = low.view_ref(r, "slice", {"dim": -1, "start": lo, "end": hi, "step": 1})
+    if w is None:
+        raise ConvUnlowerable(f"no strided window [{lo}:{hi}] of a conv operand")
+    return w
 
 
 def _bn(low, n: Node) -> None:

@@ -141,8 +141,8 @@ class Lowerer:
                 if self.try_chain(nodes[:cut]):
                     nodes = nodes[cut:]
                     break
-            else:
-                raise Unlowerable(f"{nodes[0].name}: no chain plan fits")
+            else:                     # nodes[0] alone fits no chain: it goes to the host
+                raise Unlowerable(f"{nodes[0].name}: no chain plan fits", node=nodes[0].name)
 
     def try_chain(self, nodes: list[Node]) -> bool:
         refs_before, slots_before = set(self.refs), len(self.out.slots)

@@ -10,14 +10,14 @@ from typing import Callable
 
 from torch_xdna.models.spec import DecoderSpec, RopeSpec, UnsupportedModelError, WeightNames
 
-ROPE_TYPES = ("default", "linear", "llama3", "freq_factors", "yarn")
+ROPE_TYPES = ("default", "linear", "llama3", "freq_factors", "yarn", "proportional")
 ACTS = {"silu": "silu", "swish": "silu", "gelu_pytorch_tanh": "gelu_tanh", "gelu_tanh": "gelu_tanh",
         "relu": "relu"}
 # config keys a family spells its own way -> the common spelling the checks and builders read
 CONFIG_ALIASES = {"opt": {"ffn_dim": "intermediate_size", "activation_function": "hidden_act"}}
 
 
-NESTED_TEXT = ("qwen3_5", "gemma3")   # vision-language configs whose decoder is their text_config
+NESTED_TEXT = ("qwen3_5", "gemma4", "gemma3")  # multimodal configs whose decoder is their text_config
 
 
 def common_config(cfg):
@@ -125,6 +125,9 @@ def _rope(family: str, params: dict | None, theta_default: float,
     factor = float(params["factor"]) if params.get("factor") is not None else 1.0
     if rtype == "linear":
         return RopeSpec(theta, "linear", factor)
+    if rtype == "proportional":
+        return RopeSpec(theta, "proportional", factor,
+                        partial=float(params.get("partial_rotary_factor") or 1.0))
     if rtype == "freq_factors":                  # GGUF rope_freqs (models/formats/gguf.py)
         return RopeSpec(theta, "freq_factors",
                         freq_factors=tuple(float(x) for x in params.get("freq_factors", ())))
@@ -320,6 +323,109 @@ def qwen3_5(cfg: dict) -> DecoderSpec:
     return spec
 
 
+def gemma4_names(prefix: str) -> WeightNames:
+    """Gemma 4's tensor names under `prefix` ('model.', or 'model.language_model.' in the
+    multimodal Gemma4ForConditionalGeneration checkpoints)."""
+    base = {k: v.replace("model.", prefix, 1) for k, v in GEMMA3_NAMES.__dict__.items() if v}
+    lp = prefix + "layers.{i}."
+    return WeightNames(**base, ple_embed=prefix + "embed_tokens_per_layer.weight",
+                       ple_proj=prefix + "per_layer_model_projection.weight",
+                       ple_proj_norm=prefix + "per_layer_projection_norm.weight",
+                       ple_gate=lp + "per_layer_input_gate.weight",
+                       ple_out=lp + "per_layer_projection.weight",
+                       ple_norm=lp + "post_per_layer_input_norm.weight",
+                       layer_scalar=lp + "layer_scalar")
+
+
+GEMMA4_TOWERS = ("vision_tower.", "audio_tower.", "embed_vision.", "embed_audio.")
+GEMMA4_LAYER_KEYS = ("head_dim", "num_key_value_heads")
+
+
+def _gemma4_layer_shapes(family: str, cfg: dict, types: list[str]) -> tuple[list[int], list[int]]:
+    """Per-layer head dim and KV heads as transformers resolves them: a saved `per_layer_config`
+    (sparse, layer index -> overrides), else full-attention layers take `global_head_dim` (512
+    when absent) and, with attention_k_eq_v, `num_global_key_value_heads`."""
+    dims = [int(cfg.get("head_dim") or 256)] * len(types)
+    kvs = [int(cfg.get("num_key_value_heads") or cfg["num_attention_heads"])] * len(types)
+    plc = cfg.get("per_layer_config")
+    if plc is None:
+        plc = {i: {"head_dim": cfg.get("global_head_dim", 512)} for i, t in enumerate(types)
+               if t == "full_attention"}
+        if cfg.get("attention_k_eq_v") and cfg.get("num_global_key_value_heads"):
+            for o in plc.values():
+                o["num_key_value_heads"] = cfg["num_global_key_value_heads"]
+    for key, over in dict(plc).items():
+        i = int(key)
+        if not (isinstance(over, dict) and 0 <= i < len(types)):
+            _refuse(family, f"per_layer_config[{key!r}]", "layer index -> {head_dim, num_key_value_heads}")
+        for k, v in over.items():
+            if k not in GEMMA4_LAYER_KEYS:
+                _refuse(family, f"per_layer_config[{key}].{k}", f"overrides of {GEMMA4_LAYER_KEYS} only")
+            (dims if k == "head_dim" else kvs)[i] = int(v)
+    return dims, kvs
+
+
+def _gemma4_kv_source(types: list[str], shared: int) -> list[int]:
+    """transformers' kv_sharing_modes: the last `shared` layers attend over the KV of the last
+    earlier (non-shared) layer of their type."""
+    first = len(types) - shared
+    if shared and sorted(set(types[:first])) != sorted(set(types)):
+        raise UnsupportedModelError("gemma4: num_kv_shared_layers leaves a layer type with no "
+                                    "layer producing its KV")
+    last = {t: i for i, t in enumerate(types[:first])}
+    return [i if i < first else last[t] for i, t in enumerate(types)]
+
+
+def gemma4(cfg: dict) -> DecoderSpec:
+    """Gemma 4 text decoder (E2B/E4B/31B; gemma4_text, or a gemma4 multimodal checkpoint's
+    text part): Gemma 3's sandwich norms with plain-w RMSNorms, attention scale 1, unscaled-
+    weight value norms, sliding layers (head_dim, default RoPE) and full layers (global head
+    dim, proportional RoPE), the last layers reusing earlier layers' KV, per-layer inputs (PLE)
+    added after each layer, a per-layer output scalar, and double-wide MLPs in KV-shared layers."""
+    family = "gemma4"
+    cfg = common_config(cfg)
+    if cfg.get("enable_moe_block"):
+        _refuse(family, "enable_moe_block=true (a dense MLP plus a routed-experts block per "
+                "layer, Gemma 4 26B-A4B)", "the dense Gemma 4 models (E2B, E4B, 31B) run")
+    _common_checks(family, cfg)
+    if cfg.get("use_bidirectional_attention") == "all":
+        _refuse(family, "use_bidirectional_attention='all'", "causal decoding only")
+    layers = int(cfg["num_hidden_layers"])
+    types = list(cfg.get("layer_types") or ["full_attention" if (i + 1) % 6 == 0 else
+                                             "sliding_attention" for i in range(layers)])
+    types = _layer_types({"layer_types": types}, layers)
+    types[-1] = "full_attention"                      # as transformers forces it
+    mp = int(cfg.get("max_position_embeddings", 0))
+    rp = cfg.get("rope_parameters") or {
+        "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+        "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25,
+                           "rope_theta": 1e6}}
+    dims, kvs = _gemma4_layer_shapes(family, cfg, types)
+    source = _gemma4_kv_source(types, int(cfg.get("num_kv_shared_layers") or 0))
+    wide = 2 if cfg.get("use_double_wide_mlp") else 1
+    inter = int(cfg["intermediate_size"])
+    ple = int(cfg.get("hidden_size_per_layer_input") or 0)
+    prefix = "model.language_model." if cfg.get("vision_language") else "model."
+    ignored = tuple(prefix.replace("language_model.", "") + t for t in GEMMA4_TOWERS) if (
+        cfg.get("vision_language")) else ()
+    ignored += tuple(f"{prefix}layers.{i}.self_attn.{w}" for i in range(layers) if source[i] != i
+                     for w in ("k_proj", "v_proj", "k_norm", "v_norm"))
+    return _base(
+        family, cfg, gemma4_names(prefix),
+        ropes={"global": _rope(family, rp.get("full_attention"), 1e6, mp),
+               "local": _rope(family, rp.get("sliding_attention"), 1e4, mp)},
+        layer_rope=tuple("local" if t == "sliding_attention" else "global" for t in types),
+        layer_window=_windows(family, cfg, types), qk_norm=True, attn_scale=1.0,
+        embed_scale=math.sqrt(int(cfg["hidden_size"])), sandwich_norms=True,
+        final_softcap=cfg.get("final_logit_softcapping"),
+        tie_embeddings=cfg.get("tie_word_embeddings") is not False,
+        head_dim=dims[0], kv_heads=kvs[0], layer_head_dims=tuple(dims), layer_kv_heads=tuple(kvs),
+        layer_intermediate=tuple(inter * (wide if source[i] != i else 1) for i in range(layers)),
+        kv_source=tuple(source), v_norm=True, k_eq_v=bool(cfg.get("attention_k_eq_v")),
+        per_layer_dim=ple, per_layer_vocab=int(cfg.get("vocab_size_per_layer_input") or 0) if ple else 0,
+        layer_scale=True, ignored_weights=ignored)
+
+
 OPT_POSITION_OFFSET = 2          # transformers' OPTLearnedPositionalEmbedding.offset
 
 
@@ -379,6 +485,7 @@ def gpt_oss(cfg: dict) -> DecoderSpec:
 FAMILIES: dict[str, Callable[[dict], DecoderSpec]] = {
     "qwen3": qwen3, "llama": llama, "gemma3_text": gemma3, "gemma3": gemma3, "qwen3_moe": qwen3_moe,
     "gpt_oss": gpt_oss, "opt": opt, "qwen3_5_text": qwen3_5, "qwen3_5": qwen3_5,
+    "gemma4_text": gemma4, "gemma4": gemma4,
 }
 MOE_FAMILIES = ("qwen3_moe", "gpt_oss (estimate only)")
 HINTS: dict[str, str] = {}
@@ -408,6 +515,11 @@ _QWEN3_5 = dict(           # what the Qwen3.5 small models' text configs share
     rope_parameters={"rope_type": "default", "rope_theta": 10000000.0, "partial_rotary_factor": 0.25})
 
 # Built-in configs (shapes only, no weights) for `xdna estimate` and the benchmark.
+# gemma-4-e2b: 35 layers (4 sliding : 1 full, the last full), hidden 1536, 8 query heads, 1 KV
+# head, head dims 256 / 512, intermediate 6144, PLE 256, sliding window 512, as the Gemma 4
+# model card and write-ups state; ASSUMED, not read from google/gemma-4-E2B's config.json (no
+# network here): num_kv_shared_layers 20, use_double_wide_mlp, no attention_k_eq_v (with them
+# the text decoder has 2.3B parameters besides the PLE table, the published "2.3B effective")
 BUILTIN_CONFIGS: dict[str, dict] = {
     "qwen3-0.6b": dict(
         model_type="qwen3", hidden_size=1024, num_hidden_layers=28, num_attention_heads=16,
@@ -446,6 +558,16 @@ BUILTIN_CONFIGS: dict[str, dict] = {
     # Qwen3.5-2B: hidden_size 2048 as published; the other fields ASSUMED to follow 0.8B's
     # pattern (not verified against its config.json): intermediate 6144, 24 layers
     "qwen3.5-2b": {**_QWEN3_5, "hidden_size": 2048, "intermediate_size": 6144},
+    "gemma-4-e2b": dict(
+        model_type="gemma4_text", hidden_size=1536, num_hidden_layers=35, num_attention_heads=8,
+        num_key_value_heads=1, head_dim=256, global_head_dim=512, intermediate_size=6144,
+        vocab_size=262144, vocab_size_per_layer_input=262144, hidden_size_per_layer_input=256,
+        num_kv_shared_layers=20, use_double_wide_mlp=True, max_position_embeddings=131072,
+        sliding_window=512, rms_norm_eps=1e-6, final_logit_softcapping=30.0,
+        layer_types=["full_attention" if (i + 1) % 5 == 0 else "sliding_attention"
+                     for i in range(35)],
+        hidden_activation="gelu_pytorch_tanh", tie_word_embeddings=True, bos_token_id=2,
+        eos_token_id=[1, 106]),
     # facebook/opt-125m config.json
     "opt-125m": dict(
         model_type="opt", hidden_size=768, num_hidden_layers=12, num_attention_heads=12,

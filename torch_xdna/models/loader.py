@@ -97,6 +97,7 @@ def source_files(mf: ModelFiles) -> list[Path]:
 def site_names(spec: DecoderSpec) -> list[str]:
     """Canonical weight sites in load order."""
     out = ["embed"] + (["pos_embed"] if spec.learned_positions else [])
+    out += ["ple_embed", "ple_proj", "ple_proj_norm"] if spec.per_layer_dim else []
     bias = ("attn_norm_bias", "qkv_bias", "o_bias", "mlp_norm_bias", "gate_up_bias", "down_bias")
     for i in range(spec.layers):
         p = f"layers.{i}."
@@ -112,9 +113,13 @@ def site_names(spec: DecoderSpec) -> list[str]:
         if spec.linear_bias:
             out += [p + b for b in bias]
         if spec.qk_norm and not spec.is_linear(i):
-            out += [p + "q_norm", p + "k_norm"]
+            out += [p + "q_norm"] + ([] if spec.kv_shared(i) else [p + "k_norm"])
         if spec.sandwich_norms:
             out += [p + "attn_post_norm", p + "mlp_post_norm"]
+        if spec.per_layer_dim:
+            out += [p + "ple_gate", p + "ple_out", p + "ple_norm"]
+        if spec.layer_scale:
+            out.append(p + "layer_scalar")
     out.append("final_norm")
     if spec.layer_norm:
         out.append("final_norm_bias")
@@ -229,7 +234,7 @@ def _site_tensor(spec: DecoderSpec, sd: dict[str, torch.Tensor], site: str, path
         return get(n.final_norm)
     if site == "lm_head":
         return get(n.lm_head)
-    if site in ("pos_embed", "final_norm_bias"):
+    if site in ("pos_embed", "final_norm_bias", "ple_embed", "ple_proj", "ple_proj_norm"):
         return get(getattr(n, site))
     i = int(site.split(".")[1])
     part = site.split(".")[2]
@@ -237,8 +242,11 @@ def _site_tensor(spec: DecoderSpec, sd: dict[str, torch.Tensor], site: str, path
         q = get(n.q, i).view(spec.heads, 2, spec.head_dim, -1)
         return torch.cat([q[:, 0].reshape(spec.q_dim, -1), get(n.k, i), get(n.v, i),
                           q[:, 1].reshape(spec.q_dim, -1)], dim=0)
-    if part == "qkv":
-        return torch.cat([get(n.q, i), get(n.k, i), get(n.v, i)], dim=0)
+    if part == "qkv" and spec.kv_shared(i):      # Gemma 4: the KV comes from another layer
+        return get(n.q, i)
+    if part == "qkv":                  # k=v layers (Gemma 4 full attention): v rows = k rows
+        k = get(n.k, i)
+        return torch.cat([get(n.q, i), k, get(n.v, i) if spec.has_v(i) else k], dim=0)
     if part == "lin_in":                # [q k v | z | b | a] rows, one GEMM
         return torch.cat([get(n.lin_qkv, i), get(n.lin_z, i), get(n.lin_b, i), get(n.lin_a, i)])
     if part == "lin_conv":              # [C, 1, K] -> [C, K]
@@ -289,7 +297,8 @@ def load_weights(mf: ModelFiles, transform: Transform, transform_id: str,
         out[site] = tuple(transform(site, _site_tensor(spec, sd, site, mf.path)))
     # weights the spec has no place for would be silently dropped: refuse the ones that change
     # the computation (biases, experts, extra norms); buffers like rotary inv_freq are harmless
-    unused = sorted(n for n in sd if not n.endswith("rotary_emb.inv_freq"))
+    unused = sorted(n for n in sd if not n.endswith("rotary_emb.inv_freq")
+                    and not (spec.ignored_weights and n.startswith(spec.ignored_weights)))
     if unused:
         raise ModelDirError(
             f"{mf.path}: {len(unused)} weight(s) the {spec.family} spec does not use, e.g. "

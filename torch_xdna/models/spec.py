@@ -20,7 +20,9 @@ class UnsupportedModelError(ValueError):
 @dataclass(frozen=True)
 class RopeSpec:
     """Rotary embedding parameters of one table (types: default, linear, llama3, yarn, freq_factors:
-    per-pair divisors of the inverse frequencies, as GGUF files store Llama 3 scaling).
+    per-pair divisors of the inverse frequencies, as GGUF files store Llama 3 scaling;
+    proportional: Gemma 4's p-RoPE, the first `partial` of the pairs rotate, the rest get
+    frequency 0, i.e. pass through, over the whole head).
 
     Frequencies are computed in fp32 in transformers' order (modeling_rope_utils), so the cos/sin
     tables match its rotary embedding bit for bit (tests/test_rope_scaling.py): at 32K+
@@ -37,6 +39,7 @@ class RopeSpec:
     beta_slow: float = 1.0             # yarn: rotations bounding the interpolated band
     attention_factor: float = 1.0      # yarn: cos/sin scale (0.1 ln(factor) + 1 by default)
     truncate: bool = True              # yarn: round the correction range to whole dimensions
+    partial: float = 1.0               # proportional: share of the pairs that rotate
 
     def inv_freq(self, head_dim: int) -> torch.Tensor:
         """Per-pair inverse frequencies [head_dim/2] (fp32, as transformers computes them)."""
@@ -47,6 +50,10 @@ class RopeSpec:
             return inv
         if self.type == "linear":
             return inv / self.factor
+        if self.type == "proportional":        # transformers' _compute_proportional_rope_parameters
+            angles = int(self.partial * head_dim // 2)
+            rot = 1.0 / base ** (torch.arange(0, 2 * angles, 2, dtype=torch.int64).float() / head_dim)
+            return torch.cat([rot, torch.zeros(head_dim // 2 - angles)]) / self.factor
         if self.type == "freq_factors":
             if len(self.freq_factors) != len(inv):
                 raise UnsupportedModelError(f"rope freq_factors has {len(self.freq_factors)} "
@@ -139,6 +146,16 @@ class WeightNames:
     lin_alog: str = ""
     lin_norm: str = ""
     lin_out: str = ""
+    # Gemma 4: per-layer inputs (PLE: a second embedding table [V, L*P], a projection of the
+    # embeddings [L*P, H] and its norm [P]; per layer a gate [P, H], a projection [H, P] and a
+    # post norm [H]) and a per-layer output scalar [1]
+    ple_embed: str = ""
+    ple_proj: str = ""
+    ple_proj_norm: str = ""
+    ple_gate: str = ""
+    ple_out: str = ""
+    ple_norm: str = ""
+    layer_scalar: str = ""
 
 
 @dataclass(frozen=True)
@@ -198,6 +215,19 @@ class DecoderSpec:
     linear_conv: int = 0                   # causal conv kernel over the q/k/v channels
     attn_output_gate: bool = False         # attention output times sigmoid(gate) (Qwen3.5)
     rotary_dim: int = 0                    # partial RoPE: the first rotary_dim dims (0: all)
+    # Gemma 4: layers differ in shape and some reuse another layer's KV. Per layer (empty: the
+    # global value): head dim, KV heads, MLP width, and the layer whose KV cache it attends over
+    # (itself, or an earlier layer of its type: it then has no k/v projections and writes no KV)
+    layer_head_dims: tuple[int, ...] = ()
+    layer_kv_heads: tuple[int, ...] = ()
+    layer_intermediate: tuple[int, ...] = ()
+    kv_source: tuple[int, ...] = ()
+    v_norm: bool = False                   # values RMS-normalized (no weight) before caching
+    k_eq_v: bool = False                   # full-attention layers: v = k projection (no v_proj)
+    per_layer_dim: int = 0                 # PLE width P per layer (0: none)
+    per_layer_vocab: int = 0               # rows of the PLE table
+    layer_scale: bool = False              # each layer's output times its stored scalar
+    ignored_weights: tuple[str, ...] = ()  # name prefixes the engine does not use (vision/audio)
     # non-empty: the engine models this family's shapes (`xdna estimate`) but cannot run it;
     # the reason names what is missing (models/loader.read_model refuses with it)
     run_refusal: str = ""
@@ -215,6 +245,49 @@ class DecoderSpec:
         """Channels of the linear layers' causal conv: q, k (k_heads x k_dim each) and v."""
         return 2 * self.linear_k_heads * self.linear_k_dim + self.linear_v_heads * self.linear_v_dim
 
+    def head_dim_at(self, layer: int) -> int:
+        return self.layer_head_dims[layer] if self.layer_head_dims else self.head_dim
+
+    def kv_heads_at(self, layer: int) -> int:
+        return self.layer_kv_heads[layer] if self.layer_kv_heads else self.kv_heads
+
+    def intermediate_at(self, layer: int) -> int:
+        return self.layer_intermediate[layer] if self.layer_intermediate else self.intermediate
+
+    def kv_owner(self, layer: int) -> int:
+        """The layer whose KV cache `layer` attends over (itself unless its KV is shared)."""
+        return self.kv_source[layer] if self.kv_source else layer
+
+    def kv_shared(self, layer: int) -> bool:
+        return self.kv_owner(layer) != layer
+
+    def has_v(self, layer: int) -> bool:
+        """The layer has its own v_proj (not KV-shared, not a k=v full-attention layer)."""
+        return not self.kv_shared(layer) and not (self.k_eq_v and self.layer_window[layer] is None)
+
+    @property
+    def cache_layers(self) -> tuple[int, ...]:
+        """The layers holding their own KV cache (attention layers whose KV is not shared)."""
+        return tuple(i for i in self.attention_layers if not self.kv_shared(i))
+
+    @property
+    def per_layer_shapes(self) -> bool:
+        """Layers of different shapes, shared KV or per-layer inputs (Gemma 4): the paths that
+        assume one layer shape (batched decode, the block layout) decline such a model."""
+        return bool(self.layer_head_dims or self.layer_kv_heads or self.layer_intermediate
+                    or self.kv_source or self.per_layer_dim or self.layer_scale)
+
+    def kv_elems_per_token(self) -> int:
+        """K and V elements one cached position takes over every cache-holding layer."""
+        return sum(2 * self.kv_heads_at(i) * self.head_dim_at(i) for i in self.cache_layers)
+
+    def rope_dim(self, table: str) -> int:
+        """The head dim a RoPE table is built for: its layers' (rotary_dim when partial)."""
+        dims = {self.head_dim_at(i) for i, t in enumerate(self.layer_rope) if t == table}
+        if len(dims) > 1:
+            raise UnsupportedModelError(f"rope table {table!r} serves head dims {sorted(dims)}")
+        return self.rotary_dim or (dims.pop() if dims else self.head_dim)
+
     def is_moe(self, layer: int) -> bool:
         return bool(self.moe_layers) and self.moe_layers[layer]
 
@@ -229,16 +302,23 @@ class DecoderSpec:
     def params(self, active: bool = False) -> int:
         """Parameter count (embeddings counted once when tied). active=True: a MoE layer counts
         only the experts one token runs (and its router)."""
-        attn = (self.hidden * (self.q_dim * (2 if self.attn_output_gate else 1) + 2 * self.kv_dim)
-                + self.q_dim * self.hidden)
+        h, hq = self.hidden, self.heads
+
+        def attn(i: int) -> int:
+            q = hq * self.head_dim_at(i)
+            kv = (1 + self.has_v(i)) * self.kv_heads_at(i) * self.head_dim_at(i)
+            return h * (q * (2 if self.attn_output_gate else 1) + (0 if self.kv_shared(i) else kv)) + q * h
         vd, hv = self.linear_v_heads * self.linear_v_dim, self.linear_v_heads
-        lin = (self.hidden * (self.linear_conv_dim + vd + 2 * hv) + vd * self.hidden
+        lin = (h * (self.linear_conv_dim + vd + 2 * hv) + vd * h
                + self.linear_conv_dim * self.linear_conv)
-        dense = (3 if self.gated_mlp else 2) * self.hidden * self.intermediate
         experts = self.experts_per_token if active else self.experts
-        moe = self.experts * self.hidden + experts * 3 * self.hidden * self.expert_intermediate
-        mlps = sum(moe if self.is_moe(i) else dense for i in range(self.layers))
-        head = 0 if self.tie_embeddings else self.vocab * self.hidden
-        mixers = sum(lin if self.is_linear(i) else attn for i in range(self.layers))
-        return (mixers + mlps + self.vocab * self.hidden + head
+        moe = self.experts * h + experts * 3 * h * self.expert_intermediate
+        mlps = sum(moe if self.is_moe(i) else
+                   (3 if self.gated_mlp else 2) * h * self.intermediate_at(i)
+                   for i in range(self.layers))
+        head = 0 if self.tie_embeddings else self.vocab * h
+        mixers = sum(lin if self.is_linear(i) else attn(i) for i in range(self.layers))
+        p, lp = self.per_layer_dim, self.layers * self.per_layer_dim
+        ple = (self.per_layer_vocab * lp + lp * h + 2 * self.layers * p * h) if p else 0
+        return (mixers + mlps + self.vocab * h + head + ple
                 + self.learned_positions * self.hidden)

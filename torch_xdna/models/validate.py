@@ -289,7 +289,34 @@ def expected_shapes(spec: DecoderSpec) -> dict[str, tuple[tuple[int, ...], str]]
             out[tmpl.format(i=i)] = v
         for tmpl, v in (moe.items() if spec.is_moe(i) else ()):
             out[tmpl.format(i=i)] = v
+        if spec.per_layer_shapes:
+            out.update(layer_shapes(spec, i))
+            for tmpl in ((n.k, n.v, n.k_norm) if spec.kv_shared(i) else
+                         () if spec.has_v(i) else (n.v,)):
+                out.pop(tmpl.format(i=i))
+    if spec.per_layer_dim:
+        lp = spec.layers * spec.per_layer_dim
+        out[n.ple_embed] = ((spec.per_layer_vocab, lp), "vocab_size_per_layer_input x layers*P")
+        out[n.ple_proj] = ((lp, h), "layers*hidden_size_per_layer_input x hidden_size")
+        out[n.ple_proj_norm] = ((spec.per_layer_dim,), "hidden_size_per_layer_input")
     return out
+
+
+def layer_shapes(spec: DecoderSpec, i: int) -> dict[str, tuple[tuple[int, ...], str]]:
+    """Layer i's shapes where layers differ (Gemma 4: head dim and KV heads by attention type,
+    MLP width, per-layer-input weights, the layer scalar)."""
+    n, h, d, f = spec.names, spec.hidden, spec.head_dim_at(i), spec.intermediate_at(i)
+    q, kv, p = spec.heads * d, spec.kv_heads_at(i) * d, spec.per_layer_dim
+    hd, kvd, mlp = "heads x the layer's head_dim", "the layer's KV heads x head_dim", "its MLP width"
+    out = {n.q: ((q, h), hd), n.o: ((h, q), hd), n.k: ((kv, h), kvd), n.v: ((kv, h), kvd),
+           n.q_norm: ((d,), "the layer's head_dim"), n.k_norm: ((d,), "the layer's head_dim"),
+           n.gate: ((f, h), mlp), n.up: ((f, h), mlp), n.down: ((h, f), mlp)}
+    if p:
+        out.update({n.ple_gate: ((p, h), "P x hidden"), n.ple_out: ((h, p), "hidden x P"),
+                    n.ple_norm: ((h,), "hidden_size")})
+    if spec.layer_scale:
+        out[n.layer_scalar] = ((1,), "one scalar")
+    return {name.format(i=i): v for name, v in out.items()}
 
 
 def weight_shapes(model_dir: Path) -> dict[str, tuple[tuple[int, ...], Path]]:

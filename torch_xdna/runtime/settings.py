@@ -142,7 +142,7 @@ _TABLE = (
     # --- device and commands -------------------------------------------------------------------
     Setting("TORCH_XDNA_FALLBACK", CHOICE, "warn", "what ops without an NPU kernel do",
             ("warn", "error", "silent"), "a fallback mode"),
-    Setting("TORCH_XDNA_WHISPER_MODEL", PATH, None, "default Whisper directory for xdna transcribe"),
+    Setting("TORCH_XDNA_WHISPER_MODEL", PATH, None, "default Whisper (or Parakeet) directory for xdna transcribe"),
     Setting("XDNA_API_KEY", TEXT, None, "API key xdna serve requires when --api-key is not given",
             secret=True),
     Setting("XDNA_DEBUG", FLAG, False, "the xdna command also prints an error's Python traceback "

@@ -66,14 +66,14 @@ def load_failure(model_id: str, e: BaseException) -> str:
 def model_kind(model_dir: Path) -> str:
     """'rerank' for BERT-family cross-encoders (*ForSequenceClassification), 'embedding' for
     other BERT-family encoders (incl. sentence-transformers folders), 'image' for ViT/DINOv2/ResNet
-    image encoders, 'asr' for Whisper (HF or CTranslate2 directories), else 'chat'."""
+    image encoders, 'asr' for Whisper (HF or CTranslate2 directories) and Parakeet, else 'chat'."""
     from torch_xdna.models.formats.ct2 import is_ct2_dir
     from torch_xdna.models.cross_encoder import is_cross_encoder
     from torch_xdna.models.vision import IMAGE_TYPES
     if is_ct2_dir(model_dir):
         return "asr"
     cfg = read_config(transformer_dir(model_dir))
-    if cfg.get("model_type") == "whisper":
+    if cfg.get("model_type") == "whisper" or str(cfg.get("model_type")).startswith("parakeet"):
         return "asr"
     if cfg.get("model_type") in IMAGE_TYPES:
         return "image"
@@ -171,11 +171,10 @@ class ModelRegistry:
             entry = ModelEntry(name, kind, lambda: ImageEmbedder.load(path, name=name), path,
                                aliases)
         elif kind == "asr":
-            from torch_xdna.engine.asr.transcribe import Transcriber
-            from torch_xdna.models.whisper import read_whisper
-            read_whisper(path)                       # a bad directory fails before binding
+            from torch_xdna.engine.asr.load import check_asr_dir, load_transcriber
+            check_asr_dir(path)                      # a bad directory fails before binding
             asr_prec = self.precision if self.precision in ("auto", "fp32", "int8") else "bf16"
-            entry = ModelEntry(name, kind, lambda: Transcriber.load(
+            entry = ModelEntry(name, kind, lambda: load_transcriber(
                 path, asr_prec, budget=self.budget, quiet=True), path, aliases)
         else:
             from torch_xdna.server.chat import load_chat_model

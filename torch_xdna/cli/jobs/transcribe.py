@@ -15,9 +15,12 @@ MODEL_ENV = "TORCH_XDNA_WHISPER_MODEL"
 
 def register(subparsers) -> None:
     p = add_command(
-        subparsers, "transcribe", help="transcribe an audio file with a Whisper directory",
+        subparsers, "transcribe",
+        help="transcribe an audio file with a Whisper or Parakeet directory",
         description="Transcribe (or translate to English) speech with a Hugging Face Whisper "
-                    "directory. WAV/FLAC/OGG via soundfile, MP3 and other formats via PyAV. NPU "
+                    "directory, or transcribe with a Parakeet CTC / TDT one (each model's own "
+                    "decoding; long audio in overlapping 30-s windows). WAV/FLAC/OGG via "
+                    "soundfile, MP3 and other formats via PyAV. NPU "
                     "figures are modeled by the simulator unless the xrt backend is in use; "
                     "host figures are measured.",
         epilog="examples:\n  xdna transcribe meeting.wav --model ./whisper-tiny\n"
@@ -26,7 +29,7 @@ def register(subparsers) -> None:
                "--task translate --json")
     p.add_argument("file", metavar="FILE", help="audio file (WAV, FLAC, OGG, MP3, M4A...)")
     p.add_argument("--model", metavar="DIR",
-                   help=f"Whisper directory (default: ${MODEL_ENV})")
+                   help=f"Whisper or Parakeet directory (default: ${MODEL_ENV})")
     fmt = p.add_mutually_exclusive_group()
     fmt.add_argument("--json", action="store_const", const="verbose_json", dest="format",
                      help="print verbose JSON (text, language, segments)")
@@ -55,11 +58,12 @@ def register(subparsers) -> None:
 def run(args: argparse.Namespace) -> int:
     from torch_xdna.engine.asr.audio import load_audio
     from torch_xdna.engine.asr.subtitles import render
-    from torch_xdna.engine.asr.transcribe import Transcriber, TranscribeOptions
+    from torch_xdna.engine.asr.load import load_transcriber
+    from torch_xdna.engine.asr.transcribe import TranscribeOptions
     model = args.model or settings.get(MODEL_ENV)
     if not model:
-        raise CliError(f"no Whisper model: pass --model DIR (a Hugging Face Whisper directory) "
-                       f"or set {MODEL_ENV}")
+        raise CliError("no speech model: pass --model DIR (a Hugging Face Whisper or Parakeet "
+                       f"directory) or set {MODEL_ENV}")
     if not os.path.isfile(args.file):
         raise CliError(f"{args.file}: no such audio file")
     audio = load_audio(args.file)                # refuse an undecodable file before loading
@@ -68,7 +72,7 @@ def run(args: argparse.Namespace) -> int:
                              timestamps=args.timestamps or args.format in ("srt", "vtt",
                                                                            "verbose_json"),
                              prompt=args.prompt, max_new_tokens=args.max_new_tokens)
-    asr = Transcriber.load(model, args.precision, budget=args.precision_budget)
+    asr = load_transcriber(model, args.precision, budget=args.precision_budget)
     try:
         r = asr.transcribe(audio, opts, name=args.file)
     finally:

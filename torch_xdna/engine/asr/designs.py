@@ -16,7 +16,7 @@ import torch
 from torch_xdna.engine.asr.whisper import DEFAULT_CHUNK
 from torch_xdna.kernels.blocks.llm import rows_bucket
 from torch_xdna.kernels.blocks.whisper import encoder_designs, split_precision, step_designs
-from torch_xdna.kernels.blocks.whisper_stages import cache_rows, cross_rows
+from torch_xdna.kernels.stages.whisper import cache_rows, cross_rows
 from torch_xdna.kernels.toolchain.catalog import Example, Spec
 from torch_xdna.models.whisper import WhisperSpec
 

@@ -58,6 +58,8 @@ def unsupported(engine: Engine, config: GenerationConfig) -> str | None:
         return "kv_dtype"                       # slots hold bf16/fp32 KV (no int8 batch layer)
     if getattr(engine.decoder, "states", None):
         return "linear_attention"               # slots hold KV only, not recurrent states
+    if getattr(getattr(engine, "spec", None), "per_layer_shapes", False):
+        return "per_layer_shapes"               # slots and batch layers assume one layer shape
     if config.n != 1:
         return "n"
     if config.repetition_penalty != 1.0:

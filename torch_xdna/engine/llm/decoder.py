@@ -11,7 +11,7 @@ engine/kv_decoder.py, shared with Whisper's decoder).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Mapping
 
@@ -28,6 +28,7 @@ from torch_xdna.kernels.blocks.llm import (
 )
 from torch_xdna.kernels.blocks.linear_attn import DeltaNetBlockDesign, DeltaNetLayerDesign
 from torch_xdna.kernels.blocks.moe import MoeBlockDesign, MoeLayerDesign
+from torch_xdna.kernels.blocks.ple import PleEmbedDesign, PleLayerDesign
 from torch_xdna.kernels.blocks.weights import PRECISIONS, default_group, weight_bytes
 from torch_xdna.kernels.ops.vector import VectorDesign
 from torch_xdna.models.hf import ModelDirError
@@ -91,10 +92,14 @@ class PrecisionPolicy:
     def block_group(self, spec: DecoderSpec, kind: str) -> int:
         """The one group size all weights of a fused block (attention, mlp, head) share."""
         lin = (spec.linear_v_heads * spec.linear_v_dim,) if spec.layer_kinds else ()
-        ks = {"attention": (spec.hidden, spec.q_dim) + lin,
+        layers = range(spec.layers)
+        qs = tuple({spec.heads * spec.head_dim_at(i) for i in layers})
+        ple = (spec.per_layer_dim,) if spec.per_layer_dim else ()
+        ks = {"attention": (spec.hidden, spec.q_dim) + qs + lin,
               "mlp": (spec.hidden, spec.intermediate) + ((spec.expert_intermediate,)
-                                                          if spec.experts else ()),
-              "head": (spec.hidden,)}[kind]
+                                                          if spec.experts else ())
+              + tuple({spec.intermediate_at(i) for i in layers}) + ple,
+              "head": (spec.hidden,) + ((spec.layers * spec.per_layer_dim,) if ple else ())}[kind]
         return self.group_for(getattr(self, kind), *ks)
 
     def ident(self) -> str:
@@ -108,7 +113,8 @@ class PrecisionPolicy:
         kinds = {"qkv": "attention", "o": "attention", "lin_in": "attention",
                  "lin_out": "attention", "gate_up": "mlp", "down": "mlp",
                  "experts_gate_up": "mlp", "experts_down": "mlp", "embed": "head",
-                 "lm_head": "head"}       # the MoE router stays bf16 (fp32), like the norms
+                 "lm_head": "head", "ple_gate": "mlp", "ple_out": "mlp", "ple_embed": "head",
+                 "ple_proj": "head"}       # the MoE router stays bf16 (fp32), like the norms
 
         def transform(site: str, w: torch.Tensor) -> tuple[torch.Tensor, ...]:
             kind = kinds.get(site.rsplit(".", 1)[-1])
@@ -129,38 +135,51 @@ def resident_bytes_estimate(spec: DecoderSpec, policy: PrecisionPolicy, capacity
     """Device bytes a Decoder of `spec` holds: weights in their stored formats, norms, RoPE
     tables, the KV cache at `capacity` and the activation/logit buffers. From shapes only, so
     an impossible config is refused before anything is read or allocated."""
-    h, f = spec.hidden, spec.intermediate
+    h = spec.hidden
     wb = weight_bytes
     ga, gm, gh = (policy.block_group(spec, k) for k in SITE_KINDS)
     norm = 4 if policy.exact else 2
-    attn = (wb(spec.q_dim * (2 if spec.attn_output_gate else 1) + 2 * spec.kv_dim, h,
-               policy.attention, ga) + wb(h, spec.q_dim, policy.attention, ga))
+
+    def attn(i: int) -> int:
+        q = spec.heads * spec.head_dim_at(i)
+        kv = 0 if spec.kv_shared(i) else 2 * spec.kv_heads_at(i) * spec.head_dim_at(i)
+        return (wb(q * (2 if spec.attn_output_gate else 1) + kv, h, policy.attention, ga)
+                + wb(h, q, policy.attention, ga) + 2 * spec.head_dim_at(i) * spec.qk_norm * norm)
     vd, hv, c = spec.linear_v_heads * spec.linear_v_dim, spec.linear_v_heads, spec.linear_conv_dim
     lin = (wb(c + vd + 2 * hv, h, policy.attention, ga) + wb(h, vd, policy.attention, ga)
            + 4 * (c * spec.linear_conv + 2 * hv) + norm * spec.linear_v_dim
            + 4 * (hv * spec.linear_k_dim * spec.linear_v_dim + c * (spec.linear_conv - 1))
            ) if spec.layer_kinds else 0
-    mixers = sum(lin if spec.is_linear(i) else attn for i in range(spec.layers))
-    dense = wb((2 if spec.gated_mlp else 1) * f, h, policy.mlp, gm) + wb(h, f, policy.mlp, gm)
+    mixers = sum(lin if spec.is_linear(i) else attn(i) for i in range(spec.layers))
+
+    def dense(i: int) -> int:
+        fi = spec.intermediate_at(i)
+        return wb((2 if spec.gated_mlp else 1) * fi, h, policy.mlp, gm) + wb(h, fi, policy.mlp, gm)
     fe = spec.expert_intermediate
     moe = spec.experts * (h * norm + wb(2 * fe, h, policy.mlp, gm)
                           + wb(h, fe, policy.mlp, gm)) if spec.experts else 0
-    mlps = sum(moe if spec.is_moe(i) else dense for i in range(spec.layers))
-    norms = (2 + 2 * spec.sandwich_norms) * h + 2 * spec.qk_norm * spec.head_dim
+    mlps = sum(moe if spec.is_moe(i) else dense(i) for i in range(spec.layers))
+    norms = (2 + 2 * spec.sandwich_norms) * h + spec.layer_scale
     head = wb(spec.vocab, h, policy.head, gh) * (1 if spec.tie_embeddings else 2)
-    kv = capacity * kv_bytes_per_token(len(spec.attention_layers), spec.kv_heads, spec.head_dim,
-                                       kv_dtype, policy.exact)
-    rope = len(spec.ropes) * 2 * capacity * (spec.rotary_dim or spec.head_dim) * 4
+    kv = capacity * per_token_bytes(spec, policy, kv_dtype)
     acts = chunk * h * 4 + chunk * 4 + spec.vocab * 4 + chunk * spec.experts_per_token * 4
     acts += spec.learned_positions * h * norm          # the learned position table
-    return spec.layers * norms * norm + mixers + mlps + h * norm + head + kv + rope + acts
+    p, lp = spec.per_layer_dim, spec.layers * spec.per_layer_dim
+    ple = (wb(spec.per_layer_vocab, lp, policy.head, gh) + wb(lp, h, policy.head, gh)
+           + spec.layers * (wb(p, h, policy.mlp, gm) + wb(h, p, policy.mlp, gm) + h * norm)
+           + p * norm + chunk * lp * 4) if p else 0
+    return spec.layers * norms * norm + mixers + mlps + h * norm + head + kv + acts + ple
 
 
 def per_token_bytes(spec: DecoderSpec, policy: PrecisionPolicy, kv_dtype: str = DEFAULT_KV_DTYPE) -> int:
     """Device bytes one more context position costs: its KV entries and RoPE table rows."""
-    return (kv_bytes_per_token(len(spec.attention_layers), spec.kv_heads, spec.head_dim, kv_dtype,
-                               policy.exact)
-            + len(spec.ropes) * 2 * (spec.rotary_dim or spec.head_dim) * 4)
+    if spec.per_layer_shapes:                 # layers of several shapes (Gemma 4)
+        kv = sum(kv_bytes_per_token(1, spec.kv_heads_at(i), spec.head_dim_at(i), kv_dtype,
+                                    policy.exact) for i in spec.cache_layers)
+    else:
+        kv = kv_bytes_per_token(len(spec.attention_layers), spec.kv_heads, spec.head_dim,
+                                kv_dtype, policy.exact)
+    return kv + sum(2 * spec.rope_dim(name) * 4 for name in spec.ropes)
 
 
 def resolve_capacity(spec: DecoderSpec, policy: PrecisionPolicy, dev: Device,
@@ -215,11 +234,17 @@ def step_designs(spec: DecoderSpec, policy: PrecisionPolicy, rows: int, capacity
     (a select on the vector unit, exact in fp32: Decoder.forward_images)."""
     if layout not in LAYOUTS:
         raise ValueError(f"unknown layout {layout!r}; use one of {', '.join(LAYOUTS)}")
+    if layout != "layer" and spec.per_layer_shapes:
+        raise ValueError(f"layout {layout!r} is not implemented for {spec.family} (per-layer "
+                         f"inputs and scalars run in the layer launch); use layout 'layer'")
     pa, pm, ph = policy.attention, policy.mlp, policy.head
     ga, gm, gh = (policy.block_group(spec, k) for k in SITE_KINDS)
     common = dict(hidden=spec.hidden, rows=rows, eps=spec.rms_eps, norm_offset=spec.norm_offset)
     embed = (PosEmbedDesign(spec.vocab, spec.hidden, rows, ph, gh, spec.embed_scale,
                             offset=spec.position_offset) if spec.learned_positions else
+             PleEmbedDesign(spec.vocab, spec.hidden, rows, ph, gh, spec.embed_scale,
+                            layers=spec.layers, ple_dim=spec.per_layer_dim, eps=spec.rms_eps)
+             if spec.per_layer_dim else
              EmbedDesign(spec.vocab, spec.hidden, rows, ph, gh, spec.embed_scale))
     out: list[tuple[str, int, Design]] = [("embed", -1, embed)]
     if images:
@@ -243,13 +268,18 @@ def step_designs(spec: DecoderSpec, policy: PrecisionPolicy, rows: int, capacity
                     else [("linear", i, dn), ("mlp", i, mlp)])
             continue
         attn = AttentionBlockDesign(
-            precision=pa, group=ga, heads=spec.heads, kv_heads=spec.kv_heads,
-            head_dim=spec.head_dim, capacity=capacity, qk_norm=spec.qk_norm,
+            precision=pa, group=ga, heads=spec.heads, kv_heads=spec.kv_heads_at(i),
+            head_dim=spec.head_dim_at(i), capacity=capacity, qk_norm=spec.qk_norm,
             post_norm=spec.sandwich_norms, window=spec.layer_window[i], scale=spec.attn_scale,
             softcap=spec.attn_softcap, cache_bytes=4 if policy.exact else 2, kv_dtype=kv_dtype,
             layer_norm=spec.layer_norm, bias=spec.linear_bias, rope=bool(spec.ropes),
-            output_gate=spec.attn_output_gate, rotary_dim=spec.rotary_dim, **common)
-        if spec.is_moe(i):
+            output_gate=spec.attn_output_gate, rotary_dim=spec.rotary_dim,
+            v_norm=spec.v_norm, kv_shared=spec.kv_shared(i), **common)
+        if spec.per_layer_shapes:         # Gemma 4: the layer's MLP width, PLE tail, scalar
+            wide = replace(mlp, intermediate=spec.intermediate_at(i))
+            out.append(("layer", i, PleLayerDesign(attn, wide, ple_dim=spec.per_layer_dim,
+                                                   act=spec.act, scaled=spec.layer_scale)))
+        elif spec.is_moe(i):
             out += ([("layer", i, MoeLayerDesign(attn, moe))] if layout == "layer"
                     else [("attention", i, attn), ("moe", i, moe)])
         elif layout == "layer":
@@ -305,21 +335,26 @@ class Decoder(ResidentDecoder):
                 self.w["lm_head"] = self.w["embed"]
             self.rope = {}
             for name, rope in spec.ropes.items():
-                cos, sin = rope.tables(spec.rotary_dim or spec.head_dim, self.capacity)
+                cos, sin = rope.tables(spec.rope_dim(name), self.capacity)
                 self.rope[name] = (self.upload(cos), self.upload(sin))
-            # KV only for the attention layers; a linear-attention layer keeps its conv and
-            # recurrent states instead (fp32, device-resident)
-            self.kv_index = {layer: j for j, layer in enumerate(spec.attention_layers)}
+            # KV only for the attention layers that own one (a KV-shared layer attends over its
+            # source's); a linear-attention layer keeps its conv and recurrent states instead
+            # (fp32, device-resident)
+            owners = spec.cache_layers
+            self.kv_index = {i: owners.index(spec.kv_owner(i)) for i in spec.attention_layers}
             self.states = {i: (self.empty((spec.linear_conv_dim, spec.linear_conv - 1), torch.float32),
                                self.empty((spec.linear_v_heads, spec.linear_k_dim, spec.linear_v_dim),
                                           torch.float32))
                            for i in range(spec.layers) if spec.is_linear(i)}
-            self.cache = KVCache.allocate(dev, len(spec.attention_layers), spec.kv_heads, spec.head_dim,
-                                          self.capacity,
+            self.cache = KVCache.allocate(dev, len(owners), [spec.kv_heads_at(i) for i in owners],
+                                          [spec.head_dim_at(i) for i in owners], self.capacity,
                                           torch.float32 if policy.exact else torch.bfloat16,
                                           kv_dtype)
             self._owned += self.cache.buffers
             self.x = self.empty((self.chunk, spec.hidden), torch.float32)
+            # per-layer inputs (PLE), written by the embedding launch, one buffer per layer
+            self.ple = [self.empty((self.chunk, spec.per_layer_dim), torch.float32)
+                        for _ in range(spec.layers if spec.per_layer_dim else 0)]
             self.ids = self.empty((self.chunk,), torch.int32)
             self.logits = self.empty((1, spec.vocab), torch.float32)
             # the experts each row of a chunk chose (written by the MoE blocks; the simulator
@@ -352,7 +387,8 @@ class Decoder(ResidentDecoder):
         for role, i, design in step_designs(spec, self.policy, rows, self.capacity, with_head,
                                             self.layout, self.kv_dtype, images):
             if role == "embed":
-                launches.append(Launch(design, self.embed_inputs(ids), [x], s, op="embed"))
+                ple = [self.rows_view(a, rows) for a in self.ple]
+                launches.append(Launch(design, self.embed_inputs(ids), [x, *ple], s, op="embed"))
             elif role == "image_rows":
                 ins = [self.rows_view(self.image_mask, rows), self.rows_view(self.image_x, rows), x]
                 launches.append(Launch(design, ins, [x], s, op="image_rows"))
@@ -372,7 +408,8 @@ class Decoder(ResidentDecoder):
                 route = [self.rows_view(self.route, rows)] if spec.is_moe(i) else []
                 ins = {"attention": self.attention_inputs(x, i), "mlp": self.mlp_inputs(x, i),
                        "moe": self.mlp_inputs(x, i),
-                       "layer": self.attention_inputs(x, i) + self.mlp_inputs(x, i)[1:]}[role]
+                       "layer": self.attention_inputs(x, i) + self.mlp_inputs(x, i)[1:]
+                       + self.tail_inputs(i, rows)}[role]
                 outs = {"attention": kv, "mlp": [x], "moe": [x, *route], "layer": kv + route}[role]
                 launches.append(Launch(design, ins, outs, s, op=f"layer{i}.{role}"))
         prog = Program(launches, name=f"{spec.family}.{'decode' if rows == 1 else 'prefill'}")
@@ -401,7 +438,9 @@ class Decoder(ResidentDecoder):
     def embed_inputs(self, ids: TensorArg) -> list[TensorArg]:
         """The embedding launch's operands: the table, the ids (and the position table)."""
         pos = [*self.w["pos_embed"]] if self.spec.learned_positions else []
-        return [*self.w["embed"], ids, *pos]
+        ple = ([*self.w["ple_embed"], *self.w["ple_proj"], *self.w["ple_proj_norm"]]
+               if self.spec.per_layer_dim else [])
+        return [*self.w["embed"], ids, *pos, *ple]
 
     def head_inputs(self, x: TensorArg) -> list[TensorArg]:
         """The head launch's operands: rows, final norm (and its bias), lm_head."""
@@ -415,7 +454,7 @@ class Decoder(ResidentDecoder):
         if spec.layer_norm:
             ins += [*w[p + "attn_norm_bias"]]
         if spec.qk_norm:
-            ins += [*w[p + "q_norm"], *w[p + "k_norm"]]
+            ins += [*w[p + "q_norm"]] + ([] if spec.kv_shared(i) else [*w[p + "k_norm"]])
         ins += [*w[p + "qkv"]] + ([*w[p + "qkv_bias"]] if spec.linear_bias else [])
         ins += [*w[p + "o"]] + ([*w[p + "o_bias"]] if spec.linear_bias else [])
         if spec.sandwich_norms:
@@ -435,6 +474,14 @@ class Decoder(ResidentDecoder):
         if spec.sandwich_norms:
             ins += [*w[p + "mlp_post_norm"]]
         return ins
+
+    def tail_inputs(self, i: int, rows: int) -> list[TensorArg]:
+        """Layer i's PLE-tail operands (Gemma 4): its per-layer rows, gate, projection and
+        post norm, then its output scalar; none for other families."""
+        spec, w, p = self.spec, self.w, f"layers.{i}."
+        ins = ([self.rows_view(self.ple[i], rows), *w[p + "ple_gate"], *w[p + "ple_out"],
+                *w[p + "ple_norm"]] if spec.per_layer_dim else [])
+        return ins + ([*w[p + "layer_scalar"]] if spec.layer_scale else [])
 
     # -- execution -------------------------------------------------------------------------
     def context_error(self, total: int) -> ContextOverflow:

@@ -22,7 +22,10 @@ from torch_xdna.runtime.sim.cost import CostModel, stream_bandwidth
 
 def resolve_spec(model: str) -> tuple[str, DecoderSpec]:
     """A model directory (config.json only), a .gguf file (its metadata only) or a built-in
-    shape name like 'qwen3-0.6b'."""
+    shape name like 'qwen3-0.6b', or a packaged checkpoint's name (models/packaged.py)."""
+    from torch_xdna.models.packaged import CHECKPOINTS, resolve
+    if not Path(model).exists() and model in CHECKPOINTS:
+        model = str(resolve(model))
     if Path(model).is_file():
         from torch_xdna.models.loader import read_gguf
         return Path(model).name, read_gguf(Path(model)).spec

@@ -10,6 +10,7 @@ KV_BUDGET_SHARE of the device memory left after the weights, rounded down to who
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Sequence
 
 import torch
 
@@ -51,16 +52,20 @@ class KVCache:
     v_scale: list[TensorArg] = field(default_factory=list)
 
     @classmethod
-    def allocate(cls, dev: Device, layers: int, kv_heads: int, head_dim: int, capacity: int,
+    def allocate(cls, dev: Device, layers: int, kv_heads: int | Sequence[int],
+                 head_dim: int | Sequence[int], capacity: int,
                  dtype: torch.dtype = torch.bfloat16, kv_dtype: str = DEFAULT_KV_DTYPE) -> "KVCache":
-        shape = (kv_heads, capacity, head_dim)
+        """kv_heads / head_dim: one value for every layer, or one per layer (Gemma 4's sliding
+        and full-attention layers differ)."""
+        heads = list(kv_heads) if isinstance(kv_heads, Sequence) else [kv_heads] * layers
+        dims = list(head_dim) if isinstance(head_dim, Sequence) else [head_dim] * layers
         store = torch.int8 if kv_dtype == "int8" else dtype
-        k = [dev.empty(shape, store) for _ in range(layers)]
-        v = [dev.empty(shape, store) for _ in range(layers)]
+        k = [dev.empty((h, capacity, d), store) for h, d in zip(heads, dims)]
+        v = [dev.empty((h, capacity, d), store) for h, d in zip(heads, dims)]
         ks, vs = [], []
         if kv_dtype == "int8":
-            ks = [dev.empty((kv_heads, capacity), torch.float32) for _ in range(layers)]
-            vs = [dev.empty((kv_heads, capacity), torch.float32) for _ in range(layers)]
+            ks = [dev.empty((h, capacity), torch.float32) for h in heads]
+            vs = [dev.empty((h, capacity), torch.float32) for h in heads]
         return cls(k, v, capacity, 0, kv_dtype, ks, vs)
 
     @property

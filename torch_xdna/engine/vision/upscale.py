@@ -15,6 +15,7 @@ from pathlib import Path
 
 import torch
 
+from torch_xdna.compiler.options import FallbackRefused
 from torch_xdna.engine.counters import CounterDelta
 from torch_xdna.engine.vision.image_embedder import allow_recompiles
 from torch_xdna.models.sr import SubpixelBilinear, load_sr
@@ -63,6 +64,7 @@ class Upscaler:
         opts = {"cache_dir": str(cache_dir)} if cache_dir else {}
         allow_recompiles()
         self.fn = torch.compile(self.model, backend="xdna", dynamic=False, options=opts)
+        self.max_batch: dict[tuple[int, int], int] = {}    # tile shape -> images that plan
 
     @classmethod
     def load(cls, model_dir: str | Path | None = None, scale: int | None = None,
@@ -85,15 +87,16 @@ class Upscaler:
 
     def upscale_tensor(self, x: torch.Tensor, stats: UpscaleStats | None = None,
                        tile: int | None = None) -> torch.Tensor:
-        """[1, C, H, W] float in [0, 1] (CPU) -> [1, C, H*s, W*s] (CPU), tile by tile."""
+        """[N, C, H, W] float in [0, 1] (CPU) -> [N, C, H*s, W*s] (CPU), tile by tile; the N
+        images (a video's frames) share each tile's forward, one dispatch per tile position."""
         from torch_xdna.runtime import get_device
-        if x.dim() != 4 or x.shape[0] != 1 or x.shape[1] != self.channels:
-            raise ValueError(f"expected a [1, {self.channels}, H, W] image tensor, got "
+        if x.dim() != 4 or x.shape[0] < 1 or x.shape[1] != self.channels:
+            raise ValueError(f"expected an [N, {self.channels}, H, W] image tensor, got "
                              f"{list(x.shape)}")
         stats = stats if stats is not None else UpscaleStats()
         tile, s = tile or self.tile, self.scale
-        _, c, h, w = x.shape
-        out = torch.empty(1, c, h * s, w * s)
+        n, c, h, w = x.shape
+        out = torch.empty(n, c, h * s, w * s)
         dev = get_device()
         delta, t0 = CounterDelta(dev), time.perf_counter()
         with torch.no_grad(), torch.xdna.strict():
@@ -101,7 +104,7 @@ class Upscaler:
                 th = min(tile, h)
                 for xs, xa, xb in tile_windows(w, tile, self.halo):
                     tw = min(tile, w)
-                    y = self.fn(x[:, :, ys:ys + th, xs:xs + tw].contiguous().to("xdna")).cpu()
+                    y = self._forward(x[:, :, ys:ys + th, xs:xs + tw].contiguous())
                     out[:, :, ya * s:yb * s, xa * s:xb * s] = \
                         y[:, :, (ya - ys) * s:(yb - ys) * s, (xa - xs) * s:(xb - xs) * s]
                     stats.tiles += 1
@@ -113,30 +116,60 @@ class Upscaler:
         stats.host_s += time.perf_counter() - t0
         return out
 
+    def _forward(self, xt: torch.Tensor) -> torch.Tensor:
+        """One tile position for N images. The conv plans' memory grows with N, so a batch that
+        does not plan on the device (strict() refuses the host) runs in halves, and the size that
+        fits is remembered per tile shape."""
+        from torch._dynamo.exc import BackendCompilerFailed
+        n, key = xt.shape[0], tuple(xt.shape[2:])
+        cap = self.max_batch.get(key, n)
+        if n > cap:
+            return torch.cat([self._forward(part) for part in xt.split(cap)])
+        try:
+            return self.fn(xt.to("xdna")).cpu()
+        except BackendCompilerFailed as e:
+            if not isinstance(e.inner_exception, FallbackRefused):
+                raise
+            if n == 1:
+                raise ValueError(f"{self.name}: a {key[0]}x{key[1]} tile does not plan on the "
+                                 f"NPU (strict(): no host fallback); pick another --tile, e.g. "
+                                 f"{DEFAULT_TILE} or 48") from None
+        self.max_batch[key] = (n + 1) // 2
+        return self._forward(xt)
+
     def upscale_image(self, img, stats: UpscaleStats | None = None, tile: int | None = None):
         """PIL image -> PIL image `scale` times larger. One-channel networks (ESPCN's Y channel)
         upscale luma and resize chroma bicubically; alpha is resized bicubically."""
+        return self.upscale_images([img], stats, tile)[0]
+
+    def upscale_images(self, imgs: list, stats: UpscaleStats | None = None,
+                       tile: int | None = None) -> list:
+        """PIL images of one size and mode -> PIL images `scale` times larger, all N through
+        each tile's forward together (the video path's frame batches; upscale_image is N = 1)."""
         import numpy as np
         from PIL import Image
-        alpha = img.getchannel("A") if img.mode in ("RGBA", "LA") else None
-        size = (img.width * self.scale, img.height * self.scale)
+        first = imgs[0]
+        if any(im.size != first.size or im.mode != first.mode for im in imgs):
+            raise ValueError("a batch of images must share one size and mode")
+        size = (first.width * self.scale, first.height * self.scale)
         if self.channels == 1:
-            ycc = img.convert("YCbCr")
-            y, cb, cr = ycc.split()
-            yy = self._run(np.asarray(y), stats, tile)
-            out = Image.merge("YCbCr", [Image.fromarray(yy[..., 0]),
-                                        cb.resize(size, Image.BICUBIC),
-                                        cr.resize(size, Image.BICUBIC)]).convert("RGB")
+            planes = [im.convert("YCbCr").split() for im in imgs]
+            ys = self._run(np.stack([np.asarray(y) for y, _, _ in planes])[..., None], stats, tile)
+            outs = [Image.merge("YCbCr", [Image.fromarray(yy[..., 0]),
+                                          cb.resize(size, Image.BICUBIC),
+                                          cr.resize(size, Image.BICUBIC)]).convert("RGB")
+                    for yy, (_, cb, cr) in zip(ys, planes)]
         else:
-            rgb = np.asarray(img.convert("RGB"))
-            out = Image.fromarray(self._run(rgb, stats, tile))
-        if alpha is not None:
-            out.putalpha(alpha.resize(size, Image.BICUBIC))
-        return out
+            rgb = np.stack([np.asarray(im.convert("RGB")) for im in imgs])
+            outs = [Image.fromarray(a) for a in self._run(rgb, stats, tile)]
+        if first.mode in ("RGBA", "LA"):
+            for out, im in zip(outs, imgs):
+                out.putalpha(im.getchannel("A").resize(size, Image.BICUBIC))
+        return outs
 
     def _run(self, arr, stats, tile):
+        """uint8 [N, H, W, C] -> uint8 [N, H*s, W*s, C] through the network."""
         import numpy as np
-        a = arr[..., None] if arr.ndim == 2 else arr
-        x = torch.from_numpy(np.array(a, dtype=np.float32)).permute(2, 0, 1)[None] / 255.0
-        y = self.upscale_tensor(x, stats, tile)[0].permute(1, 2, 0)
+        x = torch.from_numpy(np.array(arr, dtype=np.float32)).permute(0, 3, 1, 2) / 255.0
+        y = self.upscale_tensor(x, stats, tile).permute(0, 2, 3, 1)
         return (y.clamp(0, 1) * 255.0).round().to(torch.uint8).numpy()

@@ -134,6 +134,8 @@ _SPECS += [
        ["xcs:bf16*", "w:bf16*", "out:bf16*", "work:f32*", "rows:i32", "d:i32", "eps:f32",
         "offset:f32"], golden="qk_norm_rope",
        reference="llm_layer_stages.qk_norm_rope_rows (llm_blocks._rms, _rope)"),
+    _k("qk_rope_bf16", "qk_rope.cc", ["xcs:bf16*", "out:bf16*", "rows:i32", "d:i32"],
+       golden="qk_rope", reference="llm_layer_stages.qk_rope_rows (llm_blocks._rope)"),
 ]
 # the GEMM epilogue stage (epilogue.cc): epilogue_<act>[_bias][_res[_pk]]_f32_<out>
 for _act in STORE_ACTS:

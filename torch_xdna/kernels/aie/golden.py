@@ -382,6 +382,14 @@ def qk_norm_rope(xcs, w, rows: int, d: int, eps: float, offset: float = 0.0) -> 
     return cast_bf16(rope(y, cos, ssin))
 
 
+def qk_rope(xcs, rows: int, d: int) -> torch.Tensor:
+    """qk_rope_bf16: xcs = [rows x d heads | cos d | signed_sin d] -> bf16 rope(heads)
+    (qk_rope.cc, the stage of layers without q/k norm)."""
+    x = xcs[:rows * d].reshape(rows, d)
+    cos, ssin = xcs[rows * d:rows * d + d], xcs[rows * d + d:rows * d + 2 * d]
+    return cast_bf16(rope(x, cos, ssin))
+
+
 # --- attention ---------------------------------------------------------------------------------
 def flash_rows(qf: torch.Tensor, qpos: torch.Tensor, kf: torch.Tensor, vf: torch.Tensor, *,
                kv_valid: int, scale: float, tkv: int, causal: bool, window: int, softcap: float,

@@ -266,7 +266,7 @@ def _gemm_host_layout(d, gen, inputs):
 
 def _layer_host_layout(d, gen, inputs):
     """The fused decoder layer's stages take transposed weights and one cs RoPE table."""
-    from torch_xdna.kernels.blocks.llm_stages import host_inputs, unsupported
+    from torch_xdna.kernels.stages.llm_layer import host_inputs, unsupported
     if unsupported(d) is not None:       # structural stages: the runner refuses them anyway
         return list(inputs)
     return host_inputs(d, inputs, gen)
@@ -274,7 +274,7 @@ def _layer_host_layout(d, gen, inputs):
 
 def _head_host_layout(d, gen, inputs):
     """The LM head's stages take the lm_head weight transposed (or packed per tile)."""
-    from torch_xdna.kernels.blocks.head_stages import host_inputs, unsupported
+    from torch_xdna.kernels.stages.llm_head import host_inputs, unsupported
     if unsupported(d) is not None:       # structural stages: the runner refuses them anyway
         return list(inputs)
     return host_inputs(d, inputs, gen)
@@ -283,7 +283,7 @@ def _head_host_layout(d, gen, inputs):
 def _encoder_host_layout(d, gen, inputs):
     """The encoder blocks' stages take fp32 norm parameters, the embedding's id rows, the pool's
     weights, the attention's padded mask (encoder_stages.host_inputs)."""
-    from torch_xdna.kernels.blocks.encoder_stages import host_inputs, unsupported
+    from torch_xdna.kernels.stages.encoder import host_inputs, unsupported
     if unsupported(d) is not None:
         return list(inputs)
     return host_inputs(d, inputs, gen)
@@ -292,7 +292,7 @@ def _encoder_host_layout(d, gen, inputs):
 def _whisper_host_layout(d, gen, inputs):
     """The Whisper blocks' stages take transposed weights, fp32 norm parameters and position
     tables, the mel window time-major (whisper_stages.host_inputs)."""
-    from torch_xdna.kernels.blocks.whisper_stages import host_inputs, unsupported
+    from torch_xdna.kernels.stages.whisper import host_inputs, unsupported
     if unsupported(d) is not None:
         return list(inputs)
     return host_inputs(d, inputs, gen)
@@ -307,7 +307,7 @@ def _register_lowering() -> None:
     txn_level.register_host_layout("llm_head", _head_host_layout)
     for kind in ("encoder_embedding", "encoder_attention", "encoder_ffn", "encoder_pool"):
         txn_level.register_host_layout(kind, _encoder_host_layout)
-    from torch_xdna.kernels.blocks.whisper_stages import KINDS
+    from torch_xdna.kernels.stages.whisper import KINDS
     for kind in KINDS:
         txn_level.register_host_layout(kind, _whisper_host_layout)
 
@@ -316,7 +316,7 @@ def _register_lowering() -> None:
 @ck.register("qk_norm_rope_bf16")
 def qk_norm_rope(xcs, w, out, work, rows, d, eps, offset) -> None:
     """xcs = [rows x d heads | cos d | signed_sin d], w [rows x d] -> out bf16 (qk_rope.cc)."""
-    from torch_xdna.kernels.blocks.llm_stages import qk_norm_rope_rows
+    from torch_xdna.kernels.stages.llm_layer import qk_norm_rope_rows
     rows, d = int(rows), int(d)
     x = xcs[:rows * d].reshape(rows, d)
     cos, ssin = xcs[rows * d:rows * d + d], xcs[rows * d + d:rows * d + 2 * d]
@@ -325,15 +325,26 @@ def qk_norm_rope(xcs, w, out, work, rows, d, eps, offset) -> None:
     out.copy_(y.reshape(out.shape).to(out.dtype))
 
 
+@ck.register("qk_rope_bf16")
+def qk_rope(xcs, out, rows, d) -> None:
+    """xcs = [rows x d heads | cos d | signed_sin d] -> out bf16 (qk_rope.cc, rope only)."""
+    from torch_xdna.kernels.stages.llm_layer import qk_rope_rows
+    rows, d = int(rows), int(d)
+    x = xcs[:rows * d].reshape(rows, d)
+    cos, ssin = xcs[rows * d:rows * d + d], xcs[rows * d + d:rows * d + 2 * d]
+    y = qk_rope_rows(x.float(), cos.float().unsqueeze(0), ssin.float().unsqueeze(0))
+    out.copy_(y.reshape(out.shape).to(out.dtype))
+
+
 @ck.register("silu_mul_bf16_f32")
 def silu_mul(gate, up, out, n) -> None:
-    from torch_xdna.kernels.blocks.llm_stages import silu_mul_rows
+    from torch_xdna.kernels.stages.llm_layer import silu_mul_rows
     out.copy_(silu_mul_rows(gate, up).reshape(out.shape))
 
 
 @ck.register("cast_f32_bf16")
 def cast_f32_bf16(x, out, n) -> None:
-    from torch_xdna.kernels.blocks.llm_stages import cast_bf16
+    from torch_xdna.kernels.stages.llm_layer import cast_bf16
     out.copy_(cast_bf16(x).reshape(out.shape))
 
 

@@ -27,8 +27,8 @@ from torch_xdna.kernels.ops.attention import attention_reference
 from torch_xdna.kernels.base import Design
 from torch_xdna.kernels.ops.gemm import GemmDesign
 from torch_xdna.kernels.blocks import encoder_exact as exact
-from torch_xdna.kernels.blocks import encoder_stages
-from torch_xdna.kernels.blocks.encoder_stages import layer_norm_design
+from torch_xdna.kernels.stages import encoder as encoder_stages
+from torch_xdna.kernels.stages.encoder import layer_norm_design
 from torch_xdna.kernels.blocks.operands import OPERANDS
 from torch_xdna.kernels.blocks.toolkit import combine_plans
 from torch_xdna.kernels.ops.vector import OPS as VECTOR_OPS, EmbeddingDesign, VectorDesign
@@ -155,7 +155,7 @@ def scatter_rows(out: torch.Tensor, rows: torch.Tensor, y: torch.Tensor) -> None
 
 def _staged(d: Design) -> bool:
     """numerics.layer_order() == "plan" and the block runs as stages: its functional level then
-    computes in the stage programs' order (blocks/encoder_stages.py)."""
+    computes in the stage programs' order (stages/encoder.py)."""
     return numerics.layer_order() == "plan" and encoder_stages.unsupported(d) is None
 
 

@@ -38,7 +38,8 @@ from torch_xdna.hw.vector_costs import dequant_cycles
 from torch_xdna.kernels import numerics
 from torch_xdna.kernels.activations import apply_epilogue
 from torch_xdna.kernels.base import Design, ceil_div, round_up
-from torch_xdna.kernels.blocks import head_stages, llm_stages
+from torch_xdna.kernels.stages import llm_head as head_stages
+from torch_xdna.kernels.stages import llm_layer as llm_stages
 from torch_xdna.kernels.blocks.operands import KV_MIRROR
 from torch_xdna.kernels.blocks.toolkit import (
     KV_TILE, attend, combine_plans, fused_plan, gemm_plan, inference_mode, kv_bucket, kv_launch_plan,
@@ -222,6 +223,9 @@ class AttentionBlockDesign(DecoderBlockDesign):
     rope: bool = True           # False: positions come from the embedding (no cos/sin inputs)
     output_gate: bool = False   # w_qkv also holds a gate [Hq*D] after v: o_proj(attn * sigmoid(gate))
     rotary_dim: int = 0         # partial RoPE over each head's first rotary_dim dims (0: all)
+    v_norm: bool = False        # values RMS-normalized without a weight (Gemma 4)
+    kv_shared: bool = False     # attends over another layer's cache: w_qkv holds q only, only
+    #                             the q norm is an input, and nothing is written (Gemma 4)
     kind = "llm_attention"
     label = "attention"
 
@@ -250,7 +254,10 @@ class AttentionBlockDesign(DecoderBlockDesign):
         nt = weight_tensors(self.precision)
         hq, hkv, d = self.heads, self.kv_heads, self.head_dim
         lnb, i = self.norm_bias(inputs, exact)
-        if self.qk_norm:
+        nk = 0 if self.kv_shared else hkv          # k/v heads this layer projects
+        if self.qk_norm and self.kv_shared:
+            qk_w, i = resident_operand(inputs[i], exact), i + 1
+        elif self.qk_norm:
             qk_w = qk_norm_weight(inputs[i], inputs[i + 1], hq, hkv, exact)
             i += 2
         wqkv, bqkv, i = take_linear(inputs, i, nt, self.bias, exact)
@@ -264,9 +271,11 @@ class AttentionBlockDesign(DecoderBlockDesign):
         # every use of q, k and v takes them as operands: round the projection once
         qkv = matmul(h, wqkv, self.precision, self.group, rnd)
         qkv = rnd(qkv.add_(bqkv) if self.bias else qkv).view(n, -1, d)
-        qk, v = qkv.narrow(1, 0, hq + hkv), qkv.narrow(1, hq + hkv, hkv)
+        qk, v = qkv.narrow(1, 0, hq + nk), qkv.narrow(1, hq + nk, nk)
         if self.qk_norm:               # q and k heads normalized together (per-head weights)
             qk = rms_norm(qk, qk_w, self.eps, self.norm_offset, rnd, rounded=True, round_out=True)
+        if self.v_norm:
+            v = rnd(v * (v * v).mean(-1, keepdim=True).add_(self.eps).rsqrt_())
         if self.rope:
             cos_t, sin_t = resident_operand(inputs[i], exact), signed_sin(inputs[i + 1], exact)
             cos = cos_t[pos:pos + n].unsqueeze(1)
@@ -278,7 +287,7 @@ class AttentionBlockDesign(DecoderBlockDesign):
                 # the cache stores operand(k); attention takes operand(q)
                 r = host_gemv.rope(qk, cos, sin) if rnd is host_gemv.operand else None
                 qk = rnd(rope(qk, cos, sin)) if r is None else r
-        k_new, v_new = qk.narrow(1, hq, hkv).transpose(0, 1), v.transpose(0, 1)
+        k_new, v_new = qk.narrow(1, hq, nk).transpose(0, 1), v.transpose(0, 1)
         end = pos + n
         tkv = self.tkv
         # keys the first row can see, from the tile holding the oldest one (tiles are aligned)
@@ -287,6 +296,8 @@ class AttentionBlockDesign(DecoderBlockDesign):
         if self.kv_dtype == "int8":
             ks, vs = outputs[3], outputs[4]
             for cache, scales, rows in ((kc, ks, k_new), (vc, vs, v_new)):
+                if self.kv_shared:
+                    break
                 qv, sc = quantize_kv(rows)
                 cache.narrow(1, pos, n).copy_(qv)
                 scales.narrow(1, pos, n).copy_(sc)
@@ -294,10 +305,11 @@ class AttentionBlockDesign(DecoderBlockDesign):
             vals = rnd(dequantize_kv(vc.narrow(1, start, end - start), vs.narrow(1, start, end - start)))
         else:
             kver, vver = kc._version, vc._version
-            kc.narrow(1, pos, n).copy_(k_new)
-            vc.narrow(1, pos, n).copy_(v_new)
+            if not self.kv_shared:
+                kc.narrow(1, pos, n).copy_(k_new)
+                vc.narrow(1, pos, n).copy_(v_new)
             keys, vals = kc.narrow(1, start, end - start), vc.narrow(1, start, end - start)
-            if kc.dtype == torch.bfloat16:          # fp32 tiles from the mirror (same values)
+            if kc.dtype == torch.bfloat16 and not self.kv_shared:   # fp32 tiles from the mirror
                 km = KV_MIRROR.rows(kc, kver, pos, end, start, tkv)
                 vm = KV_MIRROR.rows(vc, vver, pos, end, start, tkv) if km is not None else None
                 if vm is not None:
@@ -334,7 +346,8 @@ class AttentionBlockDesign(DecoderBlockDesign):
         items with no split-KV and a visit of every key per query tile)."""
         name = f"{self.name} rows={self.rows} kv={kv_len}"
         m, h, d = self.rows, self.hidden, self.head_dim
-        qkv_n = (self.heads * (2 if self.output_gate else 1) + 2 * self.kv_heads) * d
+        qkv_n = (self.heads * (2 if self.output_gate else 1)
+                 + (0 if self.kv_shared else 2) * self.kv_heads) * d
         q = m // sequences
         keys = kv_len if self.window is None else min(kv_len, round_up(self.window + q, KV_TILE))
         splits = self.splits if sequences == 1 else decode_splits(self.kv_heads, q)
@@ -353,11 +366,11 @@ class AttentionBlockDesign(DecoderBlockDesign):
         stages = [norm, qkv, rope, attn, o_proj] if self.rope else [norm, qkv, attn, o_proj]
         w = (weight_bytes(qkv_n, h, self.precision, self.group)
              + weight_bytes(h, self.heads * d, self.precision, self.group))
-        small = (h + (2 * d if self.qk_norm else 0) + (h if self.post_norm else 0)
+        small = (h + ((2 - self.kv_shared) * d if self.qk_norm else 0) + (h if self.post_norm else 0)
                  + (h if self.layer_norm else 0) + (qkv_n + h if self.bias else 0)) * 2
         small += 2 * m * d * 4 if self.rope else 0
         kv_read = int(2 * self.kv_heads * keys * d * self.kv_elem_bytes)
-        kv_write = int(2 * self.kv_heads * m * d * self.kv_elem_bytes)
+        kv_write = 0 if self.kv_shared else int(2 * self.kv_heads * m * d * self.kv_elem_bytes)
         read = w + small + kv_read + m * h * 4
         write = kv_write + m * h * 4
         return fused_plan(name, self.kind, self.precision, gen, stages, read, write, m,
@@ -514,7 +527,7 @@ class DecoderLayerDesign(Design):
     @property
     def n_attention_inputs(self) -> int:
         a = self.attention
-        return (2 + a.layer_norm + (2 if a.qk_norm else 0) + 2 * weight_tensors(a.precision)
+        return (2 + a.layer_norm + ((2 - a.kv_shared) if a.qk_norm else 0) + 2 * weight_tensors(a.precision)
                 + 2 * a.bias + (1 if a.post_norm else 0) + 2 * a.rope)
 
     def reference(self, inputs, outputs, **scalars: Any) -> None:
@@ -527,7 +540,7 @@ class DecoderLayerDesign(Design):
         self.mlp.reference([outputs[0], *inputs[na:]], [outputs[0]], **scalars)
 
     def runs(self) -> tuple:
-        """The 12 executable stage programs (blocks/llm_stages.py), or the two blocks' structural
+        """The 12 executable stage programs (stages/llm_layer.py), or the two blocks' structural
         stages when the layer is not lowered as executable stages."""
         r = self.__dict__.get("_runs")
         if r is None:

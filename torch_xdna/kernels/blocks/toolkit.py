@@ -1,4 +1,4 @@
-"""The shared toolkit of the fused blocks (llm, llm_stages, llm_batch, whisper, encoder): their
+"""The shared toolkit of the fused blocks (llm, llm_batch, whisper, encoder and the stages in kernels/stages/): their
 references' numerics and the way their plans are put together, so each block states only its
 own dataflow.
 

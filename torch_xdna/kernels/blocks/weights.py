@@ -20,7 +20,7 @@ PRECISIONS = ("fp32", "bf16", "int8", "int4", "bfp16")
 GROUPED_PRECISIONS = tuple(p for p in PRECISIONS if p in ("int8", "int4"))
 # what the Whisper blocks take: float weights, or int8 matrices (weight-only, group scales)
 WHISPER_PRECISIONS = tuple(p for p in PRECISIONS if p in ("fp32", "bf16", "int8"))
-# the decoder layer's stage programs (kernels/blocks/llm_stages.py): bf16 or weight-only groups
+# the decoder layer's stage programs (kernels/stages/llm_layer.py): bf16 or weight-only groups
 STAGED_PRECISIONS = tuple(p for p in PRECISIONS if p == "bf16" or p in GROUPED_PRECISIONS)
 _GROUPS = {"int8": 128, "int4": 32}
 

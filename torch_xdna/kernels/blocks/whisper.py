@@ -37,7 +37,7 @@ from torch_xdna.kernels.activations import apply_epilogue
 from torch_xdna.kernels.base import Design
 from torch_xdna.kernels.blocks.encoder import layer_norm_design
 from torch_xdna.kernels.blocks.llm import EmbedDesign
-from torch_xdna.kernels.blocks import whisper_stages
+from torch_xdna.kernels.stages import whisper as whisper_stages
 from torch_xdna.kernels.blocks.operands import OPERANDS
 from torch_xdna.kernels.blocks.toolkit import (
     KV_TILE, attend, combine_plans, fused_plan, gemm_plan, inference_mode, kv_bucket,
@@ -157,7 +157,7 @@ class _Num:
 
 def _staged(d: Design, inputs, outputs, pos: int = 0, n: int | None = None) -> bool:
     """numerics.layer_order() == "plan" and the block runs as stages: compute it in the stage
-    programs' order (blocks/whisper_stages.py, bit-identical to the transaction level)."""
+    programs' order (stages/whisper.py, bit-identical to the transaction level)."""
     if numerics.layer_order() != "plan" or whisper_stages.unsupported(d, n) is not None:
         return False
     whisper_stages.staged_reference(d, inputs, outputs, pos=pos, n=n)

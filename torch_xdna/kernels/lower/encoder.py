@@ -1,5 +1,5 @@
 """The fused encoder blocks (embedding, attention, FFN, pooling) -> one executable ArrayProgram
-per stage program (kernels/blocks/encoder_stages.py).
+per stage program (kernels/stages/encoder.py).
 
 GEMM, gather, add, attention and norm stages are their designs' own lowerings (the plans' tilings): a
 GEMM with bias / residual / activation is its GEMM program (accumulator to `<out>_acc`) then
@@ -22,7 +22,7 @@ import dataclasses
 
 from torch_xdna.array import ir
 from torch_xdna.hw import Generation
-from torch_xdna.kernels.blocks import encoder_stages as ES
+from torch_xdna.kernels.stages import encoder as ES
 from torch_xdna.kernels.lower.builder import Builder, LoweringError, acq, call, elem, forever, \
     loop, rel, tt
 from torch_xdna.kernels.lower.dispatch import lower, rename_args

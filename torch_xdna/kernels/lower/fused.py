@@ -7,7 +7,7 @@ program's notes its `scratch_args` (intermediates in DDR that the launcher alloc
 
   gated_gemm     A @ Wg (act in the store) -> T0; A @ Wu -> T1; gate_mul(T0, T1) -> out
   prologue_gemm  the chain (kept outputs, and A -> T0); the GEMM on T0
-  llm head       executable stages (kernels/lower/llm_head.py) when head_stages supports it
+  llm head       executable stages (kernels/lower/llm_head.py) when stages/llm_head.py supports it
   llm blocks     the stage designs their plans are built from (AttentionBlockDesign.plan_at /
                  MlpBlockDesign.plan / HeadDesign.plan), each lowered with its own tiling and
                  wired through scratch buffers. These programs give the structure, BDs and
@@ -112,7 +112,7 @@ def _stage_designs(d, gen):
 
 def llm_block_programs(d, gen: Generation, **launch) -> tuple[ir.ArrayProgram, ...]:
     if d.kind == "llm_layer":
-        try:                             # executable stages (kernels/blocks/llm_stages.py)
+        try:                             # executable stages (kernels/stages/llm_layer.py)
             return layer_programs(d, gen, **launch)
         except LoweringError as e:
             why = str(e)
@@ -120,7 +120,7 @@ def llm_block_programs(d, gen: Generation, **launch) -> tuple[ir.ArrayProgram, .
                      for p in llm_block_programs(d.attention, gen) + llm_block_programs(d.mlp, gen))
     why = ""
     if d.kind == "llm_head":
-        try:                             # executable stages (kernels/blocks/head_stages.py)
+        try:                             # executable stages (kernels/stages/llm_head.py)
             return head_programs(d, gen, **launch)
         except LoweringError as e:
             why = str(e)

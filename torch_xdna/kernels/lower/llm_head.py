@@ -1,4 +1,4 @@
-"""HeadDesign -> two executable ArrayPrograms (kernels/blocks/head_stages.py): the final
+"""HeadDesign -> two executable ArrayPrograms (kernels/stages/llm_head.py): the final
 rms_norm of the launch's last valid row, then the lm_head GEMV, wired through T_h.
 
 Both are their designs' own lowerings with host arguments renamed onto the head's buffers. The
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from torch_xdna.array import ir
 from torch_xdna.hw import Generation
-from torch_xdna.kernels.blocks import head_stages as HS
+from torch_xdna.kernels.stages import llm_head as HS
 from torch_xdna.kernels.lower.builder import LoweringError
 from torch_xdna.kernels.lower.dispatch import lower_stage, read_rows_at, rename_args
 

@@ -1,4 +1,4 @@
-"""DecoderLayerDesign -> one executable ArrayProgram per stage (kernels/blocks/llm_stages.py).
+"""DecoderLayerDesign -> one executable ArrayProgram per stage (kernels/stages/llm_layer.py).
 
 GEMM, norm, residual and attention stages are their designs' own lowerings (same tiling as
 their plans), with host arguments renamed onto the layer's buffers. The per-token stages are
@@ -9,7 +9,7 @@ built here, each on one core (col 0) with the data layout in the runtime sequenc
                 patch, not a rebuild)
                 qkw: the norm weight row of every head, once per launch (q_norm read Hq times
                 and k_norm Hkv times by stride-0 BD dimensions)
-            core qk_norm_rope_bf16 (kernels/aie/aie2p/qk_rope.cc)
+            core qk_norm_rope_bf16, or qk_rope_bf16 without q/k norm (kernels/aie/aie2p/qk_rope.cc)
             out qk: q heads -> T_q in the attention stage's item layout (one whole stream
                 element per work item, LS.attention_items), k heads -> k_cache[h, pos + i]
             v   shim 1 -> mem tile 1 -> shim 1: T_qkv's v heads -> v_cache[h, pos + i] (no core)
@@ -28,7 +28,7 @@ from torch_xdna.array import ir
 from torch_xdna.hw import Generation
 from torch_xdna.kernels.lower.builder import Builder, LoweringError, acq, call, elem, forever, \
     loop, rel, tt
-from torch_xdna.kernels.blocks import llm_stages as LS
+from torch_xdna.kernels.stages import llm_layer as LS
 from torch_xdna.kernels.lower.dispatch import lower_stage, rename_args
 
 
@@ -89,8 +89,9 @@ def _qk_rope(d, gen, dm, pos, positions, n) -> ir.ArrayProgram:
     nh = Hq + Hkv
     b = Builder(f"{d.name}_qk_rope_R{R}", gen)
     b.arg("T_qkv", (R, QKV), "bf16")
-    b.arg("q_norm", (D,), "bf16")
-    b.arg("k_norm", (D,), "bf16")
+    if a.qk_norm:
+        b.arg("q_norm", (D,), "bf16")
+        b.arg("k_norm", (D,), "bf16")
     b.arg("cs", (positions, 2, D), "bf16")
     it = LS.attention_items(d, gen)
     b.arg("T_q", (it["items"], it["E"], it["dp"]), "bf16")
@@ -99,22 +100,26 @@ def _qk_rope(d, gen, dm, pos, positions, n) -> ir.ArrayProgram:
     shim, core = b.shim(0), b.core(0, 0)
     xcs_t, w_t, qk_t = tt(((nh + 2) * D,), "bf16"), tt((nh * D,), "bf16"), tt((nh * D,), "bf16")
     b.fifo("xcs", shim, core, 2, xcs_t)
-    b.fifo("qkw", shim, core, 1, w_t)
+    if a.qk_norm:
+        b.fifo("qkw", shim, core, 1, w_t)
     b.fifo("qk", core, shim, 2, qk_t)
     shim1, mem1 = b.shim(1), b.mem(1)
     v_t = tt((Hkv * D,), "bf16")
     b.fifo("v_in", shim1, mem1, 2, v_t)
     b.fifo("v_out", mem1, shim1, 2, v_t)
     b.link(["v_in"], ["v_out"])
-    work_t = tt((2 * D,), "f32")
-    k = b.kernel("qk_norm_rope_bf16", (xcs_t, w_t, qk_t, work_t, "i32", "i32", "f32", "f32"))
-    work = b.buffer("work_0_2", core, work_t)
-    body = (acq("qkw"), *loop(R, acq("xcs"), acq("qk", "produce"),
-                              call(k, elem("xcs"), elem("qkw"), elem("qk"), ir.BufferRef(work),
-                                   ir.Const(nh, "i32"), ir.Const(D, "i32"),
-                                   ir.Const(float(a.eps), "f32"), ir.Const(float(a.norm_offset), "f32")),
-                              rel("xcs"), rel("qk", "produce")),
-            rel("qkw"))
+    if a.qk_norm:
+        work_t = tt((2 * D,), "f32")
+        k = b.kernel("qk_norm_rope_bf16", (xcs_t, w_t, qk_t, work_t, "i32", "i32", "f32", "f32"))
+        work = b.buffer("work_0_2", core, work_t)
+        token = call(k, elem("xcs"), elem("qkw"), elem("qk"), ir.BufferRef(work),
+                     ir.Const(nh, "i32"), ir.Const(D, "i32"),
+                     ir.Const(float(a.eps), "f32"), ir.Const(float(a.norm_offset), "f32"))
+    else:                                   # Llama-style: rope only (qk_rope.cc)
+        k = b.kernel("qk_rope_bf16", (xcs_t, qk_t, "i32", "i32"))
+        token = call(k, elem("xcs"), elem("qk"), ir.Const(nh, "i32"), ir.Const(D, "i32"))
+    per_token = loop(R, acq("xcs"), acq("qk", "produce"), token, rel("xcs"), rel("qk", "produce"))
+    body = (acq("qkw"), *per_token, rel("qkw")) if a.qk_norm else tuple(per_token)
     b.core_body(core, (forever(*body),))
     b.notes.update({"tokens": R, "valid": n, "heads": (Hq, Hkv), "head_dim": D, "position": pos})
     for i, c in enumerate(LS.cs_rows(pos, R, positions)):
@@ -125,7 +130,7 @@ def _qk_rope(d, gen, dm, pos, positions, n) -> ir.ArrayProgram:
             b.task("v_out", "v_cache", p * D, (Hkv, D), (S * D, 1))
         else:                                                     # not a valid row: dropped
             b.task("qk", "k_cache", 0, (0,), (1,), (Hkv * D,))
-        if i == 0:
+        if i == 0 and a.qk_norm:
             b.task("qkw", "q_norm", 0, (Hq, D), (0, 1))            # one weight row per head
             b.task("qkw", "k_norm", 0, (Hkv, D), (0, 1))
         b.task("xcs", "T_qkv", i * QKV, (nh * D,), (1,))

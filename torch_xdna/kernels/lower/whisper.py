@@ -1,5 +1,5 @@
 """The fused Whisper blocks -> one executable ArrayProgram per stage program
-(kernels/blocks/whisper_stages.py).
+(kernels/stages/whisper.py).
 
 Design stages are their designs' own lowerings with host arguments renamed onto the block's
 buffers (a GEMM with bias / GELU / residual is its GEMM program, accumulator to `<out>_acc`,
@@ -22,7 +22,7 @@ import torch
 
 from torch_xdna.array import ir
 from torch_xdna.hw import Generation
-from torch_xdna.kernels.blocks import whisper_stages as WS
+from torch_xdna.kernels.stages import whisper as WS
 from torch_xdna.kernels.lower.builder import Builder, LoweringError, acq, call, elem, forever, \
     loop, rel, tt
 from torch_xdna.kernels.lower.dispatch import lower, read_rows_at, rename_args

@@ -149,6 +149,9 @@ def design_order_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tk
 # --- the fused attention design -----------------------------------------------------------------
 Q_TILES = (64, 32, 16, 8, 4, 2, 1)       # query rows per head in one core's work item
 KV_TILES = (256, 128, 64, 32, 16)        # keys per pass over the K/V stream
+# wide heads only (Gemma 4's 512-dim full-attention heads: a 16-key K+V tile pair is 32 KB):
+# when no KV_TILES tile fits, 8-key tiles, single-buffered if double buffers do not fit either
+WIDE_HEAD_KV_TILE = 8
 # online softmax per score, core cycles (hw/vector_costs.py ATTENTION_SOFTMAX, derived from
 # mlir-aie softmax.cc): scale, running max, sub, convert, exp2 (+ stall), sum, bf16 P
 SOFTMAX_CYCLES = ATTENTION_SOFTMAX.value.instr / BF16_LANES
@@ -164,10 +167,10 @@ def kv_tile_for(head_dim: int, l1_bytes: int | None = None) -> int:
     rounds P against the running max, so the tile size defines the result (bf16 P)."""
     from torch_xdna.hw import AIE2P
     budget = (l1_bytes or AIE2P.l1_usable) * KV_L1_SHARE
-    for t in KV_TILES:
+    for t in KV_TILES + (WIDE_HEAD_KV_TILE,):
         if 2 * 2 * t * head_dim * 2 <= budget:
             return t
-    return KV_TILES[-1]
+    return WIDE_HEAD_KV_TILE
 
 
 def decode_splits(kv_heads: int, q_tiles: int, cores: int | None = None) -> int:
@@ -472,19 +475,21 @@ class AttentionDesign(Design):
         check_dma(gen, label, (DmaTransfer("K/V rows: stride D", (self.kv_len, self.head_dim),
                                            (self.head_dim, 1)),))
         best = None
-        for tq in Q_TILES:
-            if tq > self.q_len and tq > 1:
-                continue
-            for tkv in ((self.kv_tile,) if self.kv_tile else KV_TILES):
-                if tkv > round_up(self.kv_len, KV_TILES[-1]) and tkv > KV_TILES[-1] \
-                        and not self.kv_tile:
+        # double-buffered K/V tiles; single-buffered only when nothing else fits (wide heads)
+        for buffers in (2, 1):
+            for tq in Q_TILES:
+                if best is not None or (tq > self.q_len and tq > 1):
                     continue
-                l1 = self._l1(tq, tkv, rm, rk)
-                if l1 > gen.l1_usable:
-                    continue
-                cand = self._evaluate(gen, tq, tkv, l1, self.kv_len, rm, rk)
-                if best is None or cand[0] < best[0]:
-                    best = cand
+                for tkv in ((self.kv_tile,) if self.kv_tile else KV_TILES):
+                    if tkv > round_up(self.kv_len, KV_TILES[-1]) and tkv > KV_TILES[-1] \
+                            and not self.kv_tile:
+                        continue
+                    l1 = self._l1(tq, tkv, rm, rk, buffers)
+                    if l1 > gen.l1_usable:
+                        continue
+                    cand = self._evaluate(gen, tq, tkv, l1, self.kv_len, rm, rk, buffers)
+                    if best is None or cand[0] < best[0]:
+                        best = cand
         if best is None:
             need(label, "L1 data memory per core (query rows of a head group + K/V tiles)",
                  self._l1(1, self.kv_tile or KV_TILES[-1], rm, rk), gen.l1_usable,
@@ -494,14 +499,15 @@ class AttentionDesign(Design):
             if not 0 < kv_len <= self.kv_len:
                 raise ValueError(f"attention: kv_len={kv_len} outside 1..{self.kv_len}")
             tq, tkv, _ = plan.tile
-            plan = self._evaluate(gen, tq, tkv, plan.l1_bytes, kv_len, rm, rk)[1]
+            plan = self._evaluate(gen, tq, tkv, plan.l1_bytes, kv_len, rm, rk,
+                                  2 if plan.double_buffered else 1)[1]
         return check_plan(gen, label, plan)
 
-    def _l1(self, tq: int, tkv: int, rm: int, rk: int) -> int:
+    def _l1(self, tq: int, tkv: int, rm: int, rk: int, buffers: int = 2) -> int:
         rows = round_up(self.group * tq, rm)
         d = round_up(self.head_dim, rk)
         l1 = (rows * d * 2                      # Q rows (bf16)
-              + 2 * 2 * tkv * d * 2             # K and V tiles, double-buffered (bf16)
+              + 2 * buffers * tkv * d * 2       # K and V tiles, double-buffered (bf16)
               + rows * tkv * (4 + 2)            # scores (fp32) and P (bf16)
               + rows * d * 4                    # output accumulator (fp32)
               + rows * 2 * 4)                   # running max and sum
@@ -510,7 +516,7 @@ class AttentionDesign(Design):
         return l1
 
     def _evaluate(self, gen: Generation, tq: int, tkv: int, l1: int, kv_valid: int, rm: int,
-                  rk: int):
+                  rk: int, buffers: int = 2):
         b, hq, hkv, lq, d = self.batch, self.heads, self.kv_heads, self.q_len, self.head_dim
         q_tiles = ceil_div(lq, tq)
         n_tiles = ceil_div(kv_valid, tkv)
@@ -552,6 +558,8 @@ class AttentionDesign(Design):
         read = q_bytes + kv_bytes + mask_bytes
         write = b * hq * lq * d * self.out_dtype.itemsize
         t_dram = dram_time_s(gen, cols, read, write, kv_bytes)     # K/V: single-pass stream
+        if buffers == 1:            # single-buffered K/V: each tile's DMA waits for the kernel
+            cycles += t_dram * gen.core_clock_hz.value
         t_comp = cycles / gen.core_clock_hz.value
         fill = dram_time_s(gen, cols, 2 * tkv * d * 2 * cols, 0) + t_comp / max(1, items / cores) \
             / max(1, per_item / tkv)
@@ -562,7 +570,7 @@ class AttentionDesign(Design):
             l1_bytes=l1, memtile_bytes=2 * 2 * tkv * d * 2 + 2 * rows * d * 2 * gen.core_rows.value,
             core_bds=2 * 4 + (2 if self.mask else 0), memtile_bds=2 * (4 + gen.core_rows.value),
             core_locks=2 * 4 + (2 if self.mask else 0), shim_tasks=min(depth, tasks),
-            double_buffered=True, dram_read_bytes=int(read), dram_write_bytes=int(write),
+            double_buffered=buffers == 2, dram_read_bytes=int(read), dram_write_bytes=int(write),
             macs=2 * b * hq * lq * kv_valid * d, padded_macs=int(macs_item * items),
             vector_elems=int(SOFTMAX_PASSES * b * hq * lq * visit / q_tiles),
             compute_cycles=cycles,

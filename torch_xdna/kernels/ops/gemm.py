@@ -508,7 +508,7 @@ class UpstreamGemmDesign(GemmDesign):
     supported by memtile dma bds.'), no held B panel re-streamed as p x K/tk different elements
     (mlir-aie repeats whole objects only: aie.objectfifo repeat_count, AIEOps.td;
     array/mlir.form_errors). The fused blocks' GEMM
-    stages built for the chip use it (kernels/blocks/encoder_stages.py); its own key, so its
+    stages built for the chip use it (kernels/stages/encoder.py); its own key, so its
     plan and artifact are never a GemmDesign's."""
 
     upstream_only = True

@@ -1,6 +1,6 @@
 """Host layouts of GEMM weights as the array streams them, one contiguous tile per core and K
 step (the tiling GemmDesign.plan chose; kernels/lower/gemm.py feeds them). Built once per weight,
-like any weight repacking: by the blocks' host inputs (kernels/blocks/llm_stages.py) and the
+like any weight repacking: by the blocks' host inputs (kernels/stages/llm_layer.py) and the
 core-kernel references (kernels/aie/refs.py).
 """
 from __future__ import annotations

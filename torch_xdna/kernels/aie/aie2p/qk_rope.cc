@@ -43,3 +43,25 @@ extern "C" void qk_norm_rope_bf16(const bfloat16 *xcs, const bfloat16 *w, bfloat
     }
   }
 }
+
+// Layers without q/k norm (Llama, SmolLM2): the same stage, rope only on the bf16 heads:
+//   out = bf16(rope(x))                                                       (llm_blocks._rope)
+// xcs as above. Golden: golden.qk_rope (bit-exact).
+extern "C" void qk_rope_bf16(const bfloat16 *xcs, bfloat16 *out, int32 rows, int32 d) {
+  xdna::set_numerics();
+  const bfloat16 *cos = xcs + rows * d;
+  const bfloat16 *ssin = cos + d;
+  const int h = d / 2;
+  for (int r = 0; r < rows; ++r) {
+    const bfloat16 *xr = xcs + r * d;
+    bfloat16 *yr = out + r * d;
+    for (int half = 0; half < 2; ++half) {
+      const int base = half * h, other = (1 - half) * h;
+      for (int i = 0; i < h; i += L) {
+        vf a = xdna::fmul(xdna::load_f32(xr + base, i, h), xdna::load_f32(cos + base, i, h));
+        vf b = xdna::fmul(xdna::load_f32(xr + other, i, h), xdna::load_f32(ssin + base, i, h));
+        xdna::store_part(yr + base, i, h, aie::add(a, b));
+      }
+    }
+  }
+}

@@ -9,6 +9,7 @@ ArrayProgram (kernels/lower/llm_layer.py), wired through scratch DDR buffers nam
                 pos + i (the cos/signed_sin row read at a per-launch BD offset), rounded to
                 bf16; q heads written head-major for attention (T_q [Hq, R, D]: the GQA layout,
                 heads of a KV group adjacent), k and v rows written into the caches at pos + i
+                bf16 (layers without q/k norm, Llama-style: RoPE only, qk_rope_bf16)
                                                       T_qkv, q_norm, k_norm, cs -> T_q, k_cache, v_cache
   attention     flash attention over the cache (AttentionDesign; kv_len = pos + n, q_offset =
                 pos as launch scalars)                T_q, k_cache, v_cache -> T_a f32 [Hq, R, D]
@@ -46,7 +47,7 @@ from torch_xdna.kernels.blocks.operands import OPERANDS
 from torch_xdna.kernels.blocks.toolkit import rms_norm, rope
 from torch_xdna.kernels.blocks.weights import STAGED_PRECISIONS, default_group, weight_tensors
 from torch_xdna.kernels.ops.attention import AttentionDesign
-from torch_xdna.kernels.ops.gemm import GemmDesign
+from torch_xdna.kernels.ops.gemm import GemmDesign, UpstreamGemmDesign
 from torch_xdna.kernels.ops.gemm_pack import pack_weight_tiles
 from torch_xdna.kernels.ops.vector import VectorDesign
 
@@ -77,7 +78,6 @@ def unsupported(layer, n: int | None = None) -> str | None:
          f"{', '.join(STAGED_PRECISIONS)}"
          " in both blocks)"),
         (a.kv_dtype != "bf16" or a.cache_bytes != 2, f"KV cache {a.kv_dtype} (bf16 only)"),
-        (not a.qk_norm, "no q/k norm (the qk stage kernel normalizes; rope-only not lowered)"),
         (a.post_norm or m.post_norm, "post-norms"),
         (m.act != "silu", f"MLP activation {m.act} (silu only)"),
         (a.layer_norm or a.bias or not a.rope or not getattr(m, "gated", True),
@@ -93,7 +93,8 @@ def unsupported(layer, n: int | None = None) -> str | None:
 def input_names(layer) -> tuple[str, ...]:
     """The stages' host arguments for the layer's inputs (host_inputs order: one tensor per
     weight, whatever its precision; q/k norm, no post-norms)."""
-    return ("x", "attn_norm", "q_norm", "k_norm", "w_qkv_t", "w_o_t", "cs", "mlp_norm",
+    qk = ("q_norm", "k_norm") if layer.attention.qk_norm else ()
+    return ("x", "attn_norm", *qk, "w_qkv_t", "w_o_t", "cs", "mlp_norm",
             "w_gate_up_t", "w_down_t")
 
 
@@ -151,8 +152,8 @@ def stages(layer) -> tuple[Stage, ...]:
 
     def gemm(k, n, out):
         if a.precision == "bf16":
-            return GemmDesign(R, k, n, dtype="bf16", out_dtype=out)
-        return GemmDesign(R, k, n, dtype=a.precision, out_dtype=out,
+            return UpstreamGemmDesign(R, k, n, dtype="bf16", out_dtype=out)
+        return UpstreamGemmDesign(R, k, n, dtype=a.precision, out_dtype=out,
                           w_group=a.group or default_group(a.precision))
 
     add = VectorDesign("add", ((R, H), (R, H)), (F32, F32), (R, H), F32)
@@ -162,7 +163,8 @@ def stages(layer) -> tuple[Stage, ...]:
     return (
         Stage("attn_norm", "design", ("x", "attn_norm"), ("T_h",), norm(a.eps, a.norm_offset)),
         Stage("qkv_proj", "design", ("T_h", "w_qkv_t"), ("T_qkv",), gemm(H, d["QKV"], BF16)),
-        Stage("qk_rope", "qk_rope", ("T_qkv", "q_norm", "k_norm", "cs"), ("T_q", "k_cache", "v_cache")),
+        Stage("qk_rope", "qk_rope", ("T_qkv", *(("q_norm", "k_norm") if a.qk_norm else ()), "cs"),
+              ("T_q", "k_cache", "v_cache")),
         Stage("attention", "design", ("T_q", "k_cache", "v_cache"), ("T_a",), attn),
         Stage("attn_cast", "attn_cast", ("T_a",), ("T_ab",)),
         Stage("o_proj", "design", ("T_ab", "w_o_t"), ("T_o",), gemm(a.heads * a.head_dim, H, F32)),
@@ -199,7 +201,8 @@ def split_inputs(layer, inputs: Sequence[torch.Tensor]) -> tuple[dict, dict]:
     nt = weight_tensors(layer.attention.precision)
     it = iter(inputs)
     take = lambda n: tuple(next(it) for _ in range(n))          # noqa: E731
-    named = dict(zip(("x", "attn_norm", "q_norm", "k_norm"), take(4)))
+    heads = ("x", "attn_norm", "q_norm", "k_norm") if layer.attention.qk_norm else ("x", "attn_norm")
+    named = dict(zip(heads, take(len(heads))))
     weights = {"w_qkv_t": take(nt), "w_o_t": take(nt)}
     named["cos"], named["sin"], named["mlp_norm"] = take(3)
     weights["w_gate_up_t"], weights["w_down_t"] = take(nt), take(nt)
@@ -224,7 +227,8 @@ def host_inputs(layer, inputs: Sequence[torch.Tensor], gen=None) -> list[torch.T
         s[:, :s.shape[-1] // 2].neg_()
         return torch.stack([c, s], 1).to(BF16).contiguous()
 
-    return [named["x"], named["attn_norm"], named["q_norm"], named["k_norm"], wt("w_qkv_t"),
+    qk = [named["q_norm"], named["k_norm"]] if layer.attention.qk_norm else []
+    return [named["x"], named["attn_norm"], *qk, wt("w_qkv_t"),
             wt("w_o_t"), OPERANDS.derived(("layer_cs",), (cos, sin), cs), named["mlp_norm"],
             wt("w_gate_up_t"), wt("w_down_t")]
 
@@ -250,6 +254,13 @@ def qk_norm_rope_rows(x: torch.Tensor, w: torch.Tensor, cos: torch.Tensor, ssin:
     rnd = numerics.operand
     y = rnd(rms_norm(rnd(x), rnd(w), eps, offset, rnd, rounded=True))
     return rnd(rope(y, rnd(cos), rnd(ssin)))
+
+
+def qk_rope_rows(x: torch.Tensor, cos: torch.Tensor, ssin: torch.Tensor) -> torch.Tensor:
+    """Heads x [..., rows, D] (bf16 values) rotated by cos / ssin (bf16 values), rounded: the
+    qk stage of layers without q/k norm (qk_rope_bf16)."""
+    rnd = numerics.operand
+    return rnd(rope(rnd(x), rnd(cos), rnd(ssin)))
 
 
 def silu_mul_rows(g: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
@@ -296,10 +307,13 @@ def staged_reference(layer, inputs: Sequence[torch.Tensor], outputs: Sequence[to
         elif st.kind == "qk_rope":
             qkv = t["T_qkv"].float()
             heads = qkv[:, :(Hq + Hkv) * D].reshape(R, Hq + Hkv, D)
-            w = torch.cat([numerics.operand(t["q_norm"].reshape(1, D)).expand(Hq, D),
-                           numerics.operand(t["k_norm"].reshape(1, D)).expand(Hkv, D)])
             cs = t["cs"][cs_rows(pos, R, t["cs"].shape[0])].float()
-            y = qk_norm_rope_rows(heads, w, cs[:, 0:1], cs[:, 1:2], a.eps, a.norm_offset)
+            if a.qk_norm:
+                w = torch.cat([numerics.operand(t["q_norm"].reshape(1, D)).expand(Hq, D),
+                               numerics.operand(t["k_norm"].reshape(1, D)).expand(Hkv, D)])
+                y = qk_norm_rope_rows(heads, w, cs[:, 0:1], cs[:, 1:2], a.eps, a.norm_offset)
+            else:
+                y = qk_rope_rows(heads, cs[:, 0:1], cs[:, 1:2])
             t["T_q"].view(Hq, R, D).copy_(y[:, :Hq].transpose(0, 1))
             kc, vc = t["k_cache"].view(Hkv, S, D), t["v_cache"].view(Hkv, S, D)
             kc[:, pos:pos + n].copy_(y[:n, Hq:].transpose(0, 1))

@@ -24,9 +24,9 @@ from typing import Any, Sequence
 import torch
 
 from torch_xdna.kernels import numerics
-from torch_xdna.kernels.blocks.llm_stages import Stage, stage_weight
+from torch_xdna.kernels.stages.llm_layer import Stage, stage_weight
 from torch_xdna.kernels.blocks.weights import STAGED_PRECISIONS, default_group, weight_tensors
-from torch_xdna.kernels.ops.gemm import GemmDesign
+from torch_xdna.kernels.ops.gemm import GemmDesign, UpstreamGemmDesign
 from torch_xdna.kernels.ops.vector import VectorDesign
 
 BF16, F32 = torch.bfloat16, torch.float32
@@ -52,9 +52,9 @@ def stages(head) -> tuple[Stage, Stage]:
                         (("eps", head.eps), ("has_weight", True),
                          ("weight_offset", float(head.norm_offset))))
     if head.precision == "bf16":
-        gemv = GemmDesign(1, h, v, dtype="bf16", out_dtype=F32)
+        gemv = UpstreamGemmDesign(1, h, v, dtype="bf16", out_dtype=F32)
     else:
-        gemv = GemmDesign(1, h, v, dtype=head.precision, out_dtype=F32,
+        gemv = UpstreamGemmDesign(1, h, v, dtype=head.precision, out_dtype=F32,
                           w_group=head.group or default_group(head.precision))
     return (Stage("final_norm", "design", ("x", "final_norm"), (SCRATCH,), norm),
             Stage("lm_head", "design", (SCRATCH, "w_lm_t"), ("logits",), gemv))

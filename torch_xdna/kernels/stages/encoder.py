@@ -65,7 +65,7 @@ import torch
 
 from torch_xdna.hw import NPU4
 from torch_xdna.kernels.blocks.operands import OPERANDS
-from torch_xdna.kernels.blocks.llm_stages import Stage, as_shape, cast_bf16, in_shapes, out_shape
+from torch_xdna.kernels.stages.llm_layer import Stage, as_shape, cast_bf16, in_shapes, out_shape
 from torch_xdna.kernels.ops.attention import AttentionDesign
 from torch_xdna.kernels.ops.gemm import UpstreamGemmDesign as GemmDesign
 from torch_xdna.kernels.ops.vector import EmbeddingDesign, VectorDesign

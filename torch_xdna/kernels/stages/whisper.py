@@ -43,8 +43,8 @@ from typing import Any, Sequence
 import torch
 
 from torch_xdna.hw import NPU4
-from torch_xdna.kernels.blocks.encoder_stages import attention_design, attention_seq
-from torch_xdna.kernels.blocks.llm_stages import Stage, as_shape, cast_bf16, in_shapes, \
+from torch_xdna.kernels.stages.encoder import attention_design, attention_seq
+from torch_xdna.kernels.stages.llm_layer import Stage, as_shape, cast_bf16, in_shapes, \
     item_layout, out_shape
 from torch_xdna.kernels.blocks.operands import OPERANDS
 from torch_xdna.kernels.blocks.toolkit import KV_TILE
@@ -320,7 +320,7 @@ def _spans(total: int, width: int, start: int = 0, cap_bytes: int = 1 << 20) -> 
 
 
 def item_rows(it: dict, i: int, heads: int, d: int, item_rows_: int) -> tuple:
-    """(offset, sizes, strides) of token i's heads in an item-layout buffer (llm_stages)."""
+    """(offset, sizes, strides) of token i's heads in an item-layout buffer (stages/llm_layer.py)."""
     tq, dp, q_tiles = it["tq"], it["dp"], it["q_tiles"]
     off = ((i // tq) * item_rows_ + i % tq) * dp
     return off, (heads, d), (q_tiles * item_rows_ * dp, 1)
