@@ -93,7 +93,8 @@ def test_prefill_logits_and_bidirectional_blocks(vlm):
 def test_modeled_ttft_estimate_matches_the_engine(vlm):
     """The device tower's rows within 3% (relative norm) of transformers' fp32 ones. xdna
     estimate's modeled TTFT for an image prompt (tower + prefill, config only) is what
-    the simulator charges the engine's own prefill of such a prompt (bf16, within 15%: the estimate leaves out the switch between the two programs); a
+    the simulator charges the engine's own prefill of such a prompt (bf16, within 15%: the
+    estimate leaves out the switch between the two programs); a
     bigger tower resolution costs more."""
     from torch_xdna.engine.llm.generate import GenerationConfig
     from torch_xdna.engine.llm.vlm import load_vlm
@@ -166,7 +167,8 @@ def test_cli_generate_with_an_image(vlm, tmp_path, capsys):
     assert main(["generate", str(path), "what is this?", "--image", str(png), "--precision",
                  "fp32", "--max-tokens", "8", "--max-context", "128", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
-    assert out["token_ids"] == hf_greedy_image(model, list(ids), hf_pixels(img), 8)[:len(out["token_ids"])]
+    ref = hf_greedy_image(model, list(ids), hf_pixels(img), 8)
+    assert out["token_ids"] == ref[:len(out["token_ids"])]
     assert out["usage"]["prompt_tokens"] == len(ids)
     text_dir = tmp_path / "text"
     text_dir.mkdir()

@@ -11,11 +11,11 @@ from __future__ import annotations
 import json
 import logging
 import re
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from fastapi import Request
-from pydantic import (BaseModel, ConfigDict, Field, ValidationError, field_validator,
-                      model_validator)
+from pydantic import (BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError,
+                      field_validator, model_validator)
 
 
 log = logging.getLogger("torch_xdna.server")
@@ -144,6 +144,18 @@ class ImagePart(_Strict):
     image_url: ImageUrl
 
 
+def _part_tag(v: Any) -> str | None:
+    """The content-part branch by its `type`, so a text part's unknown field is reported (and
+    dropped) for the text branch only, never as a stray of the image branch."""
+    t = v.get("type") if isinstance(v, dict) else getattr(v, "type", None)
+    return {"text": "text_part", "image_url": "image_part"}.get(t, "text_part")
+
+
+ContentPart = Annotated[
+    Annotated[TextPart, Tag("text_part")] | Annotated[ImagePart, Tag("image_part")],
+    Discriminator(_part_tag)]
+
+
 def request_image(source: str, where: str, data_url: bool = True):
     """A PIL image from a request: an OpenAI image_url (a data: URL; http(s) URLs are refused,
     nothing is downloaded) or an Ollama `images` entry (bare base64). APIError 400, one line
@@ -181,7 +193,7 @@ class ToolCallIn(_Strict):
 
 class ChatMessage(_Strict):
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[TextPart | ImagePart] | None = None
+    content: str | list[ContentPart] | None = None
     name: str | None = None
     tool_calls: list[ToolCallIn] | None = None        # assistant turns that called tools
     tool_call_id: str | None = None                   # role "tool": the call it answers
