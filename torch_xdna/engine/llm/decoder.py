@@ -376,7 +376,7 @@ class Decoder(ResidentDecoder):
         """The Program of a chunk of `rows` (bucketed) tokens; built once, reused every token.
         images: after the embedding, rows flagged in image_mask take image_x's rows (a chunk
         holding image soft tokens, forward_images)."""
-        key = (rows, with_head, images)
+        key = (rows, with_head) + (("images",) if images else ())
         prog = self._programs.get(key)
         if prog is not None:
             return prog
