@@ -3,7 +3,6 @@ against transformers: the processor's token layout and pixels, greedy tokens of 
 in the fp32 verification mode, the bidirectional image blocks, the device tower's rows."""
 from __future__ import annotations
 
-from pathlib import Path
 
 import pytest
 import torch

@@ -86,7 +86,7 @@ def image_preprocessor(model_dir: Path, spec: VisionLanguageSpec) -> ImagePrepro
     return ImagePreprocessor(size={"height": spec.image_size, "width": spec.image_size})
 
 
-def expand_images(text: str, spec: VisionLanguageSpec, token: "Callable[[int], str | None]") -> str:
+def expand_images(text: str, spec: VisionLanguageSpec, token: Callable[[int], str | None]) -> str:
     """A rendered prompt with each <start_of_image> replaced by the processor's full image
     sequence, as text (tokenized afterwards, like the processor, so newlines merge the same
     way). token: id -> token string of this tokenizer."""
