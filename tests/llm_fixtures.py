@@ -20,16 +20,18 @@ CHAT_TEMPLATE = (
 SPECIALS = ["<pad>", "<bos>", "<eos>", "<|im_start|>", "<|im_end|>"]
 
 
-def save_tokenizer(path: Path) -> None:
+def save_tokenizer(path: Path, specials: list[str] = SPECIALS, config: dict | None = None) -> None:
+    """A byte-level BPE trained on TEXT (special tokens first, ids 0..) and its tokenizer_config
+    (default: <bos>/<eos>/<pad> and CHAT_TEMPLATE)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=VOCAB - 20, special_tokens=SPECIALS,
+    trainer = trainers.BpeTrainer(vocab_size=VOCAB - 20, special_tokens=specials,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
     tok.train_from_iterator([TEXT], trainer)
     tok.save(str(path / "tokenizer.json"))
-    (path / "tokenizer_config.json").write_text(json.dumps({
+    (path / "tokenizer_config.json").write_text(json.dumps(config or {
         "bos_token": "<bos>", "eos_token": "<eos>", "pad_token": "<pad>",
         "chat_template": CHAT_TEMPLATE, "tokenizer_class": "PreTrainedTokenizerFast"}))
 

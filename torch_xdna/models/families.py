@@ -21,7 +21,7 @@ from torch_xdna.models.spec import DecoderSpec, RopeSpec, UnsupportedModelError,
 CONFIG_ALIASES = {"opt": {"ffn_dim": "intermediate_size", "activation_function": "hidden_act"}}
 
 
-NESTED_TEXT = ("qwen3_5", "gemma4")  # multimodal configs whose decoder is their text_config
+NESTED_TEXT = ("qwen3_5", "gemma4", "gemma3")  # multimodal configs whose decoder is their text_config
 
 
 def common_config(cfg):
@@ -89,7 +89,10 @@ def qwen3_moe(cfg: dict) -> DecoderSpec:
 
 
 def gemma3(cfg: dict) -> DecoderSpec:
+    """Gemma 3 text (gemma3_text), or the decoder of a multimodal gemma3 config (its text_config;
+    the SigLIP tower and projector are engine/llm/vlm.py's)."""
     family = "gemma3"
+    cfg = common_config(cfg)
     common_checks(family, cfg)
     layers = int(cfg["num_hidden_layers"])
     types = cfg.get("layer_types")
@@ -114,7 +117,9 @@ def gemma3(cfg: dict) -> DecoderSpec:
         ropes=ropes, layer_rope=tuple("local" if t == "sliding_attention" else "global" for t in types),
         layer_window=windows(family, cfg, types), qk_norm=True, norm_offset=1.0,
         embed_scale=math.sqrt(hidden), sandwich_norms=True,
-        final_softcap=cfg.get("final_logit_softcapping"), attn_softcap=cfg.get("attn_logit_softcapping"),
+        # Gemma3ForConditionalGeneration's head never soft-caps (transformers 5.25)
+        final_softcap=None if cfg.get("vision_language") else cfg.get("final_logit_softcapping"),
+        attn_softcap=cfg.get("attn_logit_softcapping"),
         tie_embeddings=bool(cfg.get("tie_word_embeddings", True)))
     if qpa:
         spec = _replace(spec, attn_scale=float(qpa) ** -0.5)
@@ -305,14 +310,11 @@ def opt(cfg: dict) -> DecoderSpec:
 
 
 FAMILIES: dict[str, Callable[[dict], DecoderSpec]] = {
-    "qwen3": qwen3, "llama": llama, "gemma3_text": gemma3, "qwen3_moe": qwen3_moe,
+    "qwen3": qwen3, "llama": llama, "gemma3_text": gemma3, "gemma3": gemma3, "qwen3_moe": qwen3_moe,
     "gpt_oss": gpt_oss, "opt": opt, "qwen3_5_text": qwen3_5, "qwen3_5": qwen3_5,
     "gemma4_text": gemma4, "gemma4": gemma4,
 }
-HINTS = {
-    "gemma3": "this is the multimodal Gemma 3 config; only the text-only gemma3_text models "
-              "(e.g. gemma-3-1b) are supported",
-}
+HINTS: dict[str, str] = {}
 
 
 def family_of(cfg: dict) -> Callable[[dict], DecoderSpec]:

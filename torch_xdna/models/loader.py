@@ -219,6 +219,8 @@ def _hf_tensors(mf: ModelFiles) -> dict[str, torch.Tensor]:
         return hf_state_dict(mf.gguf, mf.config)
     sd = {}
     for name, t in iter_tensors(mf.path):
+        if name.removeprefix("model.").startswith(("vision_tower.", "multi_modal_projector.")):
+            continue                   # a vision-language checkpoint's image side: models/vlm.py
         # multimodal wrappers put the text model under a prefix; accept the plain text names
         sd[name.removeprefix("language_model.")] = t
     return sd

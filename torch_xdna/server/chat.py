@@ -183,6 +183,10 @@ def load_chat_model(model_dir: str | Path, max_context: int | None = None,
         raise RuntimeError(f"{model_dir}: serving decoder models needs the decoder engine "
                            f"(torch_xdna.engine.llm.generate), which is not available ({e})") from None
     chunk = {} if prefill_chunk is None else {"prefill_chunk": prefill_chunk}
+    from torch_xdna.models.vlm import is_vlm_dir
+    if is_vlm_dir(model_dir):                  # Gemma 3 with its vision tower: image chat
+        from torch_xdna.engine.llm.vlm import load_vlm
+        load_decoder = load_vlm                # noqa: F811 - the same signature
     return DecoderChatModel(load_decoder(model_dir, quiet=True, max_context=max_context,
                                          kv_dtype=kv_dtype, tokenizer_dir=tokenizer_dir,
                                          precision=precision, budget=budget, **chunk))
@@ -206,6 +210,7 @@ class DecoderChatModel:
         self.context_length = int(engine.decoder.capacity)
         tok = engine.tokenizer
         self.chat_template = tok.chat_template if tok is not None else None
+        self.accepts_images = bool(getattr(engine, "accepts_images", False))
 
     def encode(self, text: str) -> list[int]:
         return self.engine.encode_prompt(text)

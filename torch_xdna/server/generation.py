@@ -122,7 +122,7 @@ class GenerationRun:
         limits (APIError otherwise); sets params.max_tokens."""
         config, entry, plan = self.srv.config, self.entry, self.plan
         params = plan.params
-        ids = self.pre if self.pre is not None else list(plan.setup(model, params))
+        ids = self.pre if self.pre is not None else as_ids(plan.setup(model, params))
         missing = params.needs() - set(getattr(model, "features", ()))
         if missing:
             raise APIError(400, f"the model '{entry.id}' does not support "
@@ -183,12 +183,13 @@ class GenerationRun:
             # failure is left to the worker's path, which reports it as before
             from starlette.concurrency import run_in_threadpool
             try:
-                self.pre = list(await run_in_threadpool(self.plan.setup, resident, self.plan.params))
+                self.pre = as_ids(await run_in_threadpool(self.plan.setup, resident, self.plan.params))
             except Exception:              # noqa: BLE001
                 self.pre = None
         srv.track(cancel, lambda: self.events.put_nowait(("error", shutting_down())))
         try:
             if resident is not None and self.pre is not None \
+                    and not getattr(self.pre, "images", None) \
                     and srv.batcher.accepts(resident, self.plan.params):
                 self.fut = self._start_batched(resident)
             else:
@@ -292,6 +293,12 @@ def chat_plan(messages: list[dict], tools: list[dict], choice: Any, params: Gene
 
     def setup(model, params: GenerationParams) -> list[int]:
         from torch_xdna.server.tools import call_grammar, convention_of, render_messages
+        if not getattr(model, "accepts_images", False):
+            for i, m in enumerate(messages):
+                if isinstance(m.get("content"), list):
+                    raise APIError(400, f"{param}[{i}] has an image, and this model takes text "
+                                        f"only; send it to a vision-language model (Gemma 3)",
+                                   param=param, code="unsupported_content")
         template = getattr(model, "chat_template", None)
         conv = convention_of(template) if tools else None
         info["convention"] = conv
@@ -346,6 +353,12 @@ class OutputSplit:
         r1, c1 = split.feed(text)
         r2, c2, calls = split.finish()
         return r1 + r2, c1 + c2, calls
+
+
+def as_ids(ids) -> list[int]:
+    """A setup's prompt ids as a list; a list (subclass) as it is, so an image prompt keeps its
+    images (engine/llm/vlm.py's ImagePrompt)."""
+    return ids if isinstance(ids, list) else list(ids)
 
 
 def fim_setup(prefix: str, suffix: str):

@@ -11,11 +11,11 @@ from __future__ import annotations
 import json
 import logging
 import re
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from fastapi import Request
-from pydantic import (BaseModel, ConfigDict, Field, ValidationError, field_validator,
-                      model_validator)
+from pydantic import (BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError,
+                      field_validator, model_validator)
 
 
 log = logging.getLogger("torch_xdna.server")
@@ -134,6 +134,52 @@ class TextPart(_Strict):
     text: str
 
 
+class ImageUrl(_Strict):
+    url: str
+    detail: Literal["auto", "low", "high"] | None = None
+
+
+class ImagePart(_Strict):
+    type: Literal["image_url"]
+    image_url: ImageUrl
+
+
+def _part_tag(v: Any) -> str | None:
+    """The content-part branch by its `type`, so a text part's unknown field is reported (and
+    dropped) for the text branch only, never as a stray of the image branch."""
+    t = v.get("type") if isinstance(v, dict) else getattr(v, "type", None)
+    return {"text": "text_part", "image_url": "image_part"}.get(t, "text_part")
+
+
+ContentPart = Annotated[
+    Annotated[TextPart, Tag("text_part")] | Annotated[ImagePart, Tag("image_part")],
+    Discriminator(_part_tag)]
+
+
+def request_image(source: str, where: str, data_url: bool = True):
+    """A PIL image from a request: an OpenAI image_url (a data: URL; http(s) URLs are refused,
+    nothing is downloaded) or an Ollama `images` entry (bare base64). APIError 400, one line
+    naming `where`, when it is not base64 or not an image."""
+    import base64
+    import binascii
+    from torch_xdna.models.vision import ImageInputError, decode_data_url, open_image
+    try:
+        if data_url:
+            if source.startswith(("http://", "https://")):
+                raise ImageInputError(f"{where}: http(s) image URLs are not fetched (this server "
+                                      f"downloads nothing); send the image inline as a data URL "
+                                      f"(data:image/png;base64,...)")
+            return decode_data_url(source, where)
+        try:
+            data = base64.b64decode(source, validate=True)
+        except (binascii.Error, ValueError):
+            raise ImageInputError(f"{where}: not valid base64") from None
+        return open_image(data, where)
+    except ImageInputError as e:
+        raise APIError(400, " ".join(str(e).split()), param=where.split("[")[0],
+                       code="invalid_image") from None
+
+
 class FunctionCall(_Strict):
     name: str
     arguments: str = "{}"
@@ -147,7 +193,7 @@ class ToolCallIn(_Strict):
 
 class ChatMessage(_Strict):
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[TextPart] | None = None
+    content: str | list[ContentPart] | None = None
     name: str | None = None
     tool_calls: list[ToolCallIn] | None = None        # assistant turns that called tools
     tool_call_id: str | None = None                   # role "tool": the call it answers
@@ -159,11 +205,18 @@ class ChatMessage(_Strict):
 
     def text(self) -> str:
         if isinstance(self.content, list):
-            return "".join(p.text for p in self.content)
+            return "".join(p.text for p in self.content if isinstance(p, TextPart))
         return self.content or ""
 
-    def for_template(self) -> dict:
+    def for_template(self, where: str = "messages") -> dict:
+        """The message for the chat template; image parts become {"type": "image", "image":
+        PIL image} beside {"type": "text"} parts (decoded here: a bad one is a 400)."""
         d: dict = {"role": self.role, "content": self.text()}
+        if isinstance(self.content, list) and any(isinstance(p, ImagePart) for p in self.content):
+            d["content"] = [{"type": "text", "text": p.text} if isinstance(p, TextPart) else
+                            {"type": "image", "image": request_image(
+                                p.image_url.url, f"{where}.content[{j}].image_url")}
+                            for j, p in enumerate(self.content)]
         if self.tool_calls:
             d["tool_calls"] = [c.model_dump() for c in self.tool_calls]
         if self.tool_call_id is not None:

@@ -6,6 +6,7 @@ import argparse
 import json
 import math
 import sys
+from pathlib import Path
 
 from torch_xdna.choices import DEFAULT_KV_DTYPE, KV_DTYPES
 from torch_xdna.cli.args import add_command, add_decoder_precision, number, positive_int
@@ -34,6 +35,9 @@ def register(subparsers) -> None:
     p.add_argument("--chat", action="store_true", help="wrap the prompt as a user message in the "
                                                        "model's chat template")
     p.add_argument("--system", help="system message (with --chat)")
+    p.add_argument("--image", action="append", default=[], metavar="FILE",
+                   help="an image for a vision-language model (Gemma 3), before the prompt's "
+                        "text; repeatable; implies --chat")
     p.add_argument("--max-tokens", type=positive_int, default=256)
     p.add_argument("--temperature", type=finite_float, default=0.0,
                    help="0 = greedy (default); >= 0")
@@ -92,6 +96,15 @@ def run(args: argparse.Namespace) -> int:
                            repetition_penalty=args.repetition_penalty, seed=args.seed,
                            stop=tuple(args.stop))
     cfg.sampling().validate()            # refuse bad sampling options before loading weights
+    images = []
+    if args.image:                       # read and checked before loading weights
+        from torch_xdna.models.vision import open_image
+        from torch_xdna.models.vlm import is_vlm_dir
+        if not is_vlm_dir(args.model):
+            raise ValueError(f"{args.model}: --image needs a vision-language model directory "
+                             f"(Gemma 3 with a vision_config); this one takes text only")
+        from torch_xdna.engine.llm.vlm import load_vlm as load_decoder  # noqa: F811
+        images = [open_image(Path(f).read_bytes(), f) for f in args.image]
     engine = load_decoder(args.model, args.precision, max_context=args.max_context,
                           prefill_chunk=args.prefill_chunk,
                           quiet=args.quiet or args.json, layout=args.layout,
@@ -100,9 +113,11 @@ def run(args: argparse.Namespace) -> int:
     if args.json and not args.quiet and engine.files.gguf is not None:
         for note in engine.files.gguf.notes:          # the GGUF load log, kept off stdout
             print(f"xdna: {engine.files.path.name}: {note}", file=sys.stderr)
-    if args.chat:
+    if args.chat or images:
         msgs = ([{"role": "system", "content": args.system}] if args.system else [])
-        msgs.append({"role": "user", "content": prompt})
+        msgs.append({"role": "user", "content": prompt if not images else
+                     [{"type": "image", "image": im} for im in images]
+                     + [{"type": "text", "text": prompt}]})
         prompt = msgs
     backend = engine.decoder.dev.backend
     try:

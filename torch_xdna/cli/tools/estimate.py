@@ -43,6 +43,9 @@ def register(subparsers) -> None:
     p.add_argument("--layout", choices=LAYOUTS, default=DEFAULT_LAYOUT,
                    help=f"launches per layer: layer = 1, block = attention + MLP (2) "
                         f"(default {DEFAULT_LAYOUT})")
+    p.add_argument("--image-size", type=context_list, default=None,
+                   help="vision-language directories (Gemma 3): tower resolutions to model the "
+                        "time to first token at, comma-separated (default: the config's)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=run)
 
@@ -79,6 +82,12 @@ def run(args: argparse.Namespace) -> int:
     enc = estimate_encoder(args.model, args.context if args.context != [1024] else [128, 512])
     if enc is not None:                      # text / protein encoders (engine/embed/estimate.py)
         print(json.dumps({"modeled": True, **enc}, indent=2) if args.json else describe(enc))
+        return 0
+    from torch_xdna.models.vlm import is_vlm_dir
+    if is_vlm_dir(args.model):               # image prompts: tower + prefill = modeled TTFT
+        from torch_xdna.engine.vision.vlm_estimate import describe as vlm_describe, estimate_vlm
+        r = estimate_vlm(args.model, args.image_size, tuple(args.precision or ["bf16", "int4"]))
+        print(json.dumps({"modeled": True, **r}, indent=2) if args.json else vlm_describe(r))
         return 0
     from torch_xdna.engine.llm.estimate import estimate, resolve_spec
     from torch_xdna.engine.vision.estimate import is_vision_dir

@@ -30,6 +30,7 @@ from torch_xdna.kernels.blocks.linear_attn import DeltaNetBlockDesign, DeltaNetL
 from torch_xdna.kernels.blocks.moe import MoeBlockDesign, MoeLayerDesign
 from torch_xdna.kernels.blocks.ple import PleEmbedDesign, PleLayerDesign
 from torch_xdna.kernels.blocks.weights import EXACT_PRECISIONS, PRECISIONS, default_group, weight_bytes
+from torch_xdna.kernels.ops.vector import VectorDesign
 from torch_xdna.models.hf import ModelDirError
 from torch_xdna.models.spec import DecoderSpec
 from torch_xdna.runtime import Device, Launch, PlanError, Program, TensorArg, get_device
@@ -236,9 +237,12 @@ DEFAULT_LAYOUT = "layer"
 
 def step_designs(spec: DecoderSpec, policy: PrecisionPolicy, rows: int, capacity: int,
                  with_head: bool, layout: str = DEFAULT_LAYOUT,
-                 kv_dtype: str = DEFAULT_KV_DTYPE) -> list[tuple[str, int, Design]]:
+                 kv_dtype: str = DEFAULT_KV_DTYPE, images: bool = False
+                 ) -> list[tuple[str, int, Design]]:
     """The launches of one forward chunk, in order: (role, layer, design). layout "layer": one
-    launch per layer (default); "block": an attention-block and an MLP-block launch per layer."""
+    launch per layer (default); "block": an attention-block and an MLP-block launch per layer.
+    images: after the embedding, a select puts image rows in place of their placeholders
+    (a select on the vector unit, exact in fp32: Decoder.forward_images)."""
     if layout not in LAYOUTS:
         raise ValueError(f"unknown layout {layout!r}; use one of {', '.join(LAYOUTS)}")
     if layout != "layer" and spec.per_layer_shapes:
@@ -254,6 +258,11 @@ def step_designs(spec: DecoderSpec, policy: PrecisionPolicy, rows: int, capacity
              if spec.per_layer_dim else
              EmbedDesign(spec.vocab, spec.hidden, rows, ph, gh, spec.embed_scale))
     out: list[tuple[str, int, Design]] = [("embed", -1, embed)]
+    if images:
+        h = spec.hidden
+        out.append(("image_rows", -1, VectorDesign(
+            "where", ((rows, 1), (rows, h), (rows, h)), (torch.bool, torch.float32, torch.float32),
+            (rows, h), torch.float32)))
     mlp = MlpBlockDesign(precision=pm, group=gm, intermediate=spec.intermediate,
                          act=spec.act, post_norm=spec.sandwich_norms, layer_norm=spec.layer_norm,
                          bias=spec.linear_bias, gated=spec.gated_mlp,
@@ -378,9 +387,11 @@ class Decoder(ResidentDecoder):
     def chunk_program(self, rows: int, last: bool) -> Program:
         return self.program(rows, last)        # only the last chunk runs the head
 
-    def program(self, rows: int, with_head: bool) -> Program:
-        """The Program of a chunk of `rows` (bucketed) tokens; built once, reused every token."""
-        key = (rows, with_head)
+    def program(self, rows: int, with_head: bool, images: bool = False) -> Program:
+        """The Program of a chunk of `rows` (bucketed) tokens; built once, reused every token.
+        images: after the embedding, rows flagged in image_mask take image_x's rows (a chunk
+        holding image soft tokens, forward_images)."""
+        key = (rows, with_head) + (("images",) if images else ())
         prog = self._programs.get(key)
         if prog is not None:
             return prog
@@ -389,10 +400,13 @@ class Decoder(ResidentDecoder):
         ids = self.rows_view(self.ids, rows)
         launches = []
         for role, i, design in step_designs(spec, self.policy, rows, self.capacity, with_head,
-                                            self.layout, self.kv_dtype):
+                                            self.layout, self.kv_dtype, images):
             if role == "embed":
                 ple = [self.rows_view(a, rows) for a in self.ple]
                 launches.append(Launch(design, self.embed_inputs(ids), [x, *ple], s, op="embed"))
+            elif role == "image_rows":
+                ins = [self.rows_view(self.image_mask, rows), self.rows_view(self.image_x, rows), x]
+                launches.append(Launch(design, ins, [x], s, op="image_rows"))
             elif role == "head":
                 launches.append(Launch(design, self.head_inputs(x), [self.logits], s, op="lm_head"))
             else:
@@ -502,18 +516,19 @@ def default_cache_dir() -> Path:
 
 def estimate_step(spec: DecoderSpec, policy: PrecisionPolicy, cost, rows: int, pos: int, n: int,
                   capacity: int, with_head: bool, layout: str = DEFAULT_LAYOUT,
-                  kv_dtype: str = DEFAULT_KV_DTYPE, memo: dict | None = None) -> dict:
+                  kv_dtype: str = DEFAULT_KV_DTYPE, memo: dict | None = None,
+                  images: bool = False) -> dict:
     """Modeled cost of one forward chunk from plans only (no weights): the Program's launches
     charged through `cost` (a runtime.sim.cost.CostModel, whose state carries over between
     calls as the device's does) at the launch scalars pos/n, exactly as the sim charges them.
     memo: a dict kept across calls (same spec/policy/capacity) so equal designs are one object
     and their per-KV-extent launch plans are computed once (a 128K-token prefill: 1024 chunks)."""
-    key = (rows, with_head)
+    key = (rows, with_head, images)
     designs = None if memo is None else memo.get(key)
     if designs is None:
         canon: dict = {}
         designs = [canon.setdefault(d, d) for _, _, d in
-                   step_designs(spec, policy, rows, capacity, with_head, layout, kv_dtype)]
+                   step_designs(spec, policy, rows, capacity, with_head, layout, kv_dtype, images)]
         if memo is not None:
             memo[key] = designs
     plans = [d.launch_plan(cost.gen, pos=pos, n=n) if hasattr(d, "launch_plan") else d.plan(cost.gen)

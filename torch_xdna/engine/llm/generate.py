@@ -185,19 +185,25 @@ class Engine:
             raise ContextOverflow(f"the prompt has {len(ids)} tokens; the KV cache holds "
                                   f"{self.decoder.capacity} (raise max_context, "
                                   f"or --max-context on the command line)")
-        return self._run(ids, config, cancelled)
+        return self._run(ids, config, cancelled, self.prefill_for(ids))
+
+    def prefill_for(self, ids: list[int]) -> Callable[[list[int]], torch.Tensor] | None:
+        """A prompt's own prefill (ids -> last logits) instead of decoder.forward, or None. A
+        subclass's (images: engine/llm/vlm.py) runs from position 0, outside the prefix cache."""
+        return None
 
     def _run(self, ids: list[int], config: GenerationConfig,
-             cancelled: Callable[[], bool] | None = None) -> Iterator[Chunk]:
+             cancelled: Callable[[], bool] | None = None,
+             prefill: Callable[[list[int]], torch.Tensor] | None = None) -> Iterator[Chunk]:
         # taken at the first next(), so an iterator that is never started holds nothing
         if not self._lock.acquire(blocking=False):
             raise EngineBusy("a generation is already running on this engine; finish or close "
                              "its iterator first (the engine serves one request at a time)")
         try:
-            yield from self._loop(ids, config, cancelled or (lambda: False))
+            yield from self._loop(ids, config, cancelled or (lambda: False), prefill)
         finally:
             try:
-                if self.prefix_cache is not None:      # keep this run's KV for later prompts
+                if self.prefix_cache is not None and prefill is None:   # keep this run's KV
                     prompt, generated = self._tokens
                     self.prefix_cache.store(self.decoder.dev, self.decoder.cache,
                                             prompt + generated)
@@ -223,8 +229,8 @@ class Engine:
         return lambda: make_processors(factories, config.presence_penalty,
                                        config.frequency_penalty, bias, self.spec.vocab)
 
-    def _loop(self, prompt: list[int], config: GenerationConfig,
-              cancelled: Callable[[], bool]) -> Iterator[Chunk]:
+    def _loop(self, prompt: list[int], config: GenerationConfig, cancelled: Callable[[], bool],
+              prefill: Callable[[list[int]], torch.Tensor] | None = None) -> Iterator[Chunk]:
         """Prefill once, then decode the n samples one after another from the prompt's KV entries
         (positions past the prompt are overwritten before they are read, so rewinding the cache
         length is all a new sample needs)."""
@@ -233,9 +239,11 @@ class Engine:
         counters = CounterDelta(dec.dev)
         t0 = time.perf_counter()
         reused = self._reused = (self.prefix_cache.restore(dec.dev, dec.cache, prompt)
-                                 if self.prefix_cache is not None else dec.reset() or 0)
+                                 if self.prefix_cache is not None and prefill is None
+                                 else dec.reset() or 0)
         budget = min(config.max_tokens, dec.capacity - len(prompt))
-        logits = dec.forward(prompt[reused:]) if budget > 0 and not cancelled() else None
+        logits = ((prefill or dec.forward)(prompt[reused:]) if budget > 0 and not cancelled()
+                  else None)
         modeled_prefill_us = counters.take()["modeled_us"]
         snap = dec.snapshot_state() if config.n > 1 else None    # linear attention: the states
         for index in range(config.n):
@@ -349,8 +357,8 @@ def load_decoder(model_dir: str | Path, precision: str | Mapping[str, str] = "na
                  device: Device | None = None, cache_dir: str | Path | None | bool = None,
                  quiet: bool = False, layout: str = DEFAULT_LAYOUT,
                  tokenizer_dir: str | Path | None = None, kv_dtype: str = DEFAULT_KV_DTYPE,
-                 prefix_cache: int | None = None, budget: "Budget | str | None" = None
-                 ) -> Engine:
+                 prefix_cache: int | None = None, budget: "Budget | str | None" = None,
+                 decoder_cls: type[Decoder] = Decoder) -> Engine:
     """Load a HF decoder directory or a llama.cpp GGUF file (Qwen3, Llama, Gemma 3 text) onto
     the device.
 
@@ -368,6 +376,7 @@ def load_decoder(model_dir: str | Path, precision: str | Mapping[str, str] = "na
     tokenizer_dir: take tokenizer.json (+ chat template) from this directory instead.
     prefix_cache: bytes of KV kept for reuse by later prompts sharing a prefix (engine/
     prefix_cache.py); None: a share of the free device memory, 0 disables (int8 KV: off).
+    decoder_cls: the Decoder (sub)class to build (image prompts: engine/llm/image_prefill.py).
     """
     files = read_model(model_dir)             # validates every file before anything is allocated
     g = files.gguf
@@ -410,7 +419,7 @@ def load_decoder(model_dir: str | Path, precision: str | Mapping[str, str] = "na
         tok = gguf_tokenizer(g)
     else:
         tok = Tokenizer(files.path) if (files.path / "tokenizer.json").is_file() else None
-    decoder = Decoder(files.spec, weights, policy, max_context=capacity,
+    decoder = decoder_cls(files.spec, weights, policy, max_context=capacity,
                       prefill_chunk=prefill_chunk, device=device, layout=layout, kv_dtype=kv_dtype)
     engine = Engine(files, decoder, tok)
     size = default_max_bytes(device) if prefix_cache is None else int(prefix_cache)

@@ -78,6 +78,21 @@ def dequantize_kv(qv: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
 
 
 
+def span_limits(spans: tuple, pos: int, n: int) -> torch.Tensor | None:
+    """The last key each of rows pos..pos+n-1 may see when `spans` ((start, end) ranges inside
+    the chunk) attend bidirectionally: end - 1 inside a span, the row's own position elsewhere;
+    None when no span touches the chunk (plain causal)."""
+    hit = [(a, b) for a, b in spans if a < pos + n and b > pos]
+    if not hit:
+        return None
+    lim = torch.arange(pos, pos + n)
+    for a, b in hit:
+        if a < pos or b > pos + n:
+            raise ValueError(f"a bidirectional span {a}..{b} crosses the chunk {pos}..{pos + n}")
+        lim[a - pos:b - pos] = b - 1
+    return lim
+
+
 # -- designs -----------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class EmbedDesign(Design):
@@ -183,7 +198,9 @@ class AttentionBlockDesign(DecoderBlockDesign):
             *w_o [H, Hq*D], (sinks [Hq])?, (post_norm [H])?, cos [P,D], sin [P,D]
     outputs: out [rows,H] fp32 (may alias x), k_cache [Hkv,S,D], v_cache [Hkv,S,D]
              (kv_dtype int8: int8 caches, then k_scale [Hkv,S], v_scale [Hkv,S] fp32)
-    scalars: pos (first position), n (valid rows, default rows)
+    scalars: pos (first position), n (valid rows, default rows), spans ((start, end) absolute
+             position ranges inside this chunk whose rows see each other bidirectionally:
+             Gemma 3's image tokens; default none, causal)
     Attention is the flash kernel (attend): K/V tiles of `tkv` keys, online softmax, split-KV
     over the array's cores for decode rows; no score row is ever whole in one core's L1, so any
     context up to the cache capacity plans.
@@ -233,7 +250,8 @@ class AttentionBlockDesign(DecoderBlockDesign):
         return 1 + 4 / self.head_dim if self.kv_dtype == "int8" else self.cache_bytes
 
     @inference_mode
-    def reference(self, inputs, outputs, pos: int = 0, n: int | None = None, **_: Any) -> None:
+    def reference(self, inputs, outputs, pos: int = 0, n: int | None = None,
+                  spans: tuple = (), **_: Any) -> None:
         n, exact, rnd, x, ln = prologue(self, inputs, n)
         nt = weight_tensors(self.precision)
         hq, hkv, d = self.heads, self.kv_heads, self.head_dim
@@ -304,7 +322,8 @@ class AttentionBlockDesign(DecoderBlockDesign):
         a = attend(qk.narrow(1, 0, hq).transpose(0, 1), keys, vals,
                    scale=self.scale, q_offset=pos, k_offset=start, window=self.window,
                    softcap=self.softcap, exact=exact, rounded=True, tkv=tkv, splits=self.splits,
-                   valid=valid, host=rnd is host_gemv.operand, sinks=sinks)
+                   valid=valid, host=rnd is host_gemv.operand, sinks=sinks,
+                   q_limit=span_limits(spans, pos, n))
         a = a.transpose(0, 1).reshape(n, hq * d)
         if self.output_gate:
             a = a * torch.sigmoid(qkv.narrow(1, hq + 2 * hkv, hq).reshape(n, hq * d))
@@ -520,7 +539,8 @@ class DecoderLayerDesign(Design):
                 + 2 * a.bias + a.sinks + (1 if a.post_norm else 0) + 2 * a.rope)
 
     def reference(self, inputs, outputs, **scalars: Any) -> None:
-        if numerics.layer_order() == "plan":        # the stage programs' order (txn-identical)
+        # the stage programs' order (txn-identical); their attention is causal only
+        if numerics.layer_order() == "plan" and not scalars.get("spans"):
             if llm_stages.unsupported(self, scalars.get("n")) is None:
                 return llm_stages.staged_reference(self, inputs, outputs, **scalars)
         na = self.n_attention_inputs

@@ -160,7 +160,8 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float, q
            window: int | None, softcap: float | None, exact: bool, rounded: bool = False,
            k_offset: int = 0, tkv: int = 16, splits: int = 1,
            valid: int | None = None, host: bool | None = None,
-           sinks: torch.Tensor | None = None) -> torch.Tensor:
+           sinks: torch.Tensor | None = None,
+           q_limit: torch.Tensor | None = None) -> torch.Tensor:
     """Causal GQA flash attention of q [Hq, n, D] (query 0 at absolute position q_offset) over
     cached k/v [Hkv, S, D] (key 0 at absolute position k_offset) -> fp32 [Hq, n, D].
 
@@ -173,7 +174,8 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float, q
     keys (flash_attention's `valid`; the block's KV mirror). host: whether the host kernels are
     on, when the caller already knows (TORCH_XDNA_HOST_KERNELS read once per block).
     sinks: [Hq] a learned logit per q head in each softmax denominator (gpt-oss; the flash
-    kernel's numerics with the sink as the running max's start, flash_attention)."""
+    kernel's numerics with the sink as the running max's start, flash_attention).
+    q_limit: [n] the last key each query may see (flash_attention's; the host kernel has none)."""
     if host is None:
         host = host_gemv.available()
     hq, n, d = q.shape
@@ -183,14 +185,16 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float, q
     # one query row per head (decode): every row sits at q_offset
     qpos = q_offset if n == 1 else (torch.arange(n) + q_offset).repeat(g)
     row_sinks = None if sinks is None else sinks.view(hkv, g, 1).expand(hkv, g, n).reshape(hkv, g * n)
-    if host and sinks is None and host_attention.use_for(g * n, valid, softcap, exact):   # in C
+    limit = None if q_limit is None else q_limit.repeat(g)
+    if host and sinks is None and limit is None and host_attention.use_for(g * n, valid, softcap, exact):
         return host_attention.decode_attention(
             qg, k, v, scale=scale, tkv=tkv, splits=splits, q_offset=qpos, k_offset=k_offset,
             valid=valid, window=window).view(hq, n, d)
     out = flash_attention(qg, k, v, scale=scale, tkv=tkv, splits=splits, causal=True,
                           q_offset=qpos, k_offset=k_offset, window=window, softcap=softcap,
                           exact=exact, valid=valid, q_rounded=True,
-                          operand=host_gemv.operand if host else None, sinks=row_sinks)
+                          operand=host_gemv.operand if host else None, sinks=row_sinks,
+                          q_limit=limit)
     return out.view(hq, n, d)
 
 

@@ -205,19 +205,21 @@ def _flash_mask(rows_pos: torch.Tensor, k0: int, n: int, causal: bool, window: i
 
 
 def _mask_scores(s: torch.Tensor, qpos: torch.Tensor, k0: int, lo: int, hi: int, causal: bool,
-                 window: int | None) -> None:
+                 window: int | None, q_limit: torch.Tensor | None = None) -> None:
     """Mask in place the scores s [..., R, T] of padded keys (index j at absolute position
-    k0 + j; valid keys are lo..hi-1): padding, future keys (causal), keys older than the window.
-    Only the column ranges where some row hides a key are touched."""
+    k0 + j; valid keys are lo..hi-1): padding, future keys (causal: past each row's q_limit,
+    default its position), keys older than the window. Only the column ranges where some row
+    hides a key are touched."""
     ninf = float("-inf")
     if lo > 0:                                          # (an empty fill is still an op)
         s[..., :lo] = ninf
     if hi < s.shape[-1]:
         s[..., hi:] = ninf
     if causal:
-        a = max(lo, int(qpos.min()) + 1 - k0)          # first key some row must not see
+        lim = qpos if q_limit is None else q_limit
+        a = max(lo, int(lim.min()) + 1 - k0)           # first key some row must not see
         if a < hi:
-            m = _flash_mask(qpos, k0 + a, hi - a, True, None, k0 + hi)
+            m = _flash_mask(lim, k0 + a, hi - a, True, None, k0 + hi)
             if m is not None:
                 s[..., a:hi].masked_fill_(m, ninf)
     if window:
@@ -232,7 +234,8 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale:
                     tkv: int, splits: int = 1, causal: bool = True, q_offset: int = 0,
                     k_offset: int = 0, window: int | None = None, softcap: float | None = None,
                     exact: bool = False, valid: int | None = None, q_rounded: bool = False,
-                    operand=None, sinks: torch.Tensor | None = None) -> torch.Tensor:
+                    operand=None, sinks: torch.Tensor | None = None,
+                    q_limit: torch.Tensor | None = None) -> torch.Tensor:
     """The flash kernel's result: q [Hkv, R, D] (the R query rows of each KV head's group, at
     absolute position q_offset, or per row when q_offset is an [R] tensor),
     k / v [Hkv, S, D] holding keys at absolute positions k_offset..k_offset+S-1 -> fp32 [Hkv, R, D].
@@ -254,7 +257,10 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale:
     sinks: [Hkv, R] fp32, a learned logit per row in the softmax denominator (gpt-oss's
     attention sinks: softmax over [scores, sink], the sink's column dropped): every split's
     running max starts at the sink instead of -inf, and the reduction adds the sink's
-    exp(sink - m_final) to the denominator once (its value row is zero)."""
+    exp(sink - m_final) to the denominator once (its value row is zero).
+    q_limit: [R] the last key each row may see under the causal mask (default its position;
+    Gemma 3's image tokens see their whole image, transformers' blockwise overlay); the
+    window still counts back from the row's position."""
     rnd = (lambda t: t.float()) if exact else (operand or numerics.operand)
     hkv, r, d = q.shape
     s_len = k.shape[1] if valid is None else valid
@@ -278,7 +284,7 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale:
                      kf.transpose(-1, -2)).mul_(scale)                  # [Hkv, R, T*tkv]
     if softcap is not None:
         s = torch.tanh(s.div_(softcap)).mul_(softcap)
-    _mask_scores(s, qpos, k_offset - lead, lead, lead + s_len, causal, window)
+    _mask_scores(s, qpos, k_offset - lead, lead, lead + s_len, causal, window, q_limit)
     st = s.view(hkv, r, n_tiles, tkv)
     tile_max = st.amax(-1)                                             # [Hkv, R, T]
     # running max within each split (split_ranges: segments of `per` tiles, the last shorter):

@@ -78,6 +78,9 @@ class TxnRunner:
         from the indices) are not cached: each index set is a new stream of the same design."""
         if _lowerer is None:
             raise Unlowered("no array lowering registered (import torch_xdna.kernels.aie.refs)")
+        if scalars.get("spans"):            # the array programs' attention is causal only
+            raise Unlowered(f"{design.name}: bidirectional spans (image blocks) have no array "
+                            f"lowering yet")
         key = (design.key, tuple(sorted(scalars.items())))
         hit = self.programs.get(key)
         if hit is None:

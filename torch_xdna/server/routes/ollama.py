@@ -21,14 +21,15 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from torch_xdna.server.chat import GenerationParams
-from torch_xdna.server.schemas import APIError
+from torch_xdna.server.schemas import APIError, request_image
 
 API_VERSION = "0.12.0"          # the Ollama API level these routes follow (what /api/version says)
 DEFAULTS = {"temperature": 0.8, "top_p": 0.9, "top_k": 40}
 
 
 class _Lenient(BaseModel):
-    # Ollama ignores fields it does not use (images on a text model, ...); so do we
+    # Ollama ignores fields it does not use; so do we (images on a model that takes none are
+    # refused by name: server/generation.py's chat_plan)
     model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
 
 
@@ -59,6 +60,7 @@ class OMessage(_Lenient):
     content: str | None = ""
     tool_calls: list[OToolCall] | None = None
     tool_name: str | None = None
+    images: list[str] | None = None      # base64 image files (vision-language models)
 
 
 class _Gen(_Lenient):
@@ -79,6 +81,7 @@ class ChatBody(_Gen):
 
 class GenerateBody(_Gen):
     prompt: str | None = None
+    images: list[str] | None = None      # base64 image files (vision-language models)
     system: str | None = None
     raw: bool = False
     suffix: str | None = None            # fill-in-the-middle (coder models with FIM tokens)
@@ -177,11 +180,20 @@ def params_from(body: _Gen) -> tuple[GenerationParams, int | None]:
     return params, limit
 
 
+def image_content(images: list[str], text: str, where: str) -> list[dict]:
+    """Ollama's base64 `images` and a text as chat content parts: the images first, then the
+    text (Ollama's own order); a bad image is a 400 naming where[k]."""
+    return [{"type": "image", "image": request_image(b, f"{where}[{k}]", data_url=False)}
+            for k, b in enumerate(images)] + [{"type": "text", "text": text}]
+
+
 def openai_messages(msgs: list[OMessage]) -> list[dict]:
     """Ollama messages -> the OpenAI-shaped dicts tools.render_messages takes."""
     out = []
     for i, m in enumerate(msgs):
         d: dict[str, Any] = {"role": m.role, "content": m.content or ""}
+        if m.images:
+            d["content"] = image_content(m.images, m.content or "", f"messages[{i}].images")
         if m.tool_calls:
             d["tool_calls"] = [{"id": f"call_{i}_{k}", "type": "function",
                                 "function": {"name": c.function.name,
@@ -381,8 +393,12 @@ def register(app: FastAPI, srv) -> None:
         if not body.prompt:
             return await load_or_unload(request, body, entry, {"response": ""})
         params, limit = params_from(body)
+        if body.images and (body.raw or body.suffix):
+            raise APIError(400, "images need the chat template; drop 'raw' and 'suffix'",
+                           param="images", code="invalid_value")
         msgs = ([{"role": "system", "content": body.system}] if body.system else []) + \
-            [{"role": "user", "content": body.prompt}]
+            [{"role": "user", "content": image_content(body.images, body.prompt, "images")
+              if body.images else body.prompt}]
         plan = chat_plan(msgs, [], "none", params, limit, template_vars=None
                          if body.think is None else {"enable_thinking": body.think})
         info: dict = {"names": set()}

@@ -60,7 +60,7 @@ async def chat_completion(srv: Server, request: Request):
         choice = choice.function.name
     params = base_params(req)
     params.grammar = response_grammar(req.response_format)
-    plan = chat_plan([m.for_template() for m in req.messages],
+    plan = chat_plan([m.for_template(f"messages[{i}]") for i, m in enumerate(req.messages)],
                      [t.model_dump(exclude_none=True) for t in req.tools or []], choice, params,
                      req.token_limit(), parallel=req.parallel_tool_calls is not False,
                      template_vars=req.chat_template_kwargs)
