@@ -43,7 +43,7 @@ def hf_whisper_dir(ct2_dir: Path, out: Path) -> Path:
     import torch
     from transformers import WhisperConfig, WhisperForConditionalGeneration
     from torch_xdna.models.formats.ct2 import read_ct2_whisper
-    from torch_xdna.models.whisper import read_whisper
+    from torch_xdna.models.speech.whisper import read_whisper
     cfg, _, sd = read_ct2_whisper(ct2_dir)
     t = read_whisper(ct2_dir).tokens
     hc = WhisperConfig(**{k: v for k, v in cfg.items() if k != "model_type"},

@@ -54,7 +54,7 @@ def _hf(d, cls_name: str, dtype=torch.float32):
 def test_features_match_feature_extractor():
     from transformers import ParakeetFeatureExtractor
     from torch_xdna.engine.asr.fbank import ParakeetFeatures
-    from torch_xdna.models.parakeet import FrontEnd
+    from torch_xdna.models.speech.parakeet import FrontEnd
     rng = np.random.default_rng(0)
     for mels in (80, 128):
         fe = ParakeetFeatureExtractor(feature_size=mels)

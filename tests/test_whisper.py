@@ -143,7 +143,7 @@ def test_int8_is_bf16_on_the_dequantized_weights(micro, precision):
     from torch_xdna.engine.asr.whisper import WhisperModel, host_weights
     from torch_xdna.kernels.blocks.weights import dequantize
     from torch_xdna.kernels.blocks.whisper import split_precision, step_designs
-    from torch_xdna.models.whisper import load_whisper_weights, read_whisper
+    from torch_xdna.models.speech.whisper import load_whisper_weights, read_whisper
     files = read_whisper(micro)
     sd = load_whisper_weights(files)
     q = host_weights(files.spec, sd, precision)

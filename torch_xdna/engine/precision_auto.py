@@ -369,7 +369,7 @@ def choose_whisper(model: str | Path, load: acc.Loader, options, *,
     """Whisper's precision (module docstring). load(precision) -> a Transcriber; options: its
     TranscribeOptions (language set)."""
     from torch_xdna.engine.asr.estimate import estimate_whisper
-    from torch_xdna.models.whisper import read_whisper
+    from torch_xdna.models.speech.whisper import read_whisper
     model, budget = Path(model), Budget.parse(budget)
     speech = Path(speech or acc.SPEECH_SET)
     clips = acc.load_speech_set(speech)

@@ -12,7 +12,7 @@ from pathlib import Path
 def maybe_run(args: argparse.Namespace) -> int | None:
     from torch_xdna.engine.asr.estimate import SHAPES, builtin_spec, estimate_whisper
     from torch_xdna.engine.asr.parakeet_estimate import ALIASES, SHAPES as PARAKEET
-    from torch_xdna.models.parakeet import is_parakeet_dir
+    from torch_xdna.models.speech.parakeet import is_parakeet_dir
     model = args.model
     if model.lower() in PARAKEET or model.lower() in ALIASES or is_parakeet_dir(model):
         return run_parakeet(args)
@@ -20,7 +20,7 @@ def maybe_run(args: argparse.Namespace) -> int | None:
         from torch_xdna.models.hf import read_config
         if read_config(model).get("model_type") != "whisper":
             return None
-        from torch_xdna.models.whisper import read_whisper
+        from torch_xdna.models.speech.whisper import read_whisper
         spec, name = read_whisper(model).spec, Path(model).name
     elif model.lower() in SHAPES:
         name = model.lower()
@@ -76,7 +76,7 @@ def run_parakeet(args: argparse.Namespace) -> int:
     """Parakeet: the encoder Program of a 30-s window and, for TDT, the decoding steps."""
     from torch_xdna.engine.asr.parakeet_estimate import (builtin_spec, estimate_parakeet,
                                                          measure_cpu_window)
-    from torch_xdna.models.parakeet import is_parakeet_dir, read_parakeet
+    from torch_xdna.models.speech.parakeet import is_parakeet_dir, read_parakeet
     if is_parakeet_dir(args.model):
         spec, name = read_parakeet(args.model).spec, Path(args.model).name
     else:

@@ -18,7 +18,7 @@ from torch_xdna.kernels.blocks.llm import rows_bucket
 from torch_xdna.kernels.blocks.whisper import encoder_designs, split_precision, step_designs
 from torch_xdna.kernels.stages.whisper import cache_rows, cross_rows
 from torch_xdna.kernels.toolchain.catalog import Example, Spec
-from torch_xdna.models.whisper import WhisperSpec
+from torch_xdna.models.speech.whisper import WhisperSpec
 
 F32, BF16, I32 = torch.float32, torch.bfloat16, torch.int32
 
@@ -75,7 +75,7 @@ def model_designs(model: str, precision: str = "bf16", chunk: int = DEFAULT_CHUN
     """(buildable examples, "design: why not" for the rest), each distinct design once: the
     encoder Program's and the decoder's for every rows bucket 1, 2, 4, ... up to `chunk` (what
     WhisperModel launches with that chunk: the artifact keys follow)."""
-    from torch_xdna.models.whisper import read_whisper
+    from torch_xdna.models.speech.whisper import read_whisper
     spec = read_whisper(model).spec
     designs = list(encoder_designs(spec, precision))
     buckets = sorted({rows_bucket(1 << k, chunk) for k in range(chunk.bit_length())}, reverse=True)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from torch_xdna.hw import Generation
 from torch_xdna.kernels.blocks.whisper import encoder_designs, step_designs
-from torch_xdna.models.whisper import WhisperSpec
+from torch_xdna.models.speech.whisper import WhisperSpec
 from torch_xdna.runtime.sim.cost import CostModel
 
 # Whisper's published shapes (openai/whisper model cards: d_model, layers, heads; vocabulary

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from torch_xdna.engine.asr.mel import mel_filters
-from torch_xdna.models.parakeet import FrontEnd
+from torch_xdna.models.speech.parakeet import FrontEnd
 
 LOG_GUARD = 2.0 ** -24
 NORM_EPS = 1e-5

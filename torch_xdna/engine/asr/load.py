@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from torch_xdna.models.parakeet import is_parakeet_dir
+from torch_xdna.models.speech.parakeet import is_parakeet_dir
 
 
 def load_transcriber(model_dir: str | Path, precision: Any = "bf16", device=None,
@@ -24,8 +24,8 @@ def load_transcriber(model_dir: str | Path, precision: Any = "bf16", device=None
 def check_asr_dir(model_dir: str | Path) -> None:
     """Read a speech model's config (a bad directory fails here, before any weight is read)."""
     if is_parakeet_dir(model_dir):
-        from torch_xdna.models.parakeet import read_parakeet
+        from torch_xdna.models.speech.parakeet import read_parakeet
         read_parakeet(model_dir)
     else:
-        from torch_xdna.models.whisper import read_whisper
+        from torch_xdna.models.speech.whisper import read_whisper
         read_whisper(model_dir)

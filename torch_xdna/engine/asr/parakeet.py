@@ -20,7 +20,7 @@ from torch_xdna.kernels.blocks.conformer import (
     LAYER_SITES, ConformerHeadDesign, ConformerLayerDesign, ConformerRelPosDesign,
     ConformerStemDesign, check_precision, rel_positions,
 )
-from torch_xdna.models.parakeet import (ParakeetFiles, ParakeetSpec, load_parakeet_weights,
+from torch_xdna.models.speech.parakeet import (ParakeetFiles, ParakeetSpec, load_parakeet_weights,
                                         read_parakeet)
 from torch_xdna.runtime import Device, Launch, Program, TensorArg, get_device
 

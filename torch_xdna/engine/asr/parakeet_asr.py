@@ -30,7 +30,7 @@ from torch_xdna.engine.asr.parakeet import MAX_WINDOW_FRAMES, ParakeetModel, hos
 from torch_xdna.engine.asr.transcribe import (Segment, TranscribeOptions, TranscribeStats,
                                               Transcription, TranscriberBusy)
 from torch_xdna.engine.counters import CounterDelta
-from torch_xdna.models.parakeet import load_parakeet_weights, read_parakeet
+from torch_xdna.models.speech.parakeet import load_parakeet_weights, read_parakeet
 from torch_xdna.runtime import Device
 
 OVERLAP_FRAMES = 400             # 4 s of mel frames shared by consecutive windows

@@ -15,7 +15,7 @@ import time
 from torch_xdna.hw import Generation
 from torch_xdna.kernels.blocks.conformer import (ConformerRelPosDesign, TransducerJointDesign,
                                                  TransducerPredictDesign)
-from torch_xdna.models.parakeet import ParakeetSpec
+from torch_xdna.models.speech.parakeet import ParakeetSpec
 from torch_xdna.runtime.buffer import aligned
 from torch_xdna.runtime.sim.cost import CostModel
 

@@ -28,7 +28,7 @@ from torch_xdna.engine.asr.audio import SAMPLE_RATE, load_audio
 from torch_xdna.engine.counters import CounterDelta
 from torch_xdna.engine.llm.sampler import Sampler, SamplingParams
 from torch_xdna.engine.asr.whisper import WhisperModel, load_whisper_model
-from torch_xdna.models.whisper import TIMESTAMP_STEP_S
+from torch_xdna.models.speech.whisper import TIMESTAMP_STEP_S
 from torch_xdna.runtime import Device
 
 if TYPE_CHECKING:
@@ -124,7 +124,7 @@ class Transcriber:
         if precision == "auto":
             import logging
             from torch_xdna.engine.precision_auto import choose_whisper, stderr_log
-            from torch_xdna.models.whisper import read_whisper
+            from torch_xdna.models.speech.whisper import read_whisper
             path = read_whisper(model_dir).path
             log = logging.getLogger("torch_xdna.precision").info if quiet else stderr_log
             precision = choose_whisper(path, lambda p: cls.load(path, p, device),

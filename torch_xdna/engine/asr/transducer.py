@@ -25,7 +25,7 @@ class TdtDecoder:
 
     def __init__(self, model, sd: dict[str, torch.Tensor] | None = None):
         """`sd`: the directory's state dict when the caller has read it (else read here)."""
-        from torch_xdna.models.parakeet import load_parakeet_weights
+        from torch_xdna.models.speech.parakeet import load_parakeet_weights
         self.model, self.dev, s = model, model.dev, model.spec
         self.spec = s
         dt = torch.float32 if model.precision == "fp32" else torch.bfloat16

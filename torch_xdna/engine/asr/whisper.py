@@ -23,7 +23,7 @@ from typing import Mapping
 from torch_xdna.kernels.blocks.weights import default_group
 from torch_xdna.kernels.blocks.whisper import encoder_designs, split_precision, step_designs
 from torch_xdna.kernels.stages.whisper import cache_rows, cross_rows
-from torch_xdna.models.whisper import WhisperFiles, WhisperSpec, load_whisper_weights, read_whisper
+from torch_xdna.models.speech.whisper import WhisperFiles, WhisperSpec, load_whisper_weights, read_whisper
 from torch_xdna.runtime import Device, Launch, Program, get_device
 
 DEFAULT_CHUNK = 64

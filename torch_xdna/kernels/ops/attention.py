@@ -254,13 +254,10 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale:
     attention block's fp32 KV mirror (the same values the conversion and padding below make).
     q_rounded: q already is an operand (rounding is idempotent: not redone). operand: a
     function bit-equal to numerics.operand to round with (host_gemv.operand; sim speed).
-    sinks: [Hkv, R] fp32, a learned logit per row in the softmax denominator (gpt-oss's
-    attention sinks: softmax over [scores, sink], the sink's column dropped): every split's
-    running max starts at the sink instead of -inf, and the reduction adds the sink's
-    exp(sink - m_final) to the denominator once (its value row is zero).
+    sinks: [Hkv, R] fp32, gpt-oss's learned logit per row in the softmax denominator: every
+    split's running max starts at the sink, the reduction adds exp(sink - m_final) once.
     q_limit: [R] the last key each row may see under the causal mask (default its position;
-    Gemma 3's image tokens see their whole image, transformers' blockwise overlay); the
-    window still counts back from the row's position."""
+    Gemma 3's image tokens see their whole image); the window counts back from the position."""
     rnd = (lambda t: t.float()) if exact else (operand or numerics.operand)
     hkv, r, d = q.shape
     s_len = k.shape[1] if valid is None else valid
