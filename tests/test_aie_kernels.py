@@ -504,6 +504,18 @@ def test_silu_mul(lib):
     assert bool((ulps(out, ref) <= 5).all() | ((out - ref).abs() <= 2.0 ** -28).all())
 
 
+def test_gelu_tanh_mul(lib):
+    """The GeGLU gate (Gemma's MLP): bit-exact with its golden (the polynomial tanh of
+    xdna_vec.h) and within a few ulps of torch's gelu(tanh) * up."""
+    n = 300
+    g, u = bf16(n, scale=4), bf16(n, scale=2)
+    out = torch.empty(n)
+    lib.gelu_tanh_mul_bf16_f32(g, u, out, n)
+    assert_bits(out, golden.gelu_tanh_mul(g, u), "gelu_tanh_mul")
+    ref = torch.nn.functional.gelu(g.float(), approximate="tanh") * u.float()
+    assert float((out - ref).abs().max()) <= 1e-5 * float(ref.abs().max())
+
+
 # --- row kernels -------------------------------------------------------------------------------
 ROWS = [(3, 8), (2, 50), (4, 64), (2, 384)]
 

@@ -154,9 +154,9 @@ def test_multi_stage_designs_lower_stage_by_stage():
     assert dict(gg[0].notes)["launch_args"] == ("A", "Wg", "Wu", "out")
     for p in gg:
         validate(p, NPU4)
-    # post-norms (Gemma-style sandwich norms) have no executable stages: the structural ones
+    # biases (OPT-style blocks) have no executable stages: the structural ones
     a = dataclasses.replace(AttentionBlockDesign(256, 1, "int4", 32, 1e-6, 0.0, 4, 2, 64, 256),
-                            post_norm=True)
+                            bias=True)
     m = MlpBlockDesign(256, 1, "int4", 32, 1e-6, 0.0, 512)
     progs = lower(DecoderLayerDesign(a, m), NPU4)
     stages = [dict(p.notes)["stage"] for p in progs]

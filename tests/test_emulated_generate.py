@@ -107,3 +107,21 @@ def test_serve_chat_on_the_emulated_npu_equals_the_simulator(built, monkeypatch)
     emu_text, emu_backend = _serve_chat(model, monkeypatch, store)
     assert (sim_backend, emu_backend) == ("sim", "xrt")
     assert emu_text == sim_text and len(emu_text) > 0
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma3"])
+def test_other_families_generate_on_the_emulated_npu(family, tmp_path, capsys, monkeypatch):
+    """Llama-style layers (no q/k norm: the rope-only q/k stage) and Gemma 3 layers (1 + w
+    norms, post-norms after attention and MLP, the GeGLU gate, sliding-window layers, scaled
+    embeddings) build and generate on the emulated NPU with the simulator's tokens. The tiny
+    configs' widths are tile-friendly (intermediate 128); Gemma's logit softcap is off (the head
+    has no tanh stage; real Gemma 3 checkpoints have none)."""
+    model = tmp_path / f"tiny-{family}"
+    extra = {"final_logit_softcapping": None} if family == "gemma3" else {}   # no tanh stage yet
+    build_model(family, model, seed=7, intermediate_size=128, **extra)
+    store, summary = build_artifacts(tmp_path, model, *ARGS)
+    assert not summary["skipped"] and not summary.get("failed")
+    sim = _generate(model, capsys, monkeypatch)
+    emu = _generate(model, capsys, monkeypatch, store)
+    assert emu["backend"] == "xrt" and len(emu["token_ids"]) == 8
+    assert emu["token_ids"] == sim["token_ids"]

@@ -152,6 +152,7 @@ ELSEWHERE = {
     r"qk_rope_bf16": "test_qk_rope",
     r"rope_bf16_f32": "test_rope_equals_llm_blocks",
     r"silu_mul_bf16_f32": "test_silu_mul",
+    r"gelu_tanh_mul_bf16_f32": "test_gelu_tanh_mul",
     r"cast_f32_bf16": "test_cast_f32_bf16_rounds_to_nearest_even_and_flushes",
     r"embed_(fp32|bf16|int8|int4)_f32": "test_embed_rows_equal_golden_and_embed_design",
 }

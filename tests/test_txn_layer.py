@@ -26,13 +26,22 @@ from torch_xdna.runtime.sim import txn_level
 H, HQ, HKV, D, I, CAP = 256, 4, 2, 64, 512, 128
 
 
-def layer(rows: int = 1, precision: str = "bf16", qk_norm: bool = True, **kw) -> DecoderLayerDesign:
-    a = AttentionBlockDesign(H, rows, precision, 0, 1e-6, 0.0, HQ, HKV, D, CAP, qk_norm=qk_norm,
+def layer(rows: int = 1, precision: str = "bf16", qk_norm: bool = True, gemma: bool = False,
+          **kw) -> DecoderLayerDesign:
+    """A Qwen3-style layer; qk_norm=False: Llama-style; gemma: Gemma 3-style (norm weights as
+    1 + w, post-norms after attention and MLP, GeGLU gate, a sliding window)."""
+    off = 1.0 if gemma else 0.0
+    if gemma:
+        kw = {"post_norm": True, "window": 5, **kw}
+    a = AttentionBlockDesign(H, rows, precision, 0, 1e-6, off, HQ, HKV, D, CAP, qk_norm=qk_norm,
                              scale=D ** -0.5, **kw)
-    return DecoderLayerDesign(a, MlpBlockDesign(H, rows, precision, 0, 1e-6, 0.0, I))
+    return DecoderLayerDesign(a, MlpBlockDesign(H, rows, precision, 0, 1e-6, off, I,
+                                                act="gelu_tanh" if gemma else "silu",
+                                                post_norm=gemma))
 
 
-def weights(seed: int = 0, precision: str = "bf16", qk_norm: bool = True) -> list[torch.Tensor]:
+def weights(seed: int = 0, precision: str = "bf16", qk_norm: bool = True,
+            gemma: bool = False) -> list[torch.Tensor]:
     """The layer's inputs (x left None): weights as the engine stores them (int8 / int4:
     quant.quantize_* values and bf16 scales per group)."""
     from torch_xdna.kernels import quant
@@ -52,26 +61,28 @@ def weights(seed: int = 0, precision: str = "bf16", qk_norm: bool = True) -> lis
     ang = torch.arange(CAP).float()[:, None] * inv[None]
     ang = torch.cat([ang, ang], -1)
     qk = [1 + 0.1 * r(D), 1 + 0.1 * r(D)] if qk_norm else []
-    return [None, 1 + 0.1 * r(H), *qk, *w((HQ + 2 * HKV) * D, H),
-            *w(H, HQ * D), ang.cos(), ang.sin(), 1 + 0.1 * r(H), *w(2 * I, H), *w(H, I)]
+    pa, pm = ([0.1 * r(H)], [0.1 * r(H)]) if gemma else ([], [])     # post-norm weights
+    return [None, 1 + 0.1 * r(H), *qk, *w((HQ + 2 * HKV) * D, H), *w(H, HQ * D), *pa,
+            ang.cos(), ang.sin(), 1 + 0.1 * r(H), *w(2 * I, H), *w(H, I), *pm]
 
 
 def _caches():
     return [torch.zeros(HKV, CAP, D, dtype=torch.bfloat16) for _ in range(2)]
 
 
-@pytest.mark.parametrize("rows,steps,precision,valid,qk_norm", [
-    (1, 3, "bf16", 1, True), (3, 2, "bf16", 3, True), (1, 2, "int8", 1, True),
-    (2, 2, "int4", 2, True), (4, 2, "bf16", 3, True), (1, 3, "bf16", 1, False),
-    (4, 2, "int8", 3, False)],
+@pytest.mark.parametrize("rows,steps,precision,valid,qk_norm,gemma", [
+    (1, 3, "bf16", 1, True, False), (3, 2, "bf16", 3, True, False), (1, 2, "int8", 1, True, False),
+    (2, 2, "int4", 2, True, False), (4, 2, "bf16", 3, True, False), (1, 3, "bf16", 1, False, False),
+    (4, 2, "int8", 3, False, False), (1, 4, "bf16", 1, True, True), (4, 2, "int4", 3, True, True)],
     ids=["decode", "prefill3", "decode-int8", "prefill2-int4", "prefill4-valid3", "decode-llama",
-         "prefill4-valid3-int8-llama"])
-def test_layer_txn_bit_identical_across_positions(rows, steps, precision, valid, qk_norm, monkeypatch):
+         "prefill4-valid3-int8-llama", "decode-gemma", "prefill4-valid3-int4-gemma"])
+def test_layer_txn_bit_identical_across_positions(rows, steps, precision, valid, qk_norm, gemma,
+                                                  monkeypatch):
     """`valid` rows of `rows` per launch (a prefill bucket): the rest are computed but write no
     KV; their output rows are not defined, so only the valid ones are compared with BLAS. The
     Llama-style layers (no q/k norm) run the rope-only qk stage (qk_rope_bf16)."""
-    L = layer(rows, precision, qk_norm)
-    ins = weights(0, precision, qk_norm)
+    L = layer(rows, precision, qk_norm, gemma)
+    ins = weights(0, precision, qk_norm, gemma)
     g = torch.Generator().manual_seed(1)
     caches = {k: _caches() for k in ("blas", "plan", "txn")}
     runner = txn_level.TxnRunner(NPU4)
@@ -87,7 +98,7 @@ def test_layer_txn_bit_identical_across_positions(rows, steps, precision, valid,
                 monkeypatch.setenv("TORCH_XDNA_LAYER_ORDER", k)
                 L.reference(ins, [out, *caches[k]], pos=pos, n=valid)
             outs[k] = out
-        assert runner.last["stages"] == 12
+        assert runner.last["stages"] == (14 if gemma else 12)
         assert torch.equal(outs["plan"], outs["txn"])
         for c_plan, c_txn in zip(caches["plan"], caches["txn"]):
             assert torch.equal(c_plan, c_txn)
@@ -159,8 +170,8 @@ def test_unsupported_layers_stay_structural_and_fall_back():
     assert "precision bfp16" in dict(progs[0].notes)["not_executable"]
     with pytest.raises(txn_level.Unlowered, match="structural only"):
         txn_level.TxnRunner(NPU4).run(L, weights(), [torch.zeros(1, H), *_caches()], {"pos": 0})
-    bad = dataclasses.replace(layer(1).attention, post_norm=True)
-    assert "post-norms" in dict(lower(DecoderLayerDesign(bad, layer(1).mlp), NPU4)[0].notes)["not_executable"]
+    bad = dataclasses.replace(layer(1).attention, bias=True)
+    assert "biases" in dict(lower(DecoderLayerDesign(bad, layer(1).mlp), NPU4)[0].notes)["not_executable"]
 
 
 def test_stage_programs_print_as_mlir():

@@ -125,6 +125,8 @@ _binary_specs("gate_mul", [("f32", "f32"), ("f32", "bf16")], "binary:gate_mul")
 _SPECS += [
     _k("silu_mul_bf16_f32", "eltwise.cc", ["gate:bf16*", "up:bf16*", "out:f32*", "n:i32"],
        golden="silu_mul", reference="llm_blocks (SwiGLU MLP: silu(gate) * up)"),
+    _k("gelu_tanh_mul_bf16_f32", "eltwise.cc", ["gate:bf16*", "up:bf16*", "out:f32*", "n:i32"],
+       golden="gelu_tanh_mul", reference="stages/llm_layer.gate_mul_rows (GeGLU MLP: Gemma)"),
     _k("cast_f32_bf16", "eltwise.cc", ["x:f32*", "out:bf16*", "n:i32"], golden="cast_bf16",
        reference="numerics.operand"),
     _k("rope_bf16_f32", "rope.cc",

@@ -299,6 +299,10 @@ def silu_mul(gate, up):
     return fmul(silu_f32(f32(gate)), f32(up))
 
 
+def gelu_tanh_mul(gate, up):
+    return fmul(gelu_tanh_f32(f32(gate)), f32(up))
+
+
 def cast_bf16(x):
     return numerics.operand(x.float()).to(torch.bfloat16)
 

@@ -336,6 +336,12 @@ def qk_rope(xcs, out, rows, d) -> None:
     out.copy_(y.reshape(out.shape).to(out.dtype))
 
 
+@ck.register("gelu_tanh_mul_bf16_f32")
+def gelu_tanh_mul(gate, up, out, n) -> None:
+    from torch_xdna.kernels.stages.llm_layer import gate_mul_rows
+    out.copy_(gate_mul_rows("gelu_tanh", gate, up).reshape(out.shape))
+
+
 @ck.register("silu_mul_bf16_f32")
 def silu_mul(gate, up, out, n) -> None:
     from torch_xdna.kernels.stages.llm_layer import silu_mul_rows

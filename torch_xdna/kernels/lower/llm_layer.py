@@ -190,7 +190,7 @@ def _silu_mul(d, gen, dm, pos, positions, n) -> ir.ArrayProgram:
     b.fifo("g", shim, core, 2, h_t)
     b.fifo("u", shim, core, 2, h_t)
     b.fifo("o", core, shim, 2, h_t)
-    sm = b.kernel("silu_mul_bf16_f32", (h_t, h_t, f_t, "i32"))
+    sm = b.kernel(f"{d.mlp.act}_mul_bf16_f32", (h_t, h_t, f_t, "i32"))     # silu / gelu_tanh
     cast = b.kernel("cast_f32_bf16", (f_t, h_t, "i32"))
     tmp = ir.BufferRef(b.buffer("act_0_2", core, f_t))
     w = ir.Const(W, "i32")

@@ -57,6 +57,8 @@ EDGE_PENALTY_S = 1.0
 L2_FACTORS = (1, 2, 3, 4, 6, 8)
 KC_STEPS = (16, 8, 4, 2, 1)
 ELEM_BYTES = {"bf16": 2, "int8": 1, "bfp16": 9 / 8, "int4": 0.5}
+# weight-only tiles' K step: kernels/aie/aie2p/wq.cc static_assert(DIM_K % 32 == 0)
+WQ_K_STEP = 32
 DTYPES = tuple(ELEM_BYTES)
 _PLAN_CACHE: dict[tuple, tuple] = {}      # (design key, id(gen)) -> (gen, plan)
 
@@ -261,7 +263,8 @@ class GemmDesign(Design):
         memtile dma bds.'; array/mlir.form_errors)."""
         kmax = max(s, round_up(self.k, s))
         fits = [tk for tk in L1_K_CANDIDATES if not (tk % s or tk > kmax and tk > s)
-                and self._l1(tm, tk, tn) <= gen.l1_usable]
+                and self._l1(tm, tk, tn) <= gen.l1_usable
+                and not (self.weight_only and tk % WQ_K_STEP)]
         whole = [tk for tk in fits if self.k % tk == 0] if self.upstream_only else []
         return (whole or fits or [None])[0]
 

@@ -53,6 +53,7 @@ from torch_xdna.kernels.ops.vector import VectorDesign
 
 BF16, F32 = torch.bfloat16, torch.float32
 WEIGHTS = ("w_qkv_t", "w_o_t", "w_gate_up_t", "w_down_t")
+GATE_ACTS = ("silu", "gelu_tanh")        # the MLP gate's activation (silu_mul / gelu_tanh_mul)
 
 
 @dataclass(frozen=True)
@@ -92,8 +93,8 @@ def unsupported(layer, n: int | None = None) -> str | None:
          f"{', '.join(STAGED_PRECISIONS)}"
          " in both blocks)"),
         (a.kv_dtype != "bf16" or a.cache_bytes != 2, f"KV cache {a.kv_dtype} (bf16 only)"),
-        (a.post_norm or m.post_norm, "post-norms"),
-        (m.act != "silu", f"MLP activation {m.act} (silu only)"),
+        (getattr(a, "sinks", False), "attention sinks"),
+        (m.act not in GATE_ACTS, f"MLP activation {m.act} ({', '.join(GATE_ACTS)} only)"),
         (a.layer_norm or a.bias or not a.rope or not getattr(m, "gated", True),
          "LayerNorm, biases, learned positions or a non-gated MLP (OPT-style blocks)"),
         (not 0 < rows <= a.rows, f"{rows} valid rows of {a.rows}"),
@@ -106,10 +107,12 @@ def unsupported(layer, n: int | None = None) -> str | None:
 
 def input_names(layer) -> tuple[str, ...]:
     """The stages' host arguments for the layer's inputs (host_inputs order: one tensor per
-    weight, whatever its precision; q/k norm, no post-norms)."""
-    qk = ("q_norm", "k_norm") if layer.attention.qk_norm else ()
+    weight, whatever its precision; q/k norm and post-norms when the layer has them)."""
+    a, m = layer.attention, layer.mlp
+    qk = ("q_norm", "k_norm") if a.qk_norm else ()
+    post = (("post_attn_norm",) if a.post_norm else ()) + (("post_mlp_norm",) if m.post_norm else ())
     return ("x", "attn_norm", *qk, "w_qkv_t", "w_o_t", "cs", "mlp_norm",
-            "w_gate_up_t", "w_down_t")
+            "w_gate_up_t", "w_down_t", *post)
 
 
 OUTPUT_NAMES = ("out", "k_cache", "v_cache")
@@ -152,7 +155,9 @@ def scratch(layer, gen=None) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
             "T_q": ((it["items"], it["E"], it["dp"]), BF16),
             "T_a": ((it["items"], it["rows"], it["dp"]), F32), "T_ab": ((R, Hq * D), BF16), "T_o": ((R, H), F32),
             "T_x1": ((R, H), F32), "T_h2": ((R, H), BF16), "T_gu": ((R, 2 * d["I"]), BF16),
-            "T_m": ((R, d["I"]), BF16), "T_d": ((R, H), F32)}
+            "T_m": ((R, d["I"]), BF16), "T_d": ((R, H), F32),
+            **({"T_op": ((R, H), F32)} if layer.attention.post_norm else {}),
+            **({"T_dp": ((R, H), F32)} if layer.mlp.post_norm else {})}
 
 
 def stages(layer) -> tuple[Stage, ...]:
@@ -160,8 +165,8 @@ def stages(layer) -> tuple[Stage, ...]:
     d = dims(layer)
     R, H = d["R"], d["H"]
 
-    def norm(eps, offset):
-        return VectorDesign("rms_norm", ((R, H), (H,)), (F32, F32), (R, H), BF16,
+    def norm(eps, offset, out=BF16):
+        return VectorDesign("rms_norm", ((R, H), (H,)), (F32, F32), (R, H), out,
                             (("eps", eps), ("has_weight", True), ("weight_offset", float(offset))))
 
     def gemm(k, n, out):
@@ -182,12 +187,17 @@ def stages(layer) -> tuple[Stage, ...]:
         Stage("attention", "design", ("T_q", "k_cache", "v_cache"), ("T_a",), attn),
         Stage("attn_cast", "attn_cast", ("T_a",), ("T_ab",)),
         Stage("o_proj", "design", ("T_ab", "w_o_t"), ("T_o",), gemm(a.heads * a.head_dim, H, F32)),
-        Stage("attn_residual", "design", ("T_o", "x"), ("T_x1",), add),
+        *((Stage("attn_post_norm", "design", ("T_o", "post_attn_norm"), ("T_op",),
+                 norm(a.eps, a.norm_offset, F32)),) if a.post_norm else ()),
+        Stage("attn_residual", "design", ("T_op" if a.post_norm else "T_o", "x"), ("T_x1",), add),
         Stage("mlp_norm", "design", ("T_x1", "mlp_norm"), ("T_h2",), norm(m.eps, m.norm_offset)),
         Stage("gate_up", "design", ("T_h2", "w_gate_up_t"), ("T_gu",), gemm(H, 2 * d["I"], BF16)),
-        Stage("silu_mul", "silu_mul", ("T_gu",), ("T_m",)),
+        Stage("silu_mul" if m.act == "silu" else f"{m.act}_mul", "silu_mul", ("T_gu",), ("T_m",),
+              m.act),
         Stage("down", "design", ("T_m", "w_down_t"), ("T_d",), gemm(d["I"], H, F32)),
-        Stage("mlp_residual", "design", ("T_d", "T_x1"), ("out",), add),
+        *((Stage("mlp_post_norm", "design", ("T_d", "post_mlp_norm"), ("T_dp",),
+                 norm(m.eps, m.norm_offset, F32)),) if m.post_norm else ()),
+        Stage("mlp_residual", "design", ("T_dp" if m.post_norm else "T_d", "T_x1"), ("out",), add),
     )
 
 
@@ -218,8 +228,12 @@ def split_inputs(layer, inputs: Sequence[torch.Tensor]) -> tuple[dict, dict]:
     heads = ("x", "attn_norm", "q_norm", "k_norm") if layer.attention.qk_norm else ("x", "attn_norm")
     named = dict(zip(heads, take(len(heads))))
     weights = {"w_qkv_t": take(nt), "w_o_t": take(nt)}
+    if layer.attention.post_norm:
+        (named["post_attn_norm"],) = take(1)
     named["cos"], named["sin"], named["mlp_norm"] = take(3)
     weights["w_gate_up_t"], weights["w_down_t"] = take(nt), take(nt)
+    if layer.mlp.post_norm:
+        (named["post_mlp_norm"],) = take(1)
     return named, weights
 
 
@@ -244,7 +258,8 @@ def host_inputs(layer, inputs: Sequence[torch.Tensor], gen=None) -> list[torch.T
     qk = [named["q_norm"], named["k_norm"]] if layer.attention.qk_norm else []
     return [named["x"], named["attn_norm"], *qk, wt("w_qkv_t"),
             wt("w_o_t"), OPERANDS.derived(("layer_cs",), (cos, sin), cs), named["mlp_norm"],
-            wt("w_gate_up_t"), wt("w_down_t")]
+            wt("w_gate_up_t"), wt("w_down_t"),
+            *(named[k] for k in ("post_attn_norm", "post_mlp_norm") if k in named)]
 
 
 def stage_weight(gemm: GemmDesign, ws: Sequence[torch.Tensor], gen=None) -> torch.Tensor:
@@ -275,6 +290,16 @@ def qk_rope_rows(x: torch.Tensor, cos: torch.Tensor, ssin: torch.Tensor) -> torc
     qk stage of layers without q/k norm (qk_rope_bf16)."""
     rnd = numerics.operand
     return rnd(rope(rnd(x), rnd(cos), rnd(ssin)))
+
+
+def gate_mul_rows(act: str, g: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """The MLP gate in fp32 on bf16 operands as its core kernel computes it: silu(gate) * up
+    (silu_mul_bf16_f32) or gelu_tanh(gate) * up (gelu_tanh_mul_bf16_f32, whose polynomial tanh
+    golden.gelu_tanh_mul reproduces bit for bit)."""
+    if act == "silu":
+        return silu_mul_rows(g, u)
+    from torch_xdna.kernels.aie import golden
+    return golden.gelu_tanh_mul(numerics.operand(g), numerics.operand(u))
 
 
 def silu_mul_rows(g: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
@@ -336,7 +361,7 @@ def staged_reference(layer, inputs: Sequence[torch.Tensor], outputs: Sequence[to
             t["T_ab"].copy_(cast_bf16(t["T_a"].view(Hq, R, D).transpose(0, 1).reshape(R, Hq * D)))
         elif st.kind == "silu_mul":
             gu = t["T_gu"]
-            t["T_m"].copy_(cast_bf16(silu_mul_rows(gu[:, :I], gu[:, I:])))
+            t["T_m"].copy_(cast_bf16(gate_mul_rows(st.design, gu[:, :I], gu[:, I:])))
 
 
 def in_shapes(ds) -> tuple:

@@ -88,6 +88,10 @@ void gelu_tanh_bf16_f32(const bfloat16 *in, float *out, int32 n) {
 void silu_mul_bf16_f32(const bfloat16 *gate, const bfloat16 *up, float *out, int32 n) {
   binary(gate, up, out, n, [](vf g, vf u) { return xdna::fmul(xdna::silu_f32(g), u); });
 }
+// The GeGLU MLP's gate (Gemma): gelu_tanh(gate) * up in fp32 on bf16 operands.
+void gelu_tanh_mul_bf16_f32(const bfloat16 *gate, const bfloat16 *up, float *out, int32 n) {
+  binary(gate, up, out, n, [](vf g, vf u) { return xdna::fmul(xdna::gelu_tanh_f32(g), u); });
+}
 // fp32 -> bf16, round to nearest even, subnormals flushed.
 void cast_f32_bf16(const float *in, bfloat16 *out, int32 n) {
   xdna::set_numerics();
