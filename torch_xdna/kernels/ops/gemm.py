@@ -261,7 +261,7 @@ class GemmDesign(Design):
         for UpstreamGemmDesign one dividing K first: a K edge would be shim zero padding in the
         lowering, which mlir-aie refuses (AIEDMATasksToNPU.cpp: 'Padding is only supported by
         memtile dma bds.'; array/mlir.form_errors)."""
-        kmax = max(s, round_up(self.k, s))
+        kmax = max(s, round_up(self.k, s), WQ_K_STEP if self.weight_only else 0)
         fits = [tk for tk in L1_K_CANDIDATES if not (tk % s or tk > kmax and tk > s)
                 and self._l1(tm, tk, tn) <= gen.l1_usable
                 and not (self.weight_only and tk % WQ_K_STEP)]
