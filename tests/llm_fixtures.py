@@ -263,3 +263,13 @@ def copy_without(src: Path, dst: Path, tensor: str) -> Path:
     del sd[tensor]
     save_file(sd, str(dst / "model.safetensors"), metadata={"format": "pt"})
     return dst
+
+
+def batched_and_alone(eng, prompts: list, cfg) -> tuple[list, list]:
+    """(token ids of `prompts` decoded together in one BatchSession, each decoded alone)."""
+    from torch_xdna.engine.llm.batching import BatchSession
+    alone = [eng.complete(p, cfg).token_ids for p in prompts]
+    with BatchSession(eng, slots=len(prompts)) as session:
+        seqs = [session.add(p, cfg) for p in prompts]
+        session.run()
+    return [s.token_ids for s in seqs], alone

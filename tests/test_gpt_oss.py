@@ -20,7 +20,8 @@ import pytest
 import torch
 
 from llm_fixtures import (
-    build_model, check_against_transformers, copy_without, decode_charged, hf_greedy, prefill_hits,
+    batched_and_alone, build_model, check_against_transformers, copy_without, decode_charged,
+    hf_greedy, prefill_hits,
 )
 from torch_xdna.engine.llm.decoder import PrecisionPolicy, resident_bytes_estimate
 from torch_xdna.engine.llm.estimate import estimate, resolve_spec
@@ -214,18 +215,14 @@ def test_policy_rules():
 def test_batched_decode_equals_alone(dirs):
     """Concurrent sequences in one batch session (the server's path): each sequence's tokens
     equal its one-at-a-time tokens (bf16 operands, MXFP4 experts)."""
-    from torch_xdna.engine.llm.batching import BatchSession
     _, _, mx, _ = dirs
     eng = load_decoder(mx, {"default": "bf16", "mlp": "mxfp4"}, max_context=96, quiet=True,
                        cache_dir=False, prefix_cache=0)
     g = torch.Generator().manual_seed(2)
     prompts = [torch.randint(5, 390, (n,), generator=g).tolist() for n in (7, 19, 12)]
     cfg = GenerationConfig(max_tokens=6, stop_token_ids=())
-    alone = [eng.complete(p, cfg).token_ids for p in prompts]
-    with BatchSession(eng, slots=3) as session:
-        seqs = [session.add(p, cfg) for p in prompts]
-        session.run()
-    assert [s.token_ids for s in seqs] == alone
+    batched, alone = batched_and_alone(eng, prompts, cfg)
+    assert batched == alone
     eng.close()
 
 

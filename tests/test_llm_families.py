@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import pytest
 
-from llm_fixtures import (build_model, check_against_transformers, check_greedy_identical,
-                          fake_quantized, served_answers)
+from llm_fixtures import (batched_and_alone, build_model, check_against_transformers,
+                          check_greedy_identical, fake_quantized, served_answers)
 from torch_xdna.engine.llm.decoder import LAYOUTS
 from torch_xdna.engine.llm.generate import GenerationConfig, load_decoder
 
@@ -79,7 +79,7 @@ def test_quantized_close_to_fake_quantized_transformers(model, precision):
 def test_batched_decode_equals_alone(model):
     """Continuous batching: each row at its own position (OPT's position table) and with its
     own routing (MoE) gives the tokens it gets alone."""
-    from torch_xdna.engine.llm.batching import BatchSession, unsupported
+    from torch_xdna.engine.llm.batching import unsupported
     path, _ = model
     eng = load_decoder(path, "bf16", max_context=96, quiet=True, cache_dir=False, prefix_cache=0)
     prompts, cfg = [PROMPT, PROMPT[3:9], [7, 8]], GenerationConfig(max_tokens=5, stop_token_ids=())
@@ -87,11 +87,8 @@ def test_batched_decode_equals_alone(model):
         assert unsupported(eng, cfg) == "linear_attention"
         eng.close()
         return
-    alone = [eng.complete(p, cfg).token_ids for p in prompts]
-    with BatchSession(eng, slots=3) as session:
-        seqs = [session.add(p, cfg) for p in prompts]
-        session.run()
-    assert [s.token_ids for s in seqs] == alone
+    batched, alone = batched_and_alone(eng, prompts, cfg)
+    assert batched == alone
     eng.close()
 
 

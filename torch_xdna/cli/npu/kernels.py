@@ -99,7 +99,8 @@ def _examples(args, gen) -> tuple[list, list[str]]:
                        f"{len(args.shape)} shapes)")
     exs = [catalog.example(d, s, args.dtype) for d, s in zip(args.design, args.shape)]
     skipped: list[str] = []
-    if args.model and _is_whisper(args.model):
+    from torch_xdna.engine.asr.designs import is_whisper
+    if args.model and is_whisper(args.model):
         from torch_xdna.engine.asr.designs import model_designs as whisper_designs
         from torch_xdna.engine.asr.whisper import DEFAULT_CHUNK
         found = whisper_designs(args.model, args.precision, min(args.prefill_chunk, DEFAULT_CHUNK))
@@ -118,11 +119,6 @@ def _examples(args, gen) -> tuple[list, list[str]]:
         raise CliError("nothing to build: give --design NAME --shape S, --model DIR or --all-for "
                        "PROFILE (see `xdna kernels list`)")
     return exs, skipped
-
-
-def _is_whisper(model: str) -> bool:
-    from torch_xdna.engine.asr.designs import is_whisper
-    return is_whisper(model)
 
 
 def run_build(args) -> int:

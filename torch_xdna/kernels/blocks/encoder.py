@@ -29,7 +29,7 @@ from torch_xdna.kernels.ops.gemm import GemmDesign
 from torch_xdna.kernels.blocks import encoder_exact as exact
 from torch_xdna.kernels.stages import encoder as encoder_stages
 from torch_xdna.kernels.stages.encoder import layer_norm_design
-from torch_xdna.kernels.stages.llm_layer import program_runs
+from torch_xdna.kernels.stages.llm_layer import cached_runs
 from torch_xdna.kernels.blocks.operands import OPERANDS
 from torch_xdna.kernels.blocks.toolkit import combine_plans
 from torch_xdna.kernels.ops.vector import OPS as VECTOR_OPS, EmbeddingDesign, VectorDesign
@@ -160,9 +160,6 @@ def _staged(d: Design) -> bool:
     return numerics.layer_order() == "plan" and encoder_stages.unsupported(d) is None
 
 
-_RUNS: dict = {}
-
-
 class FusedBlock(Design):
     """Shared plan logic: subclasses list their component designs."""
 
@@ -174,10 +171,7 @@ class FusedBlock(Design):
         as their staged artifacts do; the others one run per launch."""
         if self.kind not in encoder_stages.KINDS:
             return (self.key,)
-        hit = _RUNS.get(self.key)
-        if hit is None:
-            hit = _RUNS[self.key] = program_runs(self.key, encoder_stages.stages(self))
-        return hit
+        return cached_runs(self, encoder_stages.stages)
 
     def plan(self, gen: Generation) -> Plan:
         return combine_plans(self.kind, [c.plan(gen) for c in self.components()])

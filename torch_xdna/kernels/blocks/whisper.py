@@ -38,7 +38,7 @@ from torch_xdna.kernels.base import Design
 from torch_xdna.kernels.blocks.encoder import layer_norm_design
 from torch_xdna.kernels.blocks.llm import EmbedDesign
 from torch_xdna.kernels.stages import whisper as whisper_stages
-from torch_xdna.kernels.stages.llm_layer import program_runs
+from torch_xdna.kernels.stages.llm_layer import cached_runs
 from torch_xdna.kernels.blocks.operands import OPERANDS
 from torch_xdna.kernels.blocks.toolkit import (
     KV_TILE, attend, combine_plans, fused_plan, gemm_plan, inference_mode, kv_bucket,
@@ -110,19 +110,6 @@ def _grouped(inputs, matrices: tuple[int, ...], precision: str) -> list:
     return out
 
 
-_RUNS: dict = {}
-
-
-def stage_runs(d: Design) -> tuple:
-    """The array configurations one launch of a Whisper block runs: one per stage program of
-    its lowering (kernels/stages/whisper.py), whatever the precision, so the cost model charges
-    the kernel runs and configure points the staged artifact does."""
-    hit = _RUNS.get(d.key)
-    if hit is None:
-        hit = _RUNS[d.key] = program_runs(d.key, whisper_stages.stages(d))
-    return hit
-
-
 class WhisperBlockDesign(Design):
     """What the Whisper blocks share: a precision of WHISPER_PRECISIONS (checked when built),
     named whisper.<label>[precision]. Subclasses are frozen dataclasses."""
@@ -134,7 +121,8 @@ class WhisperBlockDesign(Design):
         _check(self.precision)
 
     def runs(self) -> tuple:
-        return stage_runs(self)
+        """One kernel run per stage program (stages/whisper.py), as the staged artifact runs."""
+        return cached_runs(self, whisper_stages.stages)
 
     @property
     def name(self) -> str:
@@ -342,7 +330,8 @@ class WhisperEmbedDesign(EmbedDesign):
     tables_per_row = 2
 
     def runs(self) -> tuple:
-        return stage_runs(self)
+        """One kernel run per stage program (stages/whisper.py), as the staged artifact runs."""
+        return cached_runs(self, whisper_stages.stages)
 
     @inference_mode
     def reference(self, inputs, outputs, pos: int = 0, n: int | None = None, **_: Any) -> None:

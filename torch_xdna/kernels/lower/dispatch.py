@@ -61,3 +61,29 @@ def read_rows_at(p: ir.ArrayProgram, arg: str, shape: tuple[int, ...], offset: i
     ops = tuple(dataclasses.replace(op, offset=op.offset + offset)
                 if isinstance(op, ir.DmaTask) and op.arg == arg else op for op in seq.ops)
     return dataclasses.replace(p, sequence=dataclasses.replace(seq, args=args, ops=ops))
+
+
+def without_launch_notes(p: ir.ArrayProgram) -> ir.ArrayProgram:
+    """A component's own launch notes do not describe the fused launch it is a stage of."""
+    notes = tuple((k, v) for k, v in p.notes if k not in ("launch_args", "scratch_args", "host_layout"))
+    return dataclasses.replace(p, notes=notes)
+
+
+def wire_stage(name: str, ds, progs: tuple, ins: tuple[str, ...], outs: tuple[str, ...]
+               ) -> list[tuple[ir.ArrayProgram, tuple[str, ...]]]:
+    """(program, the buffer names it uses) of one fused-block stage whose component design `ds`
+    lowered to `progs`, host arguments renamed onto the block's buffers `ins` + `outs`: a GEMM
+    with bias / activation / residual is its GEMM program (accumulator to `<out>_acc`) then its
+    epilogue program (lower/gemm.gemm_programs); any other design is one program."""
+    if ds.kind == "gemm" and len(progs) == 2:
+        acc = f"{outs[0]}_acc"
+        main = rename_args(progs[0], {"A": ins[0], "B": ins[1], "T": acc})
+        epi = {"T": acc, "bias": ins[2], "C": outs[0], **({"R": ins[3]} if ds.residual else {})}
+        return [(without_launch_notes(main), (*ins[:2], acc)),
+                (without_launch_notes(rename_args(progs[1], epi)), (acc, *ins[2:], *outs))]
+    if len(progs) != 1:
+        raise LoweringError(f"{name}: a stage lowers to {len(progs)} programs")
+    names = [a.name for a in progs[0].sequence.args]
+    if len(names) != len(ins) + len(outs):
+        raise LoweringError(f"{name}: a stage has {len(names)} host args, not {len(ins) + len(outs)}")
+    return [(without_launch_notes(rename_args(progs[0], dict(zip(names, ins + outs)))), ins + outs)]

@@ -18,14 +18,13 @@ design.
 """
 from __future__ import annotations
 
-import dataclasses
 
 from torch_xdna.array import ir
 from torch_xdna.hw import Generation
 from torch_xdna.kernels.stages import encoder as ES
 from torch_xdna.kernels.lower.builder import Builder, LoweringError, acq, call, elem, forever, \
     loop, rel, tt
-from torch_xdna.kernels.lower.dispatch import lower, rename_args
+from torch_xdna.kernels.lower.dispatch import lower, rename_args, wire_stage
 
 _PROGRAMS: dict = {}                 # (design, generation) -> its stage programs
 _MAX_PROGRAMS = 128
@@ -75,27 +74,7 @@ def _stage_programs(d, gen, st, named: dict) -> list[tuple[ir.ArrayProgram, tupl
     ds = st.design
     extra = {"inputs": [named[x] for x in st.ins]} if ds.kind == "embedding" else \
         ES.stage_scalars(d, st)
-    progs = lower(ds, gen, **extra)
-    if ds.kind == "gemm" and len(progs) == 2:      # GEMM stage, then its epilogue stage
-        acc = f"{st.outs[0]}_acc"
-        main = _without_launch_notes(rename_args(progs[0], {"A": st.ins[0], "B": st.ins[1], "T": acc}))
-        epi_map = {"T": acc, "bias": st.ins[2], "C": st.outs[0]}
-        if ds.residual:
-            epi_map["R"] = st.ins[3]
-        epi = rename_args(progs[1], epi_map)
-        return [(main, (*st.ins[:2], acc)), (epi, (acc, *st.ins[2:], *st.outs))]
-    if len(progs) != 1:
-        raise LoweringError(f"{d.name}: stage {st.label} lowers to {len(progs)} programs")
-    names = [a.name for a in progs[0].sequence.args]
-    if len(names) != len(st.ins) + len(st.outs):
-        raise LoweringError(f"{d.name}: stage {st.label} has {len(names)} host args")
-    return [(rename_args(progs[0], dict(zip(names, st.ins + st.outs))), st.ins + st.outs)]
-
-
-def _without_launch_notes(p: ir.ArrayProgram) -> ir.ArrayProgram:
-    """A component's own launch notes do not describe the fused launch: dropped."""
-    notes = tuple((k, v) for k, v in p.notes if k not in ("launch_args", "scratch_args"))
-    return dataclasses.replace(p, notes=notes)
+    return wire_stage(f"{d.name} {st.label}", ds, lower(ds, gen, **extra), st.ins, st.outs)
 
 
 def _block_rows(rows: int, width: int, gen: Generation) -> int:

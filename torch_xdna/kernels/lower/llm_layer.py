@@ -124,7 +124,7 @@ def _qk_rope(d, gen, dm, pos, positions, n) -> ir.ArrayProgram:
     b.notes.update({"tokens": R, "valid": n, "heads": (Hq, Hkv), "head_dim": D, "position": pos})
     for i, c in enumerate(LS.cs_rows(pos, R, positions)):
         p = pos + i
-        b.task("qk", "T_q", *_item_rows(it, i, Hkv, D, it["E"]))  # q heads, item layout
+        b.task("qk", "T_q", *LS.item_rows(it, i, Hkv, D, it["E"]))  # q heads, item layout
         if i < n:                                                 # k rows at the position
             b.task("qk", "k_cache", p * D, (Hkv, D), (S * D, 1))
             b.task("v_out", "v_cache", p * D, (Hkv, D), (S * D, 1))
@@ -139,15 +139,6 @@ def _qk_rope(d, gen, dm, pos, positions, n) -> ir.ArrayProgram:
             b.task("v_in", "T_qkv", i * QKV + nh * D, (Hkv * D,), (1,))
         b.end_round()
     return b.build()
-
-
-def _item_rows(it: dict, i: int, hkv: int, d: int, item_rows: int) -> tuple:
-    """(offset, sizes, strides) of token i's query heads in an item-layout buffer (T_q: items
-    of E rows, T_a: items of `rows` rows; LS.attention_items): head h * g + gi sits in item
-    h * q_tiles + i // tq at row gi * tq + i % tq."""
-    tq, dp, q_tiles = it["tq"], it["dp"], it["q_tiles"]
-    off = ((i // tq) * item_rows + i % tq) * dp
-    return off, (hkv, it["g"], d), (q_tiles * item_rows * dp, tq * dp, 1)
 
 
 def _attn_cast(d, gen, dm, pos, positions, n) -> ir.ArrayProgram:
@@ -166,7 +157,7 @@ def _attn_cast(d, gen, dm, pos, positions, n) -> ir.ArrayProgram:
                                      rel("a"), rel("o", "produce"))),))
     for i in range(R):
         b.task("o", "T_ab", i * Hq * D, (Hq * D,), (1,))
-        b.task("a", "T_a", *_item_rows(it, i, dm["Hkv"], D, it["rows"]))   # token i, every head
+        b.task("a", "T_a", *LS.item_rows(it, i, dm["Hkv"], D, it["rows"]))   # token i, every head
         b.end_round()
     return b.build()
 

@@ -25,7 +25,8 @@ from torch_xdna.hw import Generation
 from torch_xdna.kernels.stages import whisper as WS
 from torch_xdna.kernels.lower.builder import Builder, LoweringError, acq, call, elem, forever, \
     loop, rel, tt
-from torch_xdna.kernels.lower.dispatch import lower, read_rows_at, rename_args
+from torch_xdna.kernels.lower.dispatch import lower, read_rows_at, rename_args, \
+    wire_stage, without_launch_notes
 
 _PROGRAMS: dict = {}                 # (design, generation, stage, pos, n) -> its programs
 _MAX_PROGRAMS = 512
@@ -100,26 +101,15 @@ def _stage_programs(d, gen, st, types, pos, n, inputs) -> list[tuple[ir.ArrayPro
     if st.kind == "gather":
         tok, _, ids = inputs
         p = lower(_embed_of(d), gen, inputs=[tok, ids], n=n)[0]
-        return [(rename_args(p, {"table": "tok", "out": "T_e"}), used)]
+        return [(without_launch_notes(rename_args(p, {"table": "tok", "out": "T_e"})), used)]
     ds = st.design
     extra = WS.stage_scalars(d, st, pos, n)
     if ds.kind == "attention" and d.kind == "whisper_decoder_layer":
         extra["item_io"] = True
-    progs = lower(ds, gen, **extra)
-    if ds.kind == "gemm" and len(progs) == 2:      # GEMM stage, then its epilogue stage
-        acc = f"{st.outs[0]}_acc"
-        main = _plain(rename_args(progs[0], {"A": st.ins[0], "B": st.ins[1], "T": acc}))
-        epi_map = {"T": acc, "bias": st.ins[2], "C": st.outs[0]}
-        if ds.residual:
-            epi_map["R"] = st.ins[3]
-        return [(main, (*st.ins[:2], acc)), (_plain(rename_args(progs[1], epi_map)),
-                                             (acc, *st.ins[2:], *st.outs))]
-    if len(progs) != 1:
-        raise LoweringError(f"{d.name}: stage {st.label} lowers to {len(progs)} programs")
-    names = [a.name for a in progs[0].sequence.args]
-    if len(names) != len(used):
-        raise LoweringError(f"{d.name}: stage {st.label} has {len(names)} host args, not {len(used)}")
-    p = _plain(rename_args(progs[0], dict(zip(names, used))))
+    wired = wire_stage(f"{d.name} {st.label}", ds, lower(ds, gen, **extra), st.ins, st.outs)
+    if len(wired) != 1:
+        return wired
+    p = wired[0][0]
     if st.label == "add_pos":                      # rows pos.. of the padded position table
         P = int(inputs[1].shape[0]) if inputs else 0
         p = read_rows_at(p, "pos_f32", (P + d.rows, d.hidden), pos * d.hidden)
@@ -132,13 +122,6 @@ def _embed_of(d):
     """The decoder embedding's token gather as the LLM embedding it is (one table, scale 1)."""
     from torch_xdna.kernels.blocks.llm import EmbedDesign
     return EmbedDesign(d.vocab, d.hidden, d.rows, d.precision, group=0, scale=1.0)
-
-
-def _plain(p: ir.ArrayProgram) -> ir.ArrayProgram:
-    """A component's own launch notes do not describe the fused launch: dropped."""
-    import dataclasses
-    notes = tuple((k, v) for k, v in p.notes if k not in ("launch_args", "scratch_args", "host_layout"))
-    return dataclasses.replace(p, notes=notes)
 
 
 def _element(transfers, cap: int) -> int:

@@ -36,7 +36,7 @@ within fp32 reordering; numerics.layer_order() picks which one the functional le
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -65,6 +65,17 @@ class Stage:
     ins: tuple[str, ...]
     outs: tuple[str, ...]
     design: Any = None
+
+
+_RUNS: dict = {}                   # design key -> its program_runs (a block's stages are fixed)
+
+
+def cached_runs(d, stage_list: Callable[[Any], Sequence[Stage]]) -> tuple:
+    """program_runs of block `d` run as `stage_list(d)`, computed once per design."""
+    hit = _RUNS.get(d.key)
+    if hit is None:
+        hit = _RUNS[d.key] = program_runs(d.key, stage_list(d))
+    return hit
 
 
 def program_runs(key: tuple, stage_list: Sequence[Stage]) -> tuple:
@@ -143,6 +154,15 @@ def item_layout(a: AttentionDesign, rows: int, gen=None) -> dict:
     core_rows = -(-a.group * tq // rm) * rm      # lower/attention.py: the core's query rows
     return dict(tq=tq, tkv=tkv, dp=dp, E=2 * tkv, g=a.group, q_tiles=q_tiles,
                 items=a.kv_heads * q_tiles, rows=core_rows)
+
+
+def item_rows(it: dict, i: int, hkv: int, d: int, per_item: int) -> tuple:
+    """(offset, sizes, strides) of token i's query heads in an item-layout buffer (T_q: items
+    of E rows, T_a: items of `per_item` rows; item_layout): head h * g + gi sits in item
+    h * q_tiles + i // tq at row gi * tq + i % tq."""
+    tq, dp, q_tiles = it["tq"], it["dp"], it["q_tiles"]
+    off = ((i // tq) * per_item + i % tq) * dp
+    return off, (hkv, it["g"], d), (q_tiles * per_item * dp, tq * dp, 1)
 
 
 def scratch(layer, gen=None) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:

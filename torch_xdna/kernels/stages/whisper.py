@@ -42,10 +42,9 @@ from typing import Any, Sequence
 
 import torch
 
-from torch_xdna.hw import NPU4
 from torch_xdna.kernels.stages.encoder import attention_design, attention_seq
 from torch_xdna.kernels.stages.llm_layer import Stage, as_shape, cast_bf16, in_shapes, \
-    item_layout, out_shape
+    item_layout, item_rows, out_shape
 from torch_xdna.kernels.blocks.operands import OPERANDS
 from torch_xdna.kernels.blocks.toolkit import KV_TILE
 from torch_xdna.kernels.ops.attention import AttentionDesign
@@ -319,13 +318,6 @@ def _spans(total: int, width: int, start: int = 0, cap_bytes: int = 1 << 20) -> 
     return [(start + r, min(per, total - r)) for r in range(0, total, per)]
 
 
-def item_rows(it: dict, i: int, heads: int, d: int, item_rows_: int) -> tuple:
-    """(offset, sizes, strides) of token i's heads in an item-layout buffer (stages/llm_layer.py)."""
-    tq, dp, q_tiles = it["tq"], it["dp"], it["q_tiles"]
-    off = ((i // tq) * item_rows_ + i % tq) * dp
-    return off, (heads, d), (q_tiles * item_rows_ * dp, 1)
-
-
 def stage_scalars(d, st: Stage, pos: int, n: int) -> dict:
     """The launch scalars a stage's design runs with."""
     if st.label == "attention" and d.kind == "whisper_decoder_layer":
@@ -477,4 +469,4 @@ def staged_reference(d, inputs: Sequence[torch.Tensor], outputs: Sequence[torch.
 
 
 __all__ = ["KINDS", "Transfer", "staged_reference", "host_inputs", "stages", "unsupported",
-           "cross_rows", "cache_rows", "NPU4"]
+           "cross_rows", "cache_rows"]
